@@ -1,0 +1,56 @@
+# Shared set-up for scripts/test and scripts/demo: install and start what Palisade needs on a
+# Debian machine. Sourced, not run.
+
+step() { printf '\n==> %s\n' "$*"; }
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+apt_install() {
+    step "installing $*"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null ||
+        { as_root apt-get update -q >/dev/null && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null; }
+}
+
+palisade_install_deps() {
+    local missing=()
+    command -v protoc >/dev/null || missing+=(protobuf-compiler)
+    command -v etcd >/dev/null || missing+=(etcd-server)
+    command -v etcdctl >/dev/null || missing+=(etcd-client)
+    command -v pg_isready >/dev/null || missing+=(postgresql-client)
+    if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
+    # The etcd-server package starts a system etcd on the default ports; tests and the demo
+    # run their own members on free ports, so a system one is only in the way.
+    if command -v systemctl >/dev/null && systemctl is-active --quiet etcd 2>/dev/null; then
+        as_root systemctl disable --now etcd >/dev/null 2>&1 || true
+    fi
+    if ! command -v cargo-nextest >/dev/null; then
+        step "installing cargo-nextest"
+        cargo install --locked cargo-nextest
+    fi
+}
+
+# Makes sure PostgreSQL answers on 127.0.0.1:5432 with trust authentication for loopback.
+palisade_ensure_postgres() {
+    if pg_isready -q -h 127.0.0.1 -p 5432; then return 0; fi
+    if ! command -v pg_ctlcluster >/dev/null || [ -z "$(ls /etc/postgresql 2>/dev/null)" ]; then
+        apt_install postgresql
+    fi
+    local version cluster hba
+    version=$(ls /etc/postgresql | sort -V | tail -n 1)
+    cluster=main
+    hba="/etc/postgresql/$version/$cluster/pg_hba.conf"
+    if ! grep -q '^# palisade: loopback trust' "$hba"; then
+        step "allowing trust authentication on loopback for local tests ($hba)"
+        as_root sed -i '1i # palisade: loopback trust\nhost all all 127.0.0.1/32 trust\nhost all all ::1/128 trust' "$hba"
+    fi
+    step "starting PostgreSQL $version/$cluster"
+    as_root pg_ctlcluster "$version" "$cluster" start || as_root pg_ctlcluster "$version" "$cluster" reload
+    for _ in $(seq 1 30); do
+        pg_isready -q -h 127.0.0.1 -p 5432 && return 0
+        sleep 1
+    done
+    echo "PostgreSQL did not come up on 127.0.0.1:5432" >&2
+    return 1
+}
