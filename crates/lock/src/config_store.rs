@@ -1,0 +1,163 @@
+//! Namespaces and lock classes, stored as JSON under `<root>config/`, validated on write.
+
+use std::time::Duration;
+
+use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
+use tokio::time::Instant;
+
+use crate::error::{Error, ErrorKind, InvalidInput, Result};
+use crate::keys::{prefix_end, RootKeys};
+use crate::model::{validate_name, LockClass, Namespace};
+use crate::retry;
+
+/// Reads and writes namespaces and classes. Get one from
+/// [`Locker::config`](crate::Locker::config).
+///
+/// Writes validate first and write nothing when the input is refused: names are
+/// `[a-z0-9][a-z0-9_-]{0,62}`, `ttl_min <= ttl_max`, a class's namespace exists, and a
+/// class's key prefix does not overlap another class's prefix in the namespace (checked
+/// against the classes read at one revision and committed only if none changed since).
+#[derive(Clone)]
+pub struct ConfigStore {
+    client: Client,
+    keys: RootKeys,
+    request_timeout: Duration,
+}
+
+impl std::fmt::Debug for ConfigStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConfigStore").field("keys", &self.keys).finish_non_exhaustive()
+    }
+}
+
+impl ConfigStore {
+    pub(crate) fn new(client: Client, keys: RootKeys, request_timeout: Duration) -> Self {
+        ConfigStore { client, keys, request_timeout }
+    }
+
+    fn deadline(&self) -> Instant {
+        Instant::now() + self.request_timeout * 3
+    }
+
+    async fn get(&self, key: String, options: Option<GetOptions>) -> Result<etcd_client::GetResponse> {
+        retry::call(self.deadline(), self.request_timeout, || {
+            let (mut c, key, options) = (self.client.clone(), key.clone(), options.clone());
+            async move { c.get(key, options).await }
+        })
+        .await
+        .map_err(|e| e.into_error(ErrorKind::QuorumLost))
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse> {
+        retry::call(self.deadline(), self.request_timeout, || {
+            let (mut c, txn) = (self.client.clone(), txn.clone());
+            async move { c.txn(txn).await }
+        })
+        .await
+        .map_err(|e| e.into_error(ErrorKind::QuorumLost))
+    }
+
+    /// Creates or replaces a namespace.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidInput::BadName`]; [`ErrorKind::QuorumLost`] if etcd cannot commit.
+    pub async fn put_namespace(&self, ns: &Namespace) -> Result<()> {
+        ns.validate()?;
+        let value = serde_json::to_vec(ns).map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
+        self.txn(Txn::new().and_then([TxnOp::put(self.keys.namespace(&ns.id), value, None)])).await?;
+        Ok(())
+    }
+
+    /// The namespace, or `None`.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidInput::BadName`], [`ErrorKind::CorruptRecord`], [`ErrorKind::QuorumLost`].
+    pub async fn namespace(&self, ns: &str) -> Result<Option<Namespace>> {
+        validate_name(ns)?;
+        let resp = self.get(self.keys.namespace(ns), None).await?;
+        resp.kvs().first().map(|kv| decode(kv.value())).transpose()
+    }
+
+    /// Creates or replaces a class.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidInput`] (bad names, `ttl_min > ttl_max`, a bad prefix,
+    /// [`InvalidInput::UnknownNamespace`], [`InvalidInput::PrefixOverlap`]);
+    /// [`ErrorKind::QuorumLost`] if etcd cannot commit.
+    pub async fn put_class(&self, class: &LockClass) -> Result<()> {
+        class.validate()?;
+        let value = serde_json::to_vec(class).map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
+        let ns_key = self.keys.namespace(&class.ns_id);
+        let classes = self.keys.classes(&class.ns_id);
+        for _ in 0..8 {
+            let resp = self
+                .txn(Txn::new().and_then([
+                    TxnOp::get(ns_key.clone(), None),
+                    TxnOp::get(classes.clone(), Some(GetOptions::new().with_prefix())),
+                ]))
+                .await?;
+            let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
+            let mut ranges = resp.op_responses().into_iter().filter_map(|r| match r {
+                etcd_client::TxnOpResponse::Get(g) => Some(g),
+                _ => None,
+            });
+            let (ns_get, class_get) = (ranges.next(), ranges.next());
+            if !ns_get.is_some_and(|g| !g.kvs().is_empty()) {
+                return Err(Error::invalid(InvalidInput::UnknownNamespace(class.ns_id.clone())));
+            }
+            for kv in class_get.iter().flat_map(|g| g.kvs()) {
+                let other: LockClass = decode(kv.value())?;
+                if other.id != class.id && other.overlaps(class) {
+                    return Err(Error::invalid(InvalidInput::PrefixOverlap { other: other.id }));
+                }
+            }
+            let txn = Txn::new()
+                .when([
+                    Compare::version(ns_key.clone(), CompareOp::Greater, 0),
+                    // Every class of the namespace unchanged since the read (an empty
+                    // range compares as mod_revision 0, which passes).
+                    Compare::mod_revision(classes.clone(), CompareOp::Less, rev + 1).with_range(prefix_end(&classes)),
+                ])
+                .and_then([TxnOp::put(self.keys.class(&class.ns_id, &class.id), value.clone(), None)]);
+            if self.txn(txn).await?.succeeded() {
+                return Ok(());
+            }
+        }
+        Err(Error::new(ErrorKind::QuorumLost))
+    }
+
+    /// The class, or a typed error naming what is missing.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidInput::UnknownNamespace`], [`InvalidInput::UnknownClass`],
+    /// [`InvalidInput::BadName`], [`ErrorKind::CorruptRecord`], [`ErrorKind::QuorumLost`].
+    pub async fn class(&self, ns: &str, class: &str) -> Result<LockClass> {
+        validate_name(ns)?;
+        validate_name(class)?;
+        let resp = self
+            .txn(Txn::new().and_then([
+                TxnOp::get(self.keys.namespace(ns), None),
+                TxnOp::get(self.keys.class(ns, class), None),
+            ]))
+            .await?;
+        let mut gets = resp.op_responses().into_iter().filter_map(|r| match r {
+            etcd_client::TxnOpResponse::Get(g) => Some(g),
+            _ => None,
+        });
+        if !gets.next().is_some_and(|g| !g.kvs().is_empty()) {
+            return Err(Error::invalid(InvalidInput::UnknownNamespace(ns.to_owned())));
+        }
+        match gets.next().and_then(|g| g.kvs().first().map(|kv| kv.value().to_vec())) {
+            Some(v) => decode(&v),
+            None => Err(Error::invalid(InvalidInput::UnknownClass(class.to_owned()))),
+        }
+    }
+}
+
+pub(crate) fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T> {
+    serde_json::from_slice(bytes).map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))
+}

@@ -1,0 +1,305 @@
+//! Epochs: the record of which etcd cluster (and how far into its revisions) the current
+//! epoch is served by, kept in etcd *and* in a durable store outside it.
+//!
+//! # Policy
+//!
+//! - The first locker to open an empty key space writes epoch 0 with the cluster id it
+//!   sees (reason `bootstrap`), durable record first, then etcd.
+//! - The durable record also holds the highest grant revision issued in the epoch. A
+//!   token is handed out only after a record at or above its grant revision is durable
+//!   (group commit: grants waiting at once share one write).
+//! - Grants are refused with [`EpochMismatch`] when a response header names another
+//!   cluster id than the record, when etcd's revision is below the highest grant revision
+//!   recorded (a restore from an older snapshot, even with the same cluster id), when a
+//!   grant's revision is not above every revision already recorded when it was sent, when
+//!   the two records disagree, or when the epoch key changed under this locker. The
+//!   refusal is sticky until [`Locker::advance_epoch`](crate::Locker::advance_epoch).
+//! - Advancing picks `max(etcd epoch, durable epoch) + 1`, records the cluster id and
+//!   current revision it sees, writes the durable record first and then etcd, so a crash
+//!   in between only makes the next advance skip a number: a new epoch is always above
+//!   every epoch used. At [`Epoch::MAX`] (2^15 - 1) advancing is refused with
+//!   [`ErrorKind::EpochExhausted`](crate::ErrorKind::EpochExhausted): tokens would no
+//!   longer fit below 2^63; the namespace must be retired.
+//! - Not detected: a restore from an older snapshot with the same cluster id, after
+//!   which etcd had already passed the recorded revision before any locker looked. The
+//!   durable record narrows this window to the writes etcd takes between restore and the
+//!   first grant; operators must advance the epoch on every restore.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use etcd_client::ResponseHeader;
+use palisade_fence::{Epoch, Revision};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::error::{Error, EpochMismatch, ErrorKind, Result};
+
+/// A boxed, sendable future, as returned by [`EpochStore`] methods.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The error type of an [`EpochStore`].
+pub type StoreError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why an epoch was started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EpochReason {
+    /// The first epoch of an empty key space.
+    Bootstrap,
+    /// etcd was restored from a snapshot.
+    Restore,
+    /// The namespace moved to another etcd cluster.
+    Rehome,
+}
+
+/// One epoch record, as stored in etcd (`config/epoch`) and in the durable store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EpochRecord {
+    /// The epoch.
+    pub epoch: Epoch,
+    /// The etcd cluster id serving it (from response headers).
+    pub cluster_id: u64,
+    /// When it started, milliseconds since the Unix epoch.
+    pub advanced_at_ms: u64,
+    /// Why it started.
+    pub reason: EpochReason,
+    /// The highest grant revision issued in this epoch (durable store only; etcd's copy
+    /// carries the revision etcd was at when the epoch started).
+    pub highest_grant_rev: Revision,
+}
+
+impl EpochRecord {
+    pub(crate) fn new(epoch: Epoch, cluster_id: u64, reason: EpochReason, revision: Revision) -> Self {
+        let advanced_at_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+        EpochRecord { epoch, cluster_id, advanced_at_ms, reason, highest_grant_rev: revision }
+    }
+}
+
+/// The durable record outside etcd. A file now ([`FileEpochStore`]); Postgres later.
+///
+/// `store` must be durable when its future completes.
+pub trait EpochStore: Send + Sync + 'static {
+    /// Loads the record, or `None` if none was ever stored.
+    fn load(&self) -> BoxFuture<'_, Result<Option<EpochRecord>, StoreError>>;
+    /// Replaces the record durably.
+    fn store(&self, record: EpochRecord) -> BoxFuture<'_, Result<(), StoreError>>;
+}
+
+/// An [`EpochStore`] in one JSON file, replaced atomically: write a temporary file
+/// beside it, fsync it, rename it over the record, fsync the directory.
+#[derive(Debug, Clone)]
+pub struct FileEpochStore {
+    path: PathBuf,
+}
+
+impl FileEpochStore {
+    /// A store at `path` (the file need not exist yet; its directory must).
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        FileEpochStore { path: path.into() }
+    }
+}
+
+impl EpochStore for FileEpochStore {
+    fn load(&self) -> BoxFuture<'_, Result<Option<EpochRecord>, StoreError>> {
+        let path = self.path.clone();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || match std::fs::read(&path) {
+                Ok(bytes) => Ok(Some(serde_json::from_slice(&bytes)?)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(e.into()),
+            })
+            .await?
+        })
+    }
+
+    fn store(&self, record: EpochRecord) -> BoxFuture<'_, Result<(), StoreError>> {
+        let path = self.path.clone();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || -> Result<(), StoreError> {
+                use std::io::Write;
+                let tmp = path.with_extension("tmp");
+                let mut f = std::fs::File::create(&tmp)?;
+                f.write_all(&serde_json::to_vec(&record)?)?;
+                f.sync_all()?;
+                std::fs::rename(&tmp, &path)?;
+                if let Some(dir) = path.parent() {
+                    let dir = if dir.as_os_str().is_empty() { std::path::Path::new(".") } else { dir };
+                    std::fs::File::open(dir)?.sync_all()?;
+                }
+                Ok(())
+            })
+            .await?
+        })
+    }
+}
+
+/// The locker's view of the current epoch, the checks on every response header, and
+/// the group commit of the highest grant revision.
+pub(crate) struct EpochState {
+    store: Box<dyn EpochStore>,
+    current: Mutex<Current>,
+    /// Highest grant revision seen to succeed (durable or about to be).
+    pending: AtomicU64,
+    durable_tx: watch::Sender<u64>,
+    flush: tokio::sync::Mutex<()>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Current {
+    pub(crate) record: EpochRecord,
+    /// mod_revision of `config/epoch` in etcd for this record; grants compare it.
+    pub(crate) etcd_mod_rev: i64,
+    pub(crate) mismatch: Option<EpochMismatch>,
+}
+
+impl EpochState {
+    pub(crate) fn new(store: Box<dyn EpochStore>, current: Current) -> Self {
+        let hw = current.record.highest_grant_rev.get();
+        EpochState {
+            store,
+            current: Mutex::new(current),
+            pending: AtomicU64::new(hw),
+            durable_tx: watch::channel(hw).0,
+            flush: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    pub(crate) fn store(&self) -> &dyn EpochStore {
+        &*self.store
+    }
+
+    pub(crate) fn snapshot(&self) -> Current {
+        self.current.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub(crate) fn replace(&self, current: Current) {
+        let hw = current.record.highest_grant_rev.get();
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = current;
+        self.pending.store(hw, Ordering::SeqCst);
+        self.durable_tx.send_replace(hw);
+    }
+
+    fn poison(&self, why: EpochMismatch) -> Error {
+        let mut cur = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        Error::epoch(cur.mismatch.get_or_insert(why).clone())
+    }
+
+    /// The highest revision recorded so far; capture it before sending a request and
+    /// pass it to [`EpochState::check`] with the response.
+    pub(crate) fn high_water(&self) -> u64 {
+        self.pending.load(Ordering::SeqCst)
+    }
+
+    /// Refuses if the epoch is poisoned, or the header names another cluster, or its
+    /// revision is behind `hw_at_send` (for a grant: not above it, since a grant sent
+    /// after a revision was recorded must commit after it).
+    pub(crate) fn check(&self, header: Option<&ResponseHeader>, hw_at_send: u64, is_grant: bool) -> Result<()> {
+        let cur = self.snapshot();
+        if let Some(m) = cur.mismatch {
+            return Err(Error::epoch(m));
+        }
+        match header {
+            Some(h) => self.check_seen(&cur, h.cluster_id(), h.revision(), hw_at_send, is_grant),
+            None => Ok(()),
+        }
+    }
+
+    fn check_seen(&self, cur: &Current, cluster_id: u64, revision: i64, hw_at_send: u64, is_grant: bool) -> Result<()> {
+        if cluster_id != cur.record.cluster_id {
+            return Err(self.poison(EpochMismatch::ClusterId { recorded: cur.record.cluster_id, actual: cluster_id }));
+        }
+        let rev = revision.max(0) as u64;
+        if rev < hw_at_send || (is_grant && rev == hw_at_send && hw_at_send > 0) {
+            return Err(self.poison(EpochMismatch::RevisionBehind {
+                recorded: Revision::new(hw_at_send),
+                actual: Revision::new(rev),
+            }));
+        }
+        Ok(())
+    }
+
+    /// Marks the epoch key as changed elsewhere.
+    pub(crate) fn advanced_elsewhere(&self) -> Error {
+        self.poison(EpochMismatch::Advanced)
+    }
+
+    /// Returns once a durable record at or above `grant_rev` exists. Concurrent callers
+    /// share writes: whoever flushes writes the highest revision pending at that moment.
+    pub(crate) async fn commit(&self, grant_rev: Revision) -> Result<()> {
+        let g = grant_rev.get();
+        self.pending.fetch_max(g, Ordering::SeqCst);
+        loop {
+            if *self.durable_tx.borrow() >= g {
+                return Ok(());
+            }
+            let _flusher = self.flush.lock().await;
+            if *self.durable_tx.borrow() >= g {
+                return Ok(());
+            }
+            let target = self.pending.load(Ordering::SeqCst);
+            let mut record = self.snapshot().record;
+            record.highest_grant_rev = Revision::new(target);
+            self.store.store(record).await.map_err(|e| Error::with_source(ErrorKind::EpochStore, e))?;
+            self.durable_tx.send_modify(|d| *d = (*d).max(target));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn file_store_round_trips_and_replaces() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileEpochStore::new(dir.path().join("epoch.json"));
+        assert_eq!(store.load().await.unwrap(), None);
+        let mut r = EpochRecord::new(Epoch::new(3).unwrap(), 0xabc, EpochReason::Restore, Revision::new(9));
+        store.store(r.clone()).await.unwrap();
+        assert_eq!(store.load().await.unwrap(), Some(r.clone()));
+        r.highest_grant_rev = Revision::new(10);
+        store.store(r.clone()).await.unwrap();
+        assert_eq!(store.load().await.unwrap(), Some(r));
+        assert!(!dir.path().join("epoch.tmp").exists());
+    }
+
+    fn state(dir: &std::path::Path) -> EpochState {
+        let rec = EpochRecord::new(Epoch::ZERO, 7, EpochReason::Bootstrap, Revision::new(100));
+        EpochState::new(
+            Box::new(FileEpochStore::new(dir.join("e.json"))),
+            Current { record: rec, etcd_mod_rev: 1, mismatch: None },
+        )
+    }
+
+    #[tokio::test]
+    async fn commit_is_durable_before_returning_and_checks_are_sticky() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = state(dir.path());
+        let (a, b) = tokio::join!(s.commit(Revision::new(105)), s.commit(Revision::new(103)));
+        a.unwrap();
+        b.unwrap();
+        let on_disk = FileEpochStore::new(dir.path().join("e.json")).load().await.unwrap().unwrap();
+        assert_eq!(on_disk.highest_grant_rev, Revision::new(105));
+        assert_eq!(s.high_water(), 105);
+        assert!(s.check(None, 105, true).is_ok());
+        // A grant that lands at the recorded revision again: the counter went back.
+        let cur = s.snapshot();
+        assert!(s.check_seen(&cur, 7, 105, 105, false).is_ok());
+        assert!(s.check_seen(&cur, 7, 105, 105, true).unwrap_err().is_epoch_mismatch());
+        // Sticky: even a fine header is refused now.
+        assert!(s.check(None, 105, false).unwrap_err().is_epoch_mismatch());
+    }
+
+    #[tokio::test]
+    async fn other_cluster_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = state(dir.path());
+        let e = s.check_seen(&s.snapshot(), 8, 500, 100, false).unwrap_err();
+        assert!(matches!(e.kind(), ErrorKind::EpochMismatch(EpochMismatch::ClusterId { recorded: 7, actual: 8 })));
+    }
+}

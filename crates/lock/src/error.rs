@@ -1,0 +1,257 @@
+//! The crate's one error type: an opaque [`Error`] with a public, `#[non_exhaustive]`
+//! [`ErrorKind`] and query methods. Nothing is classified by message text.
+
+use std::fmt;
+use std::time::Duration;
+
+use palisade_fence::{Epoch, Revision};
+
+/// Shorthand for `Result<T, palisade_lock::Error>`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What went wrong, for callers that branch on it. Prefer the `is_*` query methods on
+/// [`Error`]; match on this only when the details matter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The caller's input was refused before anything was written to etcd.
+    InvalidInput(InvalidInput),
+    /// A release (or other operation on a hold) found the hold gone: it expired, was
+    /// force-released, or was already released.
+    NotHeld,
+    /// The etcd cluster does not match the current epoch record (another cluster id, or a
+    /// revision below the highest grant revision recorded: a restore). Grants stay refused
+    /// until an operator advances the epoch.
+    EpochMismatch(EpochMismatch),
+    /// The epoch cannot be advanced: it is already [`Epoch::MAX`].
+    EpochExhausted,
+    /// etcd could not commit before the caller's deadline (no leader, timeouts,
+    /// unreachable members) and the class's quorum policy is `closed`.
+    QuorumLost,
+    /// The caller's deadline passed while the lock was held by others.
+    DeadlineExceeded,
+    /// The session's lease is gone (expired, revoked, or the session was closed).
+    SessionLost,
+    /// etcd answered with an error that is none of the above.
+    Etcd,
+    /// The durable epoch record outside etcd could not be read or written.
+    EpochStore,
+    /// A record in etcd under the root prefix could not be decoded.
+    CorruptRecord,
+}
+
+/// Why input was refused. Nothing was written to etcd.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidInput {
+    /// The lock key is empty.
+    #[error("lock key is empty")]
+    EmptyKey,
+    /// The lock key has a `..` path segment.
+    #[error("lock key has a `..` segment")]
+    DotDotSegment,
+    /// The lock key has a NUL or other ASCII control character.
+    #[error("lock key has a control character (NUL included)")]
+    ControlCharacter,
+    /// The lock key is longer than [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes.
+    #[error("lock key is longer than {} bytes", crate::keys::MAX_KEY_LEN)]
+    KeyTooLong,
+    /// The lock key does not start with its class's key prefix.
+    #[error("lock key is outside the class's key prefix {prefix:?}")]
+    KeyOutsideClass {
+        /// The class's key prefix.
+        prefix: String,
+    },
+    /// A namespace or class name is not `[a-z0-9][a-z0-9_-]{0,62}`.
+    #[error("name {0:?} is not [a-z0-9][a-z0-9_-]{{0,62}}")]
+    BadName(String),
+    /// A SPIFFE ID that does not start with `spiffe://` or is otherwise malformed.
+    #[error("malformed SPIFFE ID {0:?}")]
+    BadSpiffeId(String),
+    /// The session's TTL is outside the class's bounds.
+    #[error("session TTL {ttl:?} is outside the class bounds {min:?}..={max:?}")]
+    TtlOutOfBounds {
+        /// The session's TTL.
+        ttl: Duration,
+        /// The class's `ttl_min`.
+        min: Duration,
+        /// The class's `ttl_max`.
+        max: Duration,
+    },
+    /// A TTL that etcd cannot express (below one second, or above `i64::MAX` seconds).
+    #[error("TTL {0:?} is not a whole number of seconds of at least one")]
+    BadTtl(Duration),
+    /// A class whose `ttl_min` is above its `ttl_max`.
+    #[error("class ttl_min {min:?} is above ttl_max {max:?}")]
+    TtlBoundsInverted {
+        /// `ttl_min`.
+        min: Duration,
+        /// `ttl_max`.
+        max: Duration,
+    },
+    /// A class whose key prefix overlaps another class's prefix in the same namespace.
+    #[error("class key prefix overlaps the prefix of class {other:?}")]
+    PrefixOverlap {
+        /// The other class.
+        other: String,
+    },
+    /// The namespace is not configured.
+    #[error("unknown namespace {0:?}")]
+    UnknownNamespace(String),
+    /// The class is not configured in the namespace.
+    #[error("unknown class {0:?}")]
+    UnknownClass(String),
+    /// A shared acquire on a class whose mode is exclusive.
+    #[error("shared mode is not allowed by an exclusive class")]
+    ModeNotAllowed,
+    /// This session already holds, or is waiting for, this lock.
+    #[error("this session already holds or waits for this lock")]
+    AlreadyAcquiring,
+    /// The deadline has already passed.
+    #[error("deadline is in the past")]
+    DeadlinePassed,
+}
+
+/// Which epoch check failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum EpochMismatch {
+    /// etcd answered with another cluster id than the epoch record names (restore into a
+    /// new cluster, or the endpoints point at another cluster).
+    #[error("etcd cluster id {actual:#x} differs from the epoch record's {recorded:#x}")]
+    ClusterId {
+        /// Recorded.
+        recorded: u64,
+        /// Seen in a response header.
+        actual: u64,
+    },
+    /// etcd's revision is below the highest grant revision recorded for this epoch
+    /// (etcd restored from an older snapshot, even with the same cluster id).
+    #[error("etcd revision {actual} is below the highest grant revision {recorded} of this epoch")]
+    RevisionBehind {
+        /// Highest grant revision recorded.
+        recorded: Revision,
+        /// Seen in a response header.
+        actual: Revision,
+    },
+    /// The epoch record in etcd and the durable record disagree (or one is missing).
+    #[error("epoch record in etcd ({etcd:?}) and durable record ({durable:?}) disagree")]
+    Records {
+        /// The epoch in etcd, if any.
+        etcd: Option<Epoch>,
+        /// The epoch in the durable record, if any.
+        durable: Option<Epoch>,
+    },
+    /// The epoch was advanced by someone else; this locker must be reopened.
+    #[error("the epoch was advanced elsewhere")]
+    Advanced,
+}
+
+/// The error of every fallible operation in this crate.
+///
+/// Classify with the query methods (`is_not_held()`, `is_epoch_mismatch()`...) or
+/// [`Error::kind`]; the underlying etcd or I/O error, if any, is the [`source`](std::error::Error::source).
+pub struct Error {
+    kind: ErrorKind,
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl Error {
+    pub(crate) fn new(kind: ErrorKind) -> Self {
+        Error { kind, source: None }
+    }
+
+    pub(crate) fn with_source(kind: ErrorKind, source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Error { kind, source: Some(source.into()) }
+    }
+
+    pub(crate) fn invalid(reason: InvalidInput) -> Self {
+        Error::new(ErrorKind::InvalidInput(reason))
+    }
+
+    pub(crate) fn epoch(reason: EpochMismatch) -> Self {
+        Error::new(ErrorKind::EpochMismatch(reason))
+    }
+
+    /// The kind of error.
+    pub fn kind(&self) -> &ErrorKind {
+        &self.kind
+    }
+
+    /// Input was refused; nothing was written.
+    pub fn is_invalid_input(&self) -> bool {
+        matches!(self.kind, ErrorKind::InvalidInput(_))
+    }
+
+    /// The reason input was refused, if it was.
+    pub fn invalid_input(&self) -> Option<&InvalidInput> {
+        match &self.kind {
+            ErrorKind::InvalidInput(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// The hold is no longer held (expired, force-released or already released).
+    pub fn is_not_held(&self) -> bool {
+        self.kind == ErrorKind::NotHeld
+    }
+
+    /// Grants are refused until the epoch is advanced.
+    pub fn is_epoch_mismatch(&self) -> bool {
+        matches!(self.kind, ErrorKind::EpochMismatch(_))
+    }
+
+    /// etcd could not commit in time and the class fails closed.
+    pub fn is_quorum_lost(&self) -> bool {
+        self.kind == ErrorKind::QuorumLost
+    }
+
+    /// The deadline passed while waiting behind other holders.
+    pub fn is_deadline_exceeded(&self) -> bool {
+        self.kind == ErrorKind::DeadlineExceeded
+    }
+
+    /// The session's lease is gone.
+    pub fn is_session_lost(&self) -> bool {
+        self.kind == ErrorKind::SessionLost
+    }
+
+    /// The epoch is at its maximum and cannot be advanced.
+    pub fn is_epoch_exhausted(&self) -> bool {
+        self.kind == ErrorKind::EpochExhausted
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("Error");
+        d.field("kind", &self.kind);
+        if let Some(s) = &self.source {
+            d.field("source", s);
+        }
+        d.finish()
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            ErrorKind::InvalidInput(r) => write!(f, "invalid input: {r}"),
+            ErrorKind::NotHeld => f.write_str("the hold is no longer held (expired, force-released or released)"),
+            ErrorKind::EpochMismatch(r) => write!(f, "epoch mismatch, grants refused until the epoch is advanced: {r}"),
+            ErrorKind::EpochExhausted => write!(f, "the epoch is already {} (2^15 - 1) and cannot be advanced", Epoch::MAX),
+            ErrorKind::QuorumLost => f.write_str("etcd could not commit before the deadline (quorum lost or unreachable)"),
+            ErrorKind::DeadlineExceeded => f.write_str("deadline exceeded while waiting for the lock"),
+            ErrorKind::SessionLost => f.write_str("the session's lease is gone"),
+            ErrorKind::Etcd => f.write_str("etcd request failed"),
+            ErrorKind::EpochStore => f.write_str("durable epoch record could not be read or written"),
+            ErrorKind::CorruptRecord => f.write_str("a record under the root prefix could not be decoded"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source.as_deref().map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}

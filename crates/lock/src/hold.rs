@@ -1,0 +1,153 @@
+//! A granted lock, its token, its loss signal, and its release.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use palisade_fence::{FencingToken, Revision};
+use tokio::time::Instant;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::keys::LockKeys;
+use crate::locker::{LockName, LockerInner};
+use crate::model::{Enforcement, LockClass, Mode};
+use crate::retry;
+use crate::session::{LossReason, Session};
+
+/// A granted lock.
+///
+/// A *protected* hold carries a [`FencingToken`]: send it with every write to the
+/// resource. An *unprotected* hold ([`Hold::token`] is `None`) was handed out by a class
+/// whose quorum policy is `open` while etcd could not commit; nothing in etcd records it,
+/// and resources audit its writes as unprotected.
+///
+/// Dropping a hold without [`Hold::release`] releases it in the background (best effort;
+/// the lease's expiry is the backstop).
+pub struct Hold {
+    pub(crate) locker: Arc<LockerInner>,
+    pub(crate) session: Session,
+    pub(crate) keys: LockKeys,
+    pub(crate) name: LockName,
+    pub(crate) class: Arc<LockClass>,
+    pub(crate) mode: Mode,
+    /// `(grant_rev, token)`; `None` for an unprotected hold.
+    pub(crate) grant: Option<(Revision, FencingToken)>,
+    pub(crate) done: bool,
+}
+
+impl std::fmt::Debug for Hold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hold")
+            .field("lock", &self.name)
+            .field("mode", &self.mode)
+            .field("lease", &self.session.lease())
+            .field("token", &self.token())
+            .finish()
+    }
+}
+
+impl Hold {
+    /// The fencing token, `epoch · 2^48 + grant_rev`; `None` for an unprotected hold.
+    pub fn token(&self) -> Option<FencingToken> {
+        self.grant.map(|(_, t)| t)
+    }
+
+    /// The revision of the Txn that granted the hold; `None` for an unprotected hold.
+    pub fn grant_rev(&self) -> Option<Revision> {
+        self.grant.map(|(r, _)| r)
+    }
+
+    /// Whether the hold carries a token.
+    pub fn is_protected(&self) -> bool {
+        self.grant.is_some()
+    }
+
+    /// The lock.
+    pub fn name(&self) -> &LockName {
+        &self.name
+    }
+
+    /// The mode it is held in.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The class's enforcement, for the resource side.
+    pub fn enforcement(&self) -> Enforcement {
+        self.class.enforcement
+    }
+
+    /// The session the hold belongs to.
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    /// Completes when the hold's session ends (see [`Session::lost`]); from then on
+    /// the hold may be granted to someone else. A force release while the session lives
+    /// does not fire it: the token is then refused by resources instead.
+    pub async fn lost(&self) -> LossReason {
+        self.session.lost().await
+    }
+
+    /// Releases the hold: one Txn that deletes the hold key and its grant record, only if
+    /// the hold key still has this grant's create revision and this session's lease.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::NotHeld`] if the hold already ended (expired, force-released);
+    /// [`ErrorKind::QuorumLost`] if etcd could not commit in time.
+    pub async fn release(mut self) -> Result<()> {
+        self.done = true;
+        let result = match self.grant {
+            None => Ok(()),
+            Some((rev, _)) => release_txn(&self.locker, &self.keys, self.mode, &self.session, rev).await,
+        };
+        self.session.unmark_busy(self.keys.base());
+        result
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let Some((rev, _)) = self.grant else {
+            self.session.unmark_busy(self.keys.base());
+            return;
+        };
+        let (locker, keys, mode, session) = (self.locker.clone(), self.keys.clone(), self.mode, self.session.clone());
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move {
+                    let _ = release_txn(&locker, &keys, mode, &session, rev).await;
+                    session.unmark_busy(keys.base());
+                });
+            }
+            Err(_) => self.session.unmark_busy(self.keys.base()),
+        }
+    }
+}
+
+async fn release_txn(locker: &LockerInner, keys: &LockKeys, mode: Mode, session: &Session, rev: Revision) -> Result<()> {
+    let lease = session.lease();
+    let hold = keys.hold(mode, lease);
+    let txn = Txn::new()
+        .when([
+            Compare::create_revision(hold.clone(), CompareOp::Equal, rev.as_i64()),
+            Compare::lease(hold.clone(), CompareOp::Equal, lease.get()),
+        ])
+        .and_then([TxnOp::delete(hold, None), TxnOp::delete(keys.grant(mode, lease), None)]);
+    let deadline = Instant::now() + locker.request_timeout.max(Duration::from_millis(500)) * 3;
+    let resp = retry::call(deadline, locker.request_timeout, || {
+        let (mut c, txn) = (locker.client.clone(), txn.clone());
+        async move { c.txn(txn).await }
+    })
+    .await
+    .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
+    if resp.succeeded() {
+        Ok(())
+    } else {
+        Err(Error::new(ErrorKind::NotHeld))
+    }
+}

@@ -1,0 +1,208 @@
+//! The key layout under the root prefix, and lock-key escaping.
+//!
+//! See the crate docs for the full layout. Everything here builds strings; nothing talks
+//! to etcd.
+
+use crate::error::{Error, InvalidInput, Result};
+use crate::model::{LeaseId, Mode};
+
+/// Longest lock key accepted, in bytes (before escaping).
+pub const MAX_KEY_LEN: usize = 512;
+
+/// Checks a lock key: non-empty, at most [`MAX_KEY_LEN`] bytes, no ASCII control
+/// character (NUL included), no `..` segment between `/`s.
+pub(crate) fn validate_key(key: &str) -> Result<()> {
+    if key.is_empty() {
+        return Err(Error::invalid(InvalidInput::EmptyKey));
+    }
+    if key.len() > MAX_KEY_LEN {
+        return Err(Error::invalid(InvalidInput::KeyTooLong));
+    }
+    if key.bytes().any(|b| b.is_ascii_control()) {
+        return Err(Error::invalid(InvalidInput::ControlCharacter));
+    }
+    if key.split('/').any(|seg| seg == "..") {
+        return Err(Error::invalid(InvalidInput::DotDotSegment));
+    }
+    Ok(())
+}
+
+/// Percent-encodes `%`, `/` and space as `%25`, `%2F` and `%20`. The escaped key has
+/// no `/`, so the `/` that follows it in a lock's base path ends it: `a/b` becomes
+/// `a%2Fb/` and `a/bc` becomes `a%2Fbc/`, and neither base is a prefix of the other.
+pub(crate) fn escape_key(key: &str) -> String {
+    let mut out = String::with_capacity(key.len() + 8);
+    for c in key.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '/' => out.push_str("%2F"),
+            ' ' => out.push_str("%20"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The end of etcd's range for "every key with this prefix": the prefix with its last
+/// byte incremented (etcd's `clientv3.GetPrefixRangeEnd`).
+pub(crate) fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.last_mut() {
+        if *last < 0xff {
+            *last += 1;
+            return end;
+        }
+        end.pop();
+    }
+    vec![0]
+}
+
+/// The keys of the root prefix that are not about one lock.
+#[derive(Debug, Clone)]
+pub(crate) struct RootKeys {
+    root: String,
+}
+
+impl RootKeys {
+    pub(crate) fn new(root: &str) -> Self {
+        let mut root = root.to_owned();
+        if !root.ends_with('/') {
+            root.push('/');
+        }
+        RootKeys { root }
+    }
+
+    pub(crate) fn namespace(&self, ns: &str) -> String {
+        format!("{}config/ns/{ns}", self.root)
+    }
+
+    pub(crate) fn classes(&self, ns: &str) -> String {
+        format!("{}config/class/{ns}/", self.root)
+    }
+
+    pub(crate) fn class(&self, ns: &str, class: &str) -> String {
+        format!("{}config/class/{ns}/{class}", self.root)
+    }
+
+    pub(crate) fn epoch(&self) -> String {
+        format!("{}config/epoch", self.root)
+    }
+
+    pub(crate) fn lock(&self, ns: &str, class: &str, key: &str) -> LockKeys {
+        LockKeys { base: format!("{}locks/{ns}/{class}/{}/", self.root, escape_key(key)) }
+    }
+}
+
+/// The keys of one lock: `<root>locks/<ns>/<class>/<escaped key>/` plus a sub-key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LockKeys {
+    base: String,
+}
+
+impl LockKeys {
+    /// Every waiter, both modes: `q/`.
+    pub(crate) fn queue(&self) -> String {
+        format!("{}q/", self.base)
+    }
+
+    /// Waiters of one mode: `q/x/` or `q/s/`.
+    pub(crate) fn queue_of(&self, mode: Mode) -> String {
+        format!("{}q/{}/", self.base, mode.segment())
+    }
+
+    /// One waiter: `q/<x|s>/<lease>`.
+    pub(crate) fn waiter(&self, mode: Mode, lease: LeaseId) -> String {
+        format!("{}q/{}/{lease}", self.base, mode.segment())
+    }
+
+    /// Every hold, both modes: `h/`.
+    pub(crate) fn holds(&self) -> String {
+        format!("{}h/", self.base)
+    }
+
+    /// Holds of one mode.
+    pub(crate) fn holds_of(&self, mode: Mode) -> String {
+        format!("{}h/{}/", self.base, mode.segment())
+    }
+
+    /// One hold: `h/<x|s>/<lease>`.
+    pub(crate) fn hold(&self, mode: Mode, lease: LeaseId) -> String {
+        format!("{}h/{}/{lease}", self.base, mode.segment())
+    }
+
+    /// Every grant record: `g/`.
+    pub(crate) fn grants(&self) -> String {
+        format!("{}g/", self.base)
+    }
+
+    /// Grant records of one mode.
+    pub(crate) fn grants_of(&self, mode: Mode) -> String {
+        format!("{}g/{}/", self.base, mode.segment())
+    }
+
+    /// One grant record: `g/<x|s>/<lease>`.
+    pub(crate) fn grant(&self, mode: Mode, lease: LeaseId) -> String {
+        format!("{}g/{}/{lease}", self.base, mode.segment())
+    }
+
+    /// The hold key that a grant record `g/<m>/<lease>` belongs to.
+    pub(crate) fn hold_for_grant(&self, grant_key: &[u8]) -> Option<String> {
+        let rest = std::str::from_utf8(grant_key).ok()?.strip_prefix(&self.grants())?;
+        Some(format!("{}h/{rest}", self.base))
+    }
+
+    /// The lock's base path, ending in `/`.
+    pub(crate) fn base(&self) -> &str {
+        &self.base
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_that_are_prefixes_of_each_other_get_disjoint_spaces() {
+        let r = RootKeys::new("/palisade");
+        let ab = r.lock("ns", "c", "a/b");
+        let abc = r.lock("ns", "c", "a/bc");
+        assert_eq!(ab.base(), "/palisade/locks/ns/c/a%2Fb/");
+        assert!(!abc.base().starts_with(ab.base()) && !ab.base().starts_with(abc.base()));
+        // A key that looks like an escape is escaped itself.
+        let pct = r.lock("ns", "c", "a%2Fb");
+        assert_eq!(pct.base(), "/palisade/locks/ns/c/a%252Fb/");
+        assert_ne!(pct.base(), ab.base());
+        // A key ending where another's sub-keys begin stays apart.
+        let q = r.lock("ns", "c", "a/b/q");
+        assert!(!q.queue().starts_with(ab.base()));
+    }
+
+    #[test]
+    fn sub_keys() {
+        let k = RootKeys::new("/p/").lock("n", "c", "k");
+        let l = LeaseId::new(255);
+        assert_eq!(k.waiter(Mode::Exclusive, l), "/p/locks/n/c/k/q/x/00000000000000ff");
+        assert_eq!(k.hold(Mode::Shared, l), "/p/locks/n/c/k/h/s/00000000000000ff");
+        assert_eq!(k.hold_for_grant(k.grant(Mode::Shared, l).as_bytes()).unwrap(), k.hold(Mode::Shared, l));
+        assert!(k.waiter(Mode::Shared, l).starts_with(&k.queue()));
+        assert!(k.hold(Mode::Shared, l).starts_with(&k.holds_of(Mode::Shared)));
+    }
+
+    #[test]
+    fn prefix_ends() {
+        assert_eq!(prefix_end("a/"), b"a0".to_vec());
+        assert_eq!(prefix_end("\u{7f}"), vec![0x80]);
+    }
+
+    #[test]
+    fn bad_keys() {
+        use InvalidInput::*;
+        let reason = |k: &str| validate_key(k).unwrap_err().invalid_input().cloned().unwrap();
+        assert_eq!(reason(""), EmptyKey);
+        assert_eq!(reason("a/../b"), DotDotSegment);
+        assert_eq!(reason(".."), DotDotSegment);
+        assert_eq!(reason("a\0b"), ControlCharacter);
+        assert_eq!(reason(&"k".repeat(MAX_KEY_LEN + 1)), KeyTooLong);
+        assert!(validate_key("a/..b/c..").is_ok());
+    }
+}

@@ -1,0 +1,300 @@
+//! [`Locker`]: the entry point. One etcd client, one root prefix, one epoch state.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, Txn, TxnOp};
+use palisade_fence::{Epoch, Revision};
+use tokio::time::Instant;
+
+use crate::config_store::{decode, ConfigStore};
+use crate::epoch::{Current, EpochReason, EpochRecord, EpochState, EpochStore};
+use crate::error::{Error, EpochMismatch, ErrorKind, InvalidInput, Result};
+use crate::hold::Hold;
+use crate::keys::{validate_key, RootKeys};
+use crate::model::{validate_name, LockClass, Mode, SpiffeId};
+use crate::retry;
+use crate::session::Session;
+
+/// The default root prefix of the key space.
+pub const DEFAULT_ROOT: &str = "/palisade/";
+
+/// How to reach etcd and where the key space lives.
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct LockerOptions {
+    endpoints: Vec<String>,
+    root: String,
+    request_timeout: Duration,
+}
+
+impl LockerOptions {
+    /// etcd client endpoints (`http://host:port`), root [`DEFAULT_ROOT`], request
+    /// timeout 1 s.
+    pub fn new<S: Into<String>>(endpoints: impl IntoIterator<Item = S>) -> Self {
+        LockerOptions {
+            endpoints: endpoints.into_iter().map(Into::into).collect(),
+            root: DEFAULT_ROOT.to_owned(),
+            request_timeout: Duration::from_secs(1),
+        }
+    }
+
+    /// Another root prefix (a `/` is appended if missing).
+    pub fn with_root(mut self, root: impl Into<String>) -> Self {
+        self.root = root.into();
+        self
+    }
+
+    /// The longest one etcd request may take before it is retried (on another endpoint,
+    /// within the caller's deadline). Every request also carries etcd's require-leader
+    /// metadata, so a member without a leader fails it at once instead of hanging.
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+}
+
+pub(crate) struct LockerInner {
+    pub(crate) client: Client,
+    pub(crate) keys: RootKeys,
+    pub(crate) epoch: EpochState,
+    pub(crate) request_timeout: Duration,
+    classes: Mutex<HashMap<(String, String), Arc<LockClass>>>,
+}
+
+/// Names one lock: a key in a class of a namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LockName {
+    /// Namespace.
+    pub ns: String,
+    /// Class within the namespace.
+    pub class: String,
+    /// Lock key; must start with the class's key prefix.
+    pub key: String,
+}
+
+impl LockName {
+    /// Names a lock.
+    pub fn new(ns: impl Into<String>, class: impl Into<String>, key: impl Into<String>) -> Self {
+        LockName { ns: ns.into(), class: class.into(), key: key.into() }
+    }
+}
+
+/// The lock service core on one etcd cluster. Cheap to clone.
+#[derive(Clone)]
+pub struct Locker {
+    pub(crate) inner: Arc<LockerInner>,
+}
+
+impl std::fmt::Debug for Locker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Locker").field("keys", &self.inner.keys).finish_non_exhaustive()
+    }
+}
+
+impl Locker {
+    /// Connects and loads the epoch: from etcd (`config/epoch`) and from `store`. An empty
+    /// key space with an empty store is bootstrapped at epoch 0. A locker whose records
+    /// disagree with each other or with etcd still opens, so that an operator can
+    /// [`advance_epoch`](Locker::advance_epoch), but refuses every grant with
+    /// [`ErrorKind::EpochMismatch`].
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::QuorumLost`] if etcd does not answer; [`ErrorKind::EpochStore`];
+    /// [`ErrorKind::CorruptRecord`].
+    pub async fn connect(options: LockerOptions, store: impl EpochStore) -> Result<Locker> {
+        let connect = ConnectOptions::new()
+            .with_require_leader(true)
+            .with_connect_timeout(options.request_timeout)
+            .with_keep_alive(Duration::from_secs(2), options.request_timeout);
+        let client = Client::connect(&options.endpoints, Some(connect))
+            .await
+            .map_err(|e| Error::with_source(ErrorKind::QuorumLost, e))?;
+        let keys = RootKeys::new(&options.root);
+        let current = load_epoch(&client, &keys, &store, options.request_timeout).await?;
+        Ok(Locker {
+            inner: Arc::new(LockerInner {
+                client,
+                keys,
+                epoch: EpochState::new(Box::new(store), current),
+                request_timeout: options.request_timeout,
+                classes: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// The etcd client (for tools and tests that look at the key space).
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    /// Namespaces and classes.
+    pub fn config(&self) -> ConfigStore {
+        ConfigStore::new(self.inner.client.clone(), self.inner.keys.clone(), self.inner.request_timeout)
+    }
+
+    /// The current epoch record, and why grants are refused if they are.
+    pub fn epoch(&self) -> (EpochRecord, Option<EpochMismatch>) {
+        let c = self.inner.epoch.snapshot();
+        (c.record, c.mismatch)
+    }
+
+    /// Opens a session: grants an etcd lease of `ttl` (whole seconds, at least one) and
+    /// starts its keepalive.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidInput::BadTtl`]; [`ErrorKind::QuorumLost`] if etcd cannot grant it.
+    pub async fn open_session(&self, spiffe_id: SpiffeId, ttl: Duration) -> Result<Session> {
+        Session::open(self.inner.client.clone(), spiffe_id, ttl, self.inner.request_timeout).await
+    }
+
+    /// Acquires `lock` in `mode` for `session`, waiting until `deadline` at most.
+    ///
+    /// Uncontended, this is one etcd Txn. Otherwise the session waits in the lock's
+    /// queue (FIFO by the waiter key's create revision), watching only the one key that
+    /// blocks it, and is granted by a Txn whose header revision becomes the token's
+    /// revision. See the crate docs for the exact rules.
+    ///
+    /// # Errors
+    ///
+    /// - [`ErrorKind::InvalidInput`] (bad key, unknown namespace or class, TTL outside
+    ///   the class bounds, key outside the class prefix, shared acquire on an exclusive
+    ///   class, this session already acquiring the lock): nothing was written.
+    /// - [`ErrorKind::DeadlineExceeded`]: others held the lock until the deadline; the
+    ///   waiter key was deleted.
+    /// - [`ErrorKind::QuorumLost`]: etcd could not commit before the deadline and the
+    ///   class is `closed` (an `open` class returns an unprotected [`Hold`] instead).
+    /// - [`ErrorKind::EpochMismatch`]: see [`epoch`](crate::epoch) policy.
+    /// - [`ErrorKind::SessionLost`]: the session's lease is gone.
+    pub async fn acquire(&self, session: &Session, lock: &LockName, mode: Mode, deadline: Instant) -> Result<Hold> {
+        if deadline <= Instant::now() {
+            return Err(Error::invalid(InvalidInput::DeadlinePassed));
+        }
+        validate_name(&lock.ns)?;
+        validate_name(&lock.class)?;
+        validate_key(&lock.key)?;
+        let class = self.class(&lock.ns, &lock.class).await?;
+        if !lock.key.starts_with(&class.key_prefix) {
+            return Err(Error::invalid(InvalidInput::KeyOutsideClass { prefix: class.key_prefix.clone() }));
+        }
+        if mode == Mode::Shared && class.mode == Mode::Exclusive {
+            return Err(Error::invalid(InvalidInput::ModeNotAllowed));
+        }
+        class.check_ttl(session.ttl())?;
+        crate::acquire::acquire(self.inner.clone(), session, lock, class, mode, deadline).await
+    }
+
+    /// The class, from a cache filled on first use (class changes reach a running
+    /// locker only for classes it has not used yet).
+    async fn class(&self, ns: &str, class: &str) -> Result<Arc<LockClass>> {
+        let k = (ns.to_owned(), class.to_owned());
+        if let Some(c) = self.inner.classes.lock().unwrap_or_else(|e| e.into_inner()).get(&k) {
+            return Ok(c.clone());
+        }
+        let c = Arc::new(self.config().class(ns, class).await?);
+        self.inner.classes.lock().unwrap_or_else(|e| e.into_inner()).insert(k, c.clone());
+        Ok(c)
+    }
+
+    /// Starts a new epoch on the etcd cluster this locker is connected to (an operator
+    /// action after a restore or a rehome). The new epoch is `max(etcd's, durable) + 1`;
+    /// the durable record is written first, then etcd's. Grants resume.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::EpochExhausted`] at [`Epoch::MAX`]; [`ErrorKind::QuorumLost`];
+    /// [`ErrorKind::EpochStore`].
+    pub async fn advance_epoch(&self, reason: EpochReason) -> Result<EpochRecord> {
+        let inner = &self.inner;
+        let deadline = Instant::now() + inner.request_timeout * 3;
+        let key = inner.keys.epoch();
+        let resp = retry::call(deadline, inner.request_timeout, || {
+            let (mut c, key) = (inner.client.clone(), key.clone());
+            async move { c.get(key, None).await }
+        })
+        .await
+        .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
+        let header = resp.header().ok_or_else(|| Error::new(ErrorKind::Etcd))?;
+        let in_etcd: Option<EpochRecord> = resp.kvs().first().map(|kv| decode(kv.value())).transpose()?;
+        let durable = inner.epoch.store().load().await.map_err(|e| Error::with_source(ErrorKind::EpochStore, e))?;
+        let used = [in_etcd.as_ref().map(|r| r.epoch), durable.as_ref().map(|r| r.epoch), Some(inner.epoch.snapshot().record.epoch)]
+            .into_iter()
+            .flatten()
+            .max()
+            .unwrap_or(Epoch::ZERO);
+        let next = used.next().ok_or_else(|| Error::new(ErrorKind::EpochExhausted))?;
+        let record = EpochRecord::new(next, header.cluster_id(), reason, Revision::from_i64(header.revision()).unwrap_or_default());
+        inner.epoch.store().store(record.clone()).await.map_err(|e| Error::with_source(ErrorKind::EpochStore, e))?;
+        let value = serde_json::to_vec(&record).map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
+        let put = retry::call(deadline, inner.request_timeout, || {
+            let (mut c, key, value) = (inner.client.clone(), key.clone(), value.clone());
+            async move { c.put(key, value, None).await }
+        })
+        .await
+        .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
+        let mod_rev = put.header().map(|h| h.revision()).unwrap_or(0);
+        inner.epoch.replace(Current { record: record.clone(), etcd_mod_rev: mod_rev, mismatch: None });
+        Ok(record)
+    }
+}
+
+/// Reads both epoch records and decides whether grants may proceed.
+async fn load_epoch(client: &Client, keys: &RootKeys, store: &dyn EpochStore, per_request: Duration) -> Result<Current> {
+    let deadline = Instant::now() + per_request * 5;
+    let key = keys.epoch();
+    let resp = retry::call(deadline, per_request, || {
+        let (mut c, key) = (client.clone(), key.clone());
+        async move { c.get(key, None).await }
+    })
+    .await
+    .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
+    let header = resp.header().ok_or_else(|| Error::new(ErrorKind::Etcd))?;
+    let (cluster_id, revision) = (header.cluster_id(), Revision::from_i64(header.revision()).unwrap_or_default());
+    let in_etcd = match resp.kvs().first() {
+        Some(kv) => Some((decode::<EpochRecord>(kv.value())?, kv.mod_revision())),
+        None => None,
+    };
+    let durable = store.load().await.map_err(|e| Error::with_source(ErrorKind::EpochStore, e))?;
+    match (in_etcd, durable) {
+        (None, None) => {
+            let record = EpochRecord::new(Epoch::ZERO, cluster_id, EpochReason::Bootstrap, revision);
+            store.store(record.clone()).await.map_err(|e| Error::with_source(ErrorKind::EpochStore, e))?;
+            let value = serde_json::to_vec(&record).map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
+            let txn = Txn::new()
+                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(key.clone(), value, None)]);
+            let resp = retry::call(deadline, per_request, || {
+                let (mut c, txn) = (client.clone(), txn.clone());
+                async move { c.txn(txn).await }
+            })
+            .await
+            .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
+            let mismatch = (!resp.succeeded()).then_some(EpochMismatch::Records { etcd: None, durable: Some(Epoch::ZERO) });
+            let mod_rev = resp.header().map(|h| h.revision()).unwrap_or(0);
+            Ok(Current { record, etcd_mod_rev: mod_rev, mismatch })
+        }
+        (Some((etcd, mod_rev)), Some(durable)) if etcd.epoch == durable.epoch && etcd.cluster_id == durable.cluster_id => {
+            let mismatch = if cluster_id != durable.cluster_id {
+                Some(EpochMismatch::ClusterId { recorded: durable.cluster_id, actual: cluster_id })
+            } else if revision < durable.highest_grant_rev {
+                Some(EpochMismatch::RevisionBehind { recorded: durable.highest_grant_rev, actual: revision })
+            } else {
+                None
+            };
+            Ok(Current { record: durable, etcd_mod_rev: mod_rev, mismatch })
+        }
+        (etcd, durable) => {
+            let mismatch = Some(EpochMismatch::Records {
+                etcd: etcd.as_ref().map(|(r, _)| r.epoch),
+                durable: durable.as_ref().map(|r| r.epoch),
+            });
+            let record = durable
+                .or(etcd.as_ref().map(|(r, _)| r.clone()))
+                .unwrap_or_else(|| EpochRecord::new(Epoch::ZERO, cluster_id, EpochReason::Bootstrap, revision));
+            Ok(Current { record, etcd_mod_rev: etcd.map(|(_, m)| m).unwrap_or(0), mismatch })
+        }
+    }
+}
