@@ -131,6 +131,7 @@ pub(crate) async fn acquire(
             drop(attempt);
             Ok(hold)
         }
+        Err(e) if e.is_quorum_lost() => Err(e), // the drop guard cleans up once etcd answers
         Err(e) => {
             // Delete what we may have written before reporting, so a caller that looks
             // right after finds no waiter key.
