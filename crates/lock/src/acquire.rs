@@ -123,7 +123,7 @@ pub(crate) async fn acquire(
             attempt.disarmed = true;
             Ok(attempt.hold(grant))
         }
-        Err(e) if (e.is_quorum_lost() || e.kind() == &ErrorKind::Etcd) && attempt.class.on_quorum_loss == QuorumPolicy::Open => {
+        Err(e) if e.is_quorum_lost() && attempt.class.on_quorum_loss == QuorumPolicy::Open => {
             // Unprotected grant: nothing recorded in etcd; the keys this attempt may have
             // written are deleted by the drop guard once etcd answers again.
             tracing::warn!(lock = ?attempt.name, "etcd unavailable: unprotected grant for an open class");

@@ -51,8 +51,9 @@
 //! - **expiry**: `h/<m>/<lease>` deleted (with the lease's other keys) while
 //!   `g/<m>/<lease>` stays: an orphaned grant record. The next grant of the lock deletes
 //!   it, after the class's lock-delay.
-//! - **force** (service, later): `h/<m>/<lease>` deleted and `g/<m>/<lease>` rewritten with
-//!   a force marker in one revision; it also leaves an orphaned grant record.
+//! - **force** ([`Locker::force_release`]): `h/<m>/<lease>` deleted and `g/<m>/<lease>`
+//!   rewritten to `{"forced": <ForceMarker>}` in one revision; it also leaves an orphaned
+//!   grant record, so lock-delay applies as after an expiry.
 //!
 //! # Granting rules
 //!
@@ -97,6 +98,7 @@ mod acquire;
 mod config_store;
 mod epoch;
 mod error;
+mod force;
 mod hold;
 mod keys;
 mod locker;
@@ -107,6 +109,7 @@ mod session;
 pub use config_store::ConfigStore;
 pub use epoch::{BoxFuture, EpochReason, EpochRecord, EpochStore, FileEpochStore, StoreError};
 pub use error::{EpochMismatch, Error, ErrorKind, InvalidInput, Result};
+pub use force::ForceMarker;
 pub use hold::Hold;
 pub use keys::MAX_KEY_LEN;
 pub use locker::{LockName, Locker, LockerOptions, DEFAULT_ROOT};

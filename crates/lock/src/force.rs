@@ -1,0 +1,68 @@
+//! Force release: end someone else's hold, leaving a marker that audit and lock-delay see.
+
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use palisade_fence::Revision;
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::keys::validate_key;
+use crate::locker::{LockName, Locker};
+use crate::model::{validate_name, LeaseId, Mode};
+use crate::retry;
+
+/// Who forced a release and why. Written as `{"forced": <marker>}` into the hold's grant
+/// record (`g/<m>/<lease>`) in the same revision that deletes the hold, so the audit
+/// tailer can tell a force from an expiry (hold deleted, grant record untouched) and from
+/// a release (both deleted). Approval (a second person) is the service's business.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForceMarker {
+    /// The service's id of the force-release request (joins its audit record).
+    pub request_id: String,
+    /// Who asked (a SPIFFE ID or a user name).
+    pub requester: String,
+    /// Why.
+    pub reason: String,
+}
+
+#[derive(Serialize)]
+struct Forced<'a> {
+    forced: &'a ForceMarker,
+}
+
+impl Locker {
+    /// Deletes the hold of `holder` on `lock` (in `mode`) and marks its grant record as
+    /// forced, in one Txn. Returns the revision of that Txn. The lock is then granted
+    /// again only after the class's lock-delay, as after an expiry. The former holder's
+    /// [`Hold::release`](crate::Hold::release) returns [`ErrorKind::NotHeld`].
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidInput`] for a bad name or key (nothing written);
+    /// [`ErrorKind::NotHeld`] if that lease holds no such hold;
+    /// [`ErrorKind::QuorumLost`] if etcd could not commit in time.
+    pub async fn force_release(&self, lock: &LockName, holder: LeaseId, mode: Mode, marker: &ForceMarker) -> Result<Revision> {
+        validate_name(&lock.ns)?;
+        validate_name(&lock.class)?;
+        validate_key(&lock.key)?;
+        let inner = &self.inner;
+        let keys = inner.keys.lock(&lock.ns, &lock.class, &lock.key);
+        let hold = keys.hold(mode, holder);
+        let value = serde_json::to_vec(&Forced { forced: marker }).map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
+        let txn = Txn::new()
+            .when([Compare::create_revision(hold.clone(), CompareOp::Greater, 0)])
+            .and_then([TxnOp::delete(hold, None), TxnOp::put(keys.grant(mode, holder), value, None)]);
+        let deadline = Instant::now() + inner.request_timeout * 3;
+        let resp = retry::call(deadline, inner.request_timeout, || {
+            let (mut c, txn) = (inner.client.clone(), txn.clone());
+            async move { c.txn(txn).await }
+        })
+        .await
+        .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
+        if !resp.succeeded() {
+            return Err(Error::new(ErrorKind::NotHeld));
+        }
+        let rev = resp.header().map_or(0, etcd_client::ResponseHeader::revision);
+        Revision::from_i64(rev).map_err(|e| Error::with_source(ErrorKind::Etcd, e))
+    }
+}
