@@ -1,29 +1,7 @@
 //! Epochs: the record of which etcd cluster (and how far into its revisions) the current
 //! epoch is served by, kept in etcd *and* in a durable store outside it.
 //!
-//! # Policy
-//!
-//! - The first locker to open an empty key space writes epoch 0 with the cluster id it
-//!   sees (reason `bootstrap`), durable record first, then etcd.
-//! - The durable record also holds the highest grant revision issued in the epoch. A
-//!   token is handed out only after a record at or above its grant revision is durable
-//!   (group commit: grants waiting at once share one write).
-//! - Grants are refused with [`EpochMismatch`] when a response header names another
-//!   cluster id than the record, when etcd's revision is below the highest grant revision
-//!   recorded (a restore from an older snapshot, even with the same cluster id), when a
-//!   grant's revision is not above every revision already recorded when it was sent, when
-//!   the two records disagree, or when the epoch key changed under this locker. The
-//!   refusal is sticky until [`Locker::advance_epoch`](crate::Locker::advance_epoch).
-//! - Advancing picks `max(etcd epoch, durable epoch) + 1`, records the cluster id and
-//!   current revision it sees, writes the durable record first and then etcd, so a crash
-//!   in between only makes the next advance skip a number: a new epoch is always above
-//!   every epoch used. At [`Epoch::MAX`] (2^15 - 1) advancing is refused with
-//!   [`ErrorKind::EpochExhausted`](crate::ErrorKind::EpochExhausted): tokens would no
-//!   longer fit below 2^63; the namespace must be retired.
-//! - Not detected: a restore from an older snapshot with the same cluster id, after
-//!   which etcd had already passed the recorded revision before any locker looked. The
-//!   durable record narrows this window to the writes etcd takes between restore and the
-//!   first grant; operators must advance the epoch on every restore.
+//! The policy is in the crate docs (# Epochs).
 
 use std::future::Future;
 use std::path::PathBuf;

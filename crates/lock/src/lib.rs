@@ -80,15 +80,55 @@
 //! - A wait that times out or whose future is dropped deletes its waiter key (inline on
 //!   error, from a spawned task on drop).
 //!
-//! # Epochs and quorum loss
+//! # Epochs
 //!
-//! See [`epoch`](crate::EpochRecord) policy in the `epoch` module docs, summarized: grants
-//! are refused with [`ErrorKind::EpochMismatch`] when etcd's cluster id or revision does
-//! not match the records until an operator calls [`Locker::advance_epoch`]; a token is
-//! handed out only after the durable record holds a revision at or above its own.
-//! Requests carry etcd's require-leader metadata and a per-request timeout and are
-//! retried on transient failures until the caller's deadline; then `closed` classes
-//! fail with [`ErrorKind::QuorumLost`] and `open` classes return an unprotected [`Hold`].
+//! `token = epoch · 2^48 + grant_rev`. The current epoch and the etcd cluster id that
+//! serves it are recorded twice: in etcd (`config/epoch`) and in a durable record
+//! outside etcd ([`EpochStore`]; [`FileEpochStore`] writes a JSON file atomically with
+//! fsync and rename). The durable record also holds the highest grant revision issued in
+//! the epoch.
+//!
+//! - The first locker on an empty key space and an empty store writes epoch 0 (reason
+//!   `bootstrap`), durable record first.
+//! - A token is handed out only after the durable record holds a revision at or above its
+//!   own (group commit: grants waiting at the same time share one write), so a crash
+//!   followed by a restore cannot hand out a lower token unnoticed.
+//! - Grants are refused with [`ErrorKind::EpochMismatch`] when a response names another
+//!   cluster id than the record; when etcd's revision is below the highest recorded
+//!   grant revision (a restore from an older snapshot, even with the same cluster id);
+//!   when a grant's revision is not above every grant revision recorded before it was
+//!   sent; when the two records disagree or one is missing; or when the epoch key changed
+//!   under a running locker. A grant Txn that succeeded in such a cluster is undone before
+//!   the error is returned. The refusal is sticky until [`Locker::advance_epoch`].
+//! - Advancing (an operator action, reason `restore` or `rehome`) picks
+//!   `max(epoch in etcd, durable epoch, this locker's epoch) + 1`, records the cluster id
+//!   and revision it sees, and writes the durable record first, then etcd's: a crash in
+//!   between only makes the next advance skip a number, so a new epoch is always above
+//!   every epoch used. At [`Epoch::MAX`] (2^15 - 1) advancing is refused with
+//!   [`ErrorKind::EpochExhausted`]: tokens would no longer fit below 2^63, and the
+//!   namespace has to be retired.
+//! - Not detectable: a restore from an older snapshot with the same cluster id after
+//!   which etcd passed the recorded revision before any locker looked. Operators advance
+//!   the epoch on every restore.
+//!
+//! # Quorum loss
+//!
+//! Requests carry etcd's require-leader metadata (a member without a leader fails them
+//! at once with `Unavailable` instead of hanging) and a per-request timeout
+//! ([`LockerOptions::with_request_timeout`]); transient failures are retried, which with
+//! several endpoints also moves the request off a dead member. When the caller's deadline
+//! passes while etcd still cannot commit, `closed` classes fail with
+//! [`ErrorKind::QuorumLost`] and `open` classes return an unprotected [`Hold`] (no token,
+//! nothing recorded in etcd) that callers and resources can tell apart.
+//!
+//! # Known limits
+//!
+//! - A running locker caches each class on first use; class changes reach it for classes
+//!   it has not used yet.
+//! - A release whose first attempt committed but whose answer was lost is retried and
+//!   then reports [`ErrorKind::NotHeld`].
+//! - A force release while the holder's session lives does not fire [`Hold::lost`]; the
+//!   resource refuses the holder's token once a newer one has been used.
 //!
 //! # Features
 //!

@@ -167,7 +167,7 @@ impl Locker {
     ///   waiter key was deleted.
     /// - [`ErrorKind::QuorumLost`]: etcd could not commit before the deadline and the
     ///   class is `closed` (an `open` class returns an unprotected [`Hold`] instead).
-    /// - [`ErrorKind::EpochMismatch`]: see [`epoch`](crate::epoch) policy.
+    /// - [`ErrorKind::EpochMismatch`]: see [the epoch policy](crate#epochs).
     /// - [`ErrorKind::SessionLost`]: the session's lease is gone.
     pub async fn acquire(&self, session: &Session, lock: &LockName, mode: Mode, deadline: Instant) -> Result<Hold> {
         if deadline <= Instant::now() {

@@ -108,3 +108,48 @@ where
         backoff.wait(deadline).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::{Code, Status};
+
+    fn status(code: Code) -> etcd_client::Error {
+        etcd_client::Error::GRpcStatus(Status::new(code, "etcdserver: whatever the text says"))
+    }
+
+    #[test]
+    fn errors_are_classified_by_code_not_text() {
+        assert_eq!(classify(&status(Code::Unavailable)), Failure::Transient);
+        assert_eq!(classify(&status(Code::DeadlineExceeded)), Failure::Transient);
+        assert_eq!(classify(&status(Code::NotFound)), Failure::LeaseGone);
+        assert_eq!(classify(&status(Code::PermissionDenied)), Failure::Fatal);
+        assert_eq!(classify(&status(Code::InvalidArgument)), Failure::Fatal);
+    }
+
+    #[tokio::test]
+    async fn call_retries_transient_failures_and_stops_at_the_deadline() {
+        let mut attempts = 0;
+        let r = call(Instant::now() + Duration::from_secs(5), Duration::from_millis(100), || {
+            attempts += 1;
+            let n = attempts;
+            async move { if n < 3 { Err(status(Code::Unavailable)) } else { Ok(n) } }
+        })
+        .await;
+        assert_eq!(r.unwrap(), 3);
+
+        let started = Instant::now();
+        let r: Result<(), _> = call(started + Duration::from_millis(300), Duration::from_millis(50), || async {
+            Err(status(Code::Unavailable))
+        })
+        .await;
+        assert!(matches!(r, Err(CallError::Unavailable(Some(_)))));
+        assert!(started.elapsed() < Duration::from_millis(600));
+
+        let r: Result<(), _> = call(Instant::now() + Duration::from_secs(5), Duration::from_millis(50), || async {
+            Err(status(Code::PermissionDenied))
+        })
+        .await;
+        assert!(matches!(r, Err(CallError::Fatal(_))));
+    }
+}
