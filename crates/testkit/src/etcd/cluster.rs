@@ -46,6 +46,31 @@ pub(super) enum Failure {
 /// Dropping the cluster kills (SIGKILL, paused members too) and reaps every member
 /// process, then removes the temp dirs, also while a panic unwinds. A test process killed
 /// outright (SIGKILL) cannot run that: its members live on until killed by hand.
+///
+/// All waits are async (tokio timers, loopback HTTP, `tokio::process`); only killing and
+/// reaping a process is a blocking call, and that takes milliseconds.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn example() {
+/// use palisade_testkit::{EtcdCluster, RestoreMode};
+///
+/// let mut cluster = EtcdCluster::start(3).await;
+/// let endpoints: Vec<String> = cluster.endpoints(); // ["http://127.0.0.1:41234", ...]
+/// let leader = cluster.leader().await;
+/// cluster.kill(leader);
+/// let revision = cluster.put("k", "v").await; // retries until a new leader takes it
+/// cluster.restart(leader).await;
+///
+/// let snapshot = cluster.snapshot().await;
+/// cluster.put("k", "later").await;
+/// // Same endpoints, same cluster id, and the revision went back to the snapshot's.
+/// cluster.restore_in_place(&snapshot, RestoreMode::SameClusterId).await;
+/// assert_eq!(cluster.status(0).await.revision, snapshot.revision());
+/// # let _ = (endpoints, revision);
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct EtcdCluster {
     pub(super) members: Vec<Member>,
@@ -329,7 +354,9 @@ impl EtcdCluster {
     /// If member `i` is running; if it exits or is not healthy within 30 s; if its ports
     /// stay taken by another process.
     pub async fn restart(&mut self, i: usize) {
-        assert!(self.member(i).state() == State::Stopped, "etcd member {i} is running: kill it first");
+        // A member that died on its own is reaped here.
+        let _ = self.member_mut(i).exited();
+        assert!(self.members[i].state() == State::Stopped, "etcd member {i} is running: kill it first");
         let (initial, token) = (self.initial_cluster(), self.token.clone());
         for attempt in 1..=PORT_ATTEMPTS {
             self.members[i].spawn(&initial, &token);
@@ -342,21 +369,24 @@ impl EtcdCluster {
     }
 
     /// Pauses member `i` with SIGSTOP: it keeps its sockets but answers nothing, as a
-    /// process stalled by GC or a VM pause. [`EtcdCluster::resume`] continues it.
+    /// process stalled by GC or a VM pause. Returns once the process is stopped (Linux
+    /// `/proc` state `T`; a short blocking wait, usually well under a millisecond).
+    /// [`EtcdCluster::resume`] continues it.
     ///
     /// # Panics
     ///
-    /// If member `i` is not running, or the signal fails.
+    /// If member `i` is not running, the signal fails, or it is not stopped within 5 s.
     pub fn pause(&mut self, i: usize) {
         self.member_mut(i).signal_pause(true);
     }
 
-    /// Continues the paused member `i` (SIGCONT). It does not wait for the member to catch
-    /// up; use [`EtcdCluster::wait_healthy_member`] for that.
+    /// Continues the paused member `i` (SIGCONT) and returns once it runs again. It does
+    /// not wait for the member to catch up; use [`EtcdCluster::wait_healthy_member`] or
+    /// poll [`EtcdCluster::status`] for that.
     ///
     /// # Panics
     ///
-    /// If member `i` is not running, or the signal fails.
+    /// If member `i` is not running, the signal fails, or it is still stopped after 5 s.
     pub fn resume(&mut self, i: usize) {
         self.member_mut(i).signal_pause(false);
     }

@@ -5,6 +5,7 @@ use std::io::{self, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
@@ -168,6 +169,13 @@ impl Member {
             .unwrap_or_else(|e| panic!("running kill {signal} {pid}: {e}"));
         assert!(status.success(), "kill {signal} {pid} failed: {status}");
         self.paused = pause;
+        // The signal is delivered asynchronously: wait until every thread has stopped
+        // (or left the stopped state), so callers can rely on it when this returns.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while (proc_state(pid) == Some('T')) != pause {
+            assert!(Instant::now() < deadline, "etcd member {} (pid {pid}) did not react to {signal}", self.name);
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     fn log_since_start(&self) -> String {
@@ -202,6 +210,14 @@ impl Drop for Member {
     }
 }
 
+/// The state letter of a Linux process (`R`, `S`, `T` stopped, `Z` zombie, ...) from
+/// `/proc/<pid>/stat`; `None` when there is no such process.
+fn proc_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name in parentheses may hold spaces: the state follows the last ')'.
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
 /// Data dirs go to `/dev/shm` when it exists: etcd fsyncs every commit, and on tmpfs
 /// that costs nothing. Otherwise the usual temp dir.
 fn temp_root() -> PathBuf {
@@ -221,4 +237,23 @@ pub(crate) fn free_ports(count: usize) -> Vec<u16> {
         .map(|_| TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("binding 127.0.0.1:0: {e}")))
         .collect();
     listeners.iter().map(|l| l.local_addr().map(|a| a.port())).collect::<io::Result<_>>().expect("local address of a bound listener")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_taken_port_is_recognised_as_a_lost_race() {
+        let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+        let ports = free_ports(1);
+        let mut member = Member::new("m0".to_owned(), taken.local_addr().unwrap().port(), ports[0]);
+        member.spawn(&format!("m0={}", member.peer_url()), "port-race");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while member.exited().is_none() {
+            assert!(Instant::now() < deadline, "etcd did not exit: {}", member.describe());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(member.lost_port_race(), "{}", member.describe());
+    }
 }

@@ -16,22 +16,6 @@
 //!
 //! Tests that start members should have `etcd` in their name: the nextest config runs
 //! those one at a time.
-//!
-//! # Examples
-//!
-//! ```no_run
-//! # async fn example() {
-//! use palisade_testkit::EtcdCluster;
-//!
-//! let mut cluster = EtcdCluster::start(3).await;
-//! let endpoints: Vec<String> = cluster.endpoints(); // ["http://127.0.0.1:41234", ...]
-//! let leader = cluster.leader().await;
-//! cluster.kill(leader);
-//! let revision = cluster.put("k", "v").await; // waits for a new leader
-//! cluster.restart(leader).await;
-//! # let _ = (endpoints, revision);
-//! # }
-//! ```
 
 mod cluster;
 mod gateway;
