@@ -222,3 +222,71 @@ async fn etcd_members_die_when_a_test_panics() {
     assert!(task.await.unwrap_err().is_panic());
     assert_gone(&dir, pid);
 }
+
+#[tokio::test]
+async fn etcd_graceful_stop_hands_over_leadership() {
+    let mut cluster = EtcdCluster::start(3).await;
+    let leader = cluster.leader().await;
+    let stopped = Instant::now();
+    cluster.stop(leader).await;
+    eprintln!("leader stopped gracefully in {:?}", stopped.elapsed());
+    assert_eq!(cluster.pid(leader), None);
+    let written = cluster.put("k", "after stop").await;
+    eprintln!("write done {:?} after the stop began", stopped.elapsed());
+    assert_ne!(cluster.leader().await, leader);
+    cluster.restart(leader).await;
+    wait_revision(&cluster, leader, written).await;
+}
+
+/// Not a test of its own: `etcd_members_die_with_a_killed_test_process` runs it in a child
+/// process, which it then kills with SIGKILL.
+#[tokio::test]
+#[ignore = "helper run by etcd_members_die_with_a_killed_test_process"]
+async fn etcd_orphan_probe() {
+    let Ok(file) = std::env::var("PALISADE_ETCD_ORPHAN_PROBE") else { return };
+    let cluster = EtcdCluster::single().await;
+    let written = format!("{file}.partial");
+    std::fs::write(&written, format!("{}\n{}", cluster.member_dir(0).display(), cluster.pid(0).unwrap())).unwrap();
+    std::fs::rename(&written, &file).unwrap();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+}
+
+#[tokio::test]
+async fn etcd_members_die_with_a_killed_test_process() {
+    let probe_dir = tempfile::tempdir().unwrap();
+    let probe = probe_dir.path().join("member");
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "etcd_orphan_probe", "--ignored", "--nocapture"])
+        .env("PALISADE_ETCD_ORPHAN_PROBE", &probe)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let text = loop {
+        if let Ok(text) = std::fs::read_to_string(&probe) {
+            break text;
+        }
+        if Instant::now() > deadline || child.try_wait().unwrap().is_some() {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the probe process did not start a member");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let (dir, pid) = text.split_once('\n').unwrap();
+    let (dir, pid): (&Path, u32) = (Path::new(dir), pid.parse().unwrap());
+    let pattern = dir.join("data").display().to_string();
+    assert_eq!(pgrep(&pattern), vec![pid]);
+
+    child.kill().unwrap(); // SIGKILL: no unwinding, no Drop
+    child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // Gone, or a zombie of whichever process adopted it: killed either way.
+    while !pgrep(&pattern).is_empty() || !matches!(proc_state(pid), None | Some('Z')) {
+        assert!(Instant::now() < deadline, "etcd pid {pid} outlived its killed test process (is util-linux setpriv on PATH?)");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Nobody removed its temp dir.
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -45,7 +45,9 @@ pub(super) enum Failure {
 ///
 /// Dropping the cluster kills (SIGKILL, paused members too) and reaps every member
 /// process, then removes the temp dirs, also while a panic unwinds. A test process killed
-/// outright (SIGKILL) cannot run that: its members live on until killed by hand.
+/// outright (SIGKILL, a test timeout) cannot run that; there, members started through
+/// util-linux `setpriv --pdeathsig KILL` (used when it is on `PATH`, as on Debian) are
+/// killed by the kernel when the thread that started them dies. Their temp dirs stay.
 ///
 /// All waits are async (tokio timers, loopback HTTP, `tokio::process`); only killing and
 /// reaping a process is a blocking call, and that takes milliseconds.
@@ -344,6 +346,17 @@ impl EtcdCluster {
     /// If there is no member `i`.
     pub fn kill(&mut self, i: usize) {
         self.member_mut(i).kill();
+    }
+
+    /// Stops member `i` gracefully: SIGTERM, up to 10 s to exit (a leader first hands
+    /// leadership to a follower), then SIGKILL; reaped either way. Its data dir stays,
+    /// so [`EtcdCluster::restart`] brings it back. A no-op when it is already stopped.
+    ///
+    /// # Panics
+    ///
+    /// If there is no member `i`.
+    pub async fn stop(&mut self, i: usize) {
+        self.member_mut(i).stop(Duration::from_secs(10)).await;
     }
 
     /// Starts the stopped member `i` again with its data dir and ports, and waits until it

@@ -11,6 +11,9 @@ use tempfile::TempDir;
 
 use super::{binary_missing, ETCD};
 
+/// util-linux's `setpriv`, used to tie a member's life to the test process when present.
+const SETPRIV: &str = "setpriv";
+
 /// Where a member's process stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum State {
@@ -96,7 +99,22 @@ impl Member {
             self.log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
         }
         let stderr = log.try_clone().unwrap_or_else(|e| panic!("cloning log file handle: {e}"));
-        let child = Command::new(ETCD)
+        let etcd = find_on_path(ETCD).unwrap_or_else(|| {
+            binary_missing(ETCD, &io::Error::new(io::ErrorKind::NotFound, "not in any PATH directory"))
+        });
+        // `setpriv --pdeathsig KILL` execs etcd (same pid) with the parent-death signal
+        // set: if the test process dies without unwinding (SIGKILL, a test timeout), the
+        // kernel kills the member too. The signal fires when the *thread* that spawned
+        // the member exits; a tokio test's runtime threads live as long as the test.
+        let mut command = match find_on_path(SETPRIV) {
+            Some(setpriv) => {
+                let mut command = Command::new(setpriv);
+                command.args(["--pdeathsig", "KILL", "--"]).arg(etcd);
+                command
+            }
+            None => Command::new(etcd),
+        };
+        let child = command
             .args(self.args(initial_cluster, token))
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
@@ -153,6 +171,24 @@ impl Member {
             let _ = child.wait();
         }
         self.paused = false;
+    }
+
+    /// SIGTERM, then waits up to `grace` for the process to exit (a leader hands over
+    /// leadership first), then SIGKILL. Reaps it. A no-op when not running.
+    pub(crate) async fn stop(&mut self, grace: Duration) {
+        let Some(pid) = self.pid() else { return };
+        if self.paused {
+            self.signal_pause(false);
+        }
+        let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if self.exited().is_some() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.kill();
     }
 
     /// SIGSTOP (`true`) or SIGCONT (`false`).
@@ -216,6 +252,15 @@ fn proc_state(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name in parentheses may hold spaces: the state follows the last ')'.
     stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// The first executable file named `name` in a `PATH` directory.
+fn find_on_path(name: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|file| file.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
 }
 
 /// Data dirs go to `/dev/shm` when it exists: etcd fsyncs every commit, and on tmpfs
