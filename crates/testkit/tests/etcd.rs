@@ -284,7 +284,10 @@ async fn etcd_members_die_with_a_killed_test_process() {
     let deadline = Instant::now() + Duration::from_secs(10);
     // Gone, or a zombie of whichever process adopted it: killed either way.
     while !pgrep(&pattern).is_empty() || !matches!(proc_state(pid), None | Some('Z')) {
-        assert!(Instant::now() < deadline, "etcd pid {pid} outlived its killed test process (is util-linux setpriv on PATH?)");
+        assert!(
+            Instant::now() < deadline,
+            "etcd pid {pid} outlived its killed test process (is util-linux setpriv on PATH?)"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // Nobody removed its temp dir.

@@ -48,6 +48,9 @@ pub(super) enum Failure {
 /// outright (SIGKILL, a test timeout) cannot run that; there, members started through
 /// util-linux `setpriv --pdeathsig KILL` (used when it is on `PATH`, as on Debian) are
 /// killed by the kernel when the thread that started them dies. Their temp dirs stay.
+/// So start one cluster per test, from the test's own task: a cluster kept in a `static`
+/// and shared by tests dies with the test thread that started it (and a static is never
+/// dropped anyway).
 ///
 /// All waits are async (tokio timers, loopback HTTP, `tokio::process`); only killing and
 /// reaping a process is a blocking call, and that takes milliseconds.
@@ -147,7 +150,11 @@ impl EtcdCluster {
             for &i in &pending {
                 let member = &mut self.members[i];
                 if let Some(status) = member.exited() {
-                    return Err(if member.lost_port_race() { Failure::PortTaken(i) } else { Failure::Exited(i, status) });
+                    return Err(if member.lost_port_race() {
+                        Failure::PortTaken(i)
+                    } else {
+                        Failure::Exited(i, status)
+                    });
                 }
                 if !gateway::healthy(member.client_port).await {
                     still.push(i);
@@ -307,7 +314,8 @@ impl EtcdCluster {
             for i in self.running() {
                 match gateway::status(self.members[i].client_port).await {
                     Ok(s) => {
-                        if s.leader == s.member_id && s.leader != 0 && best.map_or(true, |(term, _)| s.raft_term > term) {
+                        if s.leader == s.member_id && s.leader != 0 && best.map_or(true, |(term, _)| s.raft_term > term)
+                        {
                             best = Some((s.raft_term, i));
                         }
                         seen.push(format!("m{i}: {s:?}"));
@@ -375,7 +383,9 @@ impl EtcdCluster {
             self.members[i].spawn(&initial, &token);
             match self.wait_healthy(&[i]).await {
                 Ok(()) => return,
-                Err(Failure::PortTaken(_)) if attempt < PORT_ATTEMPTS => tokio::time::sleep(Duration::from_millis(500)).await,
+                Err(Failure::PortTaken(_)) if attempt < PORT_ATTEMPTS => {
+                    tokio::time::sleep(Duration::from_millis(500)).await
+                }
                 Err(failure) => self.fail(failure),
             }
         }

@@ -281,7 +281,11 @@ pub(crate) fn free_ports(count: usize) -> Vec<u16> {
     let listeners: Vec<TcpListener> = (0..count)
         .map(|_| TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("binding 127.0.0.1:0: {e}")))
         .collect();
-    listeners.iter().map(|l| l.local_addr().map(|a| a.port())).collect::<io::Result<_>>().expect("local address of a bound listener")
+    listeners
+        .iter()
+        .map(|l| l.local_addr().map(|a| a.port()))
+        .collect::<io::Result<_>>()
+        .expect("local address of a bound listener")
 }
 
 #[cfg(test)]
