@@ -1,10 +1,14 @@
 //! Test support for Palisade: the real parts, started by the tests themselves.
 //!
 //! - [`TestDb`]: a fresh PostgreSQL database per test, dropped afterwards.
+//! - [`EtcdCluster`]: one etcd member or a cluster of several, each a real `etcd` process in
+//!   a temp dir on free loopback ports; kill, restart, pause, leader, snapshot and restore.
 //!
 //! Nothing here is mocked and nothing is skipped: a missing server fails the test with a
 //! message that names `scripts/test`, which installs and starts what is missing.
 
+mod etcd;
 mod postgres;
 
+pub use etcd::{EtcdCluster, MemberStatus, RestoreMode, Snapshot};
 pub use postgres::TestDb;

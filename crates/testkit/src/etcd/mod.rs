@@ -1,0 +1,58 @@
+//! Real etcd members for tests: one member or a cluster of several, each a process of the
+//! `etcd` binary (etcd 3.4) in a temp dir of its own, on free 127.0.0.1 ports.
+//!
+//! - [`EtcdCluster`] starts members and waits until each answers `GET /health`; it kills,
+//!   restarts, pauses (SIGSTOP) and resumes members by index, finds the leader, and takes
+//!   and restores snapshots ([`Snapshot`], [`RestoreMode`]).
+//! - Every process is killed (SIGKILL) and reaped when the cluster is dropped, also while
+//!   a test panics; the temp dirs are removed afterwards.
+//! - Small helpers talk to etcd's JSON gateway (`/v3/...`), so the kit needs no etcd
+//!   client: [`EtcdCluster::put`], [`EtcdCluster::get`], [`EtcdCluster::status`].
+//! - Each member logs (etcd's zap JSON lines, level info) to `etcd.log` in its dir; panics
+//!   about a member quote the tail of that log. [`EtcdCluster::log_tail`] gives it too.
+//!
+//! Snapshots use `etcdctl` (`ETCDCTL_API=3`). A missing `etcd` or `etcdctl` binary panics
+//! with a message naming `scripts/test`, which installs both.
+//!
+//! Tests that start members should have `etcd` in their name: the nextest config runs
+//! those one at a time.
+
+mod cluster;
+mod gateway;
+mod member;
+mod snapshot;
+
+pub use cluster::EtcdCluster;
+pub use gateway::MemberStatus;
+pub use snapshot::{RestoreMode, Snapshot};
+
+/// The server binary, looked up on `PATH`.
+const ETCD: &str = "etcd";
+/// The control binary, looked up on `PATH`.
+const ETCDCTL: &str = "etcdctl";
+
+/// Panics for a binary that could not be spawned, naming `scripts/test` when it is missing.
+fn binary_missing(binary: &str, error: &std::io::Error) -> ! {
+    if error.kind() == std::io::ErrorKind::NotFound {
+        panic!(
+            "`{binary}` was not found on PATH ({error}): run scripts/test, which installs \
+             etcd-server and etcd-client (etcd 3.4)"
+        );
+    }
+    panic!("could not start `{binary}`: {error}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_binary_panics_naming_scripts_test() {
+        let error = std::process::Command::new("palisade-no-such-etcd-binary").spawn().unwrap_err();
+        let panic =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| binary_missing("etcd", &error))).unwrap_err();
+        let message = panic.downcast_ref::<String>().expect("a formatted panic message");
+        assert!(message.contains("scripts/test"), "{message}");
+        assert!(message.contains("`etcd` was not found"), "{message}");
+    }
+}
