@@ -2,6 +2,7 @@
 //! that blocks it, and a grant Txn whose header revision is the token's revision.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use etcd_client::{Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions};
@@ -25,10 +26,17 @@ struct HolderMeta<'a> {
     class: &'a str,
     mode: Mode,
     epoch: u16,
+    /// Which acquire wrote it (unique within the process, and so within the lease): a
+    /// hold of this lease from another attempt is a leftover, never adopted.
+    attempt: u64,
 }
+
+/// Numbers acquire attempts.
+static ATTEMPTS: AtomicU64 = AtomicU64::new(1);
 
 /// Everything one acquire needs, and the cleanup if it does not end in a hold.
 struct Attempt {
+    id: u64,
     locker: Arc<LockerInner>,
     session: Session,
     keys: LockKeys,
@@ -94,14 +102,17 @@ pub(crate) async fn acquire(
         return Err(Error::invalid(crate::error::InvalidInput::AlreadyAcquiring));
     }
     let epoch = locker.epoch.snapshot();
+    let id = ATTEMPTS.fetch_add(1, Ordering::Relaxed);
     let meta = serde_json::to_vec(&HolderMeta {
         spiffe_id: session.spiffe_id().as_str(),
         class: &class.id,
         mode,
         epoch: epoch.record.epoch.get(),
+        attempt: id,
     })
     .map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
     let mut attempt = Attempt {
+        id,
         locker,
         session: session.clone(),
         keys,
@@ -149,11 +160,17 @@ struct Entry {
     key: Vec<u8>,
     create_rev: i64,
     mod_rev: i64,
+    lease: i64,
+    /// The `attempt` of the holder meta, if the value has one.
+    attempt: Option<u64>,
 }
 
 impl From<&KeyValue> for Entry {
     fn from(kv: &KeyValue) -> Self {
-        Entry { key: kv.key().to_vec(), create_rev: kv.create_revision(), mod_rev: kv.mod_revision() }
+        let attempt = serde_json::from_slice::<serde_json::Value>(kv.value())
+            .ok()
+            .and_then(|v| v.get("attempt").and_then(serde_json::Value::as_u64));
+        Entry { key: kv.key().to_vec(), create_rev: kv.create_revision(), mod_rev: kv.mod_revision(), lease: kv.lease(), attempt }
     }
 }
 
@@ -219,6 +236,7 @@ impl Attempt {
         match self.mode {
             Mode::Exclusive => when.extend([empty(k.holds()), empty(k.queue()), empty(k.grants())]),
             Mode::Shared => when.extend([
+                Compare::create_revision(k.hold(Mode::Shared, self.session.lease()), CompareOp::Equal, 0),
                 empty(k.holds_of(Mode::Exclusive)),
                 empty(k.queue_of(Mode::Exclusive)),
                 empty(k.grants_of(Mode::Exclusive)),
@@ -290,11 +308,21 @@ impl Attempt {
         let lease = self.session.lease();
         let k = &self.keys;
         let (my_hold, my_waiter) = (k.hold(self.mode, lease).into_bytes(), k.waiter(self.mode, lease).into_bytes());
-        if let Some(h) = view.holds.iter().find(|h| h.key == my_hold) {
-            // An earlier attempt's grant committed but its answer was lost: adopt it.
+        if let Some(h) = view.holds.iter().find(|h| h.key == my_hold && h.attempt == Some(self.id)) {
+            // This attempt's grant committed but its answer was lost (a retried Txn): adopt.
             let rev = Revision::from_i64(h.create_rev).map_err(|e| Error::with_source(ErrorKind::Etcd, e))?;
             let _ = self.txn(Txn::new().and_then([TxnOp::delete(my_waiter, None)])).await;
             return self.finish(rev).await.map(Step::Granted);
+        }
+        if let Some(stale) = view.holds.iter().find(|h| h.lease == lease.get()) {
+            // A hold of this session left by an earlier acquire whose release did not get
+            // through (its `Hold` is gone, so the caller already let it go): finish that
+            // release, so it neither blocks us nor gets its token handed out again.
+            let txn = Txn::new()
+                .when([Compare::create_revision(stale.key.clone(), CompareOp::Equal, stale.create_rev)])
+                .and_then([TxnOp::delete(stale.key.clone(), None), TxnOp::delete(k.grant_for_hold(&stale.key), None)]);
+            self.txn(txn).await?;
+            return Ok(Step::Continue);
         }
         let Some(mine) = view.queue.iter().find(|w| w.key == my_waiter).map(|w| w.create_rev) else {
             // Our waiter key is gone (lease expired, or deleted by someone): enqueue again
@@ -366,6 +394,9 @@ impl Attempt {
             Mode::Shared => {
                 let xq = k.queue_of(Mode::Exclusive);
                 when.push(Compare::create_revision(k.holds_of(Mode::Exclusive), CompareOp::Equal, 0).with_range(range(k.holds_of(Mode::Exclusive))));
+                // No leftover shared hold of this lease (a put would keep its old create
+                // revision, and the token would not match the key).
+                when.push(Compare::create_revision(my_hold.clone(), CompareOp::Equal, 0));
                 // Every exclusive waiter after mine. An empty range compares as 0, so
                 // "none at all" needs its own form.
                 if view.queue.iter().any(|w| is_x_waiter(&w)) {

@@ -102,6 +102,15 @@ impl Hold {
             None => Ok(()),
             Some((rev, _)) => release_txn(&self.locker, &self.keys, self.mode, &self.session, rev).await,
         };
+        if let (Err(e), Some((rev, _))) = (&result, self.grant) {
+            if e.is_quorum_lost() {
+                // Keep trying in the background so the hold does not block others until
+                // the lease expires. (The next acquire of this session on this lock also
+                // finishes such a release first.)
+                let (locker, keys, mode, session) = (self.locker.clone(), self.keys.clone(), self.mode, self.session.clone());
+                tokio::spawn(async move { release_until_done(&locker, &keys, mode, &session, rev).await });
+            }
+        }
         self.session.unmark_busy(self.keys.base());
         result
     }
@@ -120,11 +129,24 @@ impl Drop for Hold {
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 rt.spawn(async move {
-                    let _ = release_txn(&locker, &keys, mode, &session, rev).await;
                     session.unmark_busy(keys.base());
+                    release_until_done(&locker, &keys, mode, &session, rev).await;
                 });
             }
             Err(_) => self.session.unmark_busy(self.keys.base()),
+        }
+    }
+}
+
+/// Retries a release while etcd cannot commit and the session lives.
+async fn release_until_done(locker: &LockerInner, keys: &LockKeys, mode: Mode, session: &Session, rev: Revision) {
+    let mut backoff = retry::Backoff::new();
+    loop {
+        match release_txn(locker, keys, mode, session, rev).await {
+            Err(e) if e.is_quorum_lost() && session.loss().is_none() => {
+                backoff.wait(Instant::now() + Duration::from_secs(1)).await;
+            }
+            _ => return,
         }
     }
 }

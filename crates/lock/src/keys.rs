@@ -151,6 +151,14 @@ impl LockKeys {
         Some(format!("{}h/{rest}", self.base))
     }
 
+    /// The grant record that a hold key `h/<m>/<lease>` belongs to.
+    pub(crate) fn grant_for_hold(&self, hold_key: &[u8]) -> Vec<u8> {
+        let rest = &hold_key[(self.base.len() + 2).min(hold_key.len())..];
+        let mut g = format!("{}g/", self.base).into_bytes();
+        g.extend_from_slice(rest);
+        g
+    }
+
     /// The lock's base path, ending in `/`.
     pub(crate) fn base(&self) -> &str {
         &self.base
@@ -184,6 +192,7 @@ mod tests {
         assert_eq!(k.waiter(Mode::Exclusive, l), "/p/locks/n/c/k/q/x/00000000000000ff");
         assert_eq!(k.hold(Mode::Shared, l), "/p/locks/n/c/k/h/s/00000000000000ff");
         assert_eq!(k.hold_for_grant(k.grant(Mode::Shared, l).as_bytes()).unwrap(), k.hold(Mode::Shared, l));
+        assert_eq!(k.grant_for_hold(k.hold(Mode::Exclusive, l).as_bytes()), k.grant(Mode::Exclusive, l).into_bytes());
         assert!(k.waiter(Mode::Shared, l).starts_with(&k.queue()));
         assert!(k.hold(Mode::Shared, l).starts_with(&k.holds_of(Mode::Shared)));
     }
