@@ -47,35 +47,66 @@ struct Attempt {
     meta: Vec<u8>,
     /// Set once a [`Hold`] owns the lock's keys (or nothing needs cleaning).
     disarmed: bool,
+    /// Whether dropping this attempt ends the session's claim on the lock (not when an
+    /// unprotected [`Hold`] took it over).
+    owns_busy: bool,
 }
 
 impl Drop for Attempt {
     /// A dropped or failed acquire deletes whatever it may have written: its waiter key,
-    /// and a hold and grant record whose grant response it never saw. This session
-    /// acquires a lock at most once at a time, so these keys are this attempt's.
+    /// and a hold and grant record whose grant response it never saw. It retries while
+    /// etcd cannot commit and the session lives (a leftover waiter key would otherwise
+    /// stall the queue behind it until the lease ends). The deletes compare the value
+    /// with this attempt's meta, so a later attempt of the session is never touched and
+    /// the session may acquire the lock again at once.
     fn drop(&mut self) {
         if self.disarmed {
             return;
         }
-        let (locker, keys, mode, session) = (self.locker.clone(), self.keys.clone(), self.mode, self.session.clone());
+        let (locker, keys, mode, session, meta, owns_busy) =
+            (self.locker.clone(), self.keys.clone(), self.mode, self.session.clone(), std::mem::take(&mut self.meta), self.owns_busy);
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
-                rt.spawn(async move {
-                    let _ = cleanup(&locker, &keys, mode, &session).await;
+                if owns_busy {
                     session.unmark_busy(keys.base());
+                }
+                rt.spawn(async move {
+                    let mut backoff = retry::Backoff::new();
+                    while let Err(CallError::Unavailable(_)) = cleanup(&locker, &keys, mode, &session, &meta).await {
+                        if session.loss().is_some() {
+                            return;
+                        }
+                        backoff.wait(Instant::now() + std::time::Duration::from_secs(1)).await;
+                    }
                 });
             }
-            Err(_) => session.unmark_busy(keys.base()),
+            Err(_) => {
+                if owns_busy {
+                    session.unmark_busy(keys.base());
+                }
+            }
         }
     }
 }
 
-async fn cleanup(locker: &LockerInner, keys: &LockKeys, mode: Mode, session: &Session) -> Result<(), CallError> {
+/// Deletes the waiter key, and the hold and grant record, that this attempt wrote, and
+/// nothing else: each delete compares the key's value with this attempt's meta (unique
+/// per attempt), so a later acquire of the same session is never touched. One Txn with
+/// two nested Txns (etcd 3.3+).
+async fn cleanup(locker: &LockerInner, keys: &LockKeys, mode: Mode, session: &Session, meta: &[u8]) -> Result<(), CallError> {
     let lease = session.lease();
+    let (waiter, hold) = (keys.waiter(mode, lease), keys.hold(mode, lease));
     let txn = Txn::new().and_then([
-        TxnOp::delete(keys.waiter(mode, lease), None),
-        TxnOp::delete(keys.hold(mode, lease), None),
-        TxnOp::delete(keys.grant(mode, lease), None),
+        TxnOp::txn(
+            Txn::new()
+                .when([Compare::value(waiter.clone(), CompareOp::Equal, meta.to_vec())])
+                .and_then([TxnOp::delete(waiter, None)]),
+        ),
+        TxnOp::txn(
+            Txn::new()
+                .when([Compare::value(hold.clone(), CompareOp::Equal, meta.to_vec())])
+                .and_then([TxnOp::delete(hold, None), TxnOp::delete(keys.grant(mode, lease), None)]),
+        ),
     ]);
     let deadline = Instant::now() + locker.request_timeout * 3;
     retry::call(deadline, locker.request_timeout, || {
@@ -122,6 +153,7 @@ pub(crate) async fn acquire(
         deadline,
         meta,
         disarmed: false,
+        owns_busy: true,
     };
     if let Some(m) = epoch.mismatch {
         attempt.disarmed = true;
@@ -139,6 +171,7 @@ pub(crate) async fn acquire(
             // written are deleted by the drop guard once etcd answers again.
             tracing::warn!(lock = ?attempt.name, "etcd unavailable: unprotected grant for an open class");
             let hold = attempt.hold(None);
+            attempt.owns_busy = false;
             drop(attempt);
             Ok(hold)
         }
@@ -146,7 +179,7 @@ pub(crate) async fn acquire(
         Err(e) => {
             // Delete what we may have written before reporting, so a caller that looks
             // right after finds no waiter key.
-            if cleanup(&attempt.locker, &attempt.keys, attempt.mode, &attempt.session).await.is_ok() {
+            if cleanup(&attempt.locker, &attempt.keys, attempt.mode, &attempt.session, &attempt.meta).await.is_ok() {
                 attempt.disarmed = true;
                 attempt.session.unmark_busy(attempt.keys.base());
             }
