@@ -5,7 +5,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use etcd_client::{Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions};
+use etcd_client::{
+    Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
+    TxnResponse, WatchFilterType, WatchOptions,
+};
 use palisade_fence::{FencingToken, Revision};
 use serde::Serialize;
 use tokio::time::Instant;
@@ -63,8 +66,14 @@ impl Drop for Attempt {
         if self.disarmed {
             return;
         }
-        let (locker, keys, mode, session, meta, owns_busy) =
-            (self.locker.clone(), self.keys.clone(), self.mode, self.session.clone(), std::mem::take(&mut self.meta), self.owns_busy);
+        let (locker, keys, mode, session, meta, owns_busy) = (
+            self.locker.clone(),
+            self.keys.clone(),
+            self.mode,
+            self.session.clone(),
+            std::mem::take(&mut self.meta),
+            self.owns_busy,
+        );
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 if owns_busy {
@@ -72,11 +81,15 @@ impl Drop for Attempt {
                 }
                 rt.spawn(async move {
                     let mut backoff = retry::Backoff::new();
-                    while let Err(CallError::Unavailable(_)) = cleanup(&locker, &keys, mode, &session, &meta).await {
+                    while let Err(CallError::Unavailable(_)) =
+                        cleanup(&locker, &keys, mode, &session, &meta).await
+                    {
                         if session.loss().is_some() {
                             return;
                         }
-                        backoff.wait(Instant::now() + std::time::Duration::from_secs(1)).await;
+                        backoff
+                            .wait(Instant::now() + std::time::Duration::from_secs(1))
+                            .await;
                     }
                 });
             }
@@ -93,19 +106,36 @@ impl Drop for Attempt {
 /// nothing else: each delete compares the key's value with this attempt's meta (unique
 /// per attempt), so a later acquire of the same session is never touched. One Txn with
 /// two nested Txns (etcd 3.3+).
-async fn cleanup(locker: &LockerInner, keys: &LockKeys, mode: Mode, session: &Session, meta: &[u8]) -> Result<(), CallError> {
+async fn cleanup(
+    locker: &LockerInner,
+    keys: &LockKeys,
+    mode: Mode,
+    session: &Session,
+    meta: &[u8],
+) -> Result<(), CallError> {
     let lease = session.lease();
     let (waiter, hold) = (keys.waiter(mode, lease), keys.hold(mode, lease));
     let txn = Txn::new().and_then([
         TxnOp::txn(
             Txn::new()
-                .when([Compare::value(waiter.clone(), CompareOp::Equal, meta.to_vec())])
+                .when([Compare::value(
+                    waiter.clone(),
+                    CompareOp::Equal,
+                    meta.to_vec(),
+                )])
                 .and_then([TxnOp::delete(waiter, None)]),
         ),
         TxnOp::txn(
             Txn::new()
-                .when([Compare::value(hold.clone(), CompareOp::Equal, meta.to_vec())])
-                .and_then([TxnOp::delete(hold, None), TxnOp::delete(keys.grant(mode, lease), None)]),
+                .when([Compare::value(
+                    hold.clone(),
+                    CompareOp::Equal,
+                    meta.to_vec(),
+                )])
+                .and_then([
+                    TxnOp::delete(hold, None),
+                    TxnOp::delete(keys.grant(mode, lease), None),
+                ]),
         ),
     ]);
     let deadline = Instant::now() + locker.request_timeout * 3;
@@ -179,7 +209,16 @@ pub(crate) async fn acquire(
         Err(e) => {
             // Delete what we may have written before reporting, so a caller that looks
             // right after finds no waiter key.
-            if cleanup(&attempt.locker, &attempt.keys, attempt.mode, &attempt.session, &attempt.meta).await.is_ok() {
+            if cleanup(
+                &attempt.locker,
+                &attempt.keys,
+                attempt.mode,
+                &attempt.session,
+                &attempt.meta,
+            )
+            .await
+            .is_ok()
+            {
                 attempt.disarmed = true;
                 attempt.session.unmark_busy(attempt.keys.base());
             }
@@ -203,7 +242,13 @@ impl From<&KeyValue> for Entry {
         let attempt = serde_json::from_slice::<serde_json::Value>(kv.value())
             .ok()
             .and_then(|v| v.get("attempt").and_then(serde_json::Value::as_u64));
-        Entry { key: kv.key().to_vec(), create_rev: kv.create_revision(), mod_rev: kv.mod_revision(), lease: kv.lease(), attempt }
+        Entry {
+            key: kv.key().to_vec(),
+            create_rev: kv.create_revision(),
+            mod_rev: kv.mod_revision(),
+            lease: kv.lease(),
+            attempt,
+        }
     }
 }
 
@@ -249,13 +294,21 @@ impl Attempt {
     }
 
     fn epoch_compare(&self) -> Compare {
-        Compare::mod_revision(self.locker.keys.epoch(), CompareOp::Equal, self.locker.epoch.snapshot().etcd_mod_rev)
+        Compare::mod_revision(
+            self.locker.keys.epoch(),
+            CompareOp::Equal,
+            self.locker.epoch.snapshot().etcd_mod_rev,
+        )
     }
 
     fn grant_ops(&self) -> Vec<TxnOp> {
         let lease = self.session.lease();
         vec![
-            TxnOp::put(self.keys.hold(self.mode, lease), self.meta.clone(), Some(PutOptions::new().with_lease(lease.get()))),
+            TxnOp::put(
+                self.keys.hold(self.mode, lease),
+                self.meta.clone(),
+                Some(PutOptions::new().with_lease(lease.get())),
+            ),
             TxnOp::put(self.keys.grant(self.mode, lease), self.meta.clone(), None),
         ]
     }
@@ -263,21 +316,39 @@ impl Attempt {
     async fn run(&self) -> Result<Option<(Revision, FencingToken)>> {
         // Fast path, one Txn: no conflicting hold, no waiter, no unconsumed grant record
         // (an expired or forced hold whose lock-delay may apply) -> hold; else enqueue.
-        let empty = |prefix: String| Compare::create_revision(prefix.clone(), CompareOp::Equal, 0).with_range(prefix_end(&prefix));
+        let empty = |prefix: String| {
+            Compare::create_revision(prefix.clone(), CompareOp::Equal, 0)
+                .with_range(prefix_end(&prefix))
+        };
         let k = &self.keys;
         let mut when = vec![self.epoch_compare()];
         match self.mode {
             Mode::Exclusive => when.extend([empty(k.holds()), empty(k.queue()), empty(k.grants())]),
             Mode::Shared => when.extend([
-                Compare::create_revision(k.hold(Mode::Shared, self.session.lease()), CompareOp::Equal, 0),
+                Compare::create_revision(
+                    k.hold(Mode::Shared, self.session.lease()),
+                    CompareOp::Equal,
+                    0,
+                ),
                 empty(k.holds_of(Mode::Exclusive)),
                 empty(k.queue_of(Mode::Exclusive)),
                 empty(k.grants_of(Mode::Exclusive)),
             ]),
         }
-        let enqueue = TxnOp::put(k.waiter(self.mode, self.session.lease()), self.meta.clone(), Some(PutOptions::new().with_lease(self.lease())));
+        let enqueue = TxnOp::put(
+            k.waiter(self.mode, self.session.lease()),
+            self.meta.clone(),
+            Some(PutOptions::new().with_lease(self.lease())),
+        );
         let hw = self.locker.epoch.high_water();
-        let resp = self.txn(Txn::new().when(when).and_then(self.grant_ops()).or_else([enqueue])).await?;
+        let resp = self
+            .txn(
+                Txn::new()
+                    .when(when)
+                    .and_then(self.grant_ops())
+                    .or_else([enqueue]),
+            )
+            .await?;
         if resp.succeeded() {
             return self.mint(&resp, hw, true).await;
         }
@@ -297,16 +368,32 @@ impl Attempt {
     /// Checks a succeeded grant's header against the epoch, waits until its revision is
     /// durably recorded, and mints the token. A grant refused by the epoch check is
     /// undone before the error is reported.
-    async fn mint(&self, resp: &TxnResponse, hw_at_send: u64, is_grant: bool) -> Result<Option<(Revision, FencingToken)>> {
+    async fn mint(
+        &self,
+        resp: &TxnResponse,
+        hw_at_send: u64,
+        is_grant: bool,
+    ) -> Result<Option<(Revision, FencingToken)>> {
         let header = resp.header().ok_or_else(|| Error::new(ErrorKind::Etcd))?;
-        self.locker.epoch.check(Some(header), hw_at_send, is_grant)?;
-        self.finish(Revision::from_i64(header.revision()).map_err(|e| Error::with_source(ErrorKind::Etcd, e))?).await
+        self.locker
+            .epoch
+            .check(Some(header), hw_at_send, is_grant)?;
+        self.finish(
+            Revision::from_i64(header.revision())
+                .map_err(|e| Error::with_source(ErrorKind::Etcd, e))?,
+        )
+        .await
     }
 
     async fn finish(&self, grant_rev: Revision) -> Result<Option<(Revision, FencingToken)>> {
         self.locker.epoch.commit(grant_rev).await?;
         let epoch = self.locker.epoch.snapshot().record.epoch;
-        let token = FencingToken::from_parts(epoch, grant_rev).map_err(|e| Error::with_source(ErrorKind::EpochMismatch(crate::error::EpochMismatch::Advanced), e))?;
+        let token = FencingToken::from_parts(epoch, grant_rev).map_err(|e| {
+            Error::with_source(
+                ErrorKind::EpochMismatch(crate::error::EpochMismatch::Advanced),
+                e,
+            )
+        })?;
         Ok(Some((grant_rev, token)))
     }
 
@@ -315,14 +402,24 @@ impl Attempt {
         let prefix = |p: String| TxnOp::get(p, Some(GetOptions::new().with_prefix()));
         let hw = self.locker.epoch.high_water();
         let resp = self
-            .txn(Txn::new().and_then([prefix(k.queue()), prefix(k.holds()), prefix(k.grants()), TxnOp::get(self.locker.keys.epoch(), None)]))
+            .txn(Txn::new().and_then([
+                prefix(k.queue()),
+                prefix(k.holds()),
+                prefix(k.grants()),
+                TxnOp::get(self.locker.keys.epoch(), None),
+            ]))
             .await?;
         self.locker.epoch.check(resp.header(), hw, false)?;
         let mut gets = resp.op_responses().into_iter().map(|r| match r {
             TxnOpResponse::Get(g) => g.kvs().iter().map(Entry::from).collect::<Vec<_>>(),
             _ => Vec::new(),
         });
-        let (queue, holds, grants, epoch) = (gets.next().unwrap_or_default(), gets.next().unwrap_or_default(), gets.next().unwrap_or_default(), gets.next().unwrap_or_default());
+        let (queue, holds, grants, epoch) = (
+            gets.next().unwrap_or_default(),
+            gets.next().unwrap_or_default(),
+            gets.next().unwrap_or_default(),
+            gets.next().unwrap_or_default(),
+        );
         Ok(View {
             revision: resp.header().map(|h| h.revision()).unwrap_or(0),
             queue,
@@ -340,11 +437,21 @@ impl Attempt {
         }
         let lease = self.session.lease();
         let k = &self.keys;
-        let (my_hold, my_waiter) = (k.hold(self.mode, lease).into_bytes(), k.waiter(self.mode, lease).into_bytes());
-        if let Some(h) = view.holds.iter().find(|h| h.key == my_hold && h.attempt == Some(self.id)) {
+        let (my_hold, my_waiter) = (
+            k.hold(self.mode, lease).into_bytes(),
+            k.waiter(self.mode, lease).into_bytes(),
+        );
+        if let Some(h) = view
+            .holds
+            .iter()
+            .find(|h| h.key == my_hold && h.attempt == Some(self.id))
+        {
             // This attempt's grant committed but its answer was lost (a retried Txn): adopt.
-            let rev = Revision::from_i64(h.create_rev).map_err(|e| Error::with_source(ErrorKind::Etcd, e))?;
-            let _ = self.txn(Txn::new().and_then([TxnOp::delete(my_waiter, None)])).await;
+            let rev = Revision::from_i64(h.create_rev)
+                .map_err(|e| Error::with_source(ErrorKind::Etcd, e))?;
+            let _ = self
+                .txn(Txn::new().and_then([TxnOp::delete(my_waiter, None)]))
+                .await;
             return self.finish(rev).await.map(Step::Granted);
         }
         if let Some(stale) = view.holds.iter().find(|h| h.lease == lease.get()) {
@@ -352,15 +459,31 @@ impl Attempt {
             // through (its `Hold` is gone, so the caller already let it go): finish that
             // release, so it neither blocks us nor gets its token handed out again.
             let txn = Txn::new()
-                .when([Compare::create_revision(stale.key.clone(), CompareOp::Equal, stale.create_rev)])
-                .and_then([TxnOp::delete(stale.key.clone(), None), TxnOp::delete(k.grant_for_hold(&stale.key), None)]);
+                .when([Compare::create_revision(
+                    stale.key.clone(),
+                    CompareOp::Equal,
+                    stale.create_rev,
+                )])
+                .and_then([
+                    TxnOp::delete(stale.key.clone(), None),
+                    TxnOp::delete(k.grant_for_hold(&stale.key), None),
+                ]);
             self.txn(txn).await?;
             return Ok(Step::Continue);
         }
-        let Some(mine) = view.queue.iter().find(|w| w.key == my_waiter).map(|w| w.create_rev) else {
+        let Some(mine) = view
+            .queue
+            .iter()
+            .find(|w| w.key == my_waiter)
+            .map(|w| w.create_rev)
+        else {
             // Our waiter key is gone (lease expired, or deleted by someone): enqueue again
             // at the back; a dead lease makes the put fail with SessionLost.
-            let put = TxnOp::put(my_waiter, self.meta.clone(), Some(PutOptions::new().with_lease(self.lease())));
+            let put = TxnOp::put(
+                my_waiter,
+                self.meta.clone(),
+                Some(PutOptions::new().with_lease(self.lease())),
+            );
             self.txn(Txn::new().and_then([put])).await?;
             return Ok(Step::Continue);
         };
@@ -396,13 +519,19 @@ impl Attempt {
             .grants
             .iter()
             .filter(|g| g.key.starts_with(relevant.as_bytes()))
-            .filter(|g| k.hold_for_grant(&g.key).is_some_and(|h| !live.contains(h.as_bytes())))
+            .filter(|g| {
+                k.hold_for_grant(&g.key)
+                    .is_some_and(|h| !live.contains(h.as_bytes()))
+            })
             .collect();
         if !orphans.is_empty() && !self.class.lock_delay.is_zero() {
             let now = Instant::now();
             let ready = orphans
                 .iter()
-                .map(|o| *first_seen.entry((o.key.clone(), o.mod_rev)).or_insert(now) + self.class.lock_delay)
+                .map(|o| {
+                    *first_seen.entry((o.key.clone(), o.mod_rev)).or_insert(now)
+                        + self.class.lock_delay
+                })
                 .max()
                 .unwrap_or(now);
             if now < ready {
@@ -415,34 +544,55 @@ impl Attempt {
             Compare::create_revision(my_waiter.clone(), CompareOp::Equal, mine),
             self.epoch_compare(),
             // No grant record created or changed since the read: the orphans seen are all.
-            Compare::mod_revision(relevant.clone(), CompareOp::Less, view.revision + 1).with_range(range(relevant.clone())),
+            Compare::mod_revision(relevant.clone(), CompareOp::Less, view.revision + 1)
+                .with_range(range(relevant.clone())),
         ];
         match self.mode {
             Mode::Exclusive => when.extend([
-                Compare::create_revision(k.holds(), CompareOp::Equal, 0).with_range(range(k.holds())),
+                Compare::create_revision(k.holds(), CompareOp::Equal, 0)
+                    .with_range(range(k.holds())),
                 // Every waiter created at or after mine (mine is in the range, so it is
                 // never empty).
-                Compare::create_revision(k.queue(), CompareOp::Greater, mine - 1).with_range(range(k.queue())),
+                Compare::create_revision(k.queue(), CompareOp::Greater, mine - 1)
+                    .with_range(range(k.queue())),
             ]),
             Mode::Shared => {
                 let xq = k.queue_of(Mode::Exclusive);
-                when.push(Compare::create_revision(k.holds_of(Mode::Exclusive), CompareOp::Equal, 0).with_range(range(k.holds_of(Mode::Exclusive))));
+                when.push(
+                    Compare::create_revision(k.holds_of(Mode::Exclusive), CompareOp::Equal, 0)
+                        .with_range(range(k.holds_of(Mode::Exclusive))),
+                );
                 // No leftover shared hold of this lease (a put would keep its old create
                 // revision, and the token would not match the key).
-                when.push(Compare::create_revision(my_hold.clone(), CompareOp::Equal, 0));
+                when.push(Compare::create_revision(
+                    my_hold.clone(),
+                    CompareOp::Equal,
+                    0,
+                ));
                 // Every exclusive waiter after mine. An empty range compares as 0, so
                 // "none at all" needs its own form.
                 if view.queue.iter().any(|w| is_x_waiter(&w)) {
-                    when.push(Compare::create_revision(xq.clone(), CompareOp::Greater, mine).with_range(range(xq)));
+                    when.push(
+                        Compare::create_revision(xq.clone(), CompareOp::Greater, mine)
+                            .with_range(range(xq)),
+                    );
                 } else {
-                    when.push(Compare::create_revision(xq.clone(), CompareOp::Equal, 0).with_range(range(xq)));
+                    when.push(
+                        Compare::create_revision(xq.clone(), CompareOp::Equal, 0)
+                            .with_range(range(xq)),
+                    );
                 }
             }
         }
         let my_grant = k.grant(self.mode, lease).into_bytes();
         let mut ops = vec![TxnOp::delete(my_waiter, None)];
         ops.extend(self.grant_ops());
-        ops.extend(orphans.iter().filter(|o| o.key != my_grant).map(|o| TxnOp::delete(o.key.clone(), None)));
+        ops.extend(
+            orphans
+                .iter()
+                .filter(|o| o.key != my_grant)
+                .map(|o| TxnOp::delete(o.key.clone(), None)),
+        );
         let hw = self.locker.epoch.high_water();
         let resp = self.txn(Txn::new().when(when).and_then(ops)).await?;
         if !resp.succeeded() {
@@ -465,14 +615,18 @@ impl Attempt {
     /// trouble with the watch (compaction, a cancelled stream) returns early: the
     /// caller re-reads.
     async fn wait_deleted(&self, key: &[u8], from_rev: i64) -> Result<()> {
-        let opts = WatchOptions::new().with_start_revision(from_rev).with_filters([WatchFilterType::NoPut]);
+        let opts = WatchOptions::new()
+            .with_start_revision(from_rev)
+            .with_filters([WatchFilterType::NoPut]);
         let watch = retry::call(self.deadline, self.locker.request_timeout, || {
             let (mut c, key, opts) = (self.locker.client.clone(), key.to_vec(), opts.clone());
             async move { c.watch(key, Some(opts)).await }
         });
         let (_watcher, mut stream) = match watch.await {
             Ok(w) => w,
-            Err(CallError::Unavailable(_)) if Instant::now() >= self.deadline => return Err(Error::new(ErrorKind::DeadlineExceeded)),
+            Err(CallError::Unavailable(_)) if Instant::now() >= self.deadline => {
+                return Err(Error::new(ErrorKind::DeadlineExceeded))
+            }
             Err(e) => return Err(e.into_error(ErrorKind::QuorumLost)),
         };
         loop {

@@ -26,20 +26,30 @@ pub struct ConfigStore {
 
 impl std::fmt::Debug for ConfigStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ConfigStore").field("keys", &self.keys).finish_non_exhaustive()
+        f.debug_struct("ConfigStore")
+            .field("keys", &self.keys)
+            .finish_non_exhaustive()
     }
 }
 
 impl ConfigStore {
     pub(crate) fn new(client: Client, keys: RootKeys, request_timeout: Duration) -> Self {
-        ConfigStore { client, keys, request_timeout }
+        ConfigStore {
+            client,
+            keys,
+            request_timeout,
+        }
     }
 
     fn deadline(&self) -> Instant {
         Instant::now() + self.request_timeout * 3
     }
 
-    async fn get(&self, key: String, options: Option<GetOptions>) -> Result<etcd_client::GetResponse> {
+    async fn get(
+        &self,
+        key: String,
+        options: Option<GetOptions>,
+    ) -> Result<etcd_client::GetResponse> {
         retry::call(self.deadline(), self.request_timeout, || {
             let (mut c, key, options) = (self.client.clone(), key.clone(), options.clone());
             async move { c.get(key, options).await }
@@ -64,8 +74,10 @@ impl ConfigStore {
     /// [`InvalidInput::BadName`]; [`ErrorKind::QuorumLost`] if etcd cannot commit.
     pub async fn put_namespace(&self, ns: &Namespace) -> Result<()> {
         ns.validate()?;
-        let value = serde_json::to_vec(ns).map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
-        self.txn(Txn::new().and_then([TxnOp::put(self.keys.namespace(&ns.id), value, None)])).await?;
+        let value =
+            serde_json::to_vec(ns).map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
+        self.txn(Txn::new().and_then([TxnOp::put(self.keys.namespace(&ns.id), value, None)]))
+            .await?;
         Ok(())
     }
 
@@ -89,7 +101,8 @@ impl ConfigStore {
     /// [`ErrorKind::QuorumLost`] if etcd cannot commit.
     pub async fn put_class(&self, class: &LockClass) -> Result<()> {
         class.validate()?;
-        let value = serde_json::to_vec(class).map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
+        let value = serde_json::to_vec(class)
+            .map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
         let ns_key = self.keys.namespace(&class.ns_id);
         let classes = self.keys.classes(&class.ns_id);
         for _ in 0..8 {
@@ -106,12 +119,16 @@ impl ConfigStore {
             });
             let (ns_get, class_get) = (ranges.next(), ranges.next());
             if !ns_get.is_some_and(|g| !g.kvs().is_empty()) {
-                return Err(Error::invalid(InvalidInput::UnknownNamespace(class.ns_id.clone())));
+                return Err(Error::invalid(InvalidInput::UnknownNamespace(
+                    class.ns_id.clone(),
+                )));
             }
             for kv in class_get.iter().flat_map(|g| g.kvs()) {
                 let other: LockClass = decode(kv.value())?;
                 if other.id != class.id && other.overlaps(class) {
-                    return Err(Error::invalid(InvalidInput::PrefixOverlap { other: other.id }));
+                    return Err(Error::invalid(InvalidInput::PrefixOverlap {
+                        other: other.id,
+                    }));
                 }
             }
             let txn = Txn::new()
@@ -119,9 +136,14 @@ impl ConfigStore {
                     Compare::version(ns_key.clone(), CompareOp::Greater, 0),
                     // Every class of the namespace unchanged since the read (an empty
                     // range compares as mod_revision 0, which passes).
-                    Compare::mod_revision(classes.clone(), CompareOp::Less, rev + 1).with_range(prefix_end(&classes)),
+                    Compare::mod_revision(classes.clone(), CompareOp::Less, rev + 1)
+                        .with_range(prefix_end(&classes)),
                 ])
-                .and_then([TxnOp::put(self.keys.class(&class.ns_id, &class.id), value.clone(), None)]);
+                .and_then([TxnOp::put(
+                    self.keys.class(&class.ns_id, &class.id),
+                    value.clone(),
+                    None,
+                )]);
             if self.txn(txn).await?.succeeded() {
                 return Ok(());
             }
@@ -149,9 +171,14 @@ impl ConfigStore {
             _ => None,
         });
         if !gets.next().is_some_and(|g| !g.kvs().is_empty()) {
-            return Err(Error::invalid(InvalidInput::UnknownNamespace(ns.to_owned())));
+            return Err(Error::invalid(InvalidInput::UnknownNamespace(
+                ns.to_owned(),
+            )));
         }
-        match gets.next().and_then(|g| g.kvs().first().map(|kv| kv.value().to_vec())) {
+        match gets
+            .next()
+            .and_then(|g| g.kvs().first().map(|kv| kv.value().to_vec()))
+        {
             Some(v) => decode(&v),
             None => Err(Error::invalid(InvalidInput::UnknownClass(class.to_owned()))),
         }

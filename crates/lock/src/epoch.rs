@@ -15,7 +15,7 @@ use palisade_fence::{Epoch, Revision};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::error::{Error, EpochMismatch, ErrorKind, Result};
+use crate::error::{EpochMismatch, Error, ErrorKind, Result};
 
 /// A boxed, sendable future, as returned by [`EpochStore`] methods.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -52,9 +52,23 @@ pub struct EpochRecord {
 }
 
 impl EpochRecord {
-    pub(crate) fn new(epoch: Epoch, cluster_id: u64, reason: EpochReason, revision: Revision) -> Self {
-        let advanced_at_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
-        EpochRecord { epoch, cluster_id, advanced_at_ms, reason, highest_grant_rev: revision }
+    pub(crate) fn new(
+        epoch: Epoch,
+        cluster_id: u64,
+        reason: EpochReason,
+        revision: Revision,
+    ) -> Self {
+        let advanced_at_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        EpochRecord {
+            epoch,
+            cluster_id,
+            advanced_at_ms,
+            reason,
+            highest_grant_rev: revision,
+        }
     }
 }
 
@@ -106,7 +120,11 @@ impl EpochStore for FileEpochStore {
                 f.sync_all()?;
                 std::fs::rename(&tmp, &path)?;
                 if let Some(dir) = path.parent() {
-                    let dir = if dir.as_os_str().is_empty() { std::path::Path::new(".") } else { dir };
+                    let dir = if dir.as_os_str().is_empty() {
+                        std::path::Path::new(".")
+                    } else {
+                        dir
+                    };
                     std::fs::File::open(dir)?.sync_all()?;
                 }
                 Ok(())
@@ -152,7 +170,10 @@ impl EpochState {
     }
 
     pub(crate) fn snapshot(&self) -> Current {
-        self.current.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     pub(crate) fn replace(&self, current: Current) {
@@ -176,7 +197,12 @@ impl EpochState {
     /// Refuses if the epoch is poisoned, or the header names another cluster, or its
     /// revision is behind `hw_at_send` (for a grant: not above it, since a grant sent
     /// after a revision was recorded must commit after it).
-    pub(crate) fn check(&self, header: Option<&ResponseHeader>, hw_at_send: u64, is_grant: bool) -> Result<()> {
+    pub(crate) fn check(
+        &self,
+        header: Option<&ResponseHeader>,
+        hw_at_send: u64,
+        is_grant: bool,
+    ) -> Result<()> {
         let cur = self.snapshot();
         if let Some(m) = cur.mismatch {
             return Err(Error::epoch(m));
@@ -187,9 +213,19 @@ impl EpochState {
         }
     }
 
-    fn check_seen(&self, cur: &Current, cluster_id: u64, revision: i64, hw_at_send: u64, is_grant: bool) -> Result<()> {
+    fn check_seen(
+        &self,
+        cur: &Current,
+        cluster_id: u64,
+        revision: i64,
+        hw_at_send: u64,
+        is_grant: bool,
+    ) -> Result<()> {
         if cluster_id != cur.record.cluster_id {
-            return Err(self.poison(EpochMismatch::ClusterId { recorded: cur.record.cluster_id, actual: cluster_id }));
+            return Err(self.poison(EpochMismatch::ClusterId {
+                recorded: cur.record.cluster_id,
+                actual: cluster_id,
+            }));
         }
         let rev = revision.max(0) as u64;
         if rev < hw_at_send || (is_grant && rev == hw_at_send && hw_at_send > 0) {
@@ -222,7 +258,10 @@ impl EpochState {
             let target = self.pending.load(Ordering::SeqCst);
             let mut record = self.snapshot().record;
             record.highest_grant_rev = Revision::new(target);
-            self.store.store(record).await.map_err(|e| Error::with_source(ErrorKind::EpochStore, e))?;
+            self.store
+                .store(record)
+                .await
+                .map_err(|e| Error::with_source(ErrorKind::EpochStore, e))?;
             self.durable_tx.send_modify(|d| *d = (*d).max(target));
         }
     }
@@ -237,7 +276,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = FileEpochStore::new(dir.path().join("epoch.json"));
         assert_eq!(store.load().await.unwrap(), None);
-        let mut r = EpochRecord::new(Epoch::new(3).unwrap(), 0xabc, EpochReason::Restore, Revision::new(9));
+        let mut r = EpochRecord::new(
+            Epoch::new(3).unwrap(),
+            0xabc,
+            EpochReason::Restore,
+            Revision::new(9),
+        );
         store.store(r.clone()).await.unwrap();
         assert_eq!(store.load().await.unwrap(), Some(r.clone()));
         r.highest_grant_rev = Revision::new(10);
@@ -250,7 +294,11 @@ mod tests {
         let rec = EpochRecord::new(Epoch::ZERO, 7, EpochReason::Bootstrap, Revision::new(100));
         EpochState::new(
             Box::new(FileEpochStore::new(dir.join("e.json"))),
-            Current { record: rec, etcd_mod_rev: 1, mismatch: None },
+            Current {
+                record: rec,
+                etcd_mod_rev: 1,
+                mismatch: None,
+            },
         )
     }
 
@@ -261,14 +309,21 @@ mod tests {
         let (a, b) = tokio::join!(s.commit(Revision::new(105)), s.commit(Revision::new(103)));
         a.unwrap();
         b.unwrap();
-        let on_disk = FileEpochStore::new(dir.path().join("e.json")).load().await.unwrap().unwrap();
+        let on_disk = FileEpochStore::new(dir.path().join("e.json"))
+            .load()
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(on_disk.highest_grant_rev, Revision::new(105));
         assert_eq!(s.high_water(), 105);
         assert!(s.check(None, 105, true).is_ok());
         // A grant that lands at the recorded revision again: the counter went back.
         let cur = s.snapshot();
         assert!(s.check_seen(&cur, 7, 105, 105, false).is_ok());
-        assert!(s.check_seen(&cur, 7, 105, 105, true).unwrap_err().is_epoch_mismatch());
+        assert!(s
+            .check_seen(&cur, 7, 105, 105, true)
+            .unwrap_err()
+            .is_epoch_mismatch());
         // Sticky: even a fine header is refused now.
         assert!(s.check(None, 105, false).unwrap_err().is_epoch_mismatch());
     }
@@ -278,6 +333,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = state(dir.path());
         let e = s.check_seen(&s.snapshot(), 8, 500, 100, false).unwrap_err();
-        assert!(matches!(e.kind(), ErrorKind::EpochMismatch(EpochMismatch::ClusterId { recorded: 7, actual: 8 })));
+        assert!(matches!(
+            e.kind(),
+            ErrorKind::EpochMismatch(EpochMismatch::ClusterId {
+                recorded: 7,
+                actual: 8
+            })
+        ));
     }
 }

@@ -161,8 +161,14 @@ impl Error {
         Error { kind, source: None }
     }
 
-    pub(crate) fn with_source(kind: ErrorKind, source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
-        Error { kind, source: Some(source.into()) }
+    pub(crate) fn with_source(
+        kind: ErrorKind,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Error {
+            kind,
+            source: Some(source.into()),
+        }
     }
 
     pub(crate) fn invalid(reason: InvalidInput) -> Self {
@@ -237,21 +243,40 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
             ErrorKind::InvalidInput(r) => write!(f, "invalid input: {r}"),
-            ErrorKind::NotHeld => f.write_str("the hold is no longer held (expired, force-released or released)"),
-            ErrorKind::EpochMismatch(r) => write!(f, "epoch mismatch, grants refused until the epoch is advanced: {r}"),
-            ErrorKind::EpochExhausted => write!(f, "the epoch is already {} (2^15 - 1) and cannot be advanced", Epoch::MAX),
-            ErrorKind::QuorumLost => f.write_str("etcd could not commit before the deadline (quorum lost or unreachable)"),
-            ErrorKind::DeadlineExceeded => f.write_str("deadline exceeded while waiting for the lock"),
+            ErrorKind::NotHeld => {
+                f.write_str("the hold is no longer held (expired, force-released or released)")
+            }
+            ErrorKind::EpochMismatch(r) => write!(
+                f,
+                "epoch mismatch, grants refused until the epoch is advanced: {r}"
+            ),
+            ErrorKind::EpochExhausted => write!(
+                f,
+                "the epoch is already {} (2^15 - 1) and cannot be advanced",
+                Epoch::MAX
+            ),
+            ErrorKind::QuorumLost => f.write_str(
+                "etcd could not commit before the deadline (quorum lost or unreachable)",
+            ),
+            ErrorKind::DeadlineExceeded => {
+                f.write_str("deadline exceeded while waiting for the lock")
+            }
             ErrorKind::SessionLost => f.write_str("the session's lease is gone"),
             ErrorKind::Etcd => f.write_str("etcd request failed"),
-            ErrorKind::EpochStore => f.write_str("durable epoch record could not be read or written"),
-            ErrorKind::CorruptRecord => f.write_str("a record under the root prefix could not be decoded"),
+            ErrorKind::EpochStore => {
+                f.write_str("durable epoch record could not be read or written")
+            }
+            ErrorKind::CorruptRecord => {
+                f.write_str("a record under the root prefix could not be decoded")
+            }
         }
     }
 }
 
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source.as_deref().map(|e| e as &(dyn std::error::Error + 'static))
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
     }
 }

@@ -41,17 +41,31 @@ impl Locker {
     /// [`ErrorKind::InvalidInput`] for a bad name or key (nothing written);
     /// [`ErrorKind::NotHeld`] if that lease holds no such hold;
     /// [`ErrorKind::QuorumLost`] if etcd could not commit in time.
-    pub async fn force_release(&self, lock: &LockName, holder: LeaseId, mode: Mode, marker: &ForceMarker) -> Result<Revision> {
+    pub async fn force_release(
+        &self,
+        lock: &LockName,
+        holder: LeaseId,
+        mode: Mode,
+        marker: &ForceMarker,
+    ) -> Result<Revision> {
         validate_name(&lock.ns)?;
         validate_name(&lock.class)?;
         validate_key(&lock.key)?;
         let inner = &self.inner;
         let keys = inner.keys.lock(&lock.ns, &lock.class, &lock.key);
         let hold = keys.hold(mode, holder);
-        let value = serde_json::to_vec(&Forced { forced: marker }).map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
+        let value = serde_json::to_vec(&Forced { forced: marker })
+            .map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
         let txn = Txn::new()
-            .when([Compare::create_revision(hold.clone(), CompareOp::Greater, 0)])
-            .and_then([TxnOp::delete(hold, None), TxnOp::put(keys.grant(mode, holder), value, None)]);
+            .when([Compare::create_revision(
+                hold.clone(),
+                CompareOp::Greater,
+                0,
+            )])
+            .and_then([
+                TxnOp::delete(hold, None),
+                TxnOp::put(keys.grant(mode, holder), value, None),
+            ]);
         let deadline = Instant::now() + inner.request_timeout * 3;
         let resp = retry::call(deadline, inner.request_timeout, || {
             let (mut c, txn) = (inner.client.clone(), txn.clone());
@@ -62,7 +76,9 @@ impl Locker {
         if !resp.succeeded() {
             return Err(Error::new(ErrorKind::NotHeld));
         }
-        let rev = resp.header().map_or(0, etcd_client::ResponseHeader::revision);
+        let rev = resp
+            .header()
+            .map_or(0, etcd_client::ResponseHeader::revision);
         Revision::from_i64(rev).map_err(|e| Error::with_source(ErrorKind::Etcd, e))
     }
 }

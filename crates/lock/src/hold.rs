@@ -100,15 +100,24 @@ impl Hold {
         self.done = true;
         let result = match self.grant {
             None => Ok(()),
-            Some((rev, _)) => release_txn(&self.locker, &self.keys, self.mode, &self.session, rev).await,
+            Some((rev, _)) => {
+                release_txn(&self.locker, &self.keys, self.mode, &self.session, rev).await
+            }
         };
         if let (Err(e), Some((rev, _))) = (&result, self.grant) {
             if e.is_quorum_lost() {
                 // Keep trying in the background so the hold does not block others until
                 // the lease expires. (The next acquire of this session on this lock also
                 // finishes such a release first.)
-                let (locker, keys, mode, session) = (self.locker.clone(), self.keys.clone(), self.mode, self.session.clone());
-                tokio::spawn(async move { release_until_done(&locker, &keys, mode, &session, rev).await });
+                let (locker, keys, mode, session) = (
+                    self.locker.clone(),
+                    self.keys.clone(),
+                    self.mode,
+                    self.session.clone(),
+                );
+                tokio::spawn(async move {
+                    release_until_done(&locker, &keys, mode, &session, rev).await
+                });
             }
         }
         self.session.unmark_busy(self.keys.base());
@@ -125,7 +134,12 @@ impl Drop for Hold {
             self.session.unmark_busy(self.keys.base());
             return;
         };
-        let (locker, keys, mode, session) = (self.locker.clone(), self.keys.clone(), self.mode, self.session.clone());
+        let (locker, keys, mode, session) = (
+            self.locker.clone(),
+            self.keys.clone(),
+            self.mode,
+            self.session.clone(),
+        );
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 rt.spawn(async move {
@@ -139,7 +153,13 @@ impl Drop for Hold {
 }
 
 /// Retries a release while etcd cannot commit and the session lives.
-async fn release_until_done(locker: &LockerInner, keys: &LockKeys, mode: Mode, session: &Session, rev: Revision) {
+async fn release_until_done(
+    locker: &LockerInner,
+    keys: &LockKeys,
+    mode: Mode,
+    session: &Session,
+    rev: Revision,
+) {
     let mut backoff = retry::Backoff::new();
     loop {
         match release_txn(locker, keys, mode, session, rev).await {
@@ -151,7 +171,13 @@ async fn release_until_done(locker: &LockerInner, keys: &LockKeys, mode: Mode, s
     }
 }
 
-async fn release_txn(locker: &LockerInner, keys: &LockKeys, mode: Mode, session: &Session, rev: Revision) -> Result<()> {
+async fn release_txn(
+    locker: &LockerInner,
+    keys: &LockKeys,
+    mode: Mode,
+    session: &Session,
+    rev: Revision,
+) -> Result<()> {
     let lease = session.lease();
     let hold = keys.hold(mode, lease);
     let txn = Txn::new()
@@ -159,7 +185,10 @@ async fn release_txn(locker: &LockerInner, keys: &LockKeys, mode: Mode, session:
             Compare::create_revision(hold.clone(), CompareOp::Equal, rev.as_i64()),
             Compare::lease(hold.clone(), CompareOp::Equal, lease.get()),
         ])
-        .and_then([TxnOp::delete(hold, None), TxnOp::delete(keys.grant(mode, lease), None)]);
+        .and_then([
+            TxnOp::delete(hold, None),
+            TxnOp::delete(keys.grant(mode, lease), None),
+        ]);
     let deadline = Instant::now() + locker.request_timeout.max(Duration::from_millis(500)) * 3;
     let resp = retry::call(deadline, locker.request_timeout, || {
         let (mut c, txn) = (locker.client.clone(), txn.clone());

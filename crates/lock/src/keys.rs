@@ -89,7 +89,9 @@ impl RootKeys {
     }
 
     pub(crate) fn lock(&self, ns: &str, class: &str, key: &str) -> LockKeys {
-        LockKeys { base: format!("{}locks/{ns}/{class}/{}/", self.root, escape_key(key)) }
+        LockKeys {
+            base: format!("{}locks/{ns}/{class}/{}/", self.root, escape_key(key)),
+        }
     }
 }
 
@@ -147,7 +149,9 @@ impl LockKeys {
 
     /// The hold key that a grant record `g/<m>/<lease>` belongs to.
     pub(crate) fn hold_for_grant(&self, grant_key: &[u8]) -> Option<String> {
-        let rest = std::str::from_utf8(grant_key).ok()?.strip_prefix(&self.grants())?;
+        let rest = std::str::from_utf8(grant_key)
+            .ok()?
+            .strip_prefix(&self.grants())?;
         Some(format!("{}h/{rest}", self.base))
     }
 
@@ -189,12 +193,27 @@ mod tests {
     fn sub_keys() {
         let k = RootKeys::new("/p/").lock("n", "c", "k");
         let l = LeaseId::new(255);
-        assert_eq!(k.waiter(Mode::Exclusive, l), "/p/locks/n/c/k/q/x/00000000000000ff");
-        assert_eq!(k.hold(Mode::Shared, l), "/p/locks/n/c/k/h/s/00000000000000ff");
-        assert_eq!(k.hold_for_grant(k.grant(Mode::Shared, l).as_bytes()).unwrap(), k.hold(Mode::Shared, l));
-        assert_eq!(k.grant_for_hold(k.hold(Mode::Exclusive, l).as_bytes()), k.grant(Mode::Exclusive, l).into_bytes());
+        assert_eq!(
+            k.waiter(Mode::Exclusive, l),
+            "/p/locks/n/c/k/q/x/00000000000000ff"
+        );
+        assert_eq!(
+            k.hold(Mode::Shared, l),
+            "/p/locks/n/c/k/h/s/00000000000000ff"
+        );
+        assert_eq!(
+            k.hold_for_grant(k.grant(Mode::Shared, l).as_bytes())
+                .unwrap(),
+            k.hold(Mode::Shared, l)
+        );
+        assert_eq!(
+            k.grant_for_hold(k.hold(Mode::Exclusive, l).as_bytes()),
+            k.grant(Mode::Exclusive, l).into_bytes()
+        );
         assert!(k.waiter(Mode::Shared, l).starts_with(&k.queue()));
-        assert!(k.hold(Mode::Shared, l).starts_with(&k.holds_of(Mode::Shared)));
+        assert!(k
+            .hold(Mode::Shared, l)
+            .starts_with(&k.holds_of(Mode::Shared)));
     }
 
     #[test]
@@ -206,7 +225,13 @@ mod tests {
     #[test]
     fn bad_keys() {
         use InvalidInput::*;
-        let reason = |k: &str| validate_key(k).unwrap_err().invalid_input().cloned().unwrap();
+        let reason = |k: &str| {
+            validate_key(k)
+                .unwrap_err()
+                .invalid_input()
+                .cloned()
+                .unwrap()
+        };
         assert_eq!(reason(""), EmptyKey);
         assert_eq!(reason("a/../b"), DotDotSegment);
         assert_eq!(reason(".."), DotDotSegment);

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use crate::config_store::{decode, ConfigStore};
 use crate::epoch::{Current, EpochReason, EpochRecord, EpochState, EpochStore};
-use crate::error::{Error, EpochMismatch, ErrorKind, InvalidInput, Result};
+use crate::error::{EpochMismatch, Error, ErrorKind, InvalidInput, Result};
 use crate::hold::Hold;
 use crate::keys::{validate_key, RootKeys};
 use crate::model::{validate_name, LockClass, Mode, SpiffeId};
@@ -77,7 +77,11 @@ pub struct LockName {
 impl LockName {
     /// Names a lock.
     pub fn new(ns: impl Into<String>, class: impl Into<String>, key: impl Into<String>) -> Self {
-        LockName { ns: ns.into(), class: class.into(), key: key.into() }
+        LockName {
+            ns: ns.into(),
+            class: class.into(),
+            key: key.into(),
+        }
     }
 }
 
@@ -89,7 +93,9 @@ pub struct Locker {
 
 impl std::fmt::Debug for Locker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Locker").field("keys", &self.inner.keys).finish_non_exhaustive()
+        f.debug_struct("Locker")
+            .field("keys", &self.inner.keys)
+            .finish_non_exhaustive()
     }
 }
 
@@ -132,7 +138,11 @@ impl Locker {
 
     /// Namespaces and classes.
     pub fn config(&self) -> ConfigStore {
-        ConfigStore::new(self.inner.client.clone(), self.inner.keys.clone(), self.inner.request_timeout)
+        ConfigStore::new(
+            self.inner.client.clone(),
+            self.inner.keys.clone(),
+            self.inner.request_timeout,
+        )
     }
 
     /// The current epoch record, and why grants are refused if they are.
@@ -148,7 +158,13 @@ impl Locker {
     ///
     /// [`InvalidInput::BadTtl`]; [`ErrorKind::QuorumLost`] if etcd cannot grant it.
     pub async fn open_session(&self, spiffe_id: SpiffeId, ttl: Duration) -> Result<Session> {
-        Session::open(self.inner.client.clone(), spiffe_id, ttl, self.inner.request_timeout).await
+        Session::open(
+            self.inner.client.clone(),
+            spiffe_id,
+            ttl,
+            self.inner.request_timeout,
+        )
+        .await
     }
 
     /// Acquires `lock` in `mode` for `session`, waiting until `deadline` at most.
@@ -169,7 +185,13 @@ impl Locker {
     ///   class is `closed` (an `open` class returns an unprotected [`Hold`] instead).
     /// - [`ErrorKind::EpochMismatch`]: see [the epoch policy](crate#epochs).
     /// - [`ErrorKind::SessionLost`]: the session's lease is gone.
-    pub async fn acquire(&self, session: &Session, lock: &LockName, mode: Mode, deadline: Instant) -> Result<Hold> {
+    pub async fn acquire(
+        &self,
+        session: &Session,
+        lock: &LockName,
+        mode: Mode,
+        deadline: Instant,
+    ) -> Result<Hold> {
         if deadline <= Instant::now() {
             return Err(Error::invalid(InvalidInput::DeadlinePassed));
         }
@@ -178,7 +200,9 @@ impl Locker {
         validate_key(&lock.key)?;
         let class = self.class(&lock.ns, &lock.class).await?;
         if !lock.key.starts_with(&class.key_prefix) {
-            return Err(Error::invalid(InvalidInput::KeyOutsideClass { prefix: class.key_prefix.clone() }));
+            return Err(Error::invalid(InvalidInput::KeyOutsideClass {
+                prefix: class.key_prefix.clone(),
+            }));
         }
         if mode == Mode::Shared && class.mode == Mode::Exclusive {
             return Err(Error::invalid(InvalidInput::ModeNotAllowed));
@@ -191,11 +215,21 @@ impl Locker {
     /// locker only for classes it has not used yet).
     async fn class(&self, ns: &str, class: &str) -> Result<Arc<LockClass>> {
         let k = (ns.to_owned(), class.to_owned());
-        if let Some(c) = self.inner.classes.lock().unwrap_or_else(|e| e.into_inner()).get(&k) {
+        if let Some(c) = self
+            .inner
+            .classes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&k)
+        {
             return Ok(c.clone());
         }
         let c = Arc::new(self.config().class(ns, class).await?);
-        self.inner.classes.lock().unwrap_or_else(|e| e.into_inner()).insert(k, c.clone());
+        self.inner
+            .classes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(k, c.clone());
         Ok(c)
     }
 
@@ -218,17 +252,43 @@ impl Locker {
         .await
         .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
         let header = resp.header().ok_or_else(|| Error::new(ErrorKind::Etcd))?;
-        let in_etcd: Option<EpochRecord> = resp.kvs().first().map(|kv| decode(kv.value())).transpose()?;
-        let durable = inner.epoch.store().load().await.map_err(|e| Error::with_source(ErrorKind::EpochStore, e))?;
-        let used = [in_etcd.as_ref().map(|r| r.epoch), durable.as_ref().map(|r| r.epoch), Some(inner.epoch.snapshot().record.epoch)]
-            .into_iter()
-            .flatten()
-            .max()
-            .unwrap_or(Epoch::ZERO);
-        let next = used.next().ok_or_else(|| Error::new(ErrorKind::EpochExhausted))?;
-        let record = EpochRecord::new(next, header.cluster_id(), reason, Revision::from_i64(header.revision()).unwrap_or_default());
-        inner.epoch.store().store(record.clone()).await.map_err(|e| Error::with_source(ErrorKind::EpochStore, e))?;
-        let value = serde_json::to_vec(&record).map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
+        let in_etcd: Option<EpochRecord> = resp
+            .kvs()
+            .first()
+            .map(|kv| decode(kv.value()))
+            .transpose()?;
+        let durable = inner
+            .epoch
+            .store()
+            .load()
+            .await
+            .map_err(|e| Error::with_source(ErrorKind::EpochStore, e))?;
+        let used = [
+            in_etcd.as_ref().map(|r| r.epoch),
+            durable.as_ref().map(|r| r.epoch),
+            Some(inner.epoch.snapshot().record.epoch),
+        ]
+        .into_iter()
+        .flatten()
+        .max()
+        .unwrap_or(Epoch::ZERO);
+        let next = used
+            .next()
+            .ok_or_else(|| Error::new(ErrorKind::EpochExhausted))?;
+        let record = EpochRecord::new(
+            next,
+            header.cluster_id(),
+            reason,
+            Revision::from_i64(header.revision()).unwrap_or_default(),
+        );
+        inner
+            .epoch
+            .store()
+            .store(record.clone())
+            .await
+            .map_err(|e| Error::with_source(ErrorKind::EpochStore, e))?;
+        let value = serde_json::to_vec(&record)
+            .map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
         let put = retry::call(deadline, inner.request_timeout, || {
             let (mut c, key, value) = (inner.client.clone(), key.clone(), value.clone());
             async move { c.put(key, value, None).await }
@@ -236,13 +296,22 @@ impl Locker {
         .await
         .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
         let mod_rev = put.header().map(|h| h.revision()).unwrap_or(0);
-        inner.epoch.replace(Current { record: record.clone(), etcd_mod_rev: mod_rev, mismatch: None });
+        inner.epoch.replace(Current {
+            record: record.clone(),
+            etcd_mod_rev: mod_rev,
+            mismatch: None,
+        });
         Ok(record)
     }
 }
 
 /// Reads both epoch records and decides whether grants may proceed.
-async fn load_epoch(client: &Client, keys: &RootKeys, store: &dyn EpochStore, per_request: Duration) -> Result<Current> {
+async fn load_epoch(
+    client: &Client,
+    keys: &RootKeys,
+    store: &dyn EpochStore,
+    per_request: Duration,
+) -> Result<Current> {
     let deadline = Instant::now() + per_request * 5;
     let key = keys.epoch();
     let resp = retry::call(deadline, per_request, || {
@@ -252,17 +321,28 @@ async fn load_epoch(client: &Client, keys: &RootKeys, store: &dyn EpochStore, pe
     .await
     .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
     let header = resp.header().ok_or_else(|| Error::new(ErrorKind::Etcd))?;
-    let (cluster_id, revision) = (header.cluster_id(), Revision::from_i64(header.revision()).unwrap_or_default());
+    let (cluster_id, revision) = (
+        header.cluster_id(),
+        Revision::from_i64(header.revision()).unwrap_or_default(),
+    );
     let in_etcd = match resp.kvs().first() {
         Some(kv) => Some((decode::<EpochRecord>(kv.value())?, kv.mod_revision())),
         None => None,
     };
-    let durable = store.load().await.map_err(|e| Error::with_source(ErrorKind::EpochStore, e))?;
+    let durable = store
+        .load()
+        .await
+        .map_err(|e| Error::with_source(ErrorKind::EpochStore, e))?;
     match (in_etcd, durable) {
         (None, None) => {
-            let record = EpochRecord::new(Epoch::ZERO, cluster_id, EpochReason::Bootstrap, revision);
-            store.store(record.clone()).await.map_err(|e| Error::with_source(ErrorKind::EpochStore, e))?;
-            let value = serde_json::to_vec(&record).map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
+            let record =
+                EpochRecord::new(Epoch::ZERO, cluster_id, EpochReason::Bootstrap, revision);
+            store
+                .store(record.clone())
+                .await
+                .map_err(|e| Error::with_source(ErrorKind::EpochStore, e))?;
+            let value = serde_json::to_vec(&record)
+                .map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
             let txn = Txn::new()
                 .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
                 .and_then([TxnOp::put(key.clone(), value, None)]);
@@ -272,19 +352,38 @@ async fn load_epoch(client: &Client, keys: &RootKeys, store: &dyn EpochStore, pe
             })
             .await
             .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
-            let mismatch = (!resp.succeeded()).then_some(EpochMismatch::Records { etcd: None, durable: Some(Epoch::ZERO) });
+            let mismatch = (!resp.succeeded()).then_some(EpochMismatch::Records {
+                etcd: None,
+                durable: Some(Epoch::ZERO),
+            });
             let mod_rev = resp.header().map(|h| h.revision()).unwrap_or(0);
-            Ok(Current { record, etcd_mod_rev: mod_rev, mismatch })
+            Ok(Current {
+                record,
+                etcd_mod_rev: mod_rev,
+                mismatch,
+            })
         }
-        (Some((etcd, mod_rev)), Some(durable)) if etcd.epoch == durable.epoch && etcd.cluster_id == durable.cluster_id => {
+        (Some((etcd, mod_rev)), Some(durable))
+            if etcd.epoch == durable.epoch && etcd.cluster_id == durable.cluster_id =>
+        {
             let mismatch = if cluster_id != durable.cluster_id {
-                Some(EpochMismatch::ClusterId { recorded: durable.cluster_id, actual: cluster_id })
+                Some(EpochMismatch::ClusterId {
+                    recorded: durable.cluster_id,
+                    actual: cluster_id,
+                })
             } else if revision < durable.highest_grant_rev {
-                Some(EpochMismatch::RevisionBehind { recorded: durable.highest_grant_rev, actual: revision })
+                Some(EpochMismatch::RevisionBehind {
+                    recorded: durable.highest_grant_rev,
+                    actual: revision,
+                })
             } else {
                 None
             };
-            Ok(Current { record: durable, etcd_mod_rev: mod_rev, mismatch })
+            Ok(Current {
+                record: durable,
+                etcd_mod_rev: mod_rev,
+                mismatch,
+            })
         }
         (etcd, durable) => {
             let mismatch = Some(EpochMismatch::Records {
@@ -293,8 +392,14 @@ async fn load_epoch(client: &Client, keys: &RootKeys, store: &dyn EpochStore, pe
             });
             let record = durable
                 .or(etcd.as_ref().map(|(r, _)| r.clone()))
-                .unwrap_or_else(|| EpochRecord::new(Epoch::ZERO, cluster_id, EpochReason::Bootstrap, revision));
-            Ok(Current { record, etcd_mod_rev: etcd.map(|(_, m)| m).unwrap_or(0), mismatch })
+                .unwrap_or_else(|| {
+                    EpochRecord::new(Epoch::ZERO, cluster_id, EpochReason::Bootstrap, revision)
+                });
+            Ok(Current {
+                record,
+                etcd_mod_rev: etcd.map(|(_, m)| m).unwrap_or(0),
+                mismatch,
+            })
         }
     }
 }

@@ -170,7 +170,11 @@ pub struct LockClass {
 
 impl LockClass {
     /// An exclusive, fenced, fail-closed class with TTLs of 1 s to 60 s and no lock-delay.
-    pub fn new(ns_id: impl Into<String>, id: impl Into<String>, key_prefix: impl Into<String>) -> Self {
+    pub fn new(
+        ns_id: impl Into<String>,
+        id: impl Into<String>,
+        key_prefix: impl Into<String>,
+    ) -> Self {
         LockClass {
             id: id.into(),
             ns_id: ns_id.into(),
@@ -188,7 +192,10 @@ impl LockClass {
         validate_name(&self.ns_id)?;
         validate_name(&self.id)?;
         if self.ttl_min > self.ttl_max {
-            return Err(Error::invalid(InvalidInput::TtlBoundsInverted { min: self.ttl_min, max: self.ttl_max }));
+            return Err(Error::invalid(InvalidInput::TtlBoundsInverted {
+                min: self.ttl_min,
+                max: self.ttl_max,
+            }));
         }
         if !self.key_prefix.is_empty() {
             crate::keys::validate_key(&self.key_prefix)?;
@@ -198,12 +205,17 @@ impl LockClass {
 
     /// Whether the two classes' prefixes overlap (one is a prefix of the other).
     pub(crate) fn overlaps(&self, other: &LockClass) -> bool {
-        self.key_prefix.starts_with(&other.key_prefix) || other.key_prefix.starts_with(&self.key_prefix)
+        self.key_prefix.starts_with(&other.key_prefix)
+            || other.key_prefix.starts_with(&self.key_prefix)
     }
 
     pub(crate) fn check_ttl(&self, ttl: Duration) -> Result<()> {
         if ttl < self.ttl_min || ttl > self.ttl_max {
-            return Err(Error::invalid(InvalidInput::TtlOutOfBounds { ttl, min: self.ttl_min, max: self.ttl_max }));
+            return Err(Error::invalid(InvalidInput::TtlOutOfBounds {
+                ttl,
+                min: self.ttl_min,
+                max: self.ttl_max,
+            }));
         }
         Ok(())
     }
@@ -216,7 +228,8 @@ pub(crate) fn validate_name(name: &str) -> Result<()> {
     let ok = !b.is_empty()
         && b.len() <= 63
         && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
-        && b.iter().all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_' || c == b'-');
+        && b.iter()
+            .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_' || c == b'-');
     if ok {
         Ok(())
     } else {
@@ -257,7 +270,10 @@ mod tests {
         let mut c = LockClass::new("ns", "c", "orders/");
         c.ttl_min = Duration::from_secs(5);
         c.ttl_max = Duration::from_secs(4);
-        assert!(matches!(c.validate().unwrap_err().invalid_input(), Some(InvalidInput::TtlBoundsInverted { .. })));
+        assert!(matches!(
+            c.validate().unwrap_err().invalid_input(),
+            Some(InvalidInput::TtlBoundsInverted { .. })
+        ));
         let a = LockClass::new("ns", "a", "orders/");
         let b = LockClass::new("ns", "b", "orders/eu/");
         let d = LockClass::new("ns", "d", "order");

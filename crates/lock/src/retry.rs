@@ -26,9 +26,11 @@ pub(crate) fn classify(e: &etcd_client::Error) -> Failure {
     use tonic::Code;
     match e {
         E::GRpcStatus(s) => match s.code() {
-            Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Aborted | Code::Cancelled => {
-                Failure::Transient
-            }
+            Code::Unavailable
+            | Code::DeadlineExceeded
+            | Code::Unknown
+            | Code::Aborted
+            | Code::Cancelled => Failure::Transient,
             Code::NotFound => Failure::LeaseGone,
             _ => Failure::Fatal,
         },
@@ -45,7 +47,9 @@ pub(crate) struct Backoff {
 
 impl Backoff {
     pub(crate) fn new() -> Self {
-        Backoff { next: Duration::from_millis(20) }
+        Backoff {
+            next: Duration::from_millis(20),
+        }
     }
 
     /// Sleeps the next step, but never past `deadline`.
@@ -83,7 +87,11 @@ impl CallError {
 /// Runs `op` until it succeeds, fails for good, or `deadline` passes. Each attempt gets
 /// at most `per_request` (and never past the deadline); transient failures are retried
 /// after a backoff. Only use it for requests that are safe to repeat.
-pub(crate) async fn call<T, F, Fut>(deadline: Instant, per_request: Duration, mut op: F) -> Result<T, CallError>
+pub(crate) async fn call<T, F, Fut>(
+    deadline: Instant,
+    per_request: Duration,
+    mut op: F,
+) -> Result<T, CallError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, etcd_client::Error>>,
@@ -121,7 +129,10 @@ mod tests {
     #[test]
     fn errors_are_classified_by_code_not_text() {
         assert_eq!(classify(&status(Code::Unavailable)), Failure::Transient);
-        assert_eq!(classify(&status(Code::DeadlineExceeded)), Failure::Transient);
+        assert_eq!(
+            classify(&status(Code::DeadlineExceeded)),
+            Failure::Transient
+        );
         assert_eq!(classify(&status(Code::NotFound)), Failure::LeaseGone);
         assert_eq!(classify(&status(Code::PermissionDenied)), Failure::Fatal);
         assert_eq!(classify(&status(Code::InvalidArgument)), Failure::Fatal);
@@ -130,25 +141,39 @@ mod tests {
     #[tokio::test]
     async fn call_retries_transient_failures_and_stops_at_the_deadline() {
         let mut attempts = 0;
-        let r = call(Instant::now() + Duration::from_secs(5), Duration::from_millis(100), || {
-            attempts += 1;
-            let n = attempts;
-            async move { if n < 3 { Err(status(Code::Unavailable)) } else { Ok(n) } }
-        })
+        let r = call(
+            Instant::now() + Duration::from_secs(5),
+            Duration::from_millis(100),
+            || {
+                attempts += 1;
+                let n = attempts;
+                async move {
+                    if n < 3 {
+                        Err(status(Code::Unavailable))
+                    } else {
+                        Ok(n)
+                    }
+                }
+            },
+        )
         .await;
         assert_eq!(r.unwrap(), 3);
 
         let started = Instant::now();
-        let r: Result<(), _> = call(started + Duration::from_millis(300), Duration::from_millis(50), || async {
-            Err(status(Code::Unavailable))
-        })
+        let r: Result<(), _> = call(
+            started + Duration::from_millis(300),
+            Duration::from_millis(50),
+            || async { Err(status(Code::Unavailable)) },
+        )
         .await;
         assert!(matches!(r, Err(CallError::Unavailable(Some(_)))));
         assert!(started.elapsed() < Duration::from_millis(600));
 
-        let r: Result<(), _> = call(Instant::now() + Duration::from_secs(5), Duration::from_millis(50), || async {
-            Err(status(Code::PermissionDenied))
-        })
+        let r: Result<(), _> = call(
+            Instant::now() + Duration::from_secs(5),
+            Duration::from_millis(50),
+            || async { Err(status(Code::PermissionDenied)) },
+        )
         .await;
         assert!(matches!(r, Err(CallError::Fatal(_))));
     }

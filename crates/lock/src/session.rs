@@ -47,7 +47,12 @@ pub(crate) struct SessionInner {
 
 impl Drop for SessionInner {
     fn drop(&mut self) {
-        if let Some(task) = self.keepalive.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(task) = self
+            .keepalive
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
             task.abort();
         }
         // The last handle is gone: revoke the lease so its holds end now rather than
@@ -87,8 +92,16 @@ impl std::fmt::Debug for Session {
 
 impl Session {
     /// Grants a lease of `ttl` and starts its keepalive.
-    pub(crate) async fn open(client: Client, spiffe_id: SpiffeId, ttl: Duration, request_timeout: Duration) -> Result<Session> {
-        if ttl < Duration::from_secs(1) || ttl.subsec_nanos() != 0 || ttl.as_secs() > i64::MAX as u64 {
+    pub(crate) async fn open(
+        client: Client,
+        spiffe_id: SpiffeId,
+        ttl: Duration,
+        request_timeout: Duration,
+    ) -> Result<Session> {
+        if ttl < Duration::from_secs(1)
+            || ttl.subsec_nanos() != 0
+            || ttl.as_secs() > i64::MAX as u64
+        {
             return Err(Error::invalid(InvalidInput::BadTtl(ttl)));
         }
         let deadline = Instant::now() + request_timeout.max(Duration::from_secs(5));
@@ -114,7 +127,10 @@ impl Session {
             keepalive: Mutex::new(None),
             busy: Mutex::new(HashSet::new()),
         });
-        let task = tokio::spawn(keepalive(Arc::downgrade(&inner), sent_at + Duration::from_secs(resp.ttl().max(0) as u64)));
+        let task = tokio::spawn(keepalive(
+            Arc::downgrade(&inner),
+            sent_at + Duration::from_secs(resp.ttl().max(0) as u64),
+        ));
         *inner.keepalive.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
         Ok(Session { inner })
     }
@@ -171,7 +187,13 @@ impl Session {
     /// [`ErrorKind::QuorumLost`] if etcd did not answer within the request timeout
     /// (the lease then still expires after its TTL); [`ErrorKind::Etcd`] otherwise.
     pub async fn close(self) -> Result<()> {
-        if let Some(task) = self.inner.keepalive.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(task) = self
+            .inner
+            .keepalive
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
             task.abort();
         }
         self.inner.lost_tx.send_if_modified(|v| {
@@ -200,8 +222,15 @@ impl Session {
 /// The keepalive loop: renew every TTL/3; fire the loss signal when etcd says the lease
 /// is gone, or when `expires_at` (last renewal sent + TTL granted) passes.
 async fn keepalive(session: std::sync::Weak<SessionInner>, mut expires_at: Instant) {
-    let Some(inner) = session.upgrade() else { return };
-    let (client, lease, ttl, per_request) = (inner.client.clone(), inner.lease.get(), inner.ttl, inner.request_timeout);
+    let Some(inner) = session.upgrade() else {
+        return;
+    };
+    let (client, lease, ttl, per_request) = (
+        inner.client.clone(),
+        inner.lease.get(),
+        inner.ttl,
+        inner.request_timeout,
+    );
     let mut renewing = inner.renewing.subscribe();
     let lost_tx = inner.lost_tx.clone();
     drop(inner);
@@ -272,10 +301,18 @@ async fn keepalive(session: std::sync::Weak<SessionInner>, mut expires_at: Insta
 impl Session {
     /// Marks a lock as being acquired or held by this session; false if it already is.
     pub(crate) fn mark_busy(&self, base: &str) -> bool {
-        self.inner.busy.lock().unwrap_or_else(|e| e.into_inner()).insert(base.to_owned())
+        self.inner
+            .busy
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(base.to_owned())
     }
 
     pub(crate) fn unmark_busy(&self, base: &str) {
-        self.inner.busy.lock().unwrap_or_else(|e| e.into_inner()).remove(base);
+        self.inner
+            .busy
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(base);
     }
 }

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use etcd_client::{Client, EventType, GetOptions, WatchOptions};
 use palisade_lock::{
-    EpochReason, Error, ErrorKind, FencingToken, FileEpochStore, ForceMarker, Hold, InvalidInput, LockClass, LockName, Locker,
-    LockerOptions, LossReason, Mode, Namespace, QuorumPolicy, Session, SpiffeId,
+    EpochReason, Error, ErrorKind, FencingToken, FileEpochStore, ForceMarker, Hold, InvalidInput,
+    LockClass, LockName, Locker, LockerOptions, LossReason, Mode, Namespace, QuorumPolicy, Session,
+    SpiffeId,
 };
 use palisade_testkit::{EtcdCluster, RestoreMode};
 use tokio::time::Instant;
@@ -41,14 +42,36 @@ async fn fixture(members: usize) -> Fixture {
     let cluster = EtcdCluster::start(members).await;
     let dir = tempfile::tempdir().unwrap();
     let locker = connect(cluster.endpoints(), &dir).await.unwrap();
-    locker.config().put_namespace(&Namespace::new(NS, "tenant")).await.unwrap();
-    locker.config().put_namespace(&Namespace::new(NS2, "tenant")).await.unwrap();
-    locker.config().put_class(&class(NS, "c", "")).await.unwrap();
-    Fixture { cluster, locker, dir }
+    locker
+        .config()
+        .put_namespace(&Namespace::new(NS, "tenant"))
+        .await
+        .unwrap();
+    locker
+        .config()
+        .put_namespace(&Namespace::new(NS2, "tenant"))
+        .await
+        .unwrap();
+    locker
+        .config()
+        .put_class(&class(NS, "c", ""))
+        .await
+        .unwrap();
+    Fixture {
+        cluster,
+        locker,
+        dir,
+    }
 }
 
 async fn session(locker: &Locker, ttl_secs: u64) -> Session {
-    locker.open_session(SpiffeId::new("spiffe://test/worker").unwrap(), Duration::from_secs(ttl_secs)).await.unwrap()
+    locker
+        .open_session(
+            SpiffeId::new("spiffe://test/worker").unwrap(),
+            Duration::from_secs(ttl_secs),
+        )
+        .await
+        .unwrap()
 }
 
 fn lock(key: &str) -> LockName {
@@ -82,8 +105,19 @@ async fn revision(client: &Client) -> i64 {
 /// Keys (as strings) under a prefix. Retries like [`revision`].
 async fn keys_under(client: &Client, prefix: &str) -> Vec<String> {
     for _ in 0..100 {
-        if let Ok(resp) = client.clone().get(prefix, Some(GetOptions::new().with_prefix().with_keys_only())).await {
-            return resp.kvs().iter().map(|kv| kv.key_str().unwrap().to_owned()).collect();
+        if let Ok(resp) = client
+            .clone()
+            .get(
+                prefix,
+                Some(GetOptions::new().with_prefix().with_keys_only()),
+            )
+            .await
+        {
+            return resp
+                .kvs()
+                .iter()
+                .map(|kv| kv.key_str().unwrap().to_owned())
+                .collect();
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -96,7 +130,12 @@ fn base(key: &str) -> String {
 }
 
 fn lock_base(name: &LockName) -> String {
-    format!("{ROOT}locks/{}/{}/{}/", name.ns, name.class, name.key.replace('%', "%25").replace('/', "%2F"))
+    format!(
+        "{ROOT}locks/{}/{}/{}/",
+        name.ns,
+        name.class,
+        name.key.replace('%', "%25").replace('/', "%2F")
+    )
 }
 
 /// A watch on a prefix from the current revision + 1, started before the action it waits
@@ -111,30 +150,51 @@ impl PrefixWatch {
         let from = revision(client).await + 1;
         let (watcher, stream) = client
             .clone()
-            .watch(prefix, Some(WatchOptions::new().with_prefix().with_start_revision(from)))
+            .watch(
+                prefix,
+                Some(WatchOptions::new().with_prefix().with_start_revision(from)),
+            )
             .await
             .unwrap();
-        PrefixWatch { _watcher: watcher, stream }
+        PrefixWatch {
+            _watcher: watcher,
+            stream,
+        }
     }
 
     /// Every event, as (type, key, revision, value), until one matches `last`.
-    async fn until(&mut self, last: impl Fn(EventType, &str) -> bool) -> Vec<(EventType, String, i64, String)> {
+    async fn until(
+        &mut self,
+        last: impl Fn(EventType, &str) -> bool,
+    ) -> Vec<(EventType, String, i64, String)> {
         let mut seen = Vec::new();
         let wait = async {
             loop {
-                let resp = self.stream.message().await.unwrap().expect("watch stream open");
+                let resp = self
+                    .stream
+                    .message()
+                    .await
+                    .unwrap()
+                    .expect("watch stream open");
                 for e in resp.events() {
                     let kv = e.kv().unwrap();
                     let key = kv.key_str().unwrap().to_owned();
                     let done = last(e.event_type(), &key);
-                    seen.push((e.event_type(), key, kv.mod_revision(), kv.value_str().unwrap().to_owned()));
+                    seen.push((
+                        e.event_type(),
+                        key,
+                        kv.mod_revision(),
+                        kv.value_str().unwrap().to_owned(),
+                    ));
                     if done {
                         return;
                     }
                 }
             }
         };
-        tokio::time::timeout(Duration::from_secs(15), wait).await.expect("watch events within 15 s");
+        tokio::time::timeout(Duration::from_secs(15), wait)
+            .await
+            .expect("watch events within 15 s");
         seen
     }
 
@@ -142,7 +202,12 @@ impl PrefixWatch {
     async fn next(&mut self, kind: EventType) -> (String, i64) {
         let wait = async {
             loop {
-                let resp = self.stream.message().await.unwrap().expect("watch stream open");
+                let resp = self
+                    .stream
+                    .message()
+                    .await
+                    .unwrap()
+                    .expect("watch stream open");
                 for e in resp.events() {
                     if e.event_type() == kind {
                         let kv = e.kv().unwrap();
@@ -151,7 +216,9 @@ impl PrefixWatch {
                 }
             }
         };
-        tokio::time::timeout(Duration::from_secs(15), wait).await.expect("watch event within 15 s")
+        tokio::time::timeout(Duration::from_secs(15), wait)
+            .await
+            .expect("watch event within 15 s")
     }
 }
 
@@ -168,7 +235,10 @@ async fn spawn_waiter(
     let (l, s, n) = (locker.clone(), session.clone(), name.clone());
     let task = tokio::spawn(async move { l.acquire(&s, &n, mode, deadline).await });
     let (key, _) = watch.next(EventType::Put).await;
-    assert!(key.ends_with(&session.lease().to_string()), "the waiter key {key} is this session's");
+    assert!(
+        key.ends_with(&session.lease().to_string()),
+        "the waiter key {key} is this session's"
+    );
     task
 }
 
@@ -177,7 +247,11 @@ async fn etcd_tokens_are_epoch_and_grant_revision_and_strictly_increase() {
     let f = fixture(1).await;
     let s = session(&f.locker, 10).await;
     let before = revision(f.locker.client()).await;
-    let h1 = f.locker.acquire(&s, &lock("k1"), Mode::Exclusive, secs(5)).await.unwrap();
+    let h1 = f
+        .locker
+        .acquire(&s, &lock("k1"), Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
     let t1 = token(&h1);
     // Uncontended: exactly one write (the grant Txn) since `before`.
     assert_eq!(t1.revision().get(), (before + 1) as u64);
@@ -186,7 +260,13 @@ async fn etcd_tokens_are_epoch_and_grant_revision_and_strictly_increase() {
     assert_eq!(h1.grant_rev(), Some(t1.revision()));
     // The hold key's create revision is the token's revision; its value names the holder.
     let hold_key = format!("{}h/x/{}", base("k1"), s.lease());
-    let kv = f.locker.client().clone().get(hold_key.as_str(), None).await.unwrap();
+    let kv = f
+        .locker
+        .client()
+        .clone()
+        .get(hold_key.as_str(), None)
+        .await
+        .unwrap();
     let kv = &kv.kvs()[0];
     assert_eq!(kv.create_revision() as u64, t1.revision().get());
     assert_eq!(kv.lease(), s.lease().get());
@@ -195,13 +275,20 @@ async fn etcd_tokens_are_epoch_and_grant_revision_and_strictly_increase() {
 
     let mut last = t1;
     for key in ["k1", "k2", "k1", "k3"] {
-        let h = f.locker.acquire(&s, &lock(key), Mode::Exclusive, secs(5)).await.unwrap();
+        let h = f
+            .locker
+            .acquire(&s, &lock(key), Mode::Exclusive, secs(5))
+            .await
+            .unwrap();
         assert!(token(&h) > last, "{key}: {} after {last}", token(&h));
         last = token(&h);
         h.release().await.unwrap();
     }
     // Release is one Txn that removed the hold and its grant record.
-    assert_eq!(keys_under(f.locker.client(), &format!("{ROOT}locks/")).await, Vec::<String>::new());
+    assert_eq!(
+        keys_under(f.locker.client(), &format!("{ROOT}locks/")).await,
+        Vec::<String>::new()
+    );
 }
 
 #[tokio::test]
@@ -209,7 +296,11 @@ async fn etcd_twenty_waiters_are_granted_in_create_revision_order() {
     let f = fixture(1).await;
     let holder = session(&f.locker, 10).await;
     let name = lock("fifo");
-    let first = f.locker.acquire(&holder, &name, Mode::Exclusive, secs(5)).await.unwrap();
+    let first = f
+        .locker
+        .acquire(&holder, &name, Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
     let granted = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for i in 0..20 {
@@ -231,7 +322,11 @@ async fn etcd_twenty_waiters_are_granted_in_create_revision_order() {
     }
     let granted = granted.lock().unwrap().clone();
     let order: Vec<usize> = granted.iter().map(|(i, _)| *i).collect();
-    assert_eq!(order, (0..20).collect::<Vec<_>>(), "grant order is enqueue order");
+    assert_eq!(
+        order,
+        (0..20).collect::<Vec<_>>(),
+        "grant order is enqueue order"
+    );
     let mut prev = t0;
     for (i, t) in granted {
         assert!(t > prev, "waiter {i}: token {t} not above {prev}");
@@ -246,9 +341,20 @@ async fn etcd_shared_holders_exclusive_waiter_and_later_shared_waiter() {
     let mut readers = Vec::new();
     for _ in 0..5 {
         let s = session(&f.locker, 10).await;
-        readers.push(f.locker.acquire(&s, &name, Mode::Shared, secs(5)).await.unwrap());
+        readers.push(
+            f.locker
+                .acquire(&s, &name, Mode::Shared, secs(5))
+                .await
+                .unwrap(),
+        );
     }
-    assert_eq!(keys_under(f.locker.client(), &format!("{}h/s/", base("rw"))).await.len(), 5, "five shared holders at once");
+    assert_eq!(
+        keys_under(f.locker.client(), &format!("{}h/s/", base("rw")))
+            .await
+            .len(),
+        5,
+        "five shared holders at once"
+    );
     let writer_s = session(&f.locker, 10).await;
     let writer = spawn_waiter(&f.locker, &writer_s, &name, Mode::Exclusive, secs(30)).await;
     let late_s = session(&f.locker, 10).await;
@@ -261,15 +367,28 @@ async fn etcd_shared_holders_exclusive_waiter_and_later_shared_waiter() {
     }
     // Give a wrong implementation the chance to grant early; a right one must not.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!writer.is_finished(), "the exclusive waiter waits while one shared holder remains");
-    assert!(!late.is_finished(), "the later shared waiter waits behind the exclusive waiter");
-    assert!(keys_under(f.locker.client(), &format!("{}h/x/", base("rw"))).await.is_empty());
+    assert!(
+        !writer.is_finished(),
+        "the exclusive waiter waits while one shared holder remains"
+    );
+    assert!(
+        !late.is_finished(),
+        "the later shared waiter waits behind the exclusive waiter"
+    );
+    assert!(
+        keys_under(f.locker.client(), &format!("{}h/x/", base("rw")))
+            .await
+            .is_empty()
+    );
 
     last_reader.release().await.unwrap();
     let w = writer.await.unwrap().unwrap();
     assert!(token(&w) > max_reader);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!late.is_finished(), "the later shared waiter waits while the exclusive hold lives");
+    assert!(
+        !late.is_finished(),
+        "the later shared waiter waits while the exclusive hold lives"
+    );
     let wt = token(&w);
     w.release().await.unwrap();
     let l = late.await.unwrap().unwrap();
@@ -282,17 +401,26 @@ async fn etcd_expired_holder_loses_within_ttl_and_next_waiter_gets_higher_token(
     let f = fixture(1).await;
     let name = lock("exp");
     let a = session(&f.locker, 2).await;
-    let ha = f.locker.acquire(&a, &name, Mode::Exclusive, secs(5)).await.unwrap();
+    let ha = f
+        .locker
+        .acquire(&a, &name, Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
     let b = session(&f.locker, 10).await;
     let waiter = spawn_waiter(&f.locker, &b, &name, Mode::Exclusive, secs(20)).await;
 
     let stopped = Instant::now();
     a.stop_keepalive();
-    let reason = tokio::time::timeout(Duration::from_secs(3), ha.lost()).await.expect("loss signal within TTL + 1 s");
+    let reason = tokio::time::timeout(Duration::from_secs(3), ha.lost())
+        .await
+        .expect("loss signal within TTL + 1 s");
     assert_eq!(reason, LossReason::KeepaliveFailed);
     let hb = waiter.await.unwrap().unwrap();
     let granted_after = stopped.elapsed();
-    assert!(granted_after <= Duration::from_secs(3), "next waiter granted {granted_after:?} after keepalive stopped");
+    assert!(
+        granted_after <= Duration::from_secs(3),
+        "next waiter granted {granted_after:?} after keepalive stopped"
+    );
     assert!(token(&hb) > token(&ha));
     // The expired hold cannot be released: typed NotHeld, never success.
     let err = ha.release().await.unwrap_err();
@@ -305,7 +433,11 @@ async fn etcd_waiter_whose_lease_expires_is_never_granted() {
     let f = fixture(1).await;
     let name = lock("w");
     let h = session(&f.locker, 10).await;
-    let held = f.locker.acquire(&h, &name, Mode::Exclusive, secs(5)).await.unwrap();
+    let held = f
+        .locker
+        .acquire(&h, &name, Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
     let w = session(&f.locker, 2).await;
     let doomed = spawn_waiter(&f.locker, &w, &name, Mode::Exclusive, secs(30)).await;
     let v = session(&f.locker, 10).await;
@@ -324,7 +456,11 @@ async fn etcd_waiter_whose_lease_expires_is_never_granted() {
     let hv = next.await.unwrap().unwrap();
     assert!(token(&hv) > held_token);
     let holds = keys_under(f.locker.client(), &format!("{}h/", base("w"))).await;
-    assert_eq!(holds, vec![format!("{}h/x/{}", base("w"), v.lease())], "only V holds; W never did");
+    assert_eq!(
+        holds,
+        vec![format!("{}h/x/{}", base("w"), v.lease())],
+        "only V holds; W never did"
+    );
 }
 
 #[tokio::test]
@@ -334,9 +470,21 @@ async fn etcd_keys_that_prefix_each_other_and_stray_keys_do_not_interfere() {
     let s1 = session(&f.locker, 10).await;
     let s2 = session(&f.locker, 10).await;
     let s3 = session(&f.locker, 10).await;
-    let h1 = f.locker.acquire(&s1, &lock("a/b"), Mode::Exclusive, secs(2)).await.unwrap();
-    let h2 = f.locker.acquire(&s2, &lock("a/bc"), Mode::Exclusive, secs(2)).await.unwrap();
-    let h3 = f.locker.acquire(&s3, &lock("a"), Mode::Exclusive, secs(2)).await.unwrap();
+    let h1 = f
+        .locker
+        .acquire(&s1, &lock("a/b"), Mode::Exclusive, secs(2))
+        .await
+        .unwrap();
+    let h2 = f
+        .locker
+        .acquire(&s2, &lock("a/bc"), Mode::Exclusive, secs(2))
+        .await
+        .unwrap();
+    let h3 = f
+        .locker
+        .acquire(&s3, &lock("a"), Mode::Exclusive, secs(2))
+        .await
+        .unwrap();
     assert!(token(&h1) < token(&h2) && token(&h2) < token(&h3));
     // Strays written by someone else next to and around a lock's keys.
     for stray in [
@@ -350,8 +498,16 @@ async fn etcd_keys_that_prefix_each_other_and_stray_keys_do_not_interfere() {
     }
     h1.release().await.unwrap();
     let before = revision(&c).await;
-    let again = f.locker.acquire(&s2, &lock("a/b"), Mode::Exclusive, secs(2)).await.unwrap();
-    assert_eq!(token(&again).revision().get(), (before + 1) as u64, "granted in one Txn: nothing queued or held");
+    let again = f
+        .locker
+        .acquire(&s2, &lock("a/b"), Mode::Exclusive, secs(2))
+        .await
+        .unwrap();
+    assert_eq!(
+        token(&again).revision().get(),
+        (before + 1) as u64,
+        "granted in one Txn: nothing queued or held"
+    );
     again.release().await.unwrap();
     h2.release().await.unwrap();
     h3.release().await.unwrap();
@@ -368,29 +524,55 @@ async fn etcd_lock_delay_applies_after_expiry_not_after_release() {
     // Orderly release: granted at once, in one Txn.
     let a = session(&f.locker, 2).await;
     let b = session(&f.locker, 10).await;
-    let ha = f.locker.acquire(&a, &name, Mode::Exclusive, secs(5)).await.unwrap();
+    let ha = f
+        .locker
+        .acquire(&a, &name, Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
     ha.release().await.unwrap();
     let before = revision(f.locker.client()).await;
-    let hb = f.locker.acquire(&b, &name, Mode::Exclusive, secs(5)).await.unwrap();
+    let hb = f
+        .locker
+        .acquire(&b, &name, Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
     assert_eq!(token(&hb).revision().get(), (before + 1) as u64);
     hb.release().await.unwrap();
 
     // Expiry: a waiter is granted no sooner than lock_delay after the hold ended.
-    let ha = f.locker.acquire(&a, &name, Mode::Exclusive, secs(5)).await.unwrap();
+    let ha = f
+        .locker
+        .acquire(&a, &name, Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
     let waiter = spawn_waiter(&f.locker, &b, &name, Mode::Exclusive, secs(20)).await;
-    let mut holds = PrefixWatch::start(f.locker.client(), &format!("{ROOT}locks/{NS2}/delayed/d%2F1/h/")).await;
+    let mut holds = PrefixWatch::start(
+        f.locker.client(),
+        &format!("{ROOT}locks/{NS2}/delayed/d%2F1/h/"),
+    )
+    .await;
     a.stop_keepalive();
     holds.next(EventType::Delete).await;
     let ended = Instant::now();
     let hb = waiter.await.unwrap().unwrap();
     let waited = ended.elapsed();
-    assert!(waited >= Duration::from_millis(1500), "granted {waited:?} after the expiry");
-    assert!(waited < Duration::from_millis(3500), "granted {waited:?} after the expiry");
+    assert!(
+        waited >= Duration::from_millis(1500),
+        "granted {waited:?} after the expiry"
+    );
+    assert!(
+        waited < Duration::from_millis(3500),
+        "granted {waited:?} after the expiry"
+    );
     assert!(token(&hb) > token(&ha));
     hb.release().await.unwrap();
     // The expired hold's grant record was consumed by that grant: the next is immediate.
     let before = revision(f.locker.client()).await;
-    let hb = f.locker.acquire(&b, &name, Mode::Exclusive, secs(5)).await.unwrap();
+    let hb = f
+        .locker
+        .acquire(&b, &name, Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
     assert_eq!(token(&hb).revision().get(), (before + 1) as u64);
 }
 
@@ -411,28 +593,68 @@ async fn etcd_bad_input_is_typed_and_writes_nothing() {
     };
     let try_lock = |name: LockName| {
         let (l, s) = (f.locker.clone(), s.clone());
-        async move { l.acquire(&s, &name, Mode::Exclusive, secs(2)).await.map(drop).unwrap_err() }
+        async move {
+            l.acquire(&s, &name, Mode::Exclusive, secs(2))
+                .await
+                .map(drop)
+                .unwrap_err()
+        }
     };
     assert_eq!(reason(try_lock(lock("")).await), InvalidInput::EmptyKey);
-    assert_eq!(reason(try_lock(lock("a/../b")).await), InvalidInput::DotDotSegment);
-    assert_eq!(reason(try_lock(lock("a\0b")).await), InvalidInput::ControlCharacter);
-    assert_eq!(reason(try_lock(LockName::new("nope", "c", "k")).await), InvalidInput::UnknownNamespace("nope".into()));
-    assert_eq!(reason(try_lock(LockName::new(NS, "nope", "k")).await), InvalidInput::UnknownClass("nope".into()));
-    assert!(matches!(reason(try_lock(LockName::new(NS2, "strict", "s/k")).await), InvalidInput::TtlOutOfBounds { .. }));
-    assert!(matches!(reason(try_lock(LockName::new(NS2, "strict", "k")).await), InvalidInput::KeyOutsideClass { .. }));
-    assert!(matches!(reason(try_lock(LockName::new("Bad", "c", "k")).await), InvalidInput::BadName(_)));
+    assert_eq!(
+        reason(try_lock(lock("a/../b")).await),
+        InvalidInput::DotDotSegment
+    );
+    assert_eq!(
+        reason(try_lock(lock("a\0b")).await),
+        InvalidInput::ControlCharacter
+    );
+    assert_eq!(
+        reason(try_lock(LockName::new("nope", "c", "k")).await),
+        InvalidInput::UnknownNamespace("nope".into())
+    );
+    assert_eq!(
+        reason(try_lock(LockName::new(NS, "nope", "k")).await),
+        InvalidInput::UnknownClass("nope".into())
+    );
+    assert!(matches!(
+        reason(try_lock(LockName::new(NS2, "strict", "s/k")).await),
+        InvalidInput::TtlOutOfBounds { .. }
+    ));
+    assert!(matches!(
+        reason(try_lock(LockName::new(NS2, "strict", "k")).await),
+        InvalidInput::KeyOutsideClass { .. }
+    ));
+    assert!(matches!(
+        reason(try_lock(LockName::new("Bad", "c", "k")).await),
+        InvalidInput::BadName(_)
+    ));
 
     let mut inverted = class(NS2, "inv", "inv/");
     inverted.ttl_min = Duration::from_secs(9);
     inverted.ttl_max = Duration::from_secs(3);
-    assert!(matches!(reason(f.locker.config().put_class(&inverted).await.unwrap_err()), InvalidInput::TtlBoundsInverted { .. }));
+    assert!(matches!(
+        reason(f.locker.config().put_class(&inverted).await.unwrap_err()),
+        InvalidInput::TtlBoundsInverted { .. }
+    ));
     assert_eq!(
-        reason(f.locker.config().put_class(&class(NS2, "overlap", "s/x")).await.unwrap_err()),
-        InvalidInput::PrefixOverlap { other: "strict".into() }
+        reason(
+            f.locker
+                .config()
+                .put_class(&class(NS2, "overlap", "s/x"))
+                .await
+                .unwrap_err()
+        ),
+        InvalidInput::PrefixOverlap {
+            other: "strict".into()
+        }
     );
     let mut orphan = class(NS2, "orphan", "o/");
     orphan.ns_id = "missing".into();
-    assert_eq!(reason(f.locker.config().put_class(&orphan).await.unwrap_err()), InvalidInput::UnknownNamespace("missing".into()));
+    assert_eq!(
+        reason(f.locker.config().put_class(&orphan).await.unwrap_err()),
+        InvalidInput::UnknownNamespace("missing".into())
+    );
 
     assert_eq!(revision(&c).await, before, "nothing was written to etcd");
 }
@@ -442,15 +664,31 @@ async fn etcd_deadline_or_dropped_acquire_leaves_no_waiter_key() {
     let f = fixture(1).await;
     let name = lock("dl");
     let h = session(&f.locker, 10).await;
-    let held = f.locker.acquire(&h, &name, Mode::Exclusive, secs(5)).await.unwrap();
+    let held = f
+        .locker
+        .acquire(&h, &name, Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
     let w = session(&f.locker, 10).await;
     let queue = format!("{}q/", base("dl"));
 
     let started = Instant::now();
-    let err = f.locker.acquire(&w, &name, Mode::Exclusive, within(Duration::from_millis(400))).await.unwrap_err();
+    let err = f
+        .locker
+        .acquire(
+            &w,
+            &name,
+            Mode::Exclusive,
+            within(Duration::from_millis(400)),
+        )
+        .await
+        .unwrap_err();
     assert!(err.is_deadline_exceeded(), "{err:?}");
     assert!(started.elapsed() < Duration::from_millis(1500));
-    assert!(keys_under(f.locker.client(), &queue).await.is_empty(), "timed-out waiter removed its key");
+    assert!(
+        keys_under(f.locker.client(), &queue).await.is_empty(),
+        "timed-out waiter removed its key"
+    );
 
     // A dropped acquire future: the drop guard deletes the waiter key.
     let mut watch = PrefixWatch::start(f.locker.client(), &queue).await;
@@ -461,11 +699,18 @@ async fn etcd_deadline_or_dropped_acquire_leaves_no_waiter_key() {
     }
     drop(acquire);
     watch.next(EventType::Delete).await;
-    assert!(keys_under(f.locker.client(), &queue).await.is_empty(), "dropped waiter removed its key");
+    assert!(
+        keys_under(f.locker.client(), &queue).await.is_empty(),
+        "dropped waiter removed its key"
+    );
     // And the session can acquire the lock again afterwards.
     let held_token = token(&held);
     held.release().await.unwrap();
-    let again = f.locker.acquire(&w, &name, Mode::Exclusive, secs(5)).await.unwrap();
+    let again = f
+        .locker
+        .acquire(&w, &name, Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
     assert!(token(&again) > held_token);
 }
 
@@ -473,12 +718,20 @@ async fn etcd_deadline_or_dropped_acquire_leaves_no_waiter_key() {
 async fn etcd_restore_into_new_cluster_refuses_until_epoch_advanced() {
     let f = fixture(1).await;
     let s = session(&f.locker, 10).await;
-    let h = f.locker.acquire(&s, &lock("r"), Mode::Exclusive, secs(5)).await.unwrap();
+    let h = f
+        .locker
+        .acquire(&s, &lock("r"), Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
     h.release().await.unwrap();
     let snapshot = f.cluster.snapshot().await;
     let mut highest = FencingToken::MIN;
     for key in ["r", "r2", "r3"] {
-        let h = f.locker.acquire(&s, &lock(key), Mode::Exclusive, secs(5)).await.unwrap();
+        let h = f
+            .locker
+            .acquire(&s, &lock(key), Mode::Exclusive, secs(5))
+            .await
+            .unwrap();
         highest = highest.max(token(&h));
         h.release().await.unwrap();
     }
@@ -486,18 +739,33 @@ async fn etcd_restore_into_new_cluster_refuses_until_epoch_advanced() {
     let restored = EtcdCluster::restore(&snapshot, 1).await;
     let locker = connect(restored.endpoints(), &f.dir).await.unwrap();
     let s2 = session(&locker, 10).await;
-    let err = locker.acquire(&s2, &lock("r"), Mode::Exclusive, secs(5)).await.unwrap_err();
+    let err = locker
+        .acquire(&s2, &lock("r"), Mode::Exclusive, secs(5))
+        .await
+        .unwrap_err();
     assert!(err.is_epoch_mismatch(), "{err:?}");
-    let again = locker.acquire(&s2, &lock("r"), Mode::Exclusive, secs(5)).await.unwrap_err();
+    let again = locker
+        .acquire(&s2, &lock("r"), Mode::Exclusive, secs(5))
+        .await
+        .unwrap_err();
     assert!(again.is_epoch_mismatch(), "refusal is sticky: {again:?}");
-    assert!(keys_under(locker.client(), &format!("{ROOT}locks/")).await.is_empty());
+    assert!(keys_under(locker.client(), &format!("{ROOT}locks/"))
+        .await
+        .is_empty());
 
     let record = locker.advance_epoch(EpochReason::Restore).await.unwrap();
     assert_eq!(record.epoch.get(), 1);
     assert_eq!(record.cluster_id, restored.cluster_id().await);
     for key in ["r", "r2", "r9"] {
-        let h = locker.acquire(&s2, &lock(key), Mode::Exclusive, secs(5)).await.unwrap();
-        assert!(token(&h) > highest, "{} after restore vs {highest} before", token(&h));
+        let h = locker
+            .acquire(&s2, &lock(key), Mode::Exclusive, secs(5))
+            .await
+            .unwrap();
+        assert!(
+            token(&h) > highest,
+            "{} after restore vs {highest} before",
+            token(&h)
+        );
         assert_eq!(token(&h).epoch().get(), 1);
         h.release().await.unwrap();
     }
@@ -510,35 +778,65 @@ async fn etcd_restore_into_new_cluster_refuses_until_epoch_advanced() {
 async fn etcd_revision_going_backwards_with_same_cluster_id_stops_grants() {
     let mut f = fixture(1).await;
     let s = session(&f.locker, 10).await;
-    let h = f.locker.acquire(&s, &lock("b"), Mode::Exclusive, secs(5)).await.unwrap();
+    let h = f
+        .locker
+        .acquire(&s, &lock("b"), Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
     h.release().await.unwrap();
     let cluster_id = f.cluster.cluster_id().await;
     let snapshot = f.cluster.snapshot().await;
     let mut highest = FencingToken::MIN;
     for _ in 0..5 {
-        let h = f.locker.acquire(&s, &lock("b"), Mode::Exclusive, secs(5)).await.unwrap();
+        let h = f
+            .locker
+            .acquire(&s, &lock("b"), Mode::Exclusive, secs(5))
+            .await
+            .unwrap();
         highest = highest.max(token(&h));
         h.release().await.unwrap();
     }
-    f.cluster.restore_in_place(&snapshot, RestoreMode::SameClusterId).await;
+    f.cluster
+        .restore_in_place(&snapshot, RestoreMode::SameClusterId)
+        .await;
     assert_eq!(f.cluster.cluster_id().await, cluster_id);
 
     // The running locker: a grant in the restored cluster is refused and undone.
     let s2 = session(&f.locker, 10).await;
-    let err = f.locker.acquire(&s2, &lock("b"), Mode::Exclusive, secs(5)).await.unwrap_err();
+    let err = f
+        .locker
+        .acquire(&s2, &lock("b"), Mode::Exclusive, secs(5))
+        .await
+        .unwrap_err();
     assert!(err.is_epoch_mismatch(), "{err:?}");
-    assert!(keys_under(f.locker.client(), &format!("{ROOT}locks/")).await.is_empty());
+    assert!(keys_under(f.locker.client(), &format!("{ROOT}locks/"))
+        .await
+        .is_empty());
     // A locker started now on the same durable record refuses too.
     let fresh = connect(f.cluster.endpoints(), &f.dir).await.unwrap();
-    assert!(matches!(fresh.epoch().1, Some(palisade_lock::EpochMismatch::RevisionBehind { .. })));
+    assert!(matches!(
+        fresh.epoch().1,
+        Some(palisade_lock::EpochMismatch::RevisionBehind { .. })
+    ));
     let s3 = session(&fresh, 10).await;
-    assert!(fresh.acquire(&s3, &lock("b"), Mode::Exclusive, secs(5)).await.unwrap_err().is_epoch_mismatch());
+    assert!(fresh
+        .acquire(&s3, &lock("b"), Mode::Exclusive, secs(5))
+        .await
+        .unwrap_err()
+        .is_epoch_mismatch());
 
     fresh.advance_epoch(EpochReason::Restore).await.unwrap();
-    let h = fresh.acquire(&s3, &lock("b"), Mode::Exclusive, secs(5)).await.unwrap();
+    let h = fresh
+        .acquire(&s3, &lock("b"), Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
     assert!(token(&h) > highest);
     // The old locker learns of the new epoch from the epoch key and refuses until reopened.
-    let err = f.locker.acquire(&s2, &lock("b2"), Mode::Exclusive, secs(5)).await.unwrap_err();
+    let err = f
+        .locker
+        .acquire(&s2, &lock("b2"), Mode::Exclusive, secs(5))
+        .await
+        .unwrap_err();
     assert!(err.is_epoch_mismatch(), "{err:?}");
 }
 
@@ -554,19 +852,30 @@ async fn etcd_leader_killed_during_acquires_never_two_exclusive_holders() {
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut tasks = Vec::new();
     for _ in 0..4 {
-        let (l, n, r, stop) = (f.locker.clone(), name.clone(), results.clone(), stop.clone());
+        let (l, n, r, stop) = (
+            f.locker.clone(),
+            name.clone(),
+            results.clone(),
+            stop.clone(),
+        );
         tasks.push(tokio::spawn(async move {
             let s = session(&l, 5).await;
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                match l.acquire(&s, &n, Mode::Exclusive, within(Duration::from_secs(2))).await {
+                match l
+                    .acquire(&s, &n, Mode::Exclusive, within(Duration::from_secs(2)))
+                    .await
+                {
                     Ok(h) => {
                         let t = token(&h);
                         tokio::time::sleep(Duration::from_millis(20)).await;
                         let released = h.release().await;
-                        r.lock().unwrap().push(Ok((t, released.map_err(|e| e.kind().clone()))));
+                        r.lock()
+                            .unwrap()
+                            .push(Ok((t, released.map_err(|e| e.kind().clone()))));
                     }
                     Err(e) => {
-                        let typed = e.is_quorum_lost() || e.is_deadline_exceeded() || e.is_session_lost();
+                        let typed =
+                            e.is_quorum_lost() || e.is_deadline_exceeded() || e.is_session_lost();
                         assert!(typed, "untyped failure: {e:?}");
                         r.lock().unwrap().push(Err(e.kind().clone()));
                         if e.is_session_lost() {
@@ -577,9 +886,7 @@ async fn etcd_leader_killed_during_acquires_never_two_exclusive_holders() {
             }
         }));
     }
-    let grants = |r: &Outcomes| {
-        r.lock().unwrap().iter().filter(|x| x.is_ok()).count()
-    };
+    let grants = |r: &Outcomes| r.lock().unwrap().iter().filter(|x| x.is_ok()).count();
     while grants(&results) < 5 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -591,7 +898,9 @@ async fn etcd_leader_killed_during_acquires_never_two_exclusive_holders() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     };
-    tokio::time::timeout(Duration::from_secs(20), wait).await.expect("grants resume after the election");
+    tokio::time::timeout(Duration::from_secs(20), wait)
+        .await
+        .expect("grants resume after the election");
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     for t in tasks {
         t.await.unwrap();
@@ -603,7 +912,10 @@ async fn etcd_leader_killed_during_acquires_never_two_exclusive_holders() {
     let holds = format!("{}h/", base("ha"));
     let mut c = f.locker.client().clone();
     for rev in start_rev..=end_rev {
-        let opts = GetOptions::new().with_prefix().with_count_only().with_revision(rev);
+        let opts = GetOptions::new()
+            .with_prefix()
+            .with_count_only()
+            .with_revision(rev);
         let mut attempts = 0;
         let resp = loop {
             match c.get(holds.as_str(), Some(opts.clone())).await {
@@ -616,10 +928,17 @@ async fn etcd_leader_killed_during_acquires_never_two_exclusive_holders() {
                 Err(e) => panic!("{e}"),
             }
         };
-        assert!(resp.count() <= 1, "{} holds at revision {rev}", resp.count());
+        assert!(
+            resp.count() <= 1,
+            "{} holds at revision {rev}",
+            resp.count()
+        );
     }
     let results = results.lock().unwrap();
-    let mut tokens: Vec<FencingToken> = results.iter().filter_map(|r| r.as_ref().ok().map(|(t, _)| *t)).collect();
+    let mut tokens: Vec<FencingToken> = results
+        .iter()
+        .filter_map(|r| r.as_ref().ok().map(|(t, _)| *t))
+        .collect();
     let n = tokens.len();
     tokens.sort();
     tokens.dedup();
@@ -635,9 +954,30 @@ async fn etcd_quorum_loss_fails_closed_classes_and_gives_open_classes_unprotecte
     f.locker.config().put_class(&open).await.unwrap();
     let s = session(&f.locker, 10).await;
     // Warm the class cache before quorum goes.
-    f.locker.acquire(&s, &LockName::new(NS2, "open", "open/w"), Mode::Exclusive, secs(5)).await.unwrap().release().await.unwrap();
-    f.locker.acquire(&s, &lock("w"), Mode::Exclusive, secs(5)).await.unwrap().release().await.unwrap();
-    let held = f.locker.acquire(&s, &lock("kept"), Mode::Exclusive, secs(5)).await.unwrap();
+    f.locker
+        .acquire(
+            &s,
+            &LockName::new(NS2, "open", "open/w"),
+            Mode::Exclusive,
+            secs(5),
+        )
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    f.locker
+        .acquire(&s, &lock("w"), Mode::Exclusive, secs(5))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let held = f
+        .locker
+        .acquire(&s, &lock("kept"), Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
     let held_token = token(&held);
 
     let leader = f.cluster.leader().await;
@@ -646,12 +986,34 @@ async fn etcd_quorum_loss_fails_closed_classes_and_gives_open_classes_unprotecte
     f.cluster.kill(leader);
 
     let started = Instant::now();
-    let err = f.locker.acquire(&s, &lock("k"), Mode::Exclusive, within(Duration::from_secs(2))).await.unwrap_err();
+    let err = f
+        .locker
+        .acquire(
+            &s,
+            &lock("k"),
+            Mode::Exclusive,
+            within(Duration::from_secs(2)),
+        )
+        .await
+        .unwrap_err();
     assert!(err.is_quorum_lost(), "{err:?}");
-    assert!(started.elapsed() < Duration::from_millis(3000), "failed after {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_millis(3000),
+        "failed after {:?}",
+        started.elapsed()
+    );
 
     let started = Instant::now();
-    let h = f.locker.acquire(&s, &LockName::new(NS2, "open", "open/k"), Mode::Exclusive, within(Duration::from_secs(2))).await.unwrap();
+    let h = f
+        .locker
+        .acquire(
+            &s,
+            &LockName::new(NS2, "open", "open/k"),
+            Mode::Exclusive,
+            within(Duration::from_secs(2)),
+        )
+        .await
+        .unwrap();
     assert!(started.elapsed() < Duration::from_millis(3000));
     assert!(!h.is_protected());
     assert_eq!(h.token(), None);
@@ -662,16 +1024,33 @@ async fn etcd_quorum_loss_fails_closed_classes_and_gives_open_classes_unprotecte
     assert!(held.release().await.unwrap_err().is_quorum_lost());
     f.cluster.restart(follower).await;
     f.cluster.restart(leader).await;
-    let again = f.locker.acquire(&s, &lock("kept"), Mode::Exclusive, secs(10)).await.unwrap();
-    assert!(token(&again) > held_token, "{} vs {held_token}", token(&again));
-    assert_eq!(keys_under(f.locker.client(), &format!("{}h/", base("kept"))).await.len(), 1);
+    let again = f
+        .locker
+        .acquire(&s, &lock("kept"), Mode::Exclusive, secs(10))
+        .await
+        .unwrap();
+    assert!(
+        token(&again) > held_token,
+        "{} vs {held_token}",
+        token(&again)
+    );
+    assert_eq!(
+        keys_under(f.locker.client(), &format!("{}h/", base("kept")))
+            .await
+            .len(),
+        1
+    );
 }
 
 #[tokio::test]
 async fn etcd_session_close_releases_holds_and_fires_loss() {
     let f = fixture(1).await;
     let s = session(&f.locker, 10).await;
-    let h = f.locker.acquire(&s, &lock("close"), Mode::Exclusive, secs(5)).await.unwrap();
+    let h = f
+        .locker
+        .acquire(&s, &lock("close"), Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
     let other = session(&f.locker, 10).await;
     let waiter = spawn_waiter(&f.locker, &other, &lock("close"), Mode::Exclusive, secs(10)).await;
     s.clone().close().await.unwrap();
@@ -680,7 +1059,12 @@ async fn etcd_session_close_releases_holds_and_fires_loss() {
     assert!(token(&next) > token(&h));
     assert!(h.release().await.unwrap_err().is_not_held());
     // A closed session cannot acquire.
-    assert!(f.locker.acquire(&s, &lock("x"), Mode::Exclusive, secs(2)).await.unwrap_err().is_session_lost());
+    assert!(f
+        .locker
+        .acquire(&s, &lock("x"), Mode::Exclusive, secs(2))
+        .await
+        .unwrap_err()
+        .is_session_lost());
 }
 
 #[tokio::test]
@@ -690,37 +1074,95 @@ async fn etcd_grant_release_force_and_expiry_are_told_apart_by_revision() {
     let b = base("audit");
     let mut watch = PrefixWatch::start(f.locker.client(), &b).await;
     let s = session(&f.locker, 10).await;
-    let (hs, gs) = (format!("{b}h/x/{}", s.lease()), format!("{b}g/x/{}", s.lease()));
+    let (hs, gs) = (
+        format!("{b}h/x/{}", s.lease()),
+        format!("{b}g/x/{}", s.lease()),
+    );
 
-    let h = f.locker.acquire(&s, &name, Mode::Exclusive, secs(5)).await.unwrap();
+    let h = f
+        .locker
+        .acquire(&s, &name, Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
     let granted = token(&h).revision().get() as i64;
     h.release().await.unwrap();
-    let h = f.locker.acquire(&s, &name, Mode::Exclusive, secs(5)).await.unwrap();
-    let marker = ForceMarker { request_id: "fr-1".into(), requester: "spiffe://test/admin".into(), reason: "stuck".into() };
-    let forced = f.locker.force_release(&name, s.lease(), Mode::Exclusive, &marker).await.unwrap();
-    assert!(h.release().await.unwrap_err().is_not_held(), "a force-released hold is not held");
+    let h = f
+        .locker
+        .acquire(&s, &name, Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
+    let marker = ForceMarker {
+        request_id: "fr-1".into(),
+        requester: "spiffe://test/admin".into(),
+        reason: "stuck".into(),
+    };
+    let forced = f
+        .locker
+        .force_release(&name, s.lease(), Mode::Exclusive, &marker)
+        .await
+        .unwrap();
+    assert!(
+        h.release().await.unwrap_err().is_not_held(),
+        "a force-released hold is not held"
+    );
     let e = session(&f.locker, 2).await;
-    let he = f.locker.acquire(&e, &name, Mode::Exclusive, secs(5)).await.unwrap();
+    let he = f
+        .locker
+        .acquire(&e, &name, Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
     let expiring = format!("{b}h/x/{}", e.lease());
     e.stop_keepalive();
-    let events = watch.until(|t, k| t == EventType::Delete && k == expiring).await;
+    let events = watch
+        .until(|t, k| t == EventType::Delete && k == expiring)
+        .await;
 
     let at = |rev: i64| {
-        let mut v: Vec<(EventType, String)> =
-            events.iter().filter(|x| x.2 == rev).map(|x| (x.0, x.1.clone())).collect();
+        let mut v: Vec<(EventType, String)> = events
+            .iter()
+            .filter(|x| x.2 == rev)
+            .map(|x| (x.0, x.1.clone()))
+            .collect();
         v.sort_by(|a, b| a.1.cmp(&b.1));
         v
     };
     use EventType::{Delete, Put};
-    assert_eq!(at(granted), vec![(Put, gs.clone()), (Put, hs.clone())], "grant: hold and grant record created");
-    let released = events.iter().find(|x| x.0 == Delete && x.1 == hs).unwrap().2;
-    assert_eq!(at(released), vec![(Delete, gs.clone()), (Delete, hs.clone())], "release: both deleted");
+    assert_eq!(
+        at(granted),
+        vec![(Put, gs.clone()), (Put, hs.clone())],
+        "grant: hold and grant record created"
+    );
+    let released = events
+        .iter()
+        .find(|x| x.0 == Delete && x.1 == hs)
+        .unwrap()
+        .2;
+    assert_eq!(
+        at(released),
+        vec![(Delete, gs.clone()), (Delete, hs.clone())],
+        "release: both deleted"
+    );
     let force_events = at(forced.get() as i64);
-    assert_eq!(force_events, vec![(Put, gs.clone()), (Delete, hs.clone())], "force: hold deleted, grant record marked");
-    let marked = events.iter().find(|x| x.2 == forced.get() as i64 && x.1 == gs).unwrap();
-    assert!(marked.3.contains("\"forced\"") && marked.3.contains("fr-1"), "{}", marked.3);
+    assert_eq!(
+        force_events,
+        vec![(Put, gs.clone()), (Delete, hs.clone())],
+        "force: hold deleted, grant record marked"
+    );
+    let marked = events
+        .iter()
+        .find(|x| x.2 == forced.get() as i64 && x.1 == gs)
+        .unwrap();
+    assert!(
+        marked.3.contains("\"forced\"") && marked.3.contains("fr-1"),
+        "{}",
+        marked.3
+    );
     let expired = events.last().unwrap().2;
-    assert_eq!(at(expired), vec![(Delete, expiring.clone())], "expiry: the hold alone is deleted");
+    assert_eq!(
+        at(expired),
+        vec![(Delete, expiring.clone())],
+        "expiry: the hold alone is deleted"
+    );
     // The grant after the force consumed the forced grant record in its own revision.
     let regranted = token(&he).revision().get() as i64;
     assert!(at(regranted).contains(&(Delete, gs.clone())));
@@ -735,15 +1177,40 @@ async fn etcd_lock_delay_applies_after_force_release() {
     let name = LockName::new(NS2, "delayed", "d/f");
     let a = session(&f.locker, 10).await;
     let b = session(&f.locker, 10).await;
-    let ha = f.locker.acquire(&a, &name, Mode::Exclusive, secs(5)).await.unwrap();
-    let marker = ForceMarker { request_id: "fr-2".into(), requester: "ops".into(), reason: "test".into() };
-    f.locker.force_release(&name, a.lease(), Mode::Exclusive, &marker).await.unwrap();
+    let ha = f
+        .locker
+        .acquire(&a, &name, Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
+    let marker = ForceMarker {
+        request_id: "fr-2".into(),
+        requester: "ops".into(),
+        reason: "test".into(),
+    };
+    f.locker
+        .force_release(&name, a.lease(), Mode::Exclusive, &marker)
+        .await
+        .unwrap();
     let forced = Instant::now();
-    let hb = f.locker.acquire(&b, &name, Mode::Exclusive, secs(5)).await.unwrap();
+    let hb = f
+        .locker
+        .acquire(&b, &name, Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
     let waited = forced.elapsed();
-    assert!(waited >= Duration::from_millis(1000), "granted {waited:?} after the force");
-    assert!(waited < Duration::from_millis(2500), "granted {waited:?} after the force");
+    assert!(
+        waited >= Duration::from_millis(1000),
+        "granted {waited:?} after the force"
+    );
+    assert!(
+        waited < Duration::from_millis(2500),
+        "granted {waited:?} after the force"
+    );
     assert!(token(&hb) > token(&ha));
-    let missing = f.locker.force_release(&name, a.lease(), Mode::Exclusive, &marker).await.unwrap_err();
+    let missing = f
+        .locker
+        .force_release(&name, a.lease(), Mode::Exclusive, &marker)
+        .await
+        .unwrap_err();
     assert!(missing.is_not_held());
 }
