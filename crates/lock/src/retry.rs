@@ -63,6 +63,8 @@ impl Backoff {
 /// The outcome of one retried etcd call that did not succeed.
 #[derive(Debug)]
 pub(crate) enum CallError {
+    /// The deadline had passed before a first attempt: no answer about etcd at all.
+    NoTime,
     /// The deadline passed while etcd kept failing transiently (or timing out).
     Unavailable(Option<etcd_client::Error>),
     /// The session's lease is gone.
@@ -73,9 +75,11 @@ pub(crate) enum CallError {
 
 impl CallError {
     /// Maps to the public error; `unavailable` is the kind used when etcd could not
-    /// answer in time (QuorumLost for a fenced acquire, for instance).
+    /// answer in time (QuorumLost for a fenced acquire, for instance). A deadline that
+    /// passed before any attempt is `DeadlineExceeded`.
     pub(crate) fn into_error(self, unavailable: ErrorKind) -> Error {
         match self {
+            CallError::NoTime => Error::new(ErrorKind::DeadlineExceeded),
             CallError::Unavailable(Some(e)) => Error::with_source(unavailable, e),
             CallError::Unavailable(None) => Error::new(unavailable),
             CallError::LeaseGone(e) => Error::with_source(ErrorKind::SessionLost, e),
@@ -98,11 +102,17 @@ where
 {
     let mut backoff = Backoff::new();
     let mut last = None;
+    let mut attempted = false;
     loop {
         let now = Instant::now();
         if now >= deadline {
-            return Err(CallError::Unavailable(last));
+            return Err(if attempted {
+                CallError::Unavailable(last)
+            } else {
+                CallError::NoTime
+            });
         }
+        attempted = true;
         let attempt_until = (now + per_request).min(deadline);
         match tokio::time::timeout_at(attempt_until, op()).await {
             Ok(Ok(v)) => return Ok(v),

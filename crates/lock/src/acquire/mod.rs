@@ -1,0 +1,362 @@
+//! Acquire: one Txn when uncontended; otherwise a FIFO waiter that watches only the key
+//! that blocks it, and a grant Txn whose header revision is the token's revision.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnResponse};
+use palisade_fence::{FencingToken, Revision};
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::hold::Hold;
+use crate::keys::{prefix_end, LockKeys};
+use crate::locker::{LockName, LockerInner};
+use crate::model::{LockClass, Mode, QuorumPolicy};
+use crate::retry::{self, CallError};
+use crate::session::Session;
+
+mod waiter;
+
+use waiter::Step;
+
+/// The value of hold, waiter and grant-record keys: who, for which class, in which epoch.
+/// The token of a hold is `epoch · 2^48 + create_revision` of its hold key.
+#[derive(Debug, Serialize)]
+struct HolderMeta<'a> {
+    spiffe_id: &'a str,
+    class: &'a str,
+    mode: Mode,
+    epoch: u16,
+    /// Which acquire wrote it (unique within the process, and so within the lease): a
+    /// hold of this lease from another attempt is a leftover, never adopted.
+    attempt: u64,
+}
+
+/// Numbers acquire attempts.
+static ATTEMPTS: AtomicU64 = AtomicU64::new(1);
+
+/// Everything one acquire needs, and the cleanup if it does not end in a hold.
+struct Attempt {
+    id: u64,
+    locker: Arc<LockerInner>,
+    session: Session,
+    keys: LockKeys,
+    name: LockName,
+    class: Arc<LockClass>,
+    mode: Mode,
+    deadline: Instant,
+    meta: Vec<u8>,
+    /// Set once a [`Hold`] owns the lock's keys (or nothing needs cleaning).
+    disarmed: bool,
+    /// Whether dropping this attempt ends the session's claim on the lock (not when an
+    /// unprotected [`Hold`] took it over).
+    owns_busy: bool,
+}
+
+impl Drop for Attempt {
+    /// A dropped or failed acquire deletes whatever it may have written: its waiter key,
+    /// and a hold and grant record whose grant response it never saw. It retries while
+    /// etcd cannot commit and the session lives (a leftover waiter key would otherwise
+    /// stall the queue behind it until the lease ends). The deletes compare the value
+    /// with this attempt's meta, so a later attempt of the session is never touched and
+    /// the session may acquire the lock again at once.
+    fn drop(&mut self) {
+        if self.disarmed {
+            return;
+        }
+        let (locker, keys, mode, session, meta, owns_busy) = (
+            self.locker.clone(),
+            self.keys.clone(),
+            self.mode,
+            self.session.clone(),
+            std::mem::take(&mut self.meta),
+            self.owns_busy,
+        );
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                if owns_busy {
+                    session.unmark_busy(keys.base());
+                }
+                rt.spawn(async move {
+                    let mut backoff = retry::Backoff::new();
+                    while let Err(CallError::Unavailable(_)) =
+                        cleanup(&locker, &keys, mode, &session, &meta).await
+                    {
+                        if session.loss().is_some() {
+                            return;
+                        }
+                        backoff
+                            .wait(Instant::now() + std::time::Duration::from_secs(1))
+                            .await;
+                    }
+                });
+            }
+            Err(_) => {
+                if owns_busy {
+                    session.unmark_busy(keys.base());
+                }
+            }
+        }
+    }
+}
+
+/// Deletes the waiter key, and the hold and grant record, that this attempt wrote, and
+/// nothing else: each delete compares the key's value with this attempt's meta (unique
+/// per attempt), so a later acquire of the same session is never touched. One Txn with
+/// two nested Txns (etcd 3.3+).
+async fn cleanup(
+    locker: &LockerInner,
+    keys: &LockKeys,
+    mode: Mode,
+    session: &Session,
+    meta: &[u8],
+) -> Result<(), CallError> {
+    let lease = session.lease();
+    let (waiter, hold) = (keys.waiter(mode, lease), keys.hold(mode, lease));
+    let txn = Txn::new().and_then([
+        TxnOp::txn(
+            Txn::new()
+                .when([Compare::value(
+                    waiter.clone(),
+                    CompareOp::Equal,
+                    meta.to_vec(),
+                )])
+                .and_then([TxnOp::delete(waiter, None)]),
+        ),
+        TxnOp::txn(
+            Txn::new()
+                .when([Compare::value(
+                    hold.clone(),
+                    CompareOp::Equal,
+                    meta.to_vec(),
+                )])
+                .and_then([
+                    TxnOp::delete(hold, None),
+                    TxnOp::delete(keys.grant(mode, lease), None),
+                ]),
+        ),
+    ]);
+    let deadline = Instant::now() + locker.request_timeout * 3;
+    retry::call(deadline, locker.request_timeout, || {
+        let (mut c, txn) = (locker.client.clone(), txn.clone());
+        async move { c.txn(txn).await }
+    })
+    .await
+    .map(drop)
+}
+
+pub(crate) async fn acquire(
+    locker: Arc<LockerInner>,
+    session: &Session,
+    name: &LockName,
+    class: Arc<LockClass>,
+    mode: Mode,
+    deadline: Instant,
+) -> Result<Hold> {
+    if session.loss().is_some() {
+        return Err(Error::new(ErrorKind::SessionLost));
+    }
+    let keys = locker.keys.lock(&name.ns, &name.class, &name.key);
+    if !session.mark_busy(keys.base()) {
+        return Err(Error::invalid(crate::error::InvalidInput::AlreadyAcquiring));
+    }
+    let epoch = locker.epoch.snapshot();
+    let id = ATTEMPTS.fetch_add(1, Ordering::Relaxed);
+    let meta = serde_json::to_vec(&HolderMeta {
+        spiffe_id: session.spiffe_id().as_str(),
+        class: &class.id,
+        mode,
+        epoch: epoch.record.epoch.get(),
+        attempt: id,
+    })
+    .map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
+    let mut attempt = Attempt {
+        id,
+        locker,
+        session: session.clone(),
+        keys,
+        name: name.clone(),
+        class,
+        mode,
+        deadline,
+        meta,
+        disarmed: false,
+        owns_busy: true,
+    };
+    if let Some(m) = epoch.mismatch {
+        attempt.disarmed = true;
+        session.unmark_busy(attempt.keys.base());
+        return Err(Error::epoch(m));
+    }
+    let result = attempt.run().await;
+    match result {
+        Ok(grant) => {
+            attempt.disarmed = true;
+            Ok(attempt.hold(grant))
+        }
+        Err(e) if e.is_quorum_lost() && attempt.class.on_quorum_loss == QuorumPolicy::Open => {
+            // Unprotected grant: nothing recorded in etcd; the keys this attempt may have
+            // written are deleted by the drop guard once etcd answers again.
+            tracing::warn!(lock = ?attempt.name, "etcd unavailable: unprotected grant for an open class");
+            let hold = attempt.hold(None);
+            attempt.owns_busy = false;
+            drop(attempt);
+            Ok(hold)
+        }
+        Err(e) if e.is_quorum_lost() => Err(e), // the drop guard cleans up once etcd answers
+        Err(e) => {
+            // Delete what we may have written before reporting, so a caller that looks
+            // right after finds no waiter key.
+            if cleanup(
+                &attempt.locker,
+                &attempt.keys,
+                attempt.mode,
+                &attempt.session,
+                &attempt.meta,
+            )
+            .await
+            .is_ok()
+            {
+                attempt.disarmed = true;
+                attempt.session.unmark_busy(attempt.keys.base());
+            }
+            Err(e)
+        }
+    }
+}
+
+impl Attempt {
+    fn hold(&self, grant: Option<(Revision, FencingToken)>) -> Hold {
+        Hold {
+            locker: self.locker.clone(),
+            session: self.session.clone(),
+            keys: self.keys.clone(),
+            name: self.name.clone(),
+            class: self.class.clone(),
+            mode: self.mode,
+            grant,
+            done: false,
+        }
+    }
+
+    fn lease(&self) -> i64 {
+        self.session.lease().get()
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
+        retry::call(self.deadline, self.locker.request_timeout, || {
+            let (mut c, txn) = (self.locker.client.clone(), txn.clone());
+            async move { c.txn(txn).await }
+        })
+        .await
+        .map_err(|e| e.into_error(ErrorKind::QuorumLost))
+    }
+
+    fn epoch_compare(&self) -> Compare {
+        Compare::mod_revision(
+            self.locker.keys.epoch(),
+            CompareOp::Equal,
+            self.locker.epoch.snapshot().etcd_mod_rev,
+        )
+    }
+
+    fn grant_ops(&self) -> Vec<TxnOp> {
+        let lease = self.session.lease();
+        vec![
+            TxnOp::put(
+                self.keys.hold(self.mode, lease),
+                self.meta.clone(),
+                Some(PutOptions::new().with_lease(lease.get())),
+            ),
+            TxnOp::put(self.keys.grant(self.mode, lease), self.meta.clone(), None),
+        ]
+    }
+
+    async fn run(&self) -> Result<Option<(Revision, FencingToken)>> {
+        // Fast path, one Txn: no conflicting hold, no waiter, no unconsumed grant record
+        // (an expired or forced hold whose lock-delay may apply) -> hold; else enqueue.
+        let empty = |prefix: String| {
+            Compare::create_revision(prefix.clone(), CompareOp::Equal, 0)
+                .with_range(prefix_end(&prefix))
+        };
+        let k = &self.keys;
+        let mut when = vec![self.epoch_compare()];
+        match self.mode {
+            Mode::Exclusive => when.extend([empty(k.holds()), empty(k.queue()), empty(k.grants())]),
+            Mode::Shared => when.extend([
+                Compare::create_revision(
+                    k.hold(Mode::Shared, self.session.lease()),
+                    CompareOp::Equal,
+                    0,
+                ),
+                empty(k.holds_of(Mode::Exclusive)),
+                empty(k.queue_of(Mode::Exclusive)),
+                empty(k.grants_of(Mode::Exclusive)),
+            ]),
+        }
+        let enqueue = TxnOp::put(
+            k.waiter(self.mode, self.session.lease()),
+            self.meta.clone(),
+            Some(PutOptions::new().with_lease(self.lease())),
+        );
+        let hw = self.locker.epoch.high_water();
+        let resp = self
+            .txn(
+                Txn::new()
+                    .when(when)
+                    .and_then(self.grant_ops())
+                    .or_else([enqueue]),
+            )
+            .await?;
+        if resp.succeeded() {
+            return self.mint(&resp, hw, true).await;
+        }
+        self.locker.epoch.check(resp.header(), hw, false)?;
+        let mut first_seen: HashMap<(Vec<u8>, i64), Instant> = HashMap::new();
+        let mut backoff = retry::Backoff::new();
+        loop {
+            if self.session.loss().is_some() {
+                return Err(Error::new(ErrorKind::SessionLost));
+            }
+            match self.step(&mut first_seen).await? {
+                Step::Granted(g) => return Ok(g),
+                Step::Waited => backoff = retry::Backoff::new(),
+                // The grant Txn lost a race (the state changed since the read): back
+                // off a little (20 ms, doubling) before reading again.
+                Step::Raced => backoff.wait(self.deadline).await,
+            }
+        }
+    }
+
+    /// Checks a succeeded grant's header against the epoch, waits until its revision is
+    /// durably recorded, and mints the token. A grant refused by the epoch check is
+    /// undone before the error is reported.
+    async fn mint(
+        &self,
+        resp: &TxnResponse,
+        hw_at_send: u64,
+        is_grant: bool,
+    ) -> Result<Option<(Revision, FencingToken)>> {
+        let header = resp.header().ok_or_else(|| Error::new(ErrorKind::Etcd))?;
+        self.locker
+            .epoch
+            .check(Some(header), hw_at_send, is_grant)?;
+        self.finish(
+            Revision::from_i64(header.revision())
+                .map_err(|e| Error::with_source(ErrorKind::Etcd, e))?,
+        )
+        .await
+    }
+
+    async fn finish(&self, grant_rev: Revision) -> Result<Option<(Revision, FencingToken)>> {
+        self.locker.epoch.commit(grant_rev).await?;
+        let epoch = self.locker.epoch.snapshot().record.epoch;
+        // Only a revision of 2^48 or more fails here: etcd itself would need a new epoch.
+        let token = FencingToken::from_parts(epoch, grant_rev)
+            .map_err(|e| Error::with_source(ErrorKind::Etcd, e))?;
+        Ok(Some((grant_rev, token)))
+    }
+}
