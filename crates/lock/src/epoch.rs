@@ -82,6 +82,15 @@ pub trait EpochStore: Send + Sync + 'static {
     fn store(&self, record: EpochRecord) -> BoxFuture<'_, Result<(), StoreError>>;
 }
 
+impl<T: EpochStore> EpochStore for std::sync::Arc<T> {
+    fn load(&self) -> BoxFuture<'_, Result<Option<EpochRecord>, StoreError>> {
+        (**self).load()
+    }
+    fn store(&self, record: EpochRecord) -> BoxFuture<'_, Result<(), StoreError>> {
+        (**self).store(record)
+    }
+}
+
 /// An [`EpochStore`] in one JSON file, replaced atomically: write a temporary file
 /// beside it, fsync it, rename it over the record, fsync the directory.
 #[derive(Debug, Clone)]
@@ -326,6 +335,65 @@ mod tests {
             .is_epoch_mismatch());
         // Sticky: even a fine header is refused now.
         assert!(s.check(None, 105, false).unwrap_err().is_epoch_mismatch());
+    }
+
+    /// Counts writes and takes a while for each, as an fsync does.
+    struct SlowCountingStore {
+        writes: std::sync::atomic::AtomicUsize,
+        last: Mutex<Option<EpochRecord>>,
+    }
+
+    impl EpochStore for SlowCountingStore {
+        fn load(&self) -> BoxFuture<'_, Result<Option<EpochRecord>, StoreError>> {
+            Box::pin(async { Ok(self.last.lock().unwrap().clone()) })
+        }
+        fn store(&self, record: EpochRecord) -> BoxFuture<'_, Result<(), StoreError>> {
+            Box::pin(async move {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                self.writes.fetch_add(1, Ordering::SeqCst);
+                *self.last.lock().unwrap() = Some(record);
+                Ok(())
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn concurrent_grants_share_writes() {
+        let store = std::sync::Arc::new(SlowCountingStore {
+            writes: Default::default(),
+            last: Mutex::new(None),
+        });
+        let rec = EpochRecord::new(Epoch::ZERO, 7, EpochReason::Bootstrap, Revision::new(100));
+        let s = std::sync::Arc::new(EpochState::new(
+            Box::new(store.clone()),
+            Current {
+                record: rec,
+                etcd_mod_rev: 1,
+                mismatch: None,
+            },
+        ));
+        let commits = (101..=150).map(|r| {
+            let s = s.clone();
+            tokio::spawn(async move { s.commit(Revision::new(r)).await })
+        });
+        for c in commits.collect::<Vec<_>>() {
+            c.await.unwrap().unwrap();
+        }
+        let writes = store.writes.load(Ordering::SeqCst);
+        assert!(
+            writes <= 3,
+            "50 concurrent grants took {writes} durable writes"
+        );
+        assert_eq!(
+            store
+                .last
+                .lock()
+                .unwrap()
+                .as_ref()
+                .unwrap()
+                .highest_grant_rev,
+            Revision::new(150)
+        );
     }
 
     #[tokio::test]

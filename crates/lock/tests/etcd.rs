@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use etcd_client::{Client, EventType, GetOptions, WatchOptions};
 use palisade_lock::{
-    EpochReason, Error, ErrorKind, FencingToken, FileEpochStore, ForceMarker, Hold, InvalidInput,
-    LockClass, LockName, Locker, LockerOptions, LossReason, Mode, Namespace, QuorumPolicy, Session,
-    SpiffeId,
+    Epoch, EpochReason, EpochRecord, EpochStore, Error, ErrorKind, FencingToken, FileEpochStore,
+    ForceMarker, Hold, InvalidInput, LockClass, LockName, Locker, LockerOptions, LossReason, Mode,
+    Namespace, QuorumPolicy, Session, SpiffeId,
 };
 use palisade_testkit::{EtcdCluster, RestoreMode};
 use tokio::time::Instant;
@@ -258,6 +258,13 @@ async fn etcd_tokens_are_epoch_and_grant_revision_and_strictly_increase() {
     assert_eq!(t1.epoch().get(), 0);
     assert_eq!(t1.get(), (before + 1) as u64, "epoch 0: token = grant_rev");
     assert_eq!(h1.grant_rev(), Some(t1.revision()));
+    // The durable record outside etcd already holds this grant revision.
+    let durable = FileEpochStore::new(f.dir.path().join("epoch.json"))
+        .load()
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(durable.highest_grant_rev >= t1.revision());
     // The hold key's create revision is the token's revision; its value names the holder.
     let hold_key = format!("{}h/x/{}", base("k1"), s.lease());
     let kv = f
@@ -1213,4 +1220,23 @@ async fn etcd_lock_delay_applies_after_force_release() {
         .await
         .unwrap_err();
     assert!(missing.is_not_held());
+}
+
+#[tokio::test]
+async fn etcd_advancing_past_the_last_epoch_is_refused() {
+    let f = fixture(1).await;
+    let store = FileEpochStore::new(f.dir.path().join("epoch.json"));
+    let (mut record, _) = f.locker.epoch();
+    record.epoch = Epoch::MAX;
+    store.store(record).await.unwrap();
+    let locker = connect(f.cluster.endpoints(), &f.dir).await.unwrap();
+    assert!(
+        locker.epoch().1.is_some(),
+        "records disagree: grants refused"
+    );
+    let err = locker.advance_epoch(EpochReason::Rehome).await.unwrap_err();
+    assert!(err.is_epoch_exhausted(), "{err:?}");
+    assert!(err.to_string().contains("32767"), "{err}");
+    let durable: Option<EpochRecord> = store.load().await.unwrap();
+    assert_eq!(durable.unwrap().epoch, Epoch::MAX, "nothing advanced");
 }
