@@ -142,8 +142,10 @@ pub enum EpochMismatch {
         /// The epoch in the durable record, if any.
         durable: Option<Epoch>,
     },
-    /// The epoch was advanced by someone else; this locker must be reopened.
-    #[error("the epoch was advanced elsewhere")]
+    /// The epoch changed under the acquire. If this locker advanced it, only that
+    /// acquire failed (retry it); if another locker did, this one refuses every grant
+    /// until it is connected again ([`Locker::epoch`](crate::Locker::epoch) reports it).
+    #[error("the epoch was advanced while acquiring")]
     Advanced,
 }
 

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnResponse};
-use palisade_fence::{FencingToken, Revision};
+use palisade_fence::{Epoch, FencingToken, Revision};
 use serde::Serialize;
 use tokio::time::Instant;
 
@@ -41,6 +41,10 @@ static ATTEMPTS: AtomicU64 = AtomicU64::new(1);
 /// Everything one acquire needs, and the cleanup if it does not end in a hold.
 struct Attempt {
     id: u64,
+    /// The epoch this attempt grants under: its number goes into the meta and the
+    /// token, its `config/epoch` mod revision into every grant Txn's compares.
+    epoch: Epoch,
+    epoch_mod_rev: i64,
     locker: Arc<LockerInner>,
     session: Session,
     keys: LockKeys,
@@ -175,6 +179,8 @@ pub(crate) async fn acquire(
     .map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
     let mut attempt = Attempt {
         id,
+        epoch: epoch.record.epoch,
+        epoch_mod_rev: epoch.etcd_mod_rev,
         locker,
         session: session.clone(),
         keys,
@@ -259,7 +265,7 @@ impl Attempt {
         Compare::mod_revision(
             self.locker.keys.epoch(),
             CompareOp::Equal,
-            self.locker.epoch.snapshot().etcd_mod_rev,
+            self.epoch_mod_rev,
         )
     }
 
@@ -353,9 +359,8 @@ impl Attempt {
 
     async fn finish(&self, grant_rev: Revision) -> Result<Option<(Revision, FencingToken)>> {
         self.locker.epoch.commit(grant_rev).await?;
-        let epoch = self.locker.epoch.snapshot().record.epoch;
         // Only a revision of 2^48 or more fails here: etcd itself would need a new epoch.
-        let token = FencingToken::from_parts(epoch, grant_rev)
+        let token = FencingToken::from_parts(self.epoch, grant_rev)
             .map_err(|e| Error::with_source(ErrorKind::Etcd, e))?;
         Ok(Some((grant_rev, token)))
     }

@@ -99,7 +99,12 @@ impl Attempt {
         first_seen: &mut HashMap<(Vec<u8>, i64), Instant>,
     ) -> Result<Step> {
         let view = self.read().await?;
-        if view.epoch_mod_rev != self.locker.epoch.snapshot().etcd_mod_rev {
+        if view.epoch_mod_rev != self.epoch_mod_rev {
+            // This locker advanced the epoch since the attempt began: the attempt is
+            // stale, the locker is not. Anyone else advancing it stops this locker.
+            if view.epoch_mod_rev == self.locker.epoch.snapshot().etcd_mod_rev {
+                return Err(Error::epoch(crate::error::EpochMismatch::Advanced));
+            }
             return Err(self.locker.epoch.advanced_elsewhere());
         }
         let lease = self.session.lease();
