@@ -14,10 +14,30 @@
 //! namespace rehomed to another etcd cluster). Tokens are therefore totally ordered and
 //! strictly increase across grants, and always fit a signed 64-bit `BIGINT`.
 //!
+//! # The verifiers
+//!
+//! - [`HighWaterStore`]: an atomic compare-and-raise of a resource's mark;
+//!   [`MemoryStore`] for one process, [`PostgresStore`] shared by replicas.
+//! - [`FenceLayer`]: a tower layer that refuses stale writes to an HTTP service
+//!   (428/400/409 as `application/problem+json`), or only reports them (advisory mode).
+//!   [`FencingTokenLayer`] is its client side.
+//! - [`fenced_transaction`], [`begin_fenced`], [`FencedUpdate`]: the token check and the
+//!   write in one Postgres transaction, the only form that also orders the writes
+//!   themselves (see the [`fence`](crate::FenceLayer) docs on ordering).
+//!
 //! # Features
 //!
-//! None yet; the token type is always available.
+//! | feature | default | gives |
+//! |---|---|---|
+//! | *(none)* | | [`FencingToken`] and its parts, [`HighWaterStore`] |
+//! | `memory` | yes | [`MemoryStore`] (moka) |
+//! | `tower` | yes | [`FenceLayer`], [`FencingTokenLayer`] (tower, http) |
+//! | `postgres` | no | [`PostgresStore`], the conditional-write helper, `ToSql`/`FromSql` for tokens (tokio-postgres, moka) |
 
+mod store;
 mod token;
 
+#[cfg(feature = "memory")]
+pub use store::memory::MemoryStore;
+pub use store::{HighWaterStore, Raise, RaiseFuture, StoreError};
 pub use token::{Epoch, FencingToken, ParseTokenError, Revision, TokenRangeError};
