@@ -34,10 +34,19 @@
 //! | `tower` | yes | [`FenceLayer`], [`FencingTokenLayer`] (tower, http) |
 //! | `postgres` | no | [`PostgresStore`], the conditional-write helper, `ToSql`/`FromSql` for tokens (tokio-postgres, moka) |
 
+#[cfg(feature = "postgres")]
+mod postgres;
 mod store;
 mod token;
 
+#[cfg(feature = "postgres")]
+pub use postgres::{
+    begin_fenced, fenced_transaction, migrate, FenceError, FenceErrorKind, FencedUpdate, TxFuture,
+    MIGRATION,
+};
 #[cfg(feature = "memory")]
 pub use store::memory::MemoryStore;
+#[cfg(feature = "postgres")]
+pub use store::postgres::PostgresStore;
 pub use store::{HighWaterStore, Raise, RaiseFuture, StoreError};
 pub use token::{Epoch, FencingToken, ParseTokenError, Revision, TokenRangeError};

@@ -18,6 +18,8 @@ use crate::FencingToken;
 
 #[cfg(feature = "memory")]
 pub(crate) mod memory;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
 
 /// The future returned by [`HighWaterStore::raise`].
 pub type RaiseFuture = Pin<Box<dyn Future<Output = Result<Raise, StoreError>> + Send + 'static>>;
