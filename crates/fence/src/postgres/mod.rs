@@ -141,7 +141,7 @@ pub type TxFuture<'t, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send +
 ///
 /// The body runs only if the token is admitted, while the transaction holds the row lock;
 /// so the bodies of one resource's writers commit one at a time with non-decreasing
-/// tokens (see the [module docs](self)). If the body fails, the transaction is rolled
+/// tokens (see the [module docs](crate::postgres)). If the body fails, the transaction is rolled
 /// back and its error returned.
 ///
 /// # Errors

@@ -7,8 +7,8 @@
 //!
 //! | store | scope | durability | where the atomicity comes from |
 //! |---|---|---|---|
-//! | [`MemoryStore`](crate::MemoryStore) (feature `memory`) | one process | lost on restart | per-key compute in moka, plus an eviction floor |
-//! | [`PostgresStore`](crate::PostgresStore) (feature `postgres`) | all replicas sharing a database | durable | one `INSERT … ON CONFLICT … DO UPDATE … WHERE` statement |
+//! | [`MemoryStore`] (feature `memory`) | one process | lost on restart | per-key compute in moka, plus an eviction floor |
+//! | [`PostgresStore`] (feature `postgres`) | all replicas sharing a database | durable | one `INSERT … ON CONFLICT … DO UPDATE … WHERE` statement |
 
 use std::error::Error as StdError;
 use std::future::Future;
@@ -17,9 +17,14 @@ use std::pin::Pin;
 use crate::FencingToken;
 
 #[cfg(feature = "memory")]
-pub(crate) mod memory;
+mod memory;
 #[cfg(feature = "postgres")]
-pub(crate) mod postgres;
+mod postgres;
+
+#[cfg(feature = "memory")]
+pub use memory::MemoryStore;
+#[cfg(feature = "postgres")]
+pub use postgres::PostgresStore;
 
 /// The future returned by [`HighWaterStore::raise`].
 pub type RaiseFuture = Pin<Box<dyn Future<Output = Result<Raise, StoreError>> + Send + 'static>>;
@@ -33,7 +38,7 @@ pub trait HighWaterStore: Send + Sync + 'static {
     /// Raises `resource`'s mark to `token` if `token >= mark`, else reports the mark.
     ///
     /// A resource never seen has no mark (any token is admitted), unless the store keeps
-    /// a floor for resources it forgot (see [`MemoryStore`](crate::MemoryStore)).
+    /// a floor for resources it forgot (see [`MemoryStore`]).
     ///
     /// # Errors
     ///

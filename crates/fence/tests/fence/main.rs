@@ -2,4 +2,6 @@
 //! loopback.
 
 mod common;
+mod http_layer;
+mod ordering;
 mod postgres_helper;
