@@ -20,12 +20,13 @@
 //!   [`MemoryStore`] for one process, [`PostgresStore`] shared by replicas.
 //! - [`FenceLayer`]: a tower layer that refuses stale writes to an HTTP service
 //!   (428/400/409 as `application/problem+json`), or only reports them (advisory mode).
+//!   [`FencingTokenLayer`] is its client side.
 //! - [`fenced_transaction`], [`begin_fenced`], [`FencedUpdate`]: the token check and the
 //!   write in one Postgres transaction, the only form that also orders the writes
 //!   themselves (see [ordering](crate::fence#ordering-what-the-layer-guarantees-and-what-needs-the-postgres-helper)).
 //!
 //! Each concept has a public module with the full story ([`store`], [`fence`],
-//! [`postgres`]); the main items are also re-exported here.
+//! [`client`], [`postgres`]); the main items are also re-exported here.
 //!
 //! # Features
 //!
@@ -33,9 +34,11 @@
 //! |---|---|---|
 //! | *(none)* | | [`FencingToken`] and its parts, [`HighWaterStore`] |
 //! | `memory` | yes | [`MemoryStore`] (moka) |
-//! | `tower` | yes | [`FenceLayer`] (tower, http) |
+//! | `tower` | yes | [`FenceLayer`], [`FencingTokenLayer`] (tower, http) |
 //! | `postgres` | no | [`PostgresStore`], the conditional-write helper, `ToSql`/`FromSql` for tokens (tokio-postgres, moka) |
 
+#[cfg(feature = "tower")]
+pub mod client;
 #[cfg(feature = "tower")]
 pub mod fence;
 #[cfg(feature = "postgres")]
@@ -43,6 +46,8 @@ pub mod postgres;
 pub mod store;
 mod token;
 
+#[cfg(feature = "tower")]
+pub use client::{FencingTokenLayer, SetFencingToken, TokenSource};
 #[cfg(feature = "tower")]
 pub use fence::{
     ChannelObserver, Enforcement, EnforcementTable, Fence, FenceLayer, Rejection, RejectionKind,

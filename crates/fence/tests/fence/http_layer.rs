@@ -1,13 +1,14 @@
 //! The tower layers over real HTTP on loopback (axum server, hyper client).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
+use axum::http::HeaderMap as AxumHeaders;
 use axum::routing::{get, put};
 use axum::{Extension, Router};
-use http::{Method, StatusCode};
+use http::{HeaderValue, Method, StatusCode};
 use palisade_fence::{
-    ChannelObserver, Enforcement, EnforcementTable, FenceLayer, FencingToken, MemoryStore,
+    ChannelObserver, Enforcement, EnforcementTable, FenceLayer, FencingToken, FencingTokenLayer, MemoryStore,
     PostgresStore, Rejection, RejectionKind, VerifiedToken, WriteOutcome,
 };
 use tower::ServiceBuilder;
@@ -226,4 +227,49 @@ async fn the_rejection_rides_in_the_response_extensions() {
     assert_eq!(rejection.kind, RejectionKind::StaleToken);
     assert_eq!((rejection.token, rejection.highest), (FencingToken::from_u64(8).ok(), FencingToken::from_u64(9).ok()));
     assert_eq!(rejection.resource, "/r");
+}
+
+#[tokio::test]
+async fn the_client_layer_stamps_the_token_from_its_source() {
+    let seen = Arc::new(Mutex::new(Vec::<Option<String>>::new()));
+    let log = Arc::clone(&seen);
+    let app = Router::new()
+        .route(
+            "/w",
+            put(move |headers: AxumHeaders| {
+                let log = Arc::clone(&log);
+                async move {
+                    log.lock().unwrap().push(headers.get("fencing-token").map(|v| v.to_str().unwrap().to_owned()));
+                    "ok"
+                }
+            }),
+        )
+        .layer(FenceLayer::new(MemoryStore::new(10)));
+    let addr = serve(app).await;
+    // The hold: a token that can be replaced or lost (0 = lost).
+    let hold = Arc::new(AtomicU64::new(tok(42).get()));
+    let source = Arc::clone(&hold);
+    let stamped = ServiceBuilder::new()
+        .layer(FencingTokenLayer::new(move || FencingToken::from_u64(source.load(Ordering::SeqCst)).ok().filter(|t| t.get() != 0)))
+        .service(client());
+    let call = |caller_header: Option<&'static str>| {
+        let mut s = stamped.clone();
+        async move {
+            use tower::{Service, ServiceExt};
+            let mut req = http::Request::put(format!("http://{addr}/w"));
+            if let Some(h) = caller_header {
+                req = req.header("fencing-token", HeaderValue::from_static(h));
+            }
+            let req = req.body(http_body_util::Full::new(bytes::Bytes::new())).unwrap();
+            s.ready().await.unwrap().call(req).await.unwrap().status()
+        }
+    };
+    assert_eq!(call(None).await, StatusCode::OK);
+    assert_eq!(call(Some("999999999999999")).await, StatusCode::OK, "a caller's header is replaced");
+    hold.store(tok(41).get(), Ordering::SeqCst);
+    assert_eq!(call(None).await, StatusCode::CONFLICT, "an older hold is refused by the server");
+    hold.store(0, Ordering::SeqCst);
+    assert_eq!(call(Some("5")).await, StatusCode::PRECONDITION_REQUIRED, "a lost hold sends no token");
+    let t = tok(42).to_string();
+    assert_eq!(*seen.lock().unwrap(), vec![Some(t.clone()), Some(t)]);
 }
