@@ -27,6 +27,22 @@ pub(crate) fn shuffle<T>(items: &mut [T], seed: u64) {
     }
 }
 
+/// When writer `token` starts in a staggered run: in token order, `step_ms` apart, plus up
+/// to four steps of jitter, so neighbours race and arrive out of order while many still
+/// commit.
+pub(crate) fn stagger(tokens: &[FencingToken], token: FencingToken, step_ms: u64, seed: u64) -> std::time::Duration {
+    let rank = tokens.iter().filter(|t| **t < token).count() as u64;
+    let mut s = (seed ^ token.get()).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    s ^= s >> 29;
+    std::time::Duration::from_millis(rank * step_ms + s % (4 * step_ms + 1))
+}
+
+/// Seconds a writer pauses between its check and its write: 0 to 6 ms, by token, so
+/// that a later writer would overtake an earlier one if the check did not hold the lock.
+pub(crate) fn pause(token: FencingToken) -> f64 {
+    (token.get().wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 61) as f64 * 0.001 * 6.0 / 7.0
+}
+
 /// Serves `app` on a free loopback port.
 pub(crate) async fn serve(app: Router) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

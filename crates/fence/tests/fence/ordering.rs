@@ -12,12 +12,14 @@ use palisade_fence::{fenced_transaction, FenceError, FenceLayer, FencingToken, P
 use palisade_testkit::TestDb;
 use tokio::sync::{Barrier, Notify, Semaphore};
 
-use crate::common::{client, send, serve, shuffle, tok};
+use crate::common::{client, pause, send, serve, shuffle, stagger, tok};
 use crate::postgres_helper::{check_log, fresh_db, mark, LOG_TABLE};
 
 #[derive(Clone)]
 struct AppState {
     conn: String,
+    /// Open connections, so a handler's write follows its admission closely.
+    pool: Arc<std::sync::Mutex<Vec<tokio_postgres::Client>>>,
     /// A request with token `hold_at` signals `entered`, then waits for a `gate` permit.
     hold_at: Option<FencingToken>,
     entered: Arc<Notify>,
@@ -31,6 +33,18 @@ async fn connect(conn: &str) -> tokio_postgres::Client {
 }
 
 impl AppState {
+    async fn client(&self) -> tokio_postgres::Client {
+        let pooled = self.pool.lock().unwrap().pop();
+        match pooled {
+            Some(c) => c,
+            None => connect(&self.conn).await,
+        }
+    }
+
+    fn give_back(&self, c: tokio_postgres::Client) {
+        self.pool.lock().unwrap().push(c);
+    }
+
     async fn maybe_hold(&self, token: FencingToken) {
         if self.hold_at == Some(token) {
             self.entered.notify_one();
@@ -45,16 +59,18 @@ async fn fenced_write(
     Extension(v): Extension<VerifiedToken>,
 ) -> (StatusCode, &'static str) {
     state.maybe_hold(v.token).await;
-    let mut c = connect(&state.conn).await;
+    let mut c = state.client().await;
     let token = v.token;
     let r = fenced_transaction(&mut c, &v.resource, token, |tx| {
         Box::pin(async move {
+            // Sleep between the check and the write, 0-6 ms by token: the window a non-atomic check would lose.
+            tx.execute("SELECT pg_sleep($1)", &[&pause(token)]).await?;
             tx.execute("INSERT INTO write_log (token) VALUES ($1)", &[&token]).await?;
-            tx.batch_execute("SELECT pg_sleep(0.002)").await?;
             Ok::<_, FenceError>(())
         })
     })
     .await;
+    state.give_back(c);
     match r {
         Ok(()) => (StatusCode::OK, "written"),
         Err(e) if e.is_stale() => (StatusCode::CONFLICT, "stale in transaction"),
@@ -69,14 +85,20 @@ async fn plain_write(
     Extension(v): Extension<VerifiedToken>,
 ) -> StatusCode {
     state.maybe_hold(v.token).await;
-    let c = connect(&state.conn).await;
+    let c = state.client().await;
     c.execute("INSERT INTO plain_log (id, token) VALUES ($1, $2)", &[&id, &v.token]).await.unwrap();
+    state.give_back(c);
     StatusCode::OK
 }
 
 async fn instance(db: &TestDb, hold_at: Option<FencingToken>) -> (std::net::SocketAddr, AppState) {
+    let mut pool = Vec::new();
+    for _ in 0..16 {
+        pool.push(db.connect().await);
+    }
     let state = AppState {
         conn: db.connection_string(),
+        pool: Arc::new(std::sync::Mutex::new(pool)),
         hold_at,
         entered: Arc::new(Notify::new()),
         gate: Arc::new(Semaphore::new(0)),
@@ -91,23 +113,32 @@ async fn instance(db: &TestDb, hold_at: Option<FencingToken>) -> (std::net::Sock
 }
 
 /// Two instances of one service, sharing one database through PostgresStore; 32
-/// concurrent writers with shuffled tokens on one resource, alternating instances.
+/// concurrent writers with shuffled tokens on one resource, alternating instances; once
+/// all at once, once staggered so that more of them commit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_instances_sharing_postgres_commit_in_token_order() {
+    for (staggered, seed) in [(false, 0), (true, 7), (true, 8), (true, 9)] {
+        two_instances_round(staggered, seed).await;
+    }
+}
+
+async fn two_instances_round(staggered: bool, seed: u64) {
     let (db, admin) = fresh_db().await;
     admin.batch_execute(LOG_TABLE).await.unwrap();
     let (a, _) = instance(&db, None).await;
     let (b, _) = instance(&db, None).await;
     let mut tokens: Vec<FencingToken> = (0..32).map(|i| tok(5_000 + 3 * i)).collect();
-    shuffle(&mut tokens, 0x5eed);
+    shuffle(&mut tokens, 0x5eed + seed);
     let barrier = Arc::new(Barrier::new(tokens.len()));
     let c = client();
     let mut tasks = Vec::new();
     for (i, &token) in tokens.iter().enumerate() {
         let (c, barrier) = (c.clone(), Arc::clone(&barrier));
         let addr = if i % 2 == 0 { a } else { b };
+        let delay = if staggered { stagger(&tokens, token, 10, seed) } else { std::time::Duration::ZERO };
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
+            tokio::time::sleep(delay).await;
             (token, send(&c, Method::PUT, addr, "/fenced/account-1", &[&token.to_string()]).await)
         }));
     }
@@ -120,6 +151,7 @@ async fn two_instances_sharing_postgres_commit_in_token_order() {
             other => panic!("unexpected {other} for {token}"),
         }
     }
+    eprintln!("staggered {staggered}: admitted {} of {}", admitted.len(), tokens.len());
     check_log(&admin, &admitted).await;
     let max = *tokens.iter().max().unwrap();
     assert!(admitted.contains(&max));
@@ -161,4 +193,23 @@ async fn the_layer_orders_admissions_only_and_the_helper_orders_writes() {
             check_log(&admin, &[tok(7)]).await;
         }
     }
+}
+
+/// With MemoryStore the order is per process: each replica keeps its own marks.
+#[tokio::test]
+async fn memory_store_orders_admissions_per_process_only() {
+    let app = || {
+        Router::new()
+            .route("/r", put(|| async { "ok" }))
+            .layer(FenceLayer::new(palisade_fence::MemoryStore::new(100)))
+    };
+    let (a, b) = (serve(app()).await, serve(app()).await);
+    let c = client();
+    assert_eq!(send(&c, Method::PUT, a, "/r", &[&tok(7).to_string()]).await.status, StatusCode::OK);
+    assert_eq!(send(&c, Method::PUT, a, "/r", &[&tok(5).to_string()]).await.status, StatusCode::CONFLICT);
+    assert_eq!(
+        send(&c, Method::PUT, b, "/r", &[&tok(5).to_string()]).await.status,
+        StatusCode::OK,
+        "another process has its own mark"
+    );
 }

@@ -11,7 +11,7 @@ use palisade_fence::{
 use palisade_testkit::TestDb;
 use tokio_postgres::error::SqlState;
 
-use crate::common::{shuffle, tok};
+use crate::common::{pause, shuffle, stagger, tok};
 
 pub(crate) async fn fresh_db() -> (TestDb, tokio_postgres::Client) {
     let db = TestDb::create().await;
@@ -54,7 +54,8 @@ pub(crate) async fn check_log(client: &tokio_postgres::Client, admitted: &[Fenci
 async fn thirty_two_concurrent_writers_commit_in_token_order() {
     let (db, client) = fresh_db().await;
     client.batch_execute(LOG_TABLE).await.unwrap();
-    for round in 0..3u64 {
+    // Rounds 0 and 1: everyone at once. Rounds 2 and 3: staggered, so more commit.
+    for round in 0..4u64 {
         client.batch_execute("TRUNCATE write_log; DELETE FROM fence_high_water").await.unwrap();
         let mut tokens: Vec<FencingToken> = (0..32).map(|i| tok(1_000 + 7 * i + round)).collect();
         shuffle(&mut tokens, 0xfeed + round);
@@ -63,13 +64,16 @@ async fn thirty_two_concurrent_writers_commit_in_token_order() {
         for &token in &tokens {
             let mut c = db.connect().await;
             let barrier = Arc::clone(&barrier);
+            let delay = if round >= 2 { stagger(&tokens, token, 3, round) } else { Duration::ZERO };
             tasks.push(tokio::spawn(async move {
                 barrier.wait().await;
+                tokio::time::sleep(delay).await;
                 let r = fenced_transaction(&mut c, "account/1", token, |tx| {
                     Box::pin(async move {
+                        // Sleep between the check and the write, 0-6 ms by token: the window a
+                        // non-atomic check would lose.
+                        tx.execute("SELECT pg_sleep($1)", &[&pause(token)]).await?;
                         tx.execute("INSERT INTO write_log (token) VALUES ($1)", &[&token]).await?;
-                        // Widen the window in which a wrong implementation would interleave.
-                        tx.batch_execute("SELECT pg_sleep(0.002)").await?;
                         Ok::<_, FenceError>(())
                     })
                 })
@@ -93,6 +97,7 @@ async fn thirty_two_concurrent_writers_commit_in_token_order() {
             }
         }
         assert_eq!(admitted.len() + refused, 32);
+        eprintln!("round {round}: admitted {} refused {refused}", admitted.len());
         check_log(&client, &admitted).await;
         let max = *tokens.iter().max().unwrap();
         assert!(admitted.contains(&max), "the largest token is always admitted");
