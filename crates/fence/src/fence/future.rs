@@ -115,7 +115,7 @@ where
     match (enforcement, refusal) {
         (Enforcement::Fenced, Some(kind)) => {
             let rejection = Rejection { kind, resource, token: Some(token), highest };
-            State::Rejected { response: Some(rejection.into_response()) }
+            State::Rejected { response: Some(rejection.into_response(config.respond.as_deref())) }
         }
         (enforcement, _) => {
             if enforcement == Enforcement::Advisory {

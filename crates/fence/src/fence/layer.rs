@@ -1,11 +1,13 @@
 use std::fmt;
 use std::sync::Arc;
 
-use http::{HeaderMap, Method, Uri};
+use bytes::Bytes;
+use http::{HeaderMap, Method, Response, Uri};
 use tower::Layer;
 
 use super::observer::WriteObserver;
 use super::policy::{Enforcement, EnforcementTable};
+use super::rejection::{Rejection, RespondFn};
 use super::service::Fence;
 use crate::HighWaterStore;
 
@@ -20,6 +22,7 @@ pub(crate) struct Config {
     pub(crate) enforcement: Arc<EnforcementFn>,
     pub(crate) methods: Vec<Method>,
     pub(crate) observer: Option<Arc<dyn WriteObserver>>,
+    pub(crate) respond: Option<Arc<RespondFn>>,
 }
 
 /// Applies [`Fence`] to a service: refuses writes whose fencing token is missing,
@@ -41,6 +44,7 @@ impl FenceLayer {
                 enforcement: Arc::new(|_: &str| Enforcement::Fenced),
                 methods: vec![Method::POST, Method::PUT, Method::PATCH, Method::DELETE],
                 observer: None,
+                respond: None,
             },
         }
     }
@@ -74,6 +78,17 @@ impl FenceLayer {
         self
     }
 
+    /// Builds refusals with `respond` instead of the problem document (for example, to
+    /// match an API's own error format). The [`Rejection`] is still put in the response
+    /// extensions.
+    pub fn with_rejection_response<F>(mut self, respond: F) -> Self
+    where
+        F: Fn(&Rejection) -> Response<Bytes> + Send + Sync + 'static,
+    {
+        self.config.respond = Some(Arc::new(respond));
+        self
+    }
+
     /// Reports writes to advisory resources to `observer`.
     pub fn with_observer(mut self, observer: impl WriteObserver) -> Self {
         self.config.observer = Some(Arc::new(observer));
@@ -89,6 +104,7 @@ impl fmt::Debug for FenceLayer {
             .field("enforcement", &format_args!("<fn>"))
             .field("methods", &self.config.methods)
             .field("observer", &self.config.observer.as_ref().map(|_| format_args!("<observer>")))
+            .field("rejection_response", &self.config.respond.as_ref().map(|_| format_args!("<fn>")))
             .finish()
     }
 }

@@ -19,11 +19,13 @@
 //!   `application/problem+json` document with `type`, `title`, `status`, `detail`,
 //!   `resource`, and, when known, `token` and `highest` (decimal strings, as JSON numbers
 //!   lose precision above 2^53). The [`Rejection`] also rides in the response extensions.
+//!   [`FenceLayer::with_rejection_response`] replaces the body and status with your own.
 //! - An admitted request carries [`VerifiedToken`] in its extensions; pass it to the
 //!   Postgres helper (see *Ordering*).
 //! - Events go to the [`WriteObserver`] set with [`FenceLayer::with_observer`] (only for
 //!   advisory resources); [`WriteEvent::unprotected`] is true for all but `Admitted`.
-//! - Readiness is forwarded (`poll_ready` is the inner service's); the error type is the
+//! - Readiness is forwarded (`poll_ready` is the inner service's, and the readied service
+//!   is the one called, so the inner service must be `Clone`); the error type is the
 //!   inner service's; any request body; a response body that is `From<Bytes>` (axum's
 //!   `Body`, `Full<Bytes>`, …). Works with `Router::layer`, `Router::route_layer` and
 //!   `ServiceBuilder`.

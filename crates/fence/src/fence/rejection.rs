@@ -5,6 +5,10 @@ use http::{header, HeaderValue, Response, StatusCode};
 
 use crate::FencingToken;
 
+/// A custom refusal builder, set with
+/// [`FenceLayer::with_rejection_response`](crate::FenceLayer::with_rejection_response).
+pub(crate) type RespondFn = dyn Fn(&Rejection) -> Response<Bytes> + Send + Sync;
+
 /// Why a write was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -101,13 +105,26 @@ impl Rejection {
         doc
     }
 
-    pub(crate) fn into_response<B: From<Bytes>>(self) -> Response<B> {
+    /// The default refusal: the [`problem`](Self::problem) document as
+    /// `application/problem+json` with the kind's status.
+    pub fn problem_response(&self) -> Response<Bytes> {
         let body = Bytes::from(self.problem().to_string());
-        let mut response = Response::new(B::from(body));
+        let mut response = Response::new(body);
         *response.status_mut() = self.kind.status();
         response
             .headers_mut()
             .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        response
+    }
+
+    /// Builds the refusal with `respond` (or the problem document) and puts `self` in its
+    /// extensions.
+    pub(crate) fn into_response<B: From<Bytes>>(self, respond: Option<&RespondFn>) -> Response<B> {
+        let response = match respond {
+            Some(respond) => respond(&self),
+            None => self.problem_response(),
+        };
+        let mut response = response.map(B::from);
         response.extensions_mut().insert(self);
         response
     }

@@ -103,7 +103,8 @@ where
         };
         match enforcement {
             Enforcement::Fenced => ResponseFuture::rejected(
-                Rejection { kind: unchecked.0, resource, token: None, highest: None }.into_response(),
+                Rejection { kind: unchecked.0, resource, token: None, highest: None }
+                    .into_response(config.respond.as_deref()),
             ),
             Enforcement::Advisory => {
                 config.observe(WriteEvent::new(resource, req.method().clone(), None, None, unchecked.1));

@@ -213,6 +213,22 @@ async fn configuration_methods_resource_keys_route_layer_and_service_builder() {
 }
 
 #[tokio::test]
+async fn a_custom_rejection_response_replaces_the_problem_document() {
+    let layer = FenceLayer::new(MemoryStore::new(10)).with_rejection_response(|r: &Rejection| {
+        let body = format!("{{\"error\":\"{:?}\",\"mark\":{:?}}}", r.kind, r.highest.map(|h| h.get()));
+        let mut res = http::Response::new(bytes::Bytes::from(body));
+        *res.status_mut() = if r.kind == RejectionKind::StaleToken { StatusCode::GONE } else { r.kind.status() };
+        res
+    });
+    let addr = serve(echo_app(Arc::new(AtomicUsize::new(0))).layer(layer)).await;
+    let c = client();
+    assert_eq!(send(&c, Method::PUT, addr, "/r", &["9"]).await.status, StatusCode::OK);
+    let r = send(&c, Method::PUT, addr, "/r", &["8"]).await;
+    assert_eq!((r.status, r.text()), (StatusCode::GONE, r#"{"error":"StaleToken","mark":Some(9)}"#.to_owned()));
+    assert_eq!(send(&c, Method::PUT, addr, "/r", &[]).await.status, StatusCode::PRECONDITION_REQUIRED);
+}
+
+#[tokio::test]
 async fn the_rejection_rides_in_the_response_extensions() {
     use tower::{Service, ServiceExt};
     let inner = tower::service_fn(|_req: http::Request<String>| async {

@@ -263,3 +263,18 @@ async fn postgres_store_reports_a_dead_connection_as_a_retryable_error() {
     assert!(err.is_retryable());
     assert!(std::error::Error::source(&err).is_some());
 }
+
+#[tokio::test]
+async fn tokens_round_trip_through_bigint_and_negative_values_are_refused() {
+    let (_db, client) = fresh_db().await;
+    for t in [FencingToken::MIN, tok(1), FencingToken::MAX] {
+        let back: FencingToken = client.query_one("SELECT $1::bigint", &[&t]).await.unwrap().get(0);
+        assert_eq!(back, t);
+    }
+    let row = client.query_one("SELECT (-1)::bigint", &[]).await.unwrap();
+    let err = row.try_get::<_, FencingToken>(0).unwrap_err();
+    let cause = std::error::Error::source(&err).and_then(|e| e.downcast_ref::<palisade_fence::TokenRangeError>());
+    assert_eq!(cause, Some(&palisade_fence::TokenRangeError::NegativeToken(-1)));
+    let wrong_type = client.query_one("SELECT 1::int4", &[]).await.unwrap();
+    assert!(wrong_type.try_get::<_, FencingToken>(0).is_err(), "only BIGINT is accepted");
+}
