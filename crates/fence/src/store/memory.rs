@@ -265,4 +265,39 @@ mod tests {
         store.run_pending_tasks();
         assert!(store.cache.entry_count() <= 100, "bounded: {}", store.cache.entry_count());
     }
+
+    proptest::proptest! {
+        /// Without evictions the store is exactly a map of marks; with a capacity of 2 it
+        /// may refuse more, but never admits below a resource's earlier admitted token
+        /// and never names a mark at or below a refused token.
+        #[test]
+        fn behaves_like_a_map_of_marks(ops in proptest::collection::vec((0u8..6, 0u64..40), 1..200)) {
+            use std::collections::HashMap;
+            let roomy = MemoryStore::new(1_000);
+            let tight = MemoryStore::new(2);
+            let mut model: HashMap<u8, u64> = HashMap::new();
+            let mut tight_admitted: HashMap<u8, u64> = HashMap::new();
+            for (r, v) in ops {
+                let key = format!("r{r}");
+                let expected = match model.get(&r) {
+                    Some(&m) if v < m => Raise::Stale { highest: t(m) },
+                    _ => Raise::Admitted,
+                };
+                proptest::prop_assert_eq!(roomy.raise_now(&key, t(v)), expected);
+                if expected.is_admitted() {
+                    model.insert(r, v);
+                }
+                match tight.raise_now(&key, t(v)) {
+                    Raise::Admitted => {
+                        let before = tight_admitted.insert(r, v).unwrap_or(0);
+                        proptest::prop_assert!(v >= before, "admitted {} after {}", v, before);
+                    }
+                    Raise::Stale { highest } => proptest::prop_assert!(highest > t(v)),
+                }
+                if v % 7 == 0 {
+                    tight.run_pending_tasks();
+                }
+            }
+        }
+    }
 }

@@ -16,6 +16,9 @@ use crate::FencingToken;
 /// EXCLUDED.token … WHERE fence_high_water.token <= EXCLUDED.token RETURNING token`, in
 /// its own transaction: atomic per resource across every process that shares the
 /// database. Concurrent raises share the one connection (tokio-postgres pipelines them).
+/// If that connection closes, every raise fails with a retryable [`StoreError`] (the
+/// layer answers 503 on fenced resources); the store does not reconnect by itself, so
+/// build a new one on a new client.
 ///
 /// # Reject cache
 ///
