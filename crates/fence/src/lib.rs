@@ -14,10 +14,53 @@
 //! namespace rehomed to another etcd cluster). Tokens are therefore totally ordered and
 //! strictly increase across grants, and always fit a signed 64-bit `BIGINT`.
 //!
+//! # The verifiers
+//!
+//! - [`HighWaterStore`]: an atomic compare-and-raise of a resource's mark;
+//!   [`MemoryStore`] for one process, [`PostgresStore`] shared by replicas.
+//! - [`FenceLayer`]: a tower layer that refuses stale writes to an HTTP service
+//!   (428/400/409 as `application/problem+json`), or only reports them (advisory mode).
+//!   [`FencingTokenLayer`] is its client side.
+//! - [`fenced_transaction`], [`begin_fenced`], [`FencedUpdate`]: the token check and the
+//!   write in one Postgres transaction, the only form that also orders the writes
+//!   themselves (see [ordering](crate::fence#ordering-what-the-layer-guarantees-and-what-needs-the-postgres-helper)).
+//!
+//! Each concept has a public module with the full story ([`store`], [`fence`],
+//! [`client`], [`postgres`]); the main items are also re-exported here.
+//!
 //! # Features
 //!
-//! None yet; the token type is always available.
+//! | feature | default | gives |
+//! |---|---|---|
+//! | *(none)* | | [`FencingToken`] and its parts, [`HighWaterStore`] |
+//! | `memory` | yes | [`MemoryStore`] (moka) |
+//! | `tower` | yes | [`FenceLayer`], [`FencingTokenLayer`] (tower, http) |
+//! | `postgres` | no | [`PostgresStore`], the conditional-write helper, `ToSql`/`FromSql` for tokens (tokio-postgres, moka) |
 
+#[cfg(feature = "tower")]
+pub mod client;
+#[cfg(feature = "tower")]
+pub mod fence;
+#[cfg(feature = "postgres")]
+pub mod postgres;
+pub mod store;
 mod token;
 
+#[cfg(feature = "tower")]
+pub use client::{FencingTokenLayer, SetFencingToken, TokenSource};
+#[cfg(feature = "tower")]
+pub use fence::{
+    ChannelObserver, Enforcement, EnforcementTable, Fence, FenceLayer, Rejection, RejectionKind,
+    ResponseFuture, VerifiedToken, WriteEvent, WriteObserver, WriteOutcome, FENCING_TOKEN,
+};
+#[cfg(feature = "postgres")]
+pub use postgres::{
+    begin_fenced, fenced_transaction, migrate, FenceError, FenceErrorKind, FencedUpdate, TxFuture,
+    MIGRATION,
+};
+#[cfg(feature = "memory")]
+pub use store::MemoryStore;
+#[cfg(feature = "postgres")]
+pub use store::PostgresStore;
+pub use store::{HighWaterStore, Raise, RaiseFuture, StoreError};
 pub use token::{Epoch, FencingToken, ParseTokenError, Revision, TokenRangeError};

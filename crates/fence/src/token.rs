@@ -340,6 +340,37 @@ pub enum ParseTokenError {
     OutOfRange,
 }
 
+#[cfg(feature = "postgres")]
+mod sql {
+    //! `BIGINT` (`INT8`) columns hold tokens directly (feature `postgres`).
+
+    use postgres_types::{accepts, to_sql_checked, FromSql, IsNull, ToSql, Type};
+
+    use super::FencingToken;
+
+    impl ToSql for FencingToken {
+        fn to_sql(
+            &self,
+            ty: &Type,
+            out: &mut bytes::BytesMut,
+        ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+            i64::from(*self).to_sql(ty, out)
+        }
+        accepts!(INT8);
+        to_sql_checked!();
+    }
+
+    impl<'a> FromSql<'a> for FencingToken {
+        /// # Errors
+        ///
+        /// A negative value is refused with [`TokenRangeError::NegativeToken`](super::TokenRangeError).
+        fn from_sql(ty: &Type, raw: &'a [u8]) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+            Ok(FencingToken::try_from(i64::from_sql(ty, raw)?)?)
+        }
+        accepts!(INT8);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

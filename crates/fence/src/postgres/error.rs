@@ -1,0 +1,137 @@
+//! The error of the Postgres helper, classified by SQLSTATE.
+
+use std::fmt;
+
+use tokio_postgres::error::SqlState;
+
+use crate::FencingToken;
+
+/// What went wrong in a fenced write. Returned by [`FenceError::kind`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FenceErrorKind {
+    /// The token is below the resource's mark; nothing was written.
+    Stale,
+    /// A folded update found no row with the key (see [`FencedUpdate`](crate::FencedUpdate)).
+    RowMissing,
+    /// SQLSTATE `40001` (serialization failure): retry the whole transaction.
+    SerializationFailure,
+    /// SQLSTATE `40P01` (deadlock detected): retry the whole transaction.
+    Deadlock,
+    /// The connection is closed.
+    Closed,
+    /// Any other database error; see [`FenceError::code`].
+    Database,
+}
+
+/// A fenced write that did not commit.
+///
+/// Query it with [`is_stale`](Self::is_stale), [`is_retryable`](Self::is_retryable) and
+/// friends; the database error, if any, is the [`source`](std::error::Error::source).
+#[derive(Debug)]
+pub struct FenceError {
+    repr: Repr,
+}
+
+#[derive(Debug)]
+enum Repr {
+    Stale { token: FencingToken, highest: FencingToken },
+    RowMissing,
+    Db(tokio_postgres::Error),
+}
+
+impl FenceError {
+    pub(crate) fn stale(token: FencingToken, highest: FencingToken) -> Self {
+        FenceError { repr: Repr::Stale { token, highest } }
+    }
+
+    pub(crate) fn row_missing() -> Self {
+        FenceError { repr: Repr::RowMissing }
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> FenceErrorKind {
+        match &self.repr {
+            Repr::Stale { .. } => FenceErrorKind::Stale,
+            Repr::RowMissing => FenceErrorKind::RowMissing,
+            Repr::Db(e) if e.is_closed() => FenceErrorKind::Closed,
+            Repr::Db(e) => match e.code() {
+                Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE => FenceErrorKind::SerializationFailure,
+                Some(c) if *c == SqlState::T_R_DEADLOCK_DETECTED => FenceErrorKind::Deadlock,
+                _ => FenceErrorKind::Database,
+            },
+        }
+    }
+
+    /// The token was below the resource's mark.
+    pub fn is_stale(&self) -> bool {
+        self.kind() == FenceErrorKind::Stale
+    }
+
+    /// A folded update found no row with its key.
+    pub fn is_row_missing(&self) -> bool {
+        self.kind() == FenceErrorKind::RowMissing
+    }
+
+    /// Running the same transaction again may succeed: a serialization failure or a
+    /// deadlock (SQLSTATE `40001`, `40P01`). A stale token is never retryable.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self.kind(), FenceErrorKind::SerializationFailure | FenceErrorKind::Deadlock)
+    }
+
+    /// The refused token, for a stale write.
+    pub fn token(&self) -> Option<FencingToken> {
+        match self.repr {
+            Repr::Stale { token, .. } => Some(token),
+            _ => None,
+        }
+    }
+
+    /// The resource's mark that refused the token, for a stale write.
+    pub fn highest(&self) -> Option<FencingToken> {
+        match self.repr {
+            Repr::Stale { highest, .. } => Some(highest),
+            _ => None,
+        }
+    }
+
+    /// The SQLSTATE of a database error.
+    pub fn code(&self) -> Option<&SqlState> {
+        match &self.repr {
+            Repr::Db(e) => e.code(),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for FenceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.repr {
+            Repr::Stale { token, highest } => {
+                write!(f, "stale fencing token {token}: the resource has seen {highest}")
+            }
+            Repr::RowMissing => f.write_str("fenced update found no row with the key"),
+            Repr::Db(_) => f.write_str("fenced write failed in the database"),
+        }
+    }
+}
+
+impl std::error::Error for FenceError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.repr {
+            Repr::Db(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for FenceError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        FenceError { repr: Repr::Db(e) }
+    }
+}
+
+/// Whether a database error is worth retrying: SQLSTATE `40001` or `40P01`.
+pub(crate) fn is_retryable(e: &tokio_postgres::Error) -> bool {
+    matches!(e.code(), Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED)
+}

@@ -1,0 +1,7 @@
+//! Integration tests: real PostgreSQL (a fresh database per test) and real HTTP on
+//! loopback.
+
+mod common;
+mod http_layer;
+mod ordering;
+mod postgres_helper;
