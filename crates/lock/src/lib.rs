@@ -140,6 +140,7 @@ mod epoch;
 mod error;
 mod force;
 mod hold;
+mod inspect;
 mod keys;
 mod locker;
 mod model;
@@ -151,6 +152,7 @@ pub use epoch::{BoxFuture, EpochReason, EpochRecord, EpochStore, FileEpochStore,
 pub use error::{EpochMismatch, Error, ErrorKind, InvalidInput, Result};
 pub use force::ForceMarker;
 pub use hold::Hold;
+pub use inspect::{Holder, LockState, Waiter};
 pub use keys::MAX_KEY_LEN;
 pub use locker::{LockName, Locker, LockerOptions, DEFAULT_ROOT};
 pub use model::{Enforcement, LeaseId, LockClass, Mode, Namespace, QuorumPolicy, SpiffeId};

@@ -322,6 +322,16 @@ async fn etcd_twenty_waiters_are_granted_in_create_revision_order() {
         }));
         watch.next(EventType::Put).await;
     }
+    // The queue as etcd holds it: 20 waiters in the order they enqueued, one holder.
+    let state = f.locker.lock_state(&name).await.unwrap();
+    assert_eq!(state.holders.len(), 1);
+    assert_eq!(state.holders[0].lease, holder.lease());
+    assert_eq!(state.holders[0].token, token(&first));
+    assert_eq!(state.waiters.len(), 20);
+    assert!(state
+        .waiters
+        .windows(2)
+        .all(|w| w[0].create_rev < w[1].create_rev));
     let t0 = token(&first);
     first.release().await.unwrap();
     for t in tasks {

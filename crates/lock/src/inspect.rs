@@ -1,0 +1,132 @@
+//! A read-only view of one lock: its holders and its queue, at one revision.
+
+use etcd_client::{GetOptions, Txn, TxnOp, TxnOpResponse};
+use palisade_fence::{Epoch, FencingToken, Revision};
+use serde::Deserialize;
+use tokio::time::Instant;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::keys::validate_key;
+use crate::locker::{LockName, Locker};
+use crate::model::{validate_name, LeaseId, Mode};
+use crate::retry;
+
+/// One holder of a lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    /// The holder's session lease.
+    pub lease: LeaseId,
+    /// How it holds the lock.
+    pub mode: Mode,
+    /// The revision of the granting Txn (the hold key's create revision).
+    pub grant_rev: Revision,
+    /// `epoch · 2^48 + grant_rev`, with the epoch recorded in the hold.
+    pub token: FencingToken,
+    /// The SPIFFE ID of the holder's session.
+    pub spiffe_id: String,
+}
+
+/// One waiter in a lock's queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiter {
+    /// The waiter's session lease.
+    pub lease: LeaseId,
+    /// The mode it waits for.
+    pub mode: Mode,
+    /// Its waiter key's create revision: its place in the FIFO queue.
+    pub create_rev: Revision,
+    /// The SPIFFE ID of the waiter's session.
+    pub spiffe_id: String,
+}
+
+/// A lock's holders and waiters, read at one etcd revision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockState {
+    /// The revision read at.
+    pub revision: Revision,
+    /// Holders, by grant revision.
+    pub holders: Vec<Holder>,
+    /// Waiters in queue order (create revision).
+    pub waiters: Vec<Waiter>,
+}
+
+#[derive(Deserialize)]
+struct Meta {
+    spiffe_id: String,
+    mode: Mode,
+    epoch: Epoch,
+}
+
+impl Locker {
+    /// Reads one lock's holders and waiters at one revision. Keys in the lock's space
+    /// that are not holds or waiters written by this crate are skipped.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidInput`] for a bad name or key; [`ErrorKind::QuorumLost`] if
+    /// etcd does not answer.
+    pub async fn lock_state(&self, lock: &LockName) -> Result<LockState> {
+        validate_name(&lock.ns)?;
+        validate_name(&lock.class)?;
+        validate_key(&lock.key)?;
+        let inner = &self.inner;
+        let keys = inner.keys.lock(&lock.ns, &lock.class, &lock.key);
+        let prefix = |p: String| TxnOp::get(p, Some(GetOptions::new().with_prefix()));
+        let txn = Txn::new().and_then([prefix(keys.holds()), prefix(keys.queue())]);
+        let deadline = Instant::now() + inner.request_timeout * 3;
+        let resp = retry::call(deadline, inner.request_timeout, || {
+            let (mut c, txn) = (inner.client.clone(), txn.clone());
+            async move { c.txn(txn).await }
+        })
+        .await
+        .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
+        let revision = resp
+            .header()
+            .map_or(0, etcd_client::ResponseHeader::revision);
+        let mut ranges = resp.op_responses().into_iter().map(|r| match r {
+            TxnOpResponse::Get(g) => g.kvs().to_vec(),
+            _ => Vec::new(),
+        });
+        let (holds, queue) = (
+            ranges.next().unwrap_or_default(),
+            ranges.next().unwrap_or_default(),
+        );
+        let parse = |kv: &etcd_client::KeyValue| -> Option<(Meta, Revision)> {
+            let meta: Meta = serde_json::from_slice(kv.value()).ok()?;
+            Some((meta, Revision::from_i64(kv.create_revision()).ok()?))
+        };
+        let mut holders: Vec<Holder> = holds
+            .iter()
+            .filter_map(|kv| {
+                let (meta, grant_rev) = parse(kv)?;
+                Some(Holder {
+                    lease: LeaseId::new(kv.lease()),
+                    mode: meta.mode,
+                    grant_rev,
+                    token: FencingToken::from_parts(meta.epoch, grant_rev).ok()?,
+                    spiffe_id: meta.spiffe_id,
+                })
+            })
+            .collect();
+        holders.sort_by_key(|h| h.grant_rev);
+        let mut waiters: Vec<Waiter> = queue
+            .iter()
+            .filter_map(|kv| {
+                let (meta, create_rev) = parse(kv)?;
+                Some(Waiter {
+                    lease: LeaseId::new(kv.lease()),
+                    mode: meta.mode,
+                    create_rev,
+                    spiffe_id: meta.spiffe_id,
+                })
+            })
+            .collect();
+        waiters.sort_by_key(|w| w.create_rev);
+        Ok(LockState {
+            revision: Revision::from_i64(revision)
+                .map_err(|e| Error::with_source(ErrorKind::Etcd, e))?,
+            holders,
+            waiters,
+        })
+    }
+}
