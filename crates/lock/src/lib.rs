@@ -38,7 +38,8 @@
 //!   `<lease>` is the lease id as 16 lower-case hex digits. Names are
 //!   `[a-z0-9][a-z0-9_-]{0,62}`. Lock keys are non-empty, at most [`MAX_KEY_LEN`] bytes,
 //!   with no control character and no `..` segment.
-//! - Holder meta is JSON `{"spiffe_id", "class", "mode", "epoch"}`. The hold's token is
+//! - Holder meta is JSON `{"spiffe_id", "class", "mode", "epoch", "attempt"}` (`attempt`
+//!   numbers the acquire that wrote it). The hold's token is
 //!   `epoch · 2^48 + create_revision` of its `h/` key, which equals the revision of the
 //!   granting Txn.
 //! - Queue order is the create revision of the `q/` keys (FIFO).
@@ -46,8 +47,11 @@
 //! ## How audit tells the events apart (all in one revision each)
 //!
 //! - **grant**: `h/<m>/<lease>` and `g/<m>/<lease>` created (and, for a waiter, its
-//!   `q/` key deleted) in one revision.
-//! - **release**: `h/<m>/<lease>` and `g/<m>/<lease>` deleted in one revision.
+//!   `q/` key deleted, and orphaned grant records of other leases deleted) in one
+//!   revision.
+//! - **release**: `h/<m>/<lease>` and `g/<m>/<lease>` deleted in one revision. A release
+//!   that could not commit at the time (quorum lost) is finished later, in the same
+//!   shape, by a background retry or by the session's next acquire of the lock.
 //! - **expiry**: `h/<m>/<lease>` deleted (with the lease's other keys) while
 //!   `g/<m>/<lease>` stays: an orphaned grant record. The next grant of the lock deletes
 //!   it, after the class's lock-delay.
@@ -60,7 +64,7 @@
 //! - Uncontended exclusive acquire, one Txn: if `h/`, `q/` and `g/` are empty (etcd
 //!   compares a create revision over an empty range as 0) and the epoch key is unchanged,
 //!   put `h/x/<lease>` (on the lease) and `g/x/<lease>`; else put the waiter key. Shared:
-//!   the same with `h/x/`, `q/x/`, `g/x/`.
+//!   the same with `h/x/`, `q/x/`, `g/x/`, and no leftover `h/s/<lease>` of its own.
 //! - A waiter reads queue, holds and grant records at one revision. Exclusive: it waits
 //!   for the waiter just ahead of it, else for one holder. Shared: for the exclusive
 //!   waiter just ahead of it, else for one exclusive holder. It watches that one key from
