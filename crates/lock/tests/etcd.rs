@@ -1250,3 +1250,46 @@ async fn etcd_advancing_past_the_last_epoch_is_refused() {
     let durable: Option<EpochRecord> = store.load().await.unwrap();
     assert_eq!(durable.unwrap().epoch, Epoch::MAX, "nothing advanced");
 }
+
+#[tokio::test]
+async fn etcd_waiter_whose_lease_is_revoked_before_it_wakes_is_never_granted() {
+    // Unlike the expiry test, the waiter's own loss signal has not fired yet when it wakes
+    // (its lease is revoked behind its back, long before its next keepalive): only etcd
+    // can refuse it, because its waiter key is gone and a put on the dead lease fails.
+    let f = fixture(1).await;
+    let name = lock("rv");
+    let h = session(&f.locker, 10).await;
+    let held = f
+        .locker
+        .acquire(&h, &name, Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
+    let w = session(&f.locker, 30).await;
+    let doomed = spawn_waiter(&f.locker, &w, &name, Mode::Exclusive, secs(30)).await;
+    let v = session(&f.locker, 10).await;
+    let next = spawn_waiter(&f.locker, &v, &name, Mode::Exclusive, secs(30)).await;
+
+    let mut queue = PrefixWatch::start(f.locker.client(), &format!("{}q/", base("rv"))).await;
+    f.locker
+        .client()
+        .clone()
+        .lease_revoke(w.lease().get())
+        .await
+        .unwrap();
+    queue.next(EventType::Delete).await;
+    assert_eq!(w.loss(), None, "the session has not noticed yet");
+    let mut holds = PrefixWatch::start(f.locker.client(), &format!("{}h/", base("rv"))).await;
+    held.release().await.unwrap();
+
+    let err = doomed.await.unwrap().unwrap_err();
+    assert!(err.is_session_lost(), "{err:?}");
+    let hv = next.await.unwrap().unwrap();
+    let v_hold = format!("{}h/x/{}", base("rv"), v.lease());
+    let events = holds.until(|t, k| t == EventType::Put && k == v_hold).await;
+    let w_lease = w.lease().to_string();
+    assert!(
+        events.iter().all(|e| !e.1.ends_with(&w_lease)),
+        "W never held: {events:?}"
+    );
+    assert!(token(&hv).revision().get() > 0);
+}
