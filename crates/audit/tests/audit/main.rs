@@ -1,0 +1,4 @@
+//! palisade-audit against a real PostgreSQL (a fresh database per test).
+
+mod common;
+mod schema;
