@@ -19,14 +19,19 @@
 
 mod error;
 mod event;
+mod identity;
 mod lock;
 mod pool;
 mod schema;
+pub mod sink;
+mod spool;
 mod store;
 
 pub use error::AuditError;
 pub use event::{Finding, Labels, Outcome, WriteRecord};
+pub use identity::{CallerIdentity, PeerSpiffeId, XFCC};
 pub use lock::{ClusterId, ForceRelease, LockEvent, LockEventKind};
 pub use pool::{pool, POOL_TIMEOUT};
 pub use schema::{is_current, migrate, migrate_client, MIGRATIONS};
+pub use sink::{AuditSink, SinkBuilder, SinkObserver, SinkStats};
 pub use store::{insert_force_release, insert_lock_events, insert_writes};
