@@ -17,6 +17,7 @@
 //!
 //! Audit only observes: a slow or absent audit database never blocks a write.
 
+pub mod dashboard;
 mod error;
 mod event;
 mod identity;
