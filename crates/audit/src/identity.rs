@@ -1,32 +1,5 @@
 //! Who made a write: the mTLS peer's SPIFFE ID, or the client a trusted proxy vouches for
-//! in `x-forwarded-client-cert` (Envoy's XFCC format).
-//!
-//! [`CallerIdentity::caller`] decides, per request:
-//!
-//! 1. If the request came from a **trusted proxy** (its mTLS peer SPIFFE ID, or its
-//!    socket address from axum's `ConnectInfo<SocketAddr>`, is one configured with
-//!    [`CallerIdentity::trust_proxy_spiffe_id`] / [`CallerIdentity::trust_proxy_addr`]):
-//!    the `URI=` of the **last** element of its single `x-forwarded-client-cert` header
-//!    (the element the nearest proxy appended), when that is a `spiffe://` URI; else none.
-//! 2. Otherwise: the peer's own SPIFFE ID ([`PeerSpiffeId`] in the request extensions,
-//!    put there by the TLS acceptor), and the header is **ignored**, as anyone can send it.
-//!
-//! ```
-//! use palisade_audit::{CallerIdentity, PeerSpiffeId};
-//!
-//! let identity = CallerIdentity::new().trust_proxy_spiffe_id("spiffe://example.org/envoy");
-//! let mut req = http::Request::new(());
-//! req.headers_mut().insert(
-//!     "x-forwarded-client-cert",
-//!     "By=spiffe://example.org/api;Hash=abc;URI=spiffe://example.org/billing".parse().unwrap(),
-//! );
-//! req.extensions_mut().insert(PeerSpiffeId::new("spiffe://example.org/envoy"));
-//! assert_eq!(identity.caller(req.headers(), req.extensions()).as_deref(), Some("spiffe://example.org/billing"));
-//!
-//! // The same header from anyone else is ignored: the peer itself is the caller.
-//! req.extensions_mut().insert(PeerSpiffeId::new("spiffe://example.org/mallory"));
-//! assert_eq!(identity.caller(req.headers(), req.extensions()).as_deref(), Some("spiffe://example.org/mallory"));
-//! ```
+//! in `x-forwarded-client-cert` (Envoy's XFCC format). See [`CallerIdentity`].
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -53,7 +26,34 @@ impl PeerSpiffeId {
     }
 }
 
-/// Extracts the caller's identity; see the [module docs](self).
+/// Names the caller of a request.
+///
+/// [`caller`](Self::caller) decides, per request:
+///
+/// 1. If the request came from a **trusted proxy** (its mTLS peer SPIFFE ID, or its
+///    socket address from axum's `ConnectInfo<SocketAddr>`, is one configured with
+///    [`trust_proxy_spiffe_id`](Self::trust_proxy_spiffe_id) / [`trust_proxy_addr`](Self::trust_proxy_addr)):
+///    the `URI=` of the **last** element of its single `x-forwarded-client-cert` header
+///    (the element the nearest proxy appended), when that is a `spiffe://` URI; else none.
+/// 2. Otherwise: the peer's own SPIFFE ID ([`PeerSpiffeId`] in the request extensions,
+///    put there by the TLS acceptor), and the header is **ignored**, as anyone can send it.
+///
+/// ```
+/// use palisade_audit::{CallerIdentity, PeerSpiffeId};
+///
+/// let identity = CallerIdentity::new().trust_proxy_spiffe_id("spiffe://example.org/envoy");
+/// let mut req = http::Request::new(());
+/// req.headers_mut().insert(
+///     "x-forwarded-client-cert",
+///     "By=spiffe://example.org/api;Hash=abc;URI=spiffe://example.org/billing".parse().unwrap(),
+/// );
+/// req.extensions_mut().insert(PeerSpiffeId::new("spiffe://example.org/envoy"));
+/// assert_eq!(identity.caller(req.headers(), req.extensions()).as_deref(), Some("spiffe://example.org/billing"));
+///
+/// // The same header from anyone else is ignored: the peer itself is the caller.
+/// req.extensions_mut().insert(PeerSpiffeId::new("spiffe://example.org/mallory"));
+/// assert_eq!(identity.caller(req.headers(), req.extensions()).as_deref(), Some("spiffe://example.org/mallory"));
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[must_use]
 pub struct CallerIdentity {
