@@ -322,7 +322,9 @@ struct Worker {
 impl Worker {
     async fn run(mut self, mut rx: mpsc::Receiver<WriteRecord>, mut stop: oneshot::Receiver<()>) {
         let mut batch = Vec::with_capacity(self.batch_size);
-        let mut tick = tokio::time::interval(self.flush_interval);
+        // The first tick one interval from now (not at once), so a batch is never cut
+        // short by the worker's start.
+        let mut tick = tokio::time::interval_at(Instant::now() + self.flush_interval, self.flush_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {

@@ -35,6 +35,15 @@ pub(crate) async fn take_down(admin: &tokio_postgres::Client, db: &TestDb) {
         .execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1", &[&db.name()])
         .await
         .unwrap();
+    // pg_terminate_backend only signals: wait until the backends are gone.
+    eventually("the database's backends to exit", || async {
+        count_with(admin, "SELECT count(*) FROM pg_stat_activity WHERE datname = $1", db.name()).await == 0
+    })
+    .await;
+}
+
+async fn count_with(client: &tokio_postgres::Client, sql: &str, param: &str) -> i64 {
+    client.query_one(sql, &[&param]).await.unwrap().get(0)
 }
 
 pub(crate) async fn bring_up(admin: &tokio_postgres::Client, db: &TestDb) {
