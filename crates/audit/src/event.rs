@@ -156,7 +156,12 @@ impl WriteRecord {
     }
 
     /// The row for one fence layer event.
+    ///
+    /// NUL characters (which Postgres `text` cannot hold, so one such row would block
+    /// every later insert) become U+FFFD in the strings that come from callers'
+    /// closures: resource, labels and caller.
     pub fn from_event(service: &str, event: WriteEvent, labels: Labels) -> Self {
+        let labels = Labels { namespace: labels.namespace.map(no_nul), class: labels.class.map(no_nul) };
         let outcome = if event.rejected {
             Outcome::Rejected
         } else if event.unprotected {
@@ -169,14 +174,14 @@ impl WriteRecord {
             at: event.at,
             service: service.to_owned(),
             outcome,
-            resource: Some(event.resource),
+            resource: Some(no_nul(event.resource)),
             method: Some(event.method.as_str().to_owned()),
             token: event.token,
             highest: event.highest,
             finding: Some(Finding::of(event.outcome)),
             fenced: Some(event.enforcement == Enforcement::Fenced),
             labels,
-            caller: event.caller,
+            caller: event.caller.map(no_nul),
             dropped: None,
         }
     }
@@ -198,5 +203,25 @@ impl WriteRecord {
             caller: None,
             dropped: Some(count),
         }
+    }
+}
+
+/// Replaces NUL characters, which Postgres `text` refuses.
+fn no_nul(s: String) -> String {
+    if s.contains('\0') {
+        s.replace('\0', "\u{fffd}")
+    } else {
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nul_characters_are_replaced_and_other_text_kept() {
+        assert_eq!(no_nul("a\0b".to_owned()), "a\u{fffd}b");
+        assert_eq!(no_nul("<script>é".to_owned()), "<script>é");
     }
 }

@@ -34,7 +34,10 @@ fn app(sink: &AuditSink) -> Router {
 }
 
 fn classify(resource: &str) -> Labels {
-    if resource.starts_with("/legacy/") {
+    if resource == "/legacy/other" {
+        // Postgres text cannot hold NUL: the sink replaces it rather than fail the batch.
+        Labels::new("shop", "leg\0acy")
+    } else if resource.starts_with("/legacy/") {
         Labels::new("shop", "legacy")
     } else {
         Labels::new("shop", "orders")
@@ -97,7 +100,7 @@ async fn events_land_with_the_right_fields() {
         (s("orders-api"), s("/orders/1"), s("PUT"), Some(999), s("rejected"), s("stale"), s("fenced"), s("shop"), s("orders"), Some(s("spiffe://td/late")), Some(1000)),
         (s("orders-api"), s("/legacy/report"), s("PUT"), None, s("unprotected"), s("missing_token"), s("advisory"), s("shop"), s("legacy"), Some(s("spiffe://td/billing")), None),
         (s("orders-api"), s("/legacy/report"), s("PUT"), None, s("unprotected"), s("missing_token"), s("advisory"), s("shop"), s("legacy"), Some(s("spiffe://td/mallory")), None),
-        (s("orders-api"), s("/legacy/other"), s("PUT"), None, s("unprotected"), s("missing_token"), s("advisory"), s("shop"), s("legacy"), None, None),
+        (s("orders-api"), s("/legacy/other"), s("PUT"), None, s("unprotected"), s("missing_token"), s("advisory"), s("shop"), s("leg\u{fffd}acy"), None, None),
     ];
     assert_eq!(got, expected, "rows in id (= arrival) order");
 }
