@@ -1,5 +1,7 @@
 //! `palisade`: the command-line front end of the Palisade lock service.
 
+mod audit;
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -18,6 +20,9 @@ enum Command {
     /// Work with fencing tokens offline.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// The audit trail: serve its dashboard.
+    #[command(subcommand)]
+    Audit(audit::AuditCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -42,7 +47,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
         Ok(out) => {
-            println!("{out}");
+            if !out.is_empty() {
+                println!("{out}");
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -62,5 +69,6 @@ fn run(cli: Cli) -> Result<String, Box<dyn std::error::Error>> {
             let t = FencingToken::from_parts(Epoch::new(epoch)?, Revision::new(revision))?;
             Ok(t.to_string())
         }
+        Command::Audit(command) => audit::run(command),
     }
 }

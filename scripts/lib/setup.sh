@@ -19,6 +19,8 @@ palisade_install_deps() {
     command -v etcd >/dev/null || missing+=(etcd-server)
     command -v etcdctl >/dev/null || missing+=(etcd-client)
     command -v pg_isready >/dev/null || missing+=(postgresql-client)
+    # The audit dashboard's browser test runs Debian's headless Chromium.
+    command -v chromium >/dev/null || missing+=(chromium)
     if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
     # The etcd-server package starts a system etcd on the default ports; tests and the demo
     # run their own members on free ports, so a system one is only in the way.

@@ -9,7 +9,7 @@ use pin_project_lite::pin_project;
 use tower::Service;
 
 use super::layer::Config;
-use super::observer::{WriteEvent, WriteOutcome};
+use super::observer::WriteOutcome;
 use super::policy::Enforcement;
 use super::rejection::{Rejection, RejectionKind};
 use super::VerifiedToken;
@@ -112,16 +112,13 @@ where
         Ok(Raise::Stale { highest }) => (Some(RejectionKind::StaleToken), WriteOutcome::Stale, Some(highest)),
         Err(_) => (Some(RejectionKind::StoreUnavailable), WriteOutcome::StoreUnavailable, None),
     };
+    config.observe(&request, &resource, Some(token), highest, outcome, enforcement);
     match (enforcement, refusal) {
         (Enforcement::Fenced, Some(kind)) => {
             let rejection = Rejection { kind, resource, token: Some(token), highest };
             State::Rejected { response: Some(rejection.into_response(config.respond.as_deref())) }
         }
-        (enforcement, _) => {
-            if enforcement == Enforcement::Advisory {
-                let event = WriteEvent::new(resource.clone(), request.method().clone(), Some(token), highest, outcome);
-                config.observe(event);
-            }
+        (_, _) => {
             if outcome == WriteOutcome::Admitted {
                 request.extensions_mut().insert(VerifiedToken { token, resource });
             }

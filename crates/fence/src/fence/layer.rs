@@ -2,7 +2,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{HeaderMap, Method, Response, Uri};
+use http::{Extensions, HeaderMap, Method, Response, Uri};
 use tower::Layer;
 
 use super::observer::WriteObserver;
@@ -13,6 +13,7 @@ use crate::HighWaterStore;
 
 type ResourceFn = dyn Fn(&Method, &Uri, &HeaderMap) -> Option<String> + Send + Sync;
 type EnforcementFn = dyn Fn(&str) -> Enforcement + Send + Sync;
+type CallerFn = dyn Fn(&HeaderMap, &Extensions) -> Option<String> + Send + Sync;
 
 /// Everything a [`Fence`] needs, shared by its clones.
 #[derive(Clone)]
@@ -22,6 +23,8 @@ pub(crate) struct Config {
     pub(crate) enforcement: Arc<EnforcementFn>,
     pub(crate) methods: Vec<Method>,
     pub(crate) observer: Option<Arc<dyn WriteObserver>>,
+    pub(crate) fenced_events: bool,
+    pub(crate) caller: Option<Arc<CallerFn>>,
     pub(crate) respond: Option<Arc<RespondFn>>,
 }
 
@@ -44,6 +47,8 @@ impl FenceLayer {
                 enforcement: Arc::new(|_: &str| Enforcement::Fenced),
                 methods: vec![Method::POST, Method::PUT, Method::PATCH, Method::DELETE],
                 observer: None,
+                fenced_events: false,
+                caller: None,
                 respond: None,
             },
         }
@@ -89,9 +94,28 @@ impl FenceLayer {
         self
     }
 
-    /// Reports writes to advisory resources to `observer`.
+    /// Reports writes to advisory resources to `observer` (and, with
+    /// [`with_fenced_events`](Self::with_fenced_events), writes to fenced resources too).
     pub fn with_observer(mut self, observer: impl WriteObserver) -> Self {
         self.config.observer = Some(Arc::new(observer));
+        self
+    }
+
+    /// Also reports writes to fenced resources, admitted and refused, to the observer
+    /// (by default only advisory writes are reported).
+    pub fn with_fenced_events(mut self) -> Self {
+        self.config.fenced_events = true;
+        self
+    }
+
+    /// Names the caller of each reported write ([`WriteEvent::caller`](crate::WriteEvent::caller))
+    /// from the request's headers and extensions, for example the mTLS peer's SPIFFE ID put
+    /// in the extensions by the TLS acceptor. Called only when an event is reported.
+    pub fn with_caller<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&HeaderMap, &Extensions) -> Option<String> + Send + Sync + 'static,
+    {
+        self.config.caller = Some(Arc::new(f));
         self
     }
 }
@@ -104,6 +128,8 @@ impl fmt::Debug for FenceLayer {
             .field("enforcement", &format_args!("<fn>"))
             .field("methods", &self.config.methods)
             .field("observer", &self.config.observer.as_ref().map(|_| format_args!("<observer>")))
+            .field("fenced_events", &self.config.fenced_events)
+            .field("caller", &self.config.caller.as_ref().map(|_| format_args!("<fn>")))
             .field("rejection_response", &self.config.respond.as_ref().map(|_| format_args!("<fn>")))
             .finish()
     }

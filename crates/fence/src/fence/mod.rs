@@ -22,8 +22,12 @@
 //!   [`FenceLayer::with_rejection_response`] replaces the body and status with your own.
 //! - An admitted request carries [`VerifiedToken`] in its extensions; pass it to the
 //!   Postgres helper (see *Ordering*).
-//! - Events go to the [`WriteObserver`] set with [`FenceLayer::with_observer`] (only for
-//!   advisory resources); [`WriteEvent::unprotected`] is true for all but `Admitted`.
+//! - Events go to the [`WriteObserver`] set with [`FenceLayer::with_observer`]: one per
+//!   checked write to an advisory resource, and, with [`FenceLayer::with_fenced_events`],
+//!   one per checked write to a fenced resource (admitted or refused).
+//!   [`WriteEvent::unprotected`] is true for advisory writes without a current token,
+//!   [`WriteEvent::rejected`] for refused fenced writes. Each event carries its time and,
+//!   with [`FenceLayer::with_caller`], the caller's identity.
 //! - Readiness is forwarded (`poll_ready` is the inner service's, and the readied service
 //!   is the one called, so the inner service must be `Clone`); the error type is the
 //!   inner service's; any request body; a response body that is `From<Bytes>` (axum's

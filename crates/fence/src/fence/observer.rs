@@ -1,14 +1,16 @@
-//! Write events for advisory resources, and a bounded, non-blocking observer.
+//! Write events, and a bounded, non-blocking observer.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use http::Method;
 use tokio::sync::mpsc;
 
+use super::policy::Enforcement;
 use crate::FencingToken;
 
-/// What the layer found about one write to an advisory resource.
+/// What the layer found about one checked write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum WriteOutcome {
@@ -24,8 +26,11 @@ pub enum WriteOutcome {
     StoreUnavailable,
 }
 
-/// One write to an advisory resource, reported after the layer decided to let it through
-/// and before the inner service runs.
+/// One checked write, reported once the layer decided (before the inner service runs, or
+/// instead of it when refused).
+///
+/// Writes to advisory resources are always reported; writes to fenced resources (admitted
+/// and refused) only with [`FenceLayer::with_fenced_events`](crate::FenceLayer::with_fenced_events).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct WriteEvent {
@@ -39,8 +44,19 @@ pub struct WriteEvent {
     pub highest: Option<FencingToken>,
     /// What the layer found.
     pub outcome: WriteOutcome,
-    /// True unless the write carried a current token (`outcome` is `Admitted`).
+    /// True when the write went through without a current token: an advisory resource
+    /// and any `outcome` but `Admitted`.
     pub unprotected: bool,
+    /// True when the layer refused the write: a fenced resource and any `outcome` but
+    /// `Admitted`.
+    pub rejected: bool,
+    /// The resource's enforcement.
+    pub enforcement: Enforcement,
+    /// When the layer decided (wall clock).
+    pub at: SystemTime,
+    /// The caller's identity (for example a SPIFFE ID), when the layer has a
+    /// [`with_caller`](crate::FenceLayer::with_caller) extractor and it found one.
+    pub caller: Option<String>,
 }
 
 impl WriteEvent {
@@ -50,8 +66,22 @@ impl WriteEvent {
         token: Option<FencingToken>,
         highest: Option<FencingToken>,
         outcome: WriteOutcome,
+        enforcement: Enforcement,
+        caller: Option<String>,
     ) -> Self {
-        WriteEvent { resource, method, token, highest, outcome, unprotected: outcome != WriteOutcome::Admitted }
+        let current = outcome == WriteOutcome::Admitted;
+        WriteEvent {
+            resource,
+            method,
+            token,
+            highest,
+            outcome,
+            unprotected: !current && enforcement == Enforcement::Advisory,
+            rejected: !current && enforcement == Enforcement::Fenced,
+            enforcement,
+            at: SystemTime::now(),
+            caller,
+        }
     }
 }
 

@@ -101,23 +101,35 @@ where
             Ok(None) => (RejectionKind::MissingToken, WriteOutcome::MissingToken),
             Err(()) => (RejectionKind::MalformedToken, WriteOutcome::MalformedToken),
         };
+        config.observe(&req, &resource, None, None, unchecked.1, enforcement);
         match enforcement {
             Enforcement::Fenced => ResponseFuture::rejected(
                 Rejection { kind: unchecked.0, resource, token: None, highest: None }
                     .into_response(config.respond.as_deref()),
             ),
-            Enforcement::Advisory => {
-                config.observe(WriteEvent::new(resource, req.method().clone(), None, None, unchecked.1));
-                ResponseFuture::inner(self.inner.call(req))
-            }
+            Enforcement::Advisory => ResponseFuture::inner(self.inner.call(req)),
         }
     }
 }
 
 impl Config {
-    pub(crate) fn observe(&self, event: WriteEvent) {
-        if let Some(observer) = &self.observer {
-            observer.observe(event);
+    /// Reports one write, when an observer wants writes of this enforcement.
+    pub(crate) fn observe<B>(
+        &self,
+        request: &Request<B>,
+        resource: &str,
+        token: Option<FencingToken>,
+        highest: Option<FencingToken>,
+        outcome: WriteOutcome,
+        enforcement: Enforcement,
+    ) {
+        let Some(observer) = &self.observer else { return };
+        if enforcement == Enforcement::Fenced && !self.fenced_events {
+            return;
         }
+        let caller = self.caller.as_ref().and_then(|f| f(request.headers(), request.extensions()));
+        let event =
+            WriteEvent::new(resource.to_owned(), request.method().clone(), token, highest, outcome, enforcement, caller);
+        observer.observe(event);
     }
 }

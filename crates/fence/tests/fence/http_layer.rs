@@ -144,6 +144,56 @@ async fn advisory_resources_let_everything_through_and_report_each_write() {
     assert_eq!(observer.dropped(), 0);
 }
 
+/// The identity an outer layer (a TLS acceptor, say) put in the request's extensions.
+#[derive(Clone)]
+struct Peer(&'static str);
+
+#[tokio::test]
+async fn fenced_events_report_admitted_and_refused_writes_with_time_and_caller() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (observer, mut events) = ChannelObserver::bounded(64);
+    let layer = FenceLayer::new(MemoryStore::new(1_000))
+        .with_enforcement_table(EnforcementTable::new(Enforcement::Fenced).with_prefix("/legacy/", Enforcement::Advisory))
+        .with_observer(observer.clone())
+        .with_fenced_events()
+        .with_caller(|_, extensions| extensions.get::<Peer>().map(|p| p.0.to_owned()));
+    let app = echo_app(Arc::clone(&calls)).layer(
+        ServiceBuilder::new()
+            .map_request(|mut req: http::Request<axum::body::Body>| {
+                if req.uri().path().ends_with("/1") {
+                    req.extensions_mut().insert(Peer("spiffe://example.org/writer"));
+                }
+                req
+            })
+            .layer(layer),
+    );
+    let addr = serve(app).await;
+    let c = client();
+    let before = std::time::SystemTime::now();
+    // (path, token, status, outcome, enforcement, rejected, unprotected, caller)
+    type Case<'a> = (&'a str, &'a [&'a str], u16, WriteOutcome, Enforcement, bool, bool, Option<&'a str>);
+    let cases: [Case<'_>; 5] = [
+        ("/orders/1", &["1000"], 200, WriteOutcome::Admitted, Enforcement::Fenced, false, false, Some("spiffe://example.org/writer")),
+        ("/orders/1", &["999"], 409, WriteOutcome::Stale, Enforcement::Fenced, true, false, Some("spiffe://example.org/writer")),
+        ("/orders/2", &[], 428, WriteOutcome::MissingToken, Enforcement::Fenced, true, false, None),
+        ("/legacy/1", &[], 200, WriteOutcome::MissingToken, Enforcement::Advisory, false, true, Some("spiffe://example.org/writer")),
+        ("/legacy/2", &["1000"], 200, WriteOutcome::Admitted, Enforcement::Advisory, false, false, None),
+    ];
+    for (path, tokens, status, outcome, enforcement, rejected, unprotected, caller) in cases {
+        let r = send(&c, Method::PUT, addr, path, tokens).await;
+        assert_eq!(r.status.as_u16(), status, "{path} {tokens:?}");
+        let e = events.try_recv().expect("one event per checked write");
+        assert_eq!(e.resource, path);
+        assert_eq!((e.outcome, e.enforcement, e.rejected, e.unprotected), (outcome, enforcement, rejected, unprotected), "{path} {tokens:?}");
+        assert_eq!(e.caller.as_deref(), caller);
+        assert!(e.at >= before && e.at <= std::time::SystemTime::now());
+    }
+    // Reads are not checked, so not reported.
+    send(&c, Method::GET, addr, "/orders/1", &[]).await;
+    assert!(events.try_recv().is_err());
+    assert_eq!(calls.load(Ordering::SeqCst), 4, "three writes and the read reached the handler");
+}
+
 #[tokio::test]
 async fn the_observer_queue_is_bounded_and_counts_drops() {
     let (observer, mut events) = ChannelObserver::bounded(2);

@@ -1,0 +1,406 @@
+//! The dashboard's reads: filters, keyset pages, hourly counts, timelines.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use palisade_fence::{FencingToken, Revision};
+use serde::Deserialize;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{GenericClient, Row};
+use uuid::Uuid;
+
+use crate::{AuditError, ClusterId, Finding, ForceRelease, Labels, LockEvent, LockEventKind, Outcome, WriteRecord};
+
+/// Rows per page by default, and at most.
+pub(crate) const PAGE: usize = 50;
+pub(crate) const PAGE_MAX: usize = 500;
+/// Most rows in one CSV export.
+pub(crate) const CSV_MAX: usize = 100_000;
+/// Most hours in one chart (two weeks).
+pub(crate) const CHART_MAX_HOURS: u64 = 14 * 24;
+
+/// The query string of the unprotected-writes views, as sent.
+#[derive(Debug, Default, Clone, Deserialize)]
+pub(crate) struct FilterParams {
+    pub(crate) namespace: Option<String>,
+    pub(crate) class: Option<String>,
+    pub(crate) resource: Option<String>,
+    pub(crate) service: Option<String>,
+    pub(crate) caller: Option<String>,
+    /// RFC 3339 (`2026-11-30T10:00:00Z`) or a form's `2026-11-30T10:00` (UTC).
+    pub(crate) from: Option<String>,
+    pub(crate) to: Option<String>,
+    /// The cursor of the next page (from the previous page).
+    pub(crate) before: Option<String>,
+    pub(crate) limit: Option<usize>,
+}
+
+/// A bad query string.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum FilterError {
+    #[error("{field}: not a time like 2026-11-30T10:00:00Z")]
+    Time { field: &'static str },
+    #[error("before: not a cursor from a previous page")]
+    Cursor,
+}
+
+/// Parsed filters; empty strings mean "any".
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Filter {
+    pub(crate) namespace: Option<String>,
+    pub(crate) class: Option<String>,
+    pub(crate) resource: Option<String>,
+    pub(crate) service: Option<String>,
+    pub(crate) caller: Option<String>,
+    pub(crate) from: Option<SystemTime>,
+    pub(crate) to: Option<SystemTime>,
+}
+
+/// Where a page starts: strictly older than this `(at, id)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Cursor {
+    at: SystemTime,
+    id: Uuid,
+}
+
+impl Cursor {
+    pub(crate) fn encode(&self) -> String {
+        format!("{}_{}", micros(self.at), self.id.simple())
+    }
+
+    fn decode(s: &str) -> Option<Cursor> {
+        let (at, id) = s.split_once('_')?;
+        let at: i64 = at.parse().ok()?;
+        Some(Cursor { at: from_micros(at), id: Uuid::parse_str(id).ok()? })
+    }
+}
+
+fn micros(t: SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_micros() as i64,
+        Err(e) => -(e.duration().as_micros() as i64),
+    }
+}
+
+fn from_micros(m: i64) -> SystemTime {
+    if m >= 0 {
+        UNIX_EPOCH + Duration::from_micros(m as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_micros(m.unsigned_abs())
+    }
+}
+
+/// Parses RFC 3339 in UTC, also without seconds (what `<input type=datetime-local>` sends).
+pub(crate) fn parse_time(s: &str) -> Option<SystemTime> {
+    let s = s.trim();
+    humantime::parse_rfc3339_weak(s).ok().or_else(|| humantime::parse_rfc3339_weak(&format!("{s}:00")).ok())
+}
+
+fn nonempty(s: &Option<String>) -> Option<String> {
+    s.as_deref().map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned)
+}
+
+impl FilterParams {
+    pub(crate) fn parse(&self) -> Result<(Filter, Option<Cursor>, usize), FilterError> {
+        let time = |v: &Option<String>, field| match nonempty(v) {
+            None => Ok(None),
+            Some(s) => parse_time(&s).map(Some).ok_or(FilterError::Time { field }),
+        };
+        let filter = Filter {
+            namespace: nonempty(&self.namespace),
+            class: nonempty(&self.class),
+            resource: nonempty(&self.resource),
+            service: nonempty(&self.service),
+            caller: nonempty(&self.caller),
+            from: time(&self.from, "from")?,
+            to: time(&self.to, "to")?,
+        };
+        let cursor = match nonempty(&self.before) {
+            None => None,
+            Some(s) => Some(Cursor::decode(&s).ok_or(FilterError::Cursor)?),
+        };
+        Ok((filter, cursor, self.limit.unwrap_or(PAGE).clamp(1, PAGE_MAX)))
+    }
+
+    /// The filters (not the cursor or limit) as a query string, for links.
+    pub(crate) fn filter_query(&self) -> String {
+        let pairs = [
+            ("namespace", &self.namespace),
+            ("class", &self.class),
+            ("resource", &self.resource),
+            ("service", &self.service),
+            ("caller", &self.caller),
+            ("from", &self.from),
+            ("to", &self.to),
+        ];
+        pairs
+            .iter()
+            .filter_map(|(k, v)| nonempty(v).map(|v| format!("{k}={}", encode(&v))))
+            .collect::<Vec<_>>()
+            .join("&")
+    }
+}
+
+/// Percent-encodes a query value (everything but unreserved characters).
+pub(crate) fn encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// A WHERE clause with numbered parameters.
+struct Where {
+    clauses: Vec<String>,
+    params: Vec<Box<dyn ToSql + Sync + Send>>,
+}
+
+impl Where {
+    fn new(base: &str) -> Self {
+        Where { clauses: vec![base.to_owned()], params: Vec::new() }
+    }
+
+    /// Adds `clause`, where each `$?` is the next parameter (all the same value).
+    fn add(&mut self, clause: &str, value: impl ToSql + Sync + Send + 'static) {
+        self.params.push(Box::new(value));
+        self.clauses.push(clause.replace("$?", &format!("${}", self.params.len())));
+    }
+
+    fn filter(filter: &Filter) -> Self {
+        let mut w = Where::new("outcome = 'unprotected'");
+        for (col, v) in [
+            ("namespace", &filter.namespace),
+            ("class", &filter.class),
+            ("resource", &filter.resource),
+            ("service", &filter.service),
+            ("caller", &filter.caller),
+        ] {
+            if let Some(v) = v {
+                w.add(&format!("{col} = $?"), v.clone());
+            }
+        }
+        if let Some(from) = filter.from {
+            w.add("at >= $?", from);
+        }
+        if let Some(to) = filter.to {
+            w.add("at < $?", to);
+        }
+        w
+    }
+
+    fn sql(&self) -> String {
+        self.clauses.join(" AND ")
+    }
+
+    fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
+        self.params.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)).collect()
+    }
+}
+
+const WRITE_COLUMNS: &str =
+    "id, at, service, outcome, resource, method, token, highest, finding, enforcement, namespace, class, caller, dropped";
+
+fn token(v: Option<i64>) -> Option<FencingToken> {
+    v.and_then(|t| FencingToken::try_from(t).ok())
+}
+
+fn write_record(row: &Row) -> WriteRecord {
+    let outcome = match row.get::<_, &str>("outcome") {
+        "admitted" => Outcome::Admitted,
+        "rejected" => Outcome::Rejected,
+        "dropped" => Outcome::Dropped,
+        _ => Outcome::Unprotected,
+    };
+    let finding = row.get::<_, Option<&str>>("finding").map(|f| match f {
+        "current" => Finding::Current,
+        "missing_token" => Finding::MissingToken,
+        "malformed_token" => Finding::MalformedToken,
+        "stale" => Finding::Stale,
+        _ => Finding::StoreUnavailable,
+    });
+    WriteRecord {
+        id: row.get("id"),
+        at: row.get("at"),
+        service: row.get("service"),
+        outcome,
+        resource: row.get("resource"),
+        method: row.get("method"),
+        token: token(row.get("token")),
+        highest: token(row.get("highest")),
+        finding,
+        fenced: row.get::<_, Option<&str>>("enforcement").map(|e| e == "fenced"),
+        labels: Labels { namespace: row.get("namespace"), class: row.get("class") },
+        caller: row.get("caller"),
+        dropped: row.get::<_, Option<i64>>("dropped").map(|n| n as u64),
+    }
+}
+
+/// One page of unprotected writes, newest first, and the cursor of the next page.
+pub(crate) async fn unprotected_page<C: GenericClient>(
+    client: &C,
+    filter: &Filter,
+    cursor: Option<Cursor>,
+    limit: usize,
+) -> Result<(Vec<WriteRecord>, Option<Cursor>), AuditError> {
+    let mut w = Where::filter(filter);
+    if let Some(c) = cursor {
+        w.params.push(Box::new(c.at));
+        w.params.push(Box::new(c.id));
+        let n = w.params.len();
+        w.clauses.push(format!("(at, id) < (${}, ${n})", n - 1));
+    }
+    let sql = format!(
+        "SELECT {WRITE_COLUMNS} FROM write_event WHERE {} ORDER BY at DESC, id DESC LIMIT {}",
+        w.sql(),
+        limit + 1
+    );
+    let rows = client.query(&sql, &w.params()).await?;
+    let mut records: Vec<WriteRecord> = rows.iter().map(write_record).collect();
+    let next = if records.len() > limit {
+        records.truncate(limit);
+        records.last().map(|r| Cursor { at: r.at, id: r.id })
+    } else {
+        None
+    };
+    Ok((records, next))
+}
+
+/// Every unprotected write matching `filter`, newest first, up to `max`.
+pub(crate) async fn unprotected_all<C: GenericClient>(
+    client: &C,
+    filter: &Filter,
+    max: usize,
+) -> Result<Vec<WriteRecord>, AuditError> {
+    let mut all = Vec::new();
+    let mut cursor = None;
+    loop {
+        let (page, next) = unprotected_page(client, filter, cursor, PAGE_MAX.min(max - all.len())).await?;
+        all.extend(page);
+        match next {
+            Some(c) if all.len() < max => cursor = Some(c),
+            _ => return Ok(all),
+        }
+    }
+}
+
+/// Unprotected writes per hour over `[from, to)`, `from` rounded down to the hour; every
+/// hour is present, zero or not. Returns `(hour start, count)`.
+pub(crate) async fn hourly<C: GenericClient>(
+    client: &C,
+    filter: &Filter,
+    from: SystemTime,
+    to: SystemTime,
+) -> Result<Vec<(SystemTime, i64)>, AuditError> {
+    let mut f = filter.clone();
+    f.from = Some(from);
+    f.to = Some(to);
+    let w = Where::filter(&f);
+    let sql = format!(
+        "SELECT date_trunc('hour', at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS hour, count(*) \
+         FROM write_event WHERE {} GROUP BY 1 ORDER BY 1",
+        w.sql()
+    );
+    let rows = client.query(&sql, &w.params()).await?;
+    let counts: Vec<(SystemTime, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let start = hour_floor(from);
+    let mut out = Vec::new();
+    let mut hour = start;
+    while hour < to && out.len() < CHART_MAX_HOURS as usize {
+        let n = counts.iter().find(|(h, _)| *h == hour).map_or(0, |(_, n)| *n);
+        out.push((hour, n));
+        hour += Duration::from_secs(3600);
+    }
+    Ok(out)
+}
+
+pub(crate) fn hour_floor(t: SystemTime) -> SystemTime {
+    let secs = t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    UNIX_EPOCH + Duration::from_secs(secs - secs % 3600)
+}
+
+/// A lock event with, for forced releases, who forced it and why.
+#[derive(Debug, Clone)]
+pub(crate) struct TimelineEntry {
+    pub(crate) event: LockEvent,
+    pub(crate) force: Option<ForceRelease>,
+}
+
+/// The events of one lock key, newest first (at most `limit`).
+pub(crate) async fn lock_timeline<C: GenericClient>(
+    client: &C,
+    key: &str,
+    limit: usize,
+) -> Result<Vec<TimelineEntry>, AuditError> {
+    let rows = client
+        .query(
+            "SELECT e.cluster_id, e.revision, e.seq, e.type, e.lock_key, e.namespace, e.class, e.spiffe_id, \
+                    e.token, e.recorded_at, f.request_id, f.requester, f.approver, f.reason, \
+                    f.class_was_fenced, f.at \
+             FROM audit_event e \
+             LEFT JOIN force_release f ON e.type = 'force' AND f.cluster_id = e.cluster_id \
+                  AND f.revision = e.revision AND f.lock_key = e.lock_key \
+             WHERE e.lock_key = $1 ORDER BY e.revision DESC, e.seq DESC LIMIT $2",
+            &[&key, &(limit as i64)],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let cluster_id = ClusterId::from_sql(r.get(0));
+            let revision = Revision::new(r.get::<_, i64>(1).max(0) as u64);
+            let kind = LockEventKind::parse(r.get(3)).unwrap_or(LockEventKind::Gap);
+            let mut event = LockEvent::new(cluster_id, revision, kind, r.get::<_, String>(4));
+            event.seq = r.get::<_, i32>(2).max(0) as u32;
+            event.namespace = r.get(5);
+            event.class = r.get(6);
+            event.spiffe_id = r.get(7);
+            event.token = token(r.get(8));
+            event.recorded_at = Some(r.get(9));
+            let force = r.get::<_, Option<String>>(10).map(|request_id| {
+                ForceRelease::new(
+                    request_id,
+                    cluster_id,
+                    revision,
+                    key,
+                    r.get::<_, String>(11),
+                    r.get::<_, String>(12),
+                    r.get::<_, String>(13),
+                    r.get(14),
+                    r.get(15),
+                )
+            });
+            TimelineEntry { event, force }
+        })
+        .collect())
+}
+
+/// The forced releases, newest first (at most `limit`).
+pub(crate) async fn force_releases<C: GenericClient>(client: &C, limit: usize) -> Result<Vec<ForceRelease>, AuditError> {
+    let rows = client
+        .query(
+            "SELECT request_id, cluster_id, revision, lock_key, requester, approver, reason, class_was_fenced, at \
+             FROM force_release ORDER BY at DESC, request_id LIMIT $1",
+            &[&(limit as i64)],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            ForceRelease::new(
+                r.get::<_, String>(0),
+                ClusterId::from_sql(r.get(1)),
+                Revision::new(r.get::<_, i64>(2).max(0) as u64),
+                r.get::<_, String>(3),
+                r.get::<_, String>(4),
+                r.get::<_, String>(5),
+                r.get::<_, String>(6),
+                r.get(7),
+                r.get(8),
+            )
+        })
+        .collect())
+}

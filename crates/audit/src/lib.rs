@@ -1,0 +1,38 @@
+//! Palisade audit: what happened to locks, and which writes reached a resource without a
+//! current fencing token.
+//!
+//! - **Schema**: [`migrate`] applies the migrations shipped with the crate ([`MIGRATIONS`]),
+//!   idempotently, under an advisory lock. Tables: `audit_event` (grants, releases,
+//!   expiries, forced releases and compaction gaps, keyed by `(cluster_id, revision, seq)`),
+//!   `force_release` (who, who approved, why), `write_event` (one row per checked write).
+//! - **Write events**: [`AuditSink`] is a bounded, non-blocking
+//!   [`WriteObserver`](palisade_fence::WriteObserver) for the fence layer. It batches rows
+//!   into Postgres and spools them to a local file while Postgres is down; see [`sink`].
+//!   [`CallerIdentity`] names the caller (mTLS peer, or a trusted proxy's XFCC header).
+//! - **Lock events**: [`insert_lock_events`] and [`insert_force_release`] store them
+//!   idempotently (the etcd tailer that produces them lives with the lock core's layout).
+//! - **Dashboard**: [`dashboard::router`] serves unprotected writes (filters, pages, CSV,
+//!   an hourly SVG chart), a lock's timeline and the forced releases, as HTML and as JSON
+//!   under `/api/`.
+//!
+//! Audit only observes: a slow or absent audit database never blocks a write.
+
+pub mod dashboard;
+mod error;
+mod event;
+mod identity;
+mod lock;
+mod pool;
+mod schema;
+pub mod sink;
+mod spool;
+mod store;
+
+pub use error::AuditError;
+pub use event::{Finding, Labels, Outcome, WriteRecord};
+pub use identity::{CallerIdentity, PeerSpiffeId, XFCC};
+pub use lock::{ClusterId, ForceRelease, LockEvent, LockEventKind};
+pub use pool::{pool, POOL_TIMEOUT};
+pub use schema::{is_current, migrate, migrate_client, MIGRATIONS};
+pub use sink::{AuditSink, SinkBuilder, SinkObserver, SinkStats};
+pub use store::{insert_force_release, insert_lock_events, insert_writes};

@@ -1,0 +1,191 @@
+//! Lock events (from etcd history) and forced releases: the `audit_event` and
+//! `force_release` rows.
+
+use std::fmt;
+use std::time::SystemTime;
+
+use palisade_fence::{FencingToken, Revision};
+use serde::{Deserialize, Serialize};
+
+/// An etcd cluster id (the `cluster_id` of etcd's response header). Stored in a signed
+/// `BIGINT` bit for bit; shown as 16 hex digits, as `etcdctl` prints it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ClusterId(pub u64);
+
+impl ClusterId {
+    /// The value stored in the database.
+    pub fn to_sql(self) -> i64 {
+        self.0 as i64
+    }
+
+    /// From the value stored in the database.
+    pub fn from_sql(value: i64) -> Self {
+        ClusterId(value as u64)
+    }
+}
+
+impl fmt::Display for ClusterId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
+/// The kind of a lock event (`audit_event.type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum LockEventKind {
+    /// A hold was granted; the event carries its token.
+    Grant,
+    /// The holder released.
+    Release,
+    /// The hold's lease expired (a delete that no release or force asked for).
+    Expire,
+    /// An operator forced the release (see [`ForceRelease`]).
+    Force,
+    /// etcd history was compacted past the tailer's position: events in
+    /// `gap_from..=gap_to` are unknown.
+    Gap,
+}
+
+impl LockEventKind {
+    /// The value stored in `audit_event.type`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LockEventKind::Grant => "grant",
+            LockEventKind::Release => "release",
+            LockEventKind::Expire => "expire",
+            LockEventKind::Force => "force",
+            LockEventKind::Gap => "gap",
+        }
+    }
+
+    /// Parses the stored value.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "grant" => LockEventKind::Grant,
+            "release" => LockEventKind::Release,
+            "expire" => LockEventKind::Expire,
+            "force" => LockEventKind::Force,
+            "gap" => LockEventKind::Gap,
+            _ => return None,
+        })
+    }
+}
+
+/// One `audit_event` row. `(cluster_id, revision, seq)` is the key: inserting the same
+/// event twice stores it once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct LockEvent {
+    /// The etcd cluster the revision belongs to.
+    pub cluster_id: ClusterId,
+    /// The etcd revision of the event (for a gap, its first missing revision).
+    pub revision: Revision,
+    /// The event's position among the events of its revision (0 for the first).
+    pub seq: u32,
+    /// What happened.
+    pub kind: LockEventKind,
+    /// The lock key (`None` only for gaps).
+    pub lock_key: Option<String>,
+    /// The lock namespace, when known.
+    pub namespace: Option<String>,
+    /// The lock class, when known.
+    pub class: Option<String>,
+    /// The holder's SPIFFE ID.
+    pub spiffe_id: Option<String>,
+    /// The hold's token.
+    pub token: Option<FencingToken>,
+    /// For gaps: the first and last revision not seen.
+    pub gap: Option<(Revision, Revision)>,
+    /// When the row was stored (etcd history has no timestamps); set by the database.
+    pub recorded_at: Option<SystemTime>,
+}
+
+impl LockEvent {
+    /// An event on `lock_key` at `revision` (seq 0; set the public fields for the rest).
+    pub fn new(cluster_id: ClusterId, revision: Revision, kind: LockEventKind, lock_key: impl Into<String>) -> Self {
+        LockEvent {
+            cluster_id,
+            revision,
+            seq: 0,
+            kind,
+            lock_key: Some(lock_key.into()),
+            namespace: None,
+            class: None,
+            spiffe_id: None,
+            token: None,
+            gap: None,
+            recorded_at: None,
+        }
+    }
+
+    /// A compaction gap: revisions `from..=to` could not be read.
+    pub fn gap(cluster_id: ClusterId, from: Revision, to: Revision) -> Self {
+        LockEvent {
+            cluster_id,
+            revision: from,
+            seq: 0,
+            kind: LockEventKind::Gap,
+            lock_key: None,
+            namespace: None,
+            class: None,
+            spiffe_id: None,
+            token: None,
+            gap: Some((from, to)),
+            recorded_at: None,
+        }
+    }
+}
+
+/// One `force_release` row: who forced a release, who approved it, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ForceRelease {
+    /// The request's id (unique).
+    pub request_id: String,
+    /// The etcd cluster of `revision`.
+    pub cluster_id: ClusterId,
+    /// The revision of the forced delete; joins the `force` row of `audit_event`.
+    pub revision: Revision,
+    /// The lock key.
+    pub lock_key: String,
+    /// Who asked (SPIFFE ID or user).
+    pub requester: String,
+    /// Who approved (never the requester).
+    pub approver: String,
+    /// Why, in the requester's words.
+    pub reason: String,
+    /// Whether the lock's class was fenced (so resources refused the old holder).
+    pub class_was_fenced: bool,
+    /// When the release was forced.
+    pub at: SystemTime,
+}
+
+impl ForceRelease {
+    /// A forced release with every field given.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        request_id: impl Into<String>,
+        cluster_id: ClusterId,
+        revision: Revision,
+        lock_key: impl Into<String>,
+        requester: impl Into<String>,
+        approver: impl Into<String>,
+        reason: impl Into<String>,
+        class_was_fenced: bool,
+        at: SystemTime,
+    ) -> Self {
+        ForceRelease {
+            request_id: request_id.into(),
+            cluster_id,
+            revision,
+            lock_key: lock_key.into(),
+            requester: requester.into(),
+            approver: approver.into(),
+            reason: reason.into(),
+            class_was_fenced,
+            at,
+        }
+    }
+}
