@@ -50,7 +50,7 @@ mod token;
 pub use client::{FencingTokenLayer, SetFencingToken, TokenSource};
 #[cfg(feature = "tower")]
 pub use fence::{
-    ChannelObserver, Enforcement, EnforcementTable, Fence, FenceLayer, Rejection, RejectionKind,
+    decoded_path, ChannelObserver, Enforcement, EnforcementTable, Fence, FenceLayer, Rejection, RejectionKind,
     ResponseFuture, VerifiedToken, WriteEvent, WriteObserver, WriteOutcome, FENCING_TOKEN,
 };
 #[cfg(feature = "postgres")]

@@ -8,6 +8,7 @@ use tower::Layer;
 use super::observer::WriteObserver;
 use super::policy::{Enforcement, EnforcementTable};
 use super::rejection::{Rejection, RespondFn};
+use super::resource::decoded_path;
 use super::service::Fence;
 use crate::HighWaterStore;
 
@@ -38,12 +39,13 @@ pub struct FenceLayer {
 
 impl FenceLayer {
     /// Checks `POST`, `PUT`, `PATCH` and `DELETE` requests against `store`, with the
-    /// request path as the resource key and every resource [`Enforcement::Fenced`].
+    /// percent-decoded request path ([`decoded_path`](crate::decoded_path)) as the
+    /// resource key and every resource [`Enforcement::Fenced`].
     pub fn new(store: impl HighWaterStore) -> Self {
         FenceLayer {
             config: Config {
                 store: Arc::new(store),
-                resource: Arc::new(|_: &Method, uri: &Uri, _: &HeaderMap| Some(uri.path().to_owned())),
+                resource: Arc::new(|_: &Method, uri: &Uri, _: &HeaderMap| Some(decoded_path(uri))),
                 enforcement: Arc::new(|_: &str| Enforcement::Fenced),
                 methods: vec![Method::POST, Method::PUT, Method::PATCH, Method::DELETE],
                 observer: None,
@@ -55,6 +57,11 @@ impl FenceLayer {
     }
 
     /// Maps a request to its resource key; `None` lets the request through unchecked.
+    ///
+    /// The mapping must agree with how the inner service routes: two requests that
+    /// reach the same data must map to the same key, or each key keeps its own mark and a
+    /// stale token passes through the other. Build keys from decoded values, as
+    /// [`decoded_path`](crate::decoded_path) does.
     pub fn with_resource<F>(mut self, f: F) -> Self
     where
         F: Fn(&Method, &Uri, &HeaderMap) -> Option<String> + Send + Sync + 'static,

@@ -2,8 +2,8 @@
 //!
 //! [`FenceLayer`] wraps a service in [`Fence`]. For each request whose method is checked
 //! (`POST`, `PUT`, `PATCH`, `DELETE` by default; [`FenceLayer::with_methods`]) and that
-//! maps to a resource key (the path by default; [`FenceLayer::with_resource`]; `None`
-//! lets the request through), the layer reads the `Fencing-Token` header and resolves the
+//! maps to a resource key (the percent-decoded path by default, see [`decoded_path`];
+//! [`FenceLayer::with_resource`]; `None` lets the request through), the layer reads the `Fencing-Token` header and resolves the
 //! resource's [`Enforcement`] ([`FenceLayer::with_enforcement`], or a prefix
 //! [`EnforcementTable`]). Then:
 //!
@@ -33,6 +33,21 @@
 //!   inner service's; any request body; a response body that is `From<Bytes>` (axum's
 //!   `Body`, `Full<Bytes>`, …). Works with `Router::layer`, `Router::route_layer` and
 //!   `ServiceBuilder`.
+//!
+//! # Where to put the layer, and what a token can do to a store
+//!
+//! Tokens are not authenticated: whoever can send a write can raise a mark. A token
+//! far above every granted one (say `9223372036854775807`) makes that resource refuse
+//! every real holder — inherent to fencing, so only let callers you trust write at all
+//! (mTLS in front of the layer). Two consequences:
+//!
+//! - Prefer `Router::route_layer`: `Router::layer` also checks requests that match no
+//!   route, so junk paths would create marks (and fill a bounded store).
+//! - [`MemoryStore`](crate::MemoryStore)'s eviction floor is shared by every resource it
+//!   forgot: a flood of huge tokens on throwaway paths raises the floor and so refuses
+//!   real writes everywhere until the process restarts. Size the store to the working
+//!   set, use `route_layer`, or use [`PostgresStore`](crate::PostgresStore), which never
+//!   forgets a mark and has no floor.
 //!
 //! # Ordering: what the layer guarantees, and what needs the Postgres helper
 //!
@@ -104,6 +119,7 @@ mod layer;
 mod observer;
 mod policy;
 mod rejection;
+mod resource;
 mod service;
 
 use http::HeaderName;
@@ -115,6 +131,7 @@ pub use layer::FenceLayer;
 pub use observer::{ChannelObserver, WriteEvent, WriteObserver, WriteOutcome};
 pub use policy::{Enforcement, EnforcementTable};
 pub use rejection::{Rejection, RejectionKind};
+pub use resource::decoded_path;
 pub use service::Fence;
 
 /// The `Fencing-Token` request header: one decimal token.

@@ -339,3 +339,83 @@ async fn the_client_layer_stamps_the_token_from_its_source() {
     let t = tok(42).to_string();
     assert_eq!(*seen.lock().unwrap(), vec![Some(t.clone()), Some(t)]);
 }
+
+/// Routers decode the path before extracting parameters: `/orders/%31` is served by the
+/// handler of `/orders/1`. The default resource key must be the same for both, or a
+/// stale writer could spell the path differently and slip past the mark.
+#[tokio::test]
+async fn a_percent_encoded_path_shares_the_mark_of_its_decoded_form() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let seen_in_handler = Arc::clone(&seen);
+    let counted = Arc::clone(&calls);
+    let app = Router::new()
+        .route(
+            "/orders/{id}",
+            put(move |axum::extract::Path(id): axum::extract::Path<String>, Extension(v): Extension<VerifiedToken>| {
+                let (calls, seen) = (Arc::clone(&counted), Arc::clone(&seen_in_handler));
+                async move {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    seen.lock().unwrap().push((id, v.resource));
+                }
+            }),
+        )
+        .route_layer(FenceLayer::new(MemoryStore::new(1_000)));
+    let addr = serve(app).await;
+    let c = client();
+
+    let r = send(&c, Method::PUT, addr, "/orders/1", &[&tok(100).to_string()]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    for alias in ["/orders/%31", "/orders/%31%"] {
+        let r = send(&c, Method::PUT, addr, alias, &[&tok(5).to_string()]).await;
+        if alias == "/orders/%31" {
+            assert_problem(&r, 409, "stale-token", "/orders/1", Some(tok(5)), Some(tok(100)));
+        } else {
+            // A lone `%` decodes to itself: another resource, and a fresh mark.
+            assert_eq!(r.status, StatusCode::OK, "{alias}");
+        }
+    }
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec![("1".to_owned(), "/orders/1".to_owned()), ("1%".to_owned(), "/orders/1%".to_owned())]
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "the stale alias never reached the handler");
+}
+
+/// `poll_ready` is the inner service's: a layer that answered ready on its own would let
+/// callers push requests into a service that has no room for them.
+#[tokio::test]
+async fn readiness_and_its_errors_are_the_inner_services() {
+    use std::task::Poll;
+    use tower::{Layer, Service, ServiceExt};
+
+    #[derive(Clone)]
+    struct Gate(Arc<AtomicU64>);
+    impl Service<http::Request<axum::body::Body>> for Gate {
+        type Response = http::Response<axum::body::Body>;
+        type Error = &'static str;
+        type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+        fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Result<(), Self::Error>> {
+            match self.0.load(Ordering::SeqCst) {
+                0 => {
+                    cx.waker().wake_by_ref();
+                    Poll::Pending
+                }
+                1 => Poll::Ready(Ok(())),
+                _ => Poll::Ready(Err("inner service broke")),
+            }
+        }
+        fn call(&mut self, _: http::Request<axum::body::Body>) -> Self::Future {
+            std::future::ready(Ok(http::Response::new(axum::body::Body::empty())))
+        }
+    }
+
+    let state = Arc::new(AtomicU64::new(0));
+    let mut svc = FenceLayer::new(MemoryStore::new(10)).layer(Gate(Arc::clone(&state)));
+    let not_ready = tokio::time::timeout(std::time::Duration::from_millis(50), svc.ready()).await;
+    assert!(not_ready.is_err(), "the fence reported ready while the inner service was not");
+    state.store(1, Ordering::SeqCst);
+    svc.ready().await.expect("ready once the inner service is");
+    state.store(2, Ordering::SeqCst);
+    assert_eq!(svc.ready().await.err(), Some("inner service broke"));
+}
