@@ -90,7 +90,10 @@
 //! serves it are recorded twice: in etcd (`config/epoch`) and in a durable record
 //! outside etcd ([`EpochStore`]; [`FileEpochStore`] writes a JSON file atomically with
 //! fsync and rename). The durable record also holds the highest grant revision issued in
-//! the epoch.
+//! the epoch. A store write is a max-merge: it never lowers the epoch, nor the highest
+//! grant revision within an epoch, even with concurrent writers ([`FileEpochStore`]
+//! serializes writers of one path with an exclusive `flock` on `<path>.lock` and uses a
+//! unique temporary file per write).
 //!
 //! - The first locker on an empty key space and an empty store writes epoch 0 (reason
 //!   `bootstrap`), durable record first.

@@ -1293,3 +1293,38 @@ async fn etcd_waiter_whose_lease_is_revoked_before_it_wakes_is_never_granted() {
     );
     assert!(token(&hv).revision().get() > 0);
 }
+
+#[tokio::test]
+async fn etcd_two_lockers_sharing_a_file_store_grant_without_store_errors() {
+    let f = fixture(1).await;
+    // A second locker on the same etcd and the same epoch file.
+    let other = connect(f.cluster.endpoints(), &f.dir).await.unwrap();
+    assert_eq!(other.epoch().1, None);
+    let mut tasks = Vec::new();
+    for (i, locker) in [f.locker.clone(), other.clone()].into_iter().enumerate() {
+        tasks.push(tokio::spawn(async move {
+            let s = session(&locker, 10).await;
+            let mut max = 0;
+            for j in 0..80 {
+                let name = lock(&format!("shared-store/{i}/{j}"));
+                let h = locker
+                    .acquire(&s, &name, Mode::Exclusive, secs(10))
+                    .await
+                    .expect("no epoch store error");
+                max = max.max(token(&h).revision().get());
+                h.release().await.unwrap();
+            }
+            max
+        }));
+    }
+    let mut max = 0;
+    for t in tasks {
+        max = max.max(t.await.unwrap());
+    }
+    let durable = FileEpochStore::new(f.dir.path().join("epoch.json"))
+        .load()
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(durable.highest_grant_rev.get(), max, "the record is the max");
+}
