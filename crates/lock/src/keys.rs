@@ -147,6 +147,12 @@ impl LockKeys {
         format!("{}g/{}/{lease}", self.base, mode.segment())
     }
 
+    /// The cancel marker of one acquire attempt: `c/<lease>/<attempt>` (see the crate
+    /// docs). A first Txn of that attempt that reaches etcd after it does nothing.
+    pub(crate) fn cancel_marker(&self, lease: LeaseId, attempt: u64) -> String {
+        format!("{}c/{lease}/{attempt}", self.base)
+    }
+
     /// The hold key that a grant record `g/<m>/<lease>` belongs to.
     pub(crate) fn hold_for_grant(&self, grant_key: &[u8]) -> Option<String> {
         let rest = std::str::from_utf8(grant_key)

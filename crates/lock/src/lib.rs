@@ -32,6 +32,7 @@
 //! | `locks/<ns>/<class>/<k>/q/<x\|s>/<lease>` | holder meta | session | a waiter |
 //! | `locks/<ns>/<class>/<k>/h/<x\|s>/<lease>` | holder meta | session | a grant |
 //! | `locks/<ns>/<class>/<k>/g/<x\|s>/<lease>` | holder meta | none | a grant (grant record) |
+//! | `locks/<ns>/<class>/<k>/c/<lease>/<attempt>` | empty | session | cleanup of a dropped acquire (cancel marker) |
 //!
 //! - `<k>` is the lock key with `%`, `/` and space percent-encoded (`%25`, `%2F`,
 //!   `%20`), so it is one segment, and the `/` after it keeps `a/b` and `a/bc` apart.
@@ -43,6 +44,15 @@
 //!   `epoch · 2^48 + create_revision` of its `h/` key, which equals the revision of the
 //!   granting Txn.
 //! - Queue order is the create revision of the `q/` keys (FIFO).
+//! - A cancel marker `c/<lease>/<attempt>` (`<attempt>` in decimal) is neither a grant
+//!   nor a release: no `h/` or `g/` key changes in its revision except the deletes of the
+//!   same attempt's own keys (which, if any, look like a release). Every Txn of an
+//!   acquire that creates keys without comparing a key of its own (the first
+//!   grant-or-enqueue Txn, a re-enqueue) is wrapped as `if create_revision(marker) == 0
+//!   then <Txn>`. A dropped or failed acquire whose such Txn may still reach etcd (no
+//!   answer, or sent more than once) puts the marker on the session's lease in the same
+//!   Txn that deletes its keys, so a copy that etcd applies later does nothing. Markers
+//!   are rare and end with the lease.
 //!
 //! ## How audit tells the events apart (all in one revision each)
 //!
@@ -81,8 +91,12 @@
 //! - Lock-delay: if grant records of ended holds are found (expiry or force), the waiter
 //!   grants no sooner than `lock_delay` after it first observed them. That instant is
 //!   after the hold actually ended, so the delay is measured conservatively.
-//! - A wait that times out or whose future is dropped deletes its waiter key (inline on
-//!   error, from a spawned task on drop).
+//! - A wait that times out or whose future is dropped deletes its waiter key, and a
+//!   hold whose grant it never saw (inline on error, from a spawned task on drop); the
+//!   deletes compare the value with the attempt's meta. If a key-creating Txn of the
+//!   attempt may still be in flight, the same cleanup Txn writes the cancel marker (see
+//!   the key layout). A waiter's grant Txn needs no marker: it compares its own waiter
+//!   key's create revision, and the cleanup deleted that key.
 //!
 //! # Epochs
 //!

@@ -1328,3 +1328,103 @@ async fn etcd_two_lockers_sharing_a_file_store_grant_without_store_errors() {
         .unwrap();
     assert_eq!(durable.highest_grant_rev.get(), max, "the record is the max");
 }
+
+/// Keys of the locks under `prefix` (a key prefix inside class `c` of `ns`) that are
+/// holds, grant records or waiters; waits up to 5 s for background cleanups to finish.
+async fn lock_keys_left(client: &Client, key_prefix: &str) -> Vec<String> {
+    let under = format!("{ROOT}locks/{NS}/c/{}", key_prefix.replace('/', "%2F"));
+    let started = Instant::now();
+    loop {
+        let left: Vec<String> = keys_under(client, &under)
+            .await
+            .into_iter()
+            .filter(|k| ["/q/", "/h/", "/g/"].iter().any(|s| k.contains(s)))
+            .collect();
+        if left.is_empty() || started.elapsed() > Duration::from_secs(5) {
+            return left;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Every lock is free at once for a fresh session.
+async fn all_acquirable_at_once(locker: &Locker, names: &[LockName]) {
+    let fresh = session(locker, 30).await;
+    for name in names {
+        let h = locker
+            .acquire(&fresh, name, Mode::Exclusive, within(Duration::from_secs(2)))
+            .await
+            .unwrap_or_else(|e| panic!("{name:?} is not free: {e:?}"));
+        h.release().await.unwrap();
+    }
+    fresh.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn etcd_acquire_dropped_while_its_first_txn_is_in_flight_leaves_no_keys() {
+    let f = fixture(1).await;
+    let s = session(&f.locker, 30).await;
+    let mut names = Vec::new();
+    // Uncontended: the first Txn grants. Dropped at varied moments around its flight.
+    for i in 0..300u64 {
+        let name = lock(&format!("drop/g{i}"));
+        let us = (i * 7919) % 3000;
+        let acquire = f.locker.acquire(&s, &name, Mode::Exclusive, secs(5));
+        if let Ok(r) = tokio::time::timeout(Duration::from_micros(us), acquire).await {
+            r.unwrap().release().await.unwrap();
+        }
+        names.push(name);
+    }
+    // Contended: the first Txn enqueues (another session holds the lock).
+    let other = session(&f.locker, 30).await;
+    let mut held = Vec::new();
+    for i in 0..150u64 {
+        let name = lock(&format!("drop/q{i}"));
+        held.push(
+            f.locker
+                .acquire(&other, &name, Mode::Exclusive, secs(5))
+                .await
+                .unwrap(),
+        );
+        let us = (i * 7919) % 3000;
+        let acquire = f.locker.acquire(&s, &name, Mode::Exclusive, secs(5));
+        assert!(tokio::time::timeout(Duration::from_micros(us), acquire)
+            .await
+            .is_err());
+        names.push(name);
+    }
+    for h in held {
+        h.release().await.unwrap();
+    }
+    // A waiter dropped while its grant Txn may be in flight: the holder releases, and the
+    // waiter's future is dropped at varied moments after that.
+    for i in 0..100u64 {
+        let name = lock(&format!("drop/w{i}"));
+        let h = f
+            .locker
+            .acquire(&other, &name, Mode::Exclusive, secs(5))
+            .await
+            .unwrap();
+        let mut acquire = Box::pin(f.locker.acquire(&s, &name, Mode::Exclusive, secs(10)));
+        // Drive the acquire until its waiter key is in etcd.
+        loop {
+            tokio::select! {
+                r = &mut acquire => panic!("granted while held: {r:?}"),
+                _ = tokio::time::sleep(Duration::from_millis(2)) => {}
+            }
+            if f.locker.lock_state(&name).await.unwrap().waiters.len() == 1 {
+                break;
+            }
+        }
+        h.release().await.unwrap();
+        let us = (i * 7919) % 4000;
+        if let Ok(r) = tokio::time::timeout(Duration::from_micros(us), &mut acquire).await {
+            r.unwrap().release().await.unwrap();
+        }
+        drop(acquire);
+        names.push(name);
+    }
+    let left = lock_keys_left(f.locker.client(), "drop/").await;
+    assert!(left.is_empty(), "dropped attempts left keys: {left:?}");
+    all_acquirable_at_once(&f.locker, &names).await;
+}

@@ -150,13 +150,14 @@ impl Attempt {
             .map(|w| w.create_rev)
         else {
             // Our waiter key is gone (lease expired, or deleted by someone): enqueue again
-            // at the back; a dead lease makes the put fail with SessionLost.
+            // at the back; a dead lease makes the put fail with SessionLost. Guarded by the
+            // cancel marker like the first Txn, so a late copy cannot outlive a cleanup.
             let put = TxnOp::put(
                 my_waiter,
                 self.meta.clone(),
                 Some(PutOptions::new().with_lease(self.lease())),
             );
-            self.txn(Txn::new().and_then([put])).await?;
+            self.guarded_txn(Txn::new().and_then([put])).await?;
             return Ok(Step::Waited);
         };
         let x_prefix = |p: String| move |e: &&Entry| e.key.starts_with(p.as_bytes());
