@@ -78,8 +78,9 @@ pub enum InvalidInput {
         /// The class's `ttl_max`.
         max: Duration,
     },
-    /// A TTL that etcd cannot express (below one second, or above `i64::MAX` seconds).
-    #[error("TTL {0:?} is not a whole number of seconds of at least one")]
+    /// A TTL that etcd cannot grant: not a whole number of seconds, below one second,
+    /// or above etcd's maximum lease TTL (9,000,000,000 s).
+    #[error("TTL {0:?} is not a whole number of seconds from 1 to 9000000000")]
     BadTtl(Duration),
     /// A class whose `ttl_min` is above its `ttl_max`.
     #[error("class ttl_min {min:?} is above ttl_max {max:?}")]

@@ -144,6 +144,9 @@
 //!
 //! # Known limits
 //!
+//! - A session's TTL is what etcd granted, which can exceed the TTL asked for (etcd's
+//!   minimum lease TTL); class TTL bounds apply to the granted TTL, so a class whose
+//!   `ttl_max` is below etcd's minimum refuses every session.
 //! - A running locker caches each class on first use; class changes reach it for classes
 //!   it has not used yet.
 //! - A release whose first attempt committed but whose answer was lost is retried and

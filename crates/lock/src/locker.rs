@@ -151,12 +151,16 @@ impl Locker {
         (c.record, c.mismatch)
     }
 
-    /// Opens a session: grants an etcd lease of `ttl` (whole seconds, at least one) and
-    /// starts its keepalive.
+    /// Opens a session: grants an etcd lease of `ttl` (whole seconds, from one to etcd's
+    /// maximum lease TTL of 9,000,000,000 s) and starts its keepalive. etcd may grant
+    /// more than asked (its minimum lease TTL, 2 s on etcd 3.4/3.5 by default):
+    /// [`Session::ttl`] reports the granted TTL, and class TTL bounds are checked
+    /// against it at acquire.
     ///
     /// # Errors
     ///
-    /// [`InvalidInput::BadTtl`]; [`ErrorKind::QuorumLost`] if etcd cannot grant it.
+    /// [`InvalidInput::BadTtl`] (checked before any etcd call);
+    /// [`ErrorKind::QuorumLost`] if etcd cannot grant it.
     pub async fn open_session(&self, spiffe_id: SpiffeId, ttl: Duration) -> Result<Session> {
         Session::open(
             self.inner.client.clone(),

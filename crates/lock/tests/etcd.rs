@@ -1467,3 +1467,49 @@ fn etcd_dropped_hold_can_be_acquired_again_at_once_on_a_current_thread_runtime()
         }
     });
 }
+
+#[tokio::test]
+async fn etcd_session_ttl_is_what_etcd_granted_and_too_long_a_ttl_is_bad_input() {
+    let mut f = fixture(1).await;
+    let s = session(&f.locker, 1).await;
+    let granted = f
+        .locker
+        .client()
+        .clone()
+        .lease_time_to_live(s.lease().get(), None)
+        .await
+        .unwrap()
+        .granted_ttl();
+    assert!(granted >= 1);
+    assert_eq!(s.ttl(), Duration::from_secs(granted as u64), "the TTL etcd granted");
+    // Class bounds are checked against the granted TTL.
+    let mut tight = class(NS2, "tight", "t/");
+    tight.ttl_min = Duration::from_secs(1);
+    tight.ttl_max = Duration::from_secs(granted as u64);
+    f.locker.config().put_class(&tight).await.unwrap();
+    let h = f
+        .locker
+        .acquire(&s, &LockName::new(NS2, "tight", "t/1"), Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
+    h.release().await.unwrap();
+
+    // Above etcd's MaxLeaseTTL: refused before any etcd call, even with etcd down.
+    f.cluster.kill(0);
+    for ttl in [9_000_000_001, u64::MAX / 2] {
+        let started = Instant::now();
+        let err = f
+            .locker
+            .open_session(
+                SpiffeId::new("spiffe://test/worker").unwrap(),
+                Duration::from_secs(ttl),
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err.invalid_input(), Some(InvalidInput::BadTtl(_))),
+            "{err:?}"
+        );
+        assert!(started.elapsed() < Duration::from_millis(100));
+    }
+}
