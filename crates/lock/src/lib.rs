@@ -44,6 +44,12 @@
 //!   `epoch · 2^48 + create_revision` of its `h/` key, which equals the revision of the
 //!   granting Txn.
 //! - Queue order is the create revision of the `q/` keys (FIFO).
+//! - Compares and reads of `q/`, `h/` and `g/` cover only the lease-key ranges
+//!   `<sub>/<x|s>/0000000000000000` ..= `<sub>/<x|s>/ffffffffffffffff`, so a stray key
+//!   of another shape under a lock (say `q/x/junk`) never blocks it. A stray key inside
+//!   those ranges but not written by this crate (say `q/x/1`) is treated like the key it
+//!   resembles and can block the lock until deleted by hand; [`Locker::lock_state`]
+//!   lists such keys in [`LockState::foreign_keys`].
 //! - A cancel marker `c/<lease>/<attempt>` (`<attempt>` in decimal) is neither a grant
 //!   nor a release: no `h/` or `g/` key changes in its revision except the deletes of the
 //!   same attempt's own keys (which, if any, look like a release). Every Txn of an

@@ -1533,3 +1533,60 @@ async fn etcd_session_ttl_is_what_etcd_granted_and_too_long_a_ttl_is_bad_input()
         assert!(started.elapsed() < Duration::from_secs(1));
     }
 }
+
+#[tokio::test]
+async fn etcd_stray_keys_in_reserved_sub_prefixes_never_block_and_in_shape_ones_are_reported() {
+    let f = fixture(1).await;
+    let c = f.locker.client().clone();
+    let s = session(&f.locker, 10).await;
+    let name = lock("stray");
+    let b = base("stray");
+    // Outside the lease-key shape: ignored by acquires and by lock_state.
+    for stray in [
+        "q/x/junk",
+        "q/s/junk",
+        "q/junk",
+        "q/x/",
+        "h/x/junk",
+        "h/s/zz",
+        "h/z/0000000000000001",
+        "g/x/junk",
+        "g/s/ffffffffffffffffff",
+    ] {
+        c.clone().put(format!("{b}{stray}"), "junk", None).await.unwrap();
+    }
+    for mode in [Mode::Exclusive, Mode::Shared] {
+        let h = f
+            .locker
+            .acquire(&s, &name, mode, within(Duration::from_secs(2)))
+            .await
+            .unwrap_or_else(|e| panic!("{mode:?} blocked by stray keys: {e:?}"));
+        h.release().await.unwrap();
+    }
+    // A contended grant (through the waiter path) is not blocked either.
+    let s2 = session(&f.locker, 10).await;
+    let h = f
+        .locker
+        .acquire(&s, &name, Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
+    let waiter = spawn_waiter(&f.locker, &s2, &name, Mode::Exclusive, secs(5)).await;
+    h.release().await.unwrap();
+    waiter.await.unwrap().unwrap().release().await.unwrap();
+    let state = f.locker.lock_state(&name).await.unwrap();
+    assert!(state.foreign_keys.is_empty(), "{state:?}");
+
+    // Inside the shape: it blocks (acquires treat it as a waiter), and lock_state says why.
+    let inside = format!("{b}q/x/0000000000000001");
+    c.clone().put(inside.as_str(), "junk", None).await.unwrap();
+    let state = f.locker.lock_state(&name).await.unwrap();
+    assert_eq!(state.foreign_keys, vec![inside.clone()], "{state:?}");
+    assert!(state.holders.is_empty() && state.waiters.is_empty());
+    c.clone().delete(inside.as_str(), None).await.unwrap();
+    let h = f
+        .locker
+        .acquire(&s, &name, Mode::Exclusive, within(Duration::from_secs(2)))
+        .await
+        .unwrap();
+    h.release().await.unwrap();
+}

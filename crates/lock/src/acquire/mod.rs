@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::hold::Hold;
-use crate::keys::{prefix_end, LockKeys};
+use crate::keys::LockKeys;
 use crate::locker::{LockName, LockerInner};
 use crate::model::{LockClass, Mode, QuorumPolicy};
 use crate::retry::{self, CallError};
@@ -344,24 +344,26 @@ impl Attempt {
     async fn run(&self) -> Result<Option<(Revision, FencingToken)>> {
         // Fast path, one Txn: no conflicting hold, no waiter, no unconsumed grant record
         // (an expired or forced hold whose lock-delay may apply) -> hold; else enqueue.
-        let empty = |prefix: String| {
-            Compare::create_revision(prefix.clone(), CompareOp::Equal, 0)
-                .with_range(prefix_end(&prefix))
-        };
+        // Ranges bounded to the lease-key shape (see `LockKeys::lease_range`).
         let k = &self.keys;
+        let empty = |sub: char, mode: Mode| {
+            let (start, end) = k.lease_range(sub, mode);
+            Compare::create_revision(start, CompareOp::Equal, 0).with_range(end)
+        };
         let mut when = vec![self.epoch_compare()];
-        match self.mode {
-            Mode::Exclusive => when.extend([empty(k.holds()), empty(k.queue()), empty(k.grants())]),
-            Mode::Shared => when.extend([
-                Compare::create_revision(
+        let conflicting: &[Mode] = match self.mode {
+            Mode::Exclusive => &[Mode::Exclusive, Mode::Shared],
+            Mode::Shared => {
+                when.push(Compare::create_revision(
                     k.hold(Mode::Shared, self.session.lease()),
                     CompareOp::Equal,
                     0,
-                ),
-                empty(k.holds_of(Mode::Exclusive)),
-                empty(k.queue_of(Mode::Exclusive)),
-                empty(k.grants_of(Mode::Exclusive)),
-            ]),
+                ));
+                &[Mode::Exclusive]
+            }
+        };
+        for &m in conflicting {
+            when.extend([empty('h', m), empty('q', m), empty('g', m)]);
         }
         let enqueue = TxnOp::put(
             k.waiter(self.mode, self.session.lease()),
