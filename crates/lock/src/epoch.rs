@@ -126,9 +126,9 @@ impl EpochStore for FileEpochStore {
 
     fn store(&self, record: EpochRecord) -> BoxFuture<'_, Result<(), StoreError>> {
         let path = self.path.clone();
-        Box::pin(async move {
-            tokio::task::spawn_blocking(move || store_file(&path, record)).await?
-        })
+        Box::pin(
+            async move { tokio::task::spawn_blocking(move || store_file(&path, record)).await? },
+        )
     }
 }
 
@@ -373,7 +373,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("epoch.json");
         let (a, b) = (FileEpochStore::new(&path), FileEpochStore::new(&path));
-        let rec = |rev| EpochRecord::new(Epoch::ZERO, 7, EpochReason::Bootstrap, Revision::new(rev));
+        let rec =
+            |rev| EpochRecord::new(Epoch::ZERO, 7, EpochReason::Bootstrap, Revision::new(rev));
         let writes = (1..=200u64).map(|i| {
             let store = if i % 2 == 0 { a.clone() } else { b.clone() };
             let r = rec(i);

@@ -153,8 +153,8 @@ impl LockKeys {
     /// so stray keys of other shapes under the sub-prefix never block the lock.
     pub(crate) fn lease_range(&self, sub: char, mode: Mode) -> (String, Vec<u8>) {
         let start = format!("{}{sub}/{}/{}", self.base, mode.segment(), "0".repeat(16));
-        let mut end = format!("{}{sub}/{}/{}", self.base, mode.segment(), "f".repeat(16))
-            .into_bytes();
+        let mut end =
+            format!("{}{sub}/{}/{}", self.base, mode.segment(), "f".repeat(16)).into_bytes();
         end.push(0);
         (start, end)
     }
@@ -268,7 +268,14 @@ mod tests {
                 assert!(k.in_lease_ranges(key.as_bytes()) && k.is_lease_key(key.as_bytes()));
             }
         }
-        for stray in ["q/x/junk", "q/junk", "h/", "g/x/", "q/y/0000000000000000", "h/x/fffffffffffffffff0"] {
+        for stray in [
+            "q/x/junk",
+            "q/junk",
+            "h/",
+            "g/x/",
+            "q/y/0000000000000000",
+            "h/x/fffffffffffffffff0",
+        ] {
             let key = format!("{}{stray}", k.base());
             assert!(!k.in_lease_ranges(key.as_bytes()), "{stray}");
         }

@@ -386,7 +386,11 @@ async fn etcd_shared_holders_exclusive_waiter_and_later_shared_waiter() {
         r.release().await.unwrap();
     }
     let state = f.locker.lock_state(&name).await.unwrap();
-    assert_eq!(state.holders.len(), 1, "one shared holder remains: {state:?}");
+    assert_eq!(
+        state.holders.len(),
+        1,
+        "one shared holder remains: {state:?}"
+    );
     assert_eq!(
         state.waiters.iter().map(|w| w.mode).collect::<Vec<_>>(),
         [Mode::Exclusive, Mode::Shared],
@@ -400,7 +404,11 @@ async fn etcd_shared_holders_exclusive_waiter_and_later_shared_waiter() {
     let state = f.locker.lock_state(&name).await.unwrap();
     assert_eq!(state.holders.len(), 1, "{state:?}");
     assert_eq!(state.holders[0].mode, Mode::Exclusive);
-    assert_eq!(state.waiters.len(), 1, "the shared waiter still queued: {state:?}");
+    assert_eq!(
+        state.waiters.len(),
+        1,
+        "the shared waiter still queued: {state:?}"
+    );
     let wt = token(&w);
     let writer_key = format!("{}h/x/{}", base("rw"), writer_s.lease());
     w.release().await.unwrap();
@@ -1336,7 +1344,12 @@ async fn all_acquirable_at_once(locker: &Locker, names: &[LockName]) {
     let fresh = session(locker, 30).await;
     for name in names {
         let h = locker
-            .acquire(&fresh, name, Mode::Exclusive, within(Duration::from_secs(2)))
+            .acquire(
+                &fresh,
+                name,
+                Mode::Exclusive,
+                within(Duration::from_secs(2)),
+            )
             .await
             .unwrap_or_else(|e| panic!("{name:?} is not free: {e:?}"));
         h.release().await.unwrap();
@@ -1445,7 +1458,11 @@ async fn etcd_two_lockers_sharing_a_file_store_grant_without_store_errors() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(durable.highest_grant_rev.get(), max, "the record is the max");
+    assert_eq!(
+        durable.highest_grant_rev.get(),
+        max,
+        "the record is the max"
+    );
 }
 
 #[test]
@@ -1459,11 +1476,7 @@ fn etcd_dropped_hold_can_be_acquired_again_at_once_on_a_current_thread_runtime()
         let s = session(&f.locker, 10).await;
         for mode in [Mode::Exclusive, Mode::Shared] {
             let name = lock(&format!("redrop-{mode:?}"));
-            let mut last = f
-                .locker
-                .acquire(&s, &name, mode, secs(5))
-                .await
-                .unwrap();
+            let mut last = f.locker.acquire(&s, &name, mode, secs(5)).await.unwrap();
             for _ in 0..10 {
                 let old = token(&last);
                 drop(last);
@@ -1500,7 +1513,11 @@ async fn etcd_session_ttl_is_what_etcd_granted_and_too_long_a_ttl_is_bad_input()
         .unwrap()
         .granted_ttl();
     assert!(granted >= 1);
-    assert_eq!(s.ttl(), Duration::from_secs(granted as u64), "the TTL etcd granted");
+    assert_eq!(
+        s.ttl(),
+        Duration::from_secs(granted as u64),
+        "the TTL etcd granted"
+    );
     // Class bounds are checked against the granted TTL.
     let mut tight = class(NS2, "tight", "t/");
     tight.ttl_min = Duration::from_secs(1);
@@ -1508,7 +1525,12 @@ async fn etcd_session_ttl_is_what_etcd_granted_and_too_long_a_ttl_is_bad_input()
     f.locker.config().put_class(&tight).await.unwrap();
     let h = f
         .locker
-        .acquire(&s, &LockName::new(NS2, "tight", "t/1"), Mode::Exclusive, secs(5))
+        .acquire(
+            &s,
+            &LockName::new(NS2, "tight", "t/1"),
+            Mode::Exclusive,
+            secs(5),
+        )
         .await
         .unwrap();
     h.release().await.unwrap();
@@ -1553,7 +1575,10 @@ async fn etcd_stray_keys_in_reserved_sub_prefixes_never_block_and_in_shape_ones_
         "g/x/junk",
         "g/s/ffffffffffffffffff",
     ] {
-        c.clone().put(format!("{b}{stray}"), "junk", None).await.unwrap();
+        c.clone()
+            .put(format!("{b}{stray}"), "junk", None)
+            .await
+            .unwrap();
     }
     for mode in [Mode::Exclusive, Mode::Shared] {
         let h = f

@@ -79,7 +79,9 @@ impl Attempt {
             TxnOpResponse::Get(g) => g
                 .kvs()
                 .iter()
-                .filter(|kv| k.in_lease_ranges(kv.key()) || kv.key() == self.locker.keys.epoch().as_bytes())
+                .filter(|kv| {
+                    k.in_lease_ranges(kv.key()) || kv.key() == self.locker.keys.epoch().as_bytes()
+                })
                 .map(Entry::from)
                 .collect::<Vec<_>>(),
             _ => Vec::new(),
