@@ -115,6 +115,14 @@
 //! serializes writers of one path with an exclusive `flock` on `<path>.lock` and uses a
 //! unique temporary file per write).
 //!
+//! Every locker (process, replica) serving one key space must share one durable record:
+//! a locker whose own store is empty while etcd has an epoch refuses every grant
+//! ([`EpochMismatch::Records`]), which is the safe answer for a store that lost its
+//! record. Replicas share a `PostgresEpochStore` (feature `postgres`; one row per root
+//! prefix in the `lock_epoch` table, created by its idempotent migration; every write is
+//! one atomic `INSERT ... ON CONFLICT ... DO UPDATE` max-merge). [`FileEpochStore`] is
+//! for a single process (or processes of one host sharing the file).
+//!
 //! - The first locker on an empty key space and an empty store writes epoch 0 (reason
 //!   `bootstrap`), durable record first.
 //! - A token is handed out only after the durable record holds a revision at or above its
@@ -162,11 +170,14 @@
 //!
 //! # Features
 //!
-//! None.
+//! - `postgres`: [`PostgresEpochStore`], the durable epoch record in PostgreSQL, shared
+//!   by several lockers.
 
 mod acquire;
 mod config_store;
 mod epoch;
+#[cfg(feature = "postgres")]
+mod epoch_pg;
 mod error;
 mod force;
 mod hold;
@@ -179,6 +190,8 @@ mod session;
 
 pub use config_store::ConfigStore;
 pub use epoch::{BoxFuture, EpochReason, EpochRecord, EpochStore, FileEpochStore, StoreError};
+#[cfg(feature = "postgres")]
+pub use epoch_pg::{PostgresEpochStore, MIGRATION as EPOCH_MIGRATION};
 pub use error::{EpochMismatch, Error, ErrorKind, InvalidInput, Result};
 pub use force::ForceMarker;
 pub use hold::Hold;

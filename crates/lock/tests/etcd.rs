@@ -1615,3 +1615,72 @@ async fn etcd_stray_keys_in_reserved_sub_prefixes_never_block_and_in_shape_ones_
         .unwrap();
     h.release().await.unwrap();
 }
+
+
+#[cfg(feature = "postgres")]
+async fn pg_locker(
+    cluster: &EtcdCluster,
+    db: &palisade_testkit::TestDb,
+) -> (Locker, palisade_lock::PostgresEpochStore) {
+    let client = db.connect().await;
+    let store = palisade_lock::PostgresEpochStore::new(Arc::new(client), ROOT);
+    store.migrate().await.unwrap();
+    let options =
+        LockerOptions::new(cluster.endpoints()).with_request_timeout(Duration::from_millis(500));
+    (Locker::connect(options, store.clone()).await.unwrap(), store)
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn etcd_two_lockers_sharing_a_postgres_epoch_store_both_grant_increasing_tokens() {
+    let cluster = EtcdCluster::start(1).await;
+    let db = palisade_testkit::TestDb::create().await;
+    // The first locker bootstraps the empty key space (database first, then etcd); the
+    // second, a separate locker with its own connection, finds both records agreeing.
+    let (a, store) = pg_locker(&cluster, &db).await;
+    let (b, _) = pg_locker(&cluster, &db).await;
+    a.config()
+        .put_namespace(&Namespace::new(NS, "tenant"))
+        .await
+        .unwrap();
+    a.config().put_class(&class(NS, "c", "")).await.unwrap();
+    assert_eq!(a.epoch().1, None, "{:?}", a.epoch());
+    assert_eq!(b.epoch().1, None, "{:?}", b.epoch());
+    let (sa, sb) = (session(&a, 10).await, session(&b, 10).await);
+    let name = lock("pg-shared");
+    let mut last = None;
+    for _ in 0..10 {
+        for (locker, s) in [(&a, &sa), (&b, &sb)] {
+            let h = locker
+                .acquire(s, &name, Mode::Exclusive, secs(5))
+                .await
+                .unwrap();
+            assert!(Some(token(&h)) > last, "tokens strictly increase across lockers");
+            last = Some(token(&h));
+            h.release().await.unwrap();
+        }
+    }
+    // Concurrent grants from both: no store error, and the record is the max.
+    let mut tasks = Vec::new();
+    for (i, locker) in [a.clone(), b.clone()].into_iter().enumerate() {
+        tasks.push(tokio::spawn(async move {
+            let s = session(&locker, 10).await;
+            let mut max = 0;
+            for j in 0..40 {
+                let h = locker
+                    .acquire(&s, &lock(&format!("pg/{i}/{j}")), Mode::Exclusive, secs(10))
+                    .await
+                    .unwrap();
+                max = max.max(token(&h).revision().get());
+                h.release().await.unwrap();
+            }
+            max
+        }));
+    }
+    let mut max = 0;
+    for t in tasks {
+        max = max.max(t.await.unwrap());
+    }
+    let durable = store.load().await.unwrap().unwrap();
+    assert_eq!(durable.highest_grant_rev.get(), max);
+}
