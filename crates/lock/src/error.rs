@@ -143,9 +143,11 @@ pub enum EpochMismatch {
         /// The epoch in the durable record, if any.
         durable: Option<Epoch>,
     },
-    /// The epoch changed under the acquire. If this locker advanced it, only that
-    /// acquire failed (retry it); if another locker did, this one refuses every grant
-    /// until it is connected again ([`Locker::epoch`](crate::Locker::epoch) reports it).
+    /// The epoch changed under the acquire. If this locker advanced it, or another
+    /// locker did and both records agree on the new epoch (adopted), the acquire is
+    /// retried under the new epoch and this is only seen if that keeps happening;
+    /// otherwise this locker refuses grants until the records agree
+    /// ([`Locker::epoch`](crate::Locker::epoch) reports it).
     #[error("the epoch was advanced while acquiring")]
     Advanced,
 }

@@ -134,7 +134,12 @@
 //!   when a grant's revision is not above every grant revision recorded before it was
 //!   sent; when the two records disagree or one is missing; or when the epoch key changed
 //!   under a running locker. A grant Txn that succeeded in such a cluster is undone before
-//!   the error is returned. The refusal is sticky until [`Locker::advance_epoch`].
+//!   the error is returned. The refusal is sticky until [`Locker::advance_epoch`], with
+//!   one exception: when a running locker sees the epoch key change (another locker
+//!   advanced it), it re-reads both records and, if they agree on a higher epoch naming
+//!   the cluster that answered (and etcd is not below the recorded grant revision),
+//!   adopts it and keeps granting under it; the acquire that noticed is retried under the
+//!   new epoch. This needs the shared durable record above.
 //! - Advancing (an operator action, reason `restore` or `rehome`) picks
 //!   `max(epoch in etcd, durable epoch, this locker's epoch) + 1`, records the cluster id
 //!   and revision it sees, and writes the durable record first, then etcd's: a crash in

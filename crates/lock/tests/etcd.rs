@@ -1616,6 +1616,42 @@ async fn etcd_stray_keys_in_reserved_sub_prefixes_never_block_and_in_shape_ones_
     h.release().await.unwrap();
 }
 
+#[tokio::test]
+async fn etcd_locker_adopts_an_epoch_advanced_by_another_locker_sharing_its_store() {
+    let f = fixture(1).await;
+    let b = &f.locker;
+    let s = session(b, 10).await;
+    let mut old = Vec::new();
+    for i in 0..3 {
+        let h = b
+            .acquire(&s, &lock(&format!("adopt/{i}")), Mode::Exclusive, secs(5))
+            .await
+            .unwrap();
+        old.push(token(&h));
+        h.release().await.unwrap();
+    }
+    let a = connect(f.cluster.endpoints(), &f.dir).await.unwrap();
+    let advanced = a.advance_epoch(EpochReason::Restore).await.unwrap();
+    assert_eq!(advanced.epoch.get(), 1);
+    // B keeps granting, under the new epoch, above every old token; so does A.
+    let max_old = *old.iter().max().unwrap();
+    let mut last = max_old;
+    for i in 0..3 {
+        for (locker, who) in [(b, "b"), (&a, "a")] {
+            let s = session(locker, 10).await;
+            let h = locker
+                .acquire(&s, &lock(&format!("adopt/{i}")), Mode::Exclusive, secs(5))
+                .await
+                .unwrap_or_else(|e| panic!("{who} refused after the advance: {e:?}"));
+            assert_eq!(token(&h).epoch(), advanced.epoch, "{who}");
+            assert!(token(&h) > last, "{who}");
+            last = token(&h);
+            h.release().await.unwrap();
+        }
+    }
+    assert_eq!(b.epoch().1, None);
+    assert_eq!(b.epoch().0.epoch, advanced.epoch);
+}
 
 #[cfg(feature = "postgres")]
 async fn pg_locker(

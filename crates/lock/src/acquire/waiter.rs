@@ -108,9 +108,12 @@ impl Attempt {
     ) -> Result<Step> {
         let view = self.read().await?;
         if view.epoch_mod_rev != self.epoch_mod_rev {
-            // This locker advanced the epoch since the attempt began: the attempt is
-            // stale, the locker is not. Anyone else advancing it stops this locker.
-            if view.epoch_mod_rev == self.locker.epoch.snapshot().etcd_mod_rev {
+            // This locker advanced the epoch since the attempt began, or another locker
+            // did and both records agree on the new epoch (adopted): the attempt is
+            // stale, the locker is not. Otherwise this locker refuses grants.
+            if view.epoch_mod_rev == self.locker.epoch.snapshot().etcd_mod_rev
+                || crate::locker::adopt_advanced_epoch(&self.locker).await
+            {
                 return Err(Error::epoch(crate::error::EpochMismatch::Advanced));
             }
             return Err(self.locker.epoch.advanced_elsewhere());
