@@ -175,7 +175,7 @@
 //!
 //! # Features
 //!
-//! - `postgres`: [`PostgresEpochStore`], the durable epoch record in PostgreSQL, shared
+//! - `postgres`: `PostgresEpochStore`, the durable epoch record in PostgreSQL, shared
 //!   by several lockers.
 
 mod acquire;

@@ -378,7 +378,10 @@ pub(crate) async fn adopt_advanced_epoch(inner: &LockerInner) -> bool {
     if !agreed {
         return false;
     }
-    tracing::info!(epoch = durable.epoch.get(), "adopting an epoch advanced by another locker");
+    tracing::info!(
+        epoch = durable.epoch.get(),
+        "adopting an epoch advanced by another locker"
+    );
     inner.epoch.replace(Current {
         record: durable,
         etcd_mod_rev: mod_rev,

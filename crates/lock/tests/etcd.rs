@@ -1663,7 +1663,10 @@ async fn pg_locker(
     store.migrate().await.unwrap();
     let options =
         LockerOptions::new(cluster.endpoints()).with_request_timeout(Duration::from_millis(500));
-    (Locker::connect(options, store.clone()).await.unwrap(), store)
+    (
+        Locker::connect(options, store.clone()).await.unwrap(),
+        store,
+    )
 }
 
 #[cfg(feature = "postgres")]
@@ -1691,7 +1694,10 @@ async fn etcd_two_lockers_sharing_a_postgres_epoch_store_both_grant_increasing_t
                 .acquire(s, &name, Mode::Exclusive, secs(5))
                 .await
                 .unwrap();
-            assert!(Some(token(&h)) > last, "tokens strictly increase across lockers");
+            assert!(
+                Some(token(&h)) > last,
+                "tokens strictly increase across lockers"
+            );
             last = Some(token(&h));
             h.release().await.unwrap();
         }
