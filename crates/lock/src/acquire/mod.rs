@@ -288,9 +288,10 @@ impl Attempt {
     }
 
     /// Sends `inner` wrapped in `if create_revision(cancel marker) == 0`, and returns
-    /// the outer response (its header is the Txn's) and whether `inner` succeeded. A copy of it that etcd applies after
-    /// a cleanup that wrote the marker does nothing. The marker only ever exists once
-    /// the attempt was dropped or failed, so the wrapper fails only for a stale copy.
+    /// the outer response (its header is the Txn's) and whether `inner` succeeded. A
+    /// copy of it that etcd applies after a cleanup that wrote the marker does nothing.
+    /// The marker only ever exists once the attempt was dropped or failed, so the
+    /// wrapper fails only for a stale copy.
     async fn guarded_txn(&self, inner: Txn) -> Result<(TxnResponse, bool)> {
         let marker = self.keys.cancel_marker(self.session.lease(), self.id);
         let txn = Txn::new()
