@@ -78,7 +78,10 @@ impl EpochRecord {
 pub trait EpochStore: Send + Sync + 'static {
     /// Loads the record, or `None` if none was ever stored.
     fn load(&self) -> BoxFuture<'_, Result<Option<EpochRecord>, StoreError>>;
-    /// Replaces the record durably.
+    /// Merges `record` into the stored one durably, never lowering it: a record with a
+    /// higher epoch replaces it, a lower epoch changes nothing, and within one epoch
+    /// `highest_grant_rev` only rises. Concurrent writers (other lockers sharing the
+    /// store) must not be able to lower it either.
     fn store(&self, record: EpochRecord) -> BoxFuture<'_, Result<(), StoreError>>;
 }
 
@@ -91,8 +94,11 @@ impl<T: EpochStore> EpochStore for std::sync::Arc<T> {
     }
 }
 
-/// An [`EpochStore`] in one JSON file, replaced atomically: write a temporary file
-/// beside it, fsync it, rename it over the record, fsync the directory.
+/// An [`EpochStore`] in one JSON file, for a single locker process (or several lockers
+/// of one host sharing the file). Each write takes an exclusive `flock` on `<path>.lock`,
+/// reads the record, max-merges the new one into it (see [`EpochStore::store`]), and
+/// replaces it atomically: a uniquely named temporary file beside it, fsync, rename over
+/// the record, fsync of the directory. Unix only.
 #[derive(Debug, Clone)]
 pub struct FileEpochStore {
     path: PathBuf,
@@ -120,27 +126,78 @@ impl EpochStore for FileEpochStore {
 
     fn store(&self, record: EpochRecord) -> BoxFuture<'_, Result<(), StoreError>> {
         let path = self.path.clone();
-        Box::pin(async move {
-            tokio::task::spawn_blocking(move || -> Result<(), StoreError> {
-                use std::io::Write;
-                let tmp = path.with_extension("tmp");
-                let mut f = std::fs::File::create(&tmp)?;
-                f.write_all(&serde_json::to_vec(&record)?)?;
-                f.sync_all()?;
-                std::fs::rename(&tmp, &path)?;
-                if let Some(dir) = path.parent() {
-                    let dir = if dir.as_os_str().is_empty() {
-                        std::path::Path::new(".")
-                    } else {
-                        dir
-                    };
-                    std::fs::File::open(dir)?.sync_all()?;
-                }
-                Ok(())
-            })
-            .await?
-        })
+        Box::pin(
+            async move { tokio::task::spawn_blocking(move || store_file(&path, record)).await? },
+        )
     }
+}
+
+/// Numbers temporary files within the process (with the process id: unique per host).
+static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// The max-merge of a stored record and a new one: a higher epoch replaces the record; a
+/// lower epoch changes nothing; the same epoch keeps the higher `highest_grant_rev`.
+pub(crate) fn merge(stored: Option<EpochRecord>, new: EpochRecord) -> EpochRecord {
+    match stored {
+        Some(old) if old.epoch > new.epoch => old,
+        Some(old) if old.epoch == new.epoch => EpochRecord {
+            highest_grant_rev: old.highest_grant_rev.max(new.highest_grant_rev),
+            ..new
+        },
+        _ => new,
+    }
+}
+
+fn store_file(path: &std::path::Path, record: EpochRecord) -> Result<(), StoreError> {
+    use std::io::Write;
+    // Writers of one path (in this process or others) take turns on a lock file beside
+    // it; the record itself is replaced by rename, so it cannot carry the lock.
+    let mut lock_name = path.as_os_str().to_owned();
+    lock_name.push(".lock");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_name)?;
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)?;
+    let stored = match std::fs::read(path) {
+        Ok(bytes) => Some(serde_json::from_slice::<EpochRecord>(&bytes)?),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e.into()),
+    };
+    let record = merge(stored.clone(), record);
+    if stored.as_ref() == Some(&record) {
+        return Ok(()); // already durable
+    }
+    let mut tmp_name = path.as_os_str().to_owned();
+    tmp_name.push(format!(
+        ".{}.{}.tmp",
+        std::process::id(),
+        TMP_SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    let tmp = PathBuf::from(tmp_name);
+    let written = (|| -> Result<(), StoreError> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&serde_json::to_vec(&record)?)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        Ok(())
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written?;
+    if let Some(dir) = path.parent() {
+        let dir = if dir.as_os_str().is_empty() {
+            std::path::Path::new(".")
+        } else {
+            dir
+        };
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    // The lock is released when `lock` is closed.
+    drop(lock);
+    Ok(())
 }
 
 /// The locker's view of the current epoch, the checks on every response header, and
@@ -295,8 +352,39 @@ mod tests {
         assert_eq!(store.load().await.unwrap(), Some(r.clone()));
         r.highest_grant_rev = Revision::new(10);
         store.store(r.clone()).await.unwrap();
+        assert_eq!(store.load().await.unwrap(), Some(r.clone()));
+        // Never lowered: an older revision of the epoch, or an older epoch, is ignored.
+        let mut lower = r.clone();
+        lower.highest_grant_rev = Revision::new(5);
+        store.store(lower.clone()).await.unwrap();
+        lower.epoch = Epoch::new(2).unwrap();
+        lower.highest_grant_rev = Revision::new(50);
+        store.store(lower).await.unwrap();
         assert_eq!(store.load().await.unwrap(), Some(r));
-        assert!(!dir.path().join("epoch.tmp").exists());
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert!(names.iter().all(|n| !n.ends_with(".tmp")), "{names:?}");
+    }
+
+    #[tokio::test]
+    async fn file_store_concurrent_writers_keep_the_max() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("epoch.json");
+        let (a, b) = (FileEpochStore::new(&path), FileEpochStore::new(&path));
+        let rec =
+            |rev| EpochRecord::new(Epoch::ZERO, 7, EpochReason::Bootstrap, Revision::new(rev));
+        let writes = (1..=200u64).map(|i| {
+            let store = if i % 2 == 0 { a.clone() } else { b.clone() };
+            let r = rec(i);
+            tokio::spawn(async move { store.store(r).await })
+        });
+        for w in writes.collect::<Vec<_>>() {
+            w.await.unwrap().unwrap();
+        }
+        let stored = a.load().await.unwrap().unwrap();
+        assert_eq!(stored.highest_grant_rev, Revision::new(200));
     }
 
     fn state(dir: &std::path::Path) -> EpochState {

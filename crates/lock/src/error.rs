@@ -78,8 +78,9 @@ pub enum InvalidInput {
         /// The class's `ttl_max`.
         max: Duration,
     },
-    /// A TTL that etcd cannot express (below one second, or above `i64::MAX` seconds).
-    #[error("TTL {0:?} is not a whole number of seconds of at least one")]
+    /// A TTL that etcd cannot grant: not a whole number of seconds, below one second,
+    /// or above etcd's maximum lease TTL (9,000,000,000 s).
+    #[error("TTL {0:?} is not a whole number of seconds from 1 to 9000000000")]
     BadTtl(Duration),
     /// A class whose `ttl_min` is above its `ttl_max`.
     #[error("class ttl_min {min:?} is above ttl_max {max:?}")]
@@ -142,9 +143,11 @@ pub enum EpochMismatch {
         /// The epoch in the durable record, if any.
         durable: Option<Epoch>,
     },
-    /// The epoch changed under the acquire. If this locker advanced it, only that
-    /// acquire failed (retry it); if another locker did, this one refuses every grant
-    /// until it is connected again ([`Locker::epoch`](crate::Locker::epoch) reports it).
+    /// The epoch changed under the acquire. If this locker advanced it, or another
+    /// locker did and both records agree on the new epoch (adopted), the acquire is
+    /// retried under the new epoch and this is only seen if that keeps happening;
+    /// otherwise this locker refuses grants until the records agree
+    /// ([`Locker::epoch`](crate::Locker::epoch) reports it).
     #[error("the epoch was advanced while acquiring")]
     Advanced,
 }

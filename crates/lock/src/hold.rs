@@ -134,20 +134,21 @@ impl Drop for Hold {
             self.session.unmark_busy(self.keys.base());
             return;
         };
+        // The session may acquire the lock again at once, even before the release below
+        // ran: the release compares this grant's create revision and lease, so it never
+        // deletes a later hold of the session, and a later acquire that finds this hold
+        // still there finishes its release itself.
+        self.session.unmark_busy(self.keys.base());
         let (locker, keys, mode, session) = (
             self.locker.clone(),
             self.keys.clone(),
             self.mode,
             self.session.clone(),
         );
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn(async move {
-                    session.unmark_busy(keys.base());
-                    release_until_done(&locker, &keys, mode, &session, rev).await;
-                });
-            }
-            Err(_) => self.session.unmark_busy(self.keys.base()),
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                release_until_done(&locker, &keys, mode, &session, rev).await;
+            });
         }
     }
 }

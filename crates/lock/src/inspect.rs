@@ -48,6 +48,13 @@ pub struct LockState {
     pub holders: Vec<Holder>,
     /// Waiters in queue order (create revision).
     pub waiters: Vec<Waiter>,
+    /// Keys inside the lock's bounded `q/`, `h/`, `g/` lease-key ranges that are not
+    /// holds, waiters or grant records written by this crate (a key of another shape, or
+    /// a hold or waiter whose value does not parse). Acquires treat them like the keys
+    /// they resemble, so one can block the lock until it is deleted by hand: this is how
+    /// an operator sees why. Stray keys outside those ranges are ignored everywhere and
+    /// not listed.
+    pub foreign_keys: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -58,8 +65,9 @@ struct Meta {
 }
 
 impl Locker {
-    /// Reads one lock's holders and waiters at one revision. Keys in the lock's space
-    /// that are not holds or waiters written by this crate are skipped.
+    /// Reads one lock's holders and waiters at one revision. Keys in the lock's bounded
+    /// lease-key ranges that are not holds, waiters or grant records written by this
+    /// crate are listed in [`LockState::foreign_keys`].
     ///
     /// # Errors
     ///
@@ -72,7 +80,11 @@ impl Locker {
         let inner = &self.inner;
         let keys = inner.keys.lock(&lock.ns, &lock.class, &lock.key);
         let prefix = |p: String| TxnOp::get(p, Some(GetOptions::new().with_prefix()));
-        let txn = Txn::new().and_then([prefix(keys.holds()), prefix(keys.queue())]);
+        let txn = Txn::new().and_then([
+            prefix(keys.holds()),
+            prefix(keys.queue()),
+            prefix(keys.grants()),
+        ]);
         let deadline = Instant::now() + inner.request_timeout * 3;
         let resp = retry::call(deadline, inner.request_timeout, || {
             let (mut c, txn) = (inner.client.clone(), txn.clone());
@@ -87,10 +99,32 @@ impl Locker {
             TxnOpResponse::Get(g) => g.kvs().to_vec(),
             _ => Vec::new(),
         });
-        let (holds, queue) = (
+        let (holds, queue, grants) = (
+            ranges.next().unwrap_or_default(),
             ranges.next().unwrap_or_default(),
             ranges.next().unwrap_or_default(),
         );
+        let mut foreign_keys = Vec::new();
+        let mut foreign = |kv: &etcd_client::KeyValue| {
+            foreign_keys.push(String::from_utf8_lossy(kv.key()).into_owned());
+        };
+        // Only keys in the bounded ranges matter; of those, the ones of the wrong shape
+        // (or, for holds and waiters, with a value that does not parse) are foreign.
+        let (holds, queue): (Vec<_>, Vec<_>) = (
+            holds
+                .into_iter()
+                .filter(|kv| keys.in_lease_ranges(kv.key()))
+                .collect(),
+            queue
+                .into_iter()
+                .filter(|kv| keys.in_lease_ranges(kv.key()))
+                .collect(),
+        );
+        for kv in &grants {
+            if keys.in_lease_ranges(kv.key()) && !keys.is_lease_key(kv.key()) {
+                foreign(kv);
+            }
+        }
         let parse = |kv: &etcd_client::KeyValue| -> Option<(Meta, Revision)> {
             let meta: Meta = serde_json::from_slice(kv.value()).ok()?;
             Some((meta, Revision::from_i64(kv.create_revision()).ok()?))
@@ -98,7 +132,11 @@ impl Locker {
         let mut holders: Vec<Holder> = holds
             .iter()
             .filter_map(|kv| {
-                let (meta, grant_rev) = parse(kv)?;
+                let Some((meta, grant_rev)) = parse(kv).filter(|_| keys.is_lease_key(kv.key()))
+                else {
+                    foreign(kv);
+                    return None;
+                };
                 Some(Holder {
                     lease: LeaseId::new(kv.lease()),
                     mode: meta.mode,
@@ -112,7 +150,11 @@ impl Locker {
         let mut waiters: Vec<Waiter> = queue
             .iter()
             .filter_map(|kv| {
-                let (meta, create_rev) = parse(kv)?;
+                let Some((meta, create_rev)) = parse(kv).filter(|_| keys.is_lease_key(kv.key()))
+                else {
+                    foreign(kv);
+                    return None;
+                };
                 Some(Waiter {
                     lease: LeaseId::new(kv.lease()),
                     mode: meta.mode,
@@ -127,6 +169,7 @@ impl Locker {
                 .map_err(|e| Error::with_source(ErrorKind::Etcd, e))?,
             holders,
             waiters,
+            foreign_keys,
         })
     }
 }

@@ -147,6 +147,49 @@ impl LockKeys {
         format!("{}g/{}/{lease}", self.base, mode.segment())
     }
 
+    /// The bounded range of the lease-id keys of one sub-prefix (`q`, `h` or `g`) and
+    /// mode: from `<sub>/<m>/0000000000000000` to `<sub>/<m>/ffffffffffffffff`
+    /// inclusive, as `(start, end)` for etcd (end exclusive). Compares and reads use it,
+    /// so stray keys of other shapes under the sub-prefix never block the lock.
+    pub(crate) fn lease_range(&self, sub: char, mode: Mode) -> (String, Vec<u8>) {
+        let start = format!("{}{sub}/{}/{}", self.base, mode.segment(), "0".repeat(16));
+        let mut end =
+            format!("{}{sub}/{}/{}", self.base, mode.segment(), "f".repeat(16)).into_bytes();
+        end.push(0);
+        (start, end)
+    }
+
+    /// Whether `key` falls inside one of the lock's bounded `q/`, `h/`, `g/` ranges.
+    pub(crate) fn in_lease_ranges(&self, key: &[u8]) -> bool {
+        ['q', 'h', 'g'].into_iter().any(|sub| {
+            [Mode::Exclusive, Mode::Shared].into_iter().any(|mode| {
+                let (start, end) = self.lease_range(sub, mode);
+                key >= start.as_bytes() && key < end.as_slice()
+            })
+        })
+    }
+
+    /// Whether `key` is exactly `<sub>/<x|s>/<16 lower-case hex digits>` of this lock.
+    pub(crate) fn is_lease_key(&self, key: &[u8]) -> bool {
+        let Some(rest) = key.strip_prefix(self.base.as_bytes()) else {
+            return false;
+        };
+        rest.len() == 4 + 16
+            && matches!(rest[0], b'q' | b'h' | b'g')
+            && rest[1] == b'/'
+            && matches!(rest[2], b'x' | b's')
+            && rest[3] == b'/'
+            && rest[4..]
+                .iter()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
+    }
+
+    /// The cancel marker of one acquire attempt: `c/<lease>/<attempt>` (see the crate
+    /// docs). A first Txn of that attempt that reaches etcd after it does nothing.
+    pub(crate) fn cancel_marker(&self, lease: LeaseId, attempt: u64) -> String {
+        format!("{}c/{lease}/{attempt}", self.base)
+    }
+
     /// The hold key that a grant record `g/<m>/<lease>` belongs to.
     pub(crate) fn hold_for_grant(&self, grant_key: &[u8]) -> Option<String> {
         let rest = std::str::from_utf8(grant_key)
@@ -214,6 +257,33 @@ mod tests {
         assert!(k
             .hold(Mode::Shared, l)
             .starts_with(&k.holds_of(Mode::Shared)));
+    }
+
+    #[test]
+    fn lease_ranges_hold_lease_keys_only() {
+        let k = RootKeys::new("/p/").lock("n", "c", "k");
+        let l = LeaseId::new(0x3211a22c6da3b70c);
+        for m in [Mode::Exclusive, Mode::Shared] {
+            for key in [k.waiter(m, l), k.hold(m, l), k.grant(m, l)] {
+                assert!(k.in_lease_ranges(key.as_bytes()) && k.is_lease_key(key.as_bytes()));
+            }
+        }
+        for stray in [
+            "q/x/junk",
+            "q/junk",
+            "h/",
+            "g/x/",
+            "q/y/0000000000000000",
+            "h/x/fffffffffffffffff0",
+        ] {
+            let key = format!("{}{stray}", k.base());
+            assert!(!k.in_lease_ranges(key.as_bytes()), "{stray}");
+        }
+        // Inside a range, but not a lease key: reported by lock_state.
+        let odd = format!("{}q/x/1", k.base());
+        assert!(k.in_lease_ranges(odd.as_bytes()) && !k.is_lease_key(odd.as_bytes()));
+        let c = k.cancel_marker(l, 7);
+        assert!(!k.in_lease_ranges(c.as_bytes()));
     }
 
     #[test]

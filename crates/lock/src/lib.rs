@@ -32,6 +32,7 @@
 //! | `locks/<ns>/<class>/<k>/q/<x\|s>/<lease>` | holder meta | session | a waiter |
 //! | `locks/<ns>/<class>/<k>/h/<x\|s>/<lease>` | holder meta | session | a grant |
 //! | `locks/<ns>/<class>/<k>/g/<x\|s>/<lease>` | holder meta | none | a grant (grant record) |
+//! | `locks/<ns>/<class>/<k>/c/<lease>/<attempt>` | empty | session | cleanup of a dropped acquire (cancel marker) |
 //!
 //! - `<k>` is the lock key with `%`, `/` and space percent-encoded (`%25`, `%2F`,
 //!   `%20`), so it is one segment, and the `/` after it keeps `a/b` and `a/bc` apart.
@@ -43,6 +44,21 @@
 //!   `epoch · 2^48 + create_revision` of its `h/` key, which equals the revision of the
 //!   granting Txn.
 //! - Queue order is the create revision of the `q/` keys (FIFO).
+//! - Compares and reads of `q/`, `h/` and `g/` cover only the lease-key ranges
+//!   `<sub>/<x|s>/0000000000000000` ..= `<sub>/<x|s>/ffffffffffffffff`, so a stray key
+//!   of another shape under a lock (say `q/x/junk`) never blocks it. A stray key inside
+//!   those ranges but not written by this crate (say `q/x/1`) is treated like the key it
+//!   resembles and can block the lock until deleted by hand; [`Locker::lock_state`]
+//!   lists such keys in [`LockState::foreign_keys`].
+//! - A cancel marker `c/<lease>/<attempt>` (`<attempt>` in decimal) is neither a grant
+//!   nor a release: no `h/` or `g/` key changes in its revision except the deletes of the
+//!   same attempt's own keys (which, if any, look like a release). Every Txn of an
+//!   acquire that creates keys without comparing a key of its own (the first
+//!   grant-or-enqueue Txn, a re-enqueue) is wrapped as `if create_revision(marker) == 0
+//!   then <Txn>`. A dropped or failed acquire whose such Txn may still reach etcd (no
+//!   answer, or sent more than once) puts the marker on the session's lease in the same
+//!   Txn that deletes its keys, so a copy that etcd applies later does nothing. Markers
+//!   are rare and end with the lease.
 //!
 //! ## How audit tells the events apart (all in one revision each)
 //!
@@ -81,8 +97,12 @@
 //! - Lock-delay: if grant records of ended holds are found (expiry or force), the waiter
 //!   grants no sooner than `lock_delay` after it first observed them. That instant is
 //!   after the hold actually ended, so the delay is measured conservatively.
-//! - A wait that times out or whose future is dropped deletes its waiter key (inline on
-//!   error, from a spawned task on drop).
+//! - A wait that times out or whose future is dropped deletes its waiter key, and a
+//!   hold whose grant it never saw (inline on error, from a spawned task on drop); the
+//!   deletes compare the value with the attempt's meta. If a key-creating Txn of the
+//!   attempt may still be in flight, the same cleanup Txn writes the cancel marker (see
+//!   the key layout). A waiter's grant Txn needs no marker: it compares its own waiter
+//!   key's create revision, and the cleanup deleted that key.
 //!
 //! # Epochs
 //!
@@ -90,7 +110,18 @@
 //! serves it are recorded twice: in etcd (`config/epoch`) and in a durable record
 //! outside etcd ([`EpochStore`]; [`FileEpochStore`] writes a JSON file atomically with
 //! fsync and rename). The durable record also holds the highest grant revision issued in
-//! the epoch.
+//! the epoch. A store write is a max-merge: it never lowers the epoch, nor the highest
+//! grant revision within an epoch, even with concurrent writers ([`FileEpochStore`]
+//! serializes writers of one path with an exclusive `flock` on `<path>.lock` and uses a
+//! unique temporary file per write).
+//!
+//! Every locker (process, replica) serving one key space must share one durable record:
+//! a locker whose own store is empty while etcd has an epoch refuses every grant
+//! ([`EpochMismatch::Records`]), which is the safe answer for a store that lost its
+//! record. Replicas share a `PostgresEpochStore` (feature `postgres`; one row per root
+//! prefix in the `lock_epoch` table, created by its idempotent migration; every write is
+//! one atomic `INSERT ... ON CONFLICT ... DO UPDATE` max-merge). [`FileEpochStore`] is
+//! for a single process (or processes of one host sharing the file).
 //!
 //! - The first locker on an empty key space and an empty store writes epoch 0 (reason
 //!   `bootstrap`), durable record first.
@@ -103,7 +134,12 @@
 //!   when a grant's revision is not above every grant revision recorded before it was
 //!   sent; when the two records disagree or one is missing; or when the epoch key changed
 //!   under a running locker. A grant Txn that succeeded in such a cluster is undone before
-//!   the error is returned. The refusal is sticky until [`Locker::advance_epoch`].
+//!   the error is returned. The refusal is sticky until [`Locker::advance_epoch`], with
+//!   one exception: when a running locker sees the epoch key change (another locker
+//!   advanced it), it re-reads both records and, if they agree on a higher epoch naming
+//!   the cluster that answered (and etcd is not below the recorded grant revision),
+//!   adopts it and keeps granting under it; the acquire that noticed is retried under the
+//!   new epoch. This needs the shared durable record above.
 //! - Advancing (an operator action, reason `restore` or `rehome`) picks
 //!   `max(epoch in etcd, durable epoch, this locker's epoch) + 1`, records the cluster id
 //!   and revision it sees, and writes the durable record first, then etcd's: a crash in
@@ -127,6 +163,9 @@
 //!
 //! # Known limits
 //!
+//! - A session's TTL is what etcd granted, which can exceed the TTL asked for (etcd's
+//!   minimum lease TTL); class TTL bounds apply to the granted TTL, so a class whose
+//!   `ttl_max` is below etcd's minimum refuses every session.
 //! - A running locker caches each class on first use; class changes reach it for classes
 //!   it has not used yet.
 //! - A release whose first attempt committed but whose answer was lost is retried and
@@ -136,11 +175,14 @@
 //!
 //! # Features
 //!
-//! None.
+//! - `postgres`: `PostgresEpochStore`, the durable epoch record in PostgreSQL, shared
+//!   by several lockers.
 
 mod acquire;
 mod config_store;
 mod epoch;
+#[cfg(feature = "postgres")]
+mod epoch_pg;
 mod error;
 mod force;
 mod hold;
@@ -153,6 +195,8 @@ mod session;
 
 pub use config_store::ConfigStore;
 pub use epoch::{BoxFuture, EpochReason, EpochRecord, EpochStore, FileEpochStore, StoreError};
+#[cfg(feature = "postgres")]
+pub use epoch_pg::{PostgresEpochStore, MIGRATION as EPOCH_MIGRATION};
 pub use error::{EpochMismatch, Error, ErrorKind, InvalidInput, Result};
 pub use force::ForceMarker;
 pub use hold::Hold;

@@ -151,12 +151,16 @@ impl Locker {
         (c.record, c.mismatch)
     }
 
-    /// Opens a session: grants an etcd lease of `ttl` (whole seconds, at least one) and
-    /// starts its keepalive.
+    /// Opens a session: grants an etcd lease of `ttl` (whole seconds, from one to etcd's
+    /// maximum lease TTL of 9,000,000,000 s) and starts its keepalive. etcd may grant
+    /// more than asked (its minimum lease TTL, 2 s on etcd 3.4/3.5 by default):
+    /// [`Session::ttl`] reports the granted TTL, and class TTL bounds are checked
+    /// against it at acquire.
     ///
     /// # Errors
     ///
-    /// [`InvalidInput::BadTtl`]; [`ErrorKind::QuorumLost`] if etcd cannot grant it.
+    /// [`InvalidInput::BadTtl`] (checked before any etcd call);
+    /// [`ErrorKind::QuorumLost`] if etcd cannot grant it.
     pub async fn open_session(&self, spiffe_id: SpiffeId, ttl: Duration) -> Result<Session> {
         Session::open(
             self.inner.client.clone(),
@@ -208,7 +212,37 @@ impl Locker {
             return Err(Error::invalid(InvalidInput::ModeNotAllowed));
         }
         class.check_ttl(session.ttl())?;
-        crate::acquire::acquire(self.inner.clone(), session, lock, class, mode, deadline).await
+        if self.inner.epoch.snapshot().mismatch == Some(EpochMismatch::Advanced) {
+            // Refusing since another locker advanced the epoch: adopt it if the records
+            // now agree on it.
+            adopt_advanced_epoch(&self.inner).await;
+        }
+        let mut stale = 0;
+        loop {
+            let result = crate::acquire::acquire(
+                self.inner.clone(),
+                session,
+                lock,
+                class.clone(),
+                mode,
+                deadline,
+            )
+            .await;
+            match result {
+                // The epoch changed under the attempt but the locker went on with the new
+                // one (it advanced it, or adopted another locker's advance): try again
+                // under the new epoch. Bounded: each retry needs another advance.
+                Err(e)
+                    if matches!(e.kind(), ErrorKind::EpochMismatch(EpochMismatch::Advanced))
+                        && self.inner.epoch.snapshot().mismatch.is_none()
+                        && stale < 3
+                        && Instant::now() < deadline =>
+                {
+                    stale += 1;
+                }
+                other => return other,
+            }
+        }
     }
 
     /// The class, from a cache filled on first use (class changes reach a running
@@ -303,6 +337,57 @@ impl Locker {
         });
         Ok(record)
     }
+}
+
+/// Called when the epoch key changed under this locker (another locker advanced it):
+/// re-reads both records and adopts the new epoch if they agree on an epoch above this
+/// locker's, naming the cluster that answered, and etcd has not gone below the durable
+/// record's highest grant revision (an operator-sanctioned advance). Returns whether it
+/// adopted; otherwise the caller refuses (sticky until adopted or advanced here).
+pub(crate) async fn adopt_advanced_epoch(inner: &LockerInner) -> bool {
+    let deadline = Instant::now() + inner.request_timeout * 3;
+    let key = inner.keys.epoch();
+    let Ok(resp) = retry::call(deadline, inner.request_timeout, || {
+        let (mut c, key) = (inner.client.clone(), key.clone());
+        async move { c.get(key, None).await }
+    })
+    .await
+    else {
+        return false;
+    };
+    let Some(header) = resp.header() else {
+        return false;
+    };
+    let Some(Ok((etcd, mod_rev))) = resp
+        .kvs()
+        .first()
+        .map(|kv| decode::<EpochRecord>(kv.value()).map(|r| (r, kv.mod_revision())))
+    else {
+        return false;
+    };
+    let Ok(Some(durable)) = inner.epoch.store().load().await else {
+        return false;
+    };
+    let current = inner.epoch.snapshot();
+    let revision = Revision::from_i64(header.revision()).unwrap_or_default();
+    let agreed = etcd.epoch == durable.epoch
+        && etcd.cluster_id == durable.cluster_id
+        && durable.cluster_id == header.cluster_id()
+        && durable.epoch > current.record.epoch
+        && revision >= durable.highest_grant_rev;
+    if !agreed {
+        return false;
+    }
+    tracing::info!(
+        epoch = durable.epoch.get(),
+        "adopting an epoch advanced by another locker"
+    );
+    inner.epoch.replace(Current {
+        record: durable,
+        etcd_mod_rev: mod_rev,
+        mismatch: None,
+    });
+    true
 }
 
 /// Reads both epoch records and decides whether grants may proceed.

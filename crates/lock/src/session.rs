@@ -69,6 +69,9 @@ impl Drop for SessionInner {
     }
 }
 
+/// etcd's largest lease TTL (`MaxLeaseTTL`), in seconds.
+pub(crate) const MAX_LEASE_TTL_SECS: u64 = 9_000_000_000;
+
 /// A lock session: one etcd lease with a TTL, owned by one SPIFFE ID.
 ///
 /// Cloning is cheap and shares the session. The lease is kept alive by one task owned by
@@ -100,7 +103,7 @@ impl Session {
     ) -> Result<Session> {
         if ttl < Duration::from_secs(1)
             || ttl.subsec_nanos() != 0
-            || ttl.as_secs() > i64::MAX as u64
+            || ttl.as_secs() > MAX_LEASE_TTL_SECS
         {
             return Err(Error::invalid(InvalidInput::BadTtl(ttl)));
         }
@@ -113,6 +116,9 @@ impl Session {
         .await
         .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
         let opened_rev = resp.header().map(|h| h.revision()).unwrap_or_default();
+        // etcd may grant more than asked (its minimum lease TTL, 2 s on etcd 3.4 and 3.5
+        // with default settings): the session runs on what was granted.
+        let ttl = Duration::from_secs(resp.ttl().max(1) as u64);
         let (lost_tx, _) = watch::channel(None);
         let (renewing, _) = watch::channel(true);
         let inner = Arc::new(SessionInner {
@@ -145,7 +151,8 @@ impl Session {
         &self.inner.spiffe_id
     }
 
-    /// The lease's TTL.
+    /// The lease's TTL as etcd granted it: at least the TTL asked for, more if that was
+    /// below etcd's minimum lease TTL. Class TTL bounds are checked against this value.
     pub fn ttl(&self) -> Duration {
         self.inner.ttl
     }

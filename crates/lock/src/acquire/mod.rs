@@ -2,17 +2,17 @@
 //! that blocks it, and a grant Txn whose header revision is the token's revision.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnResponse};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse};
 use palisade_fence::{Epoch, FencingToken, Revision};
 use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::hold::Hold;
-use crate::keys::{prefix_end, LockKeys};
+use crate::keys::LockKeys;
 use crate::locker::{LockName, LockerInner};
 use crate::model::{LockClass, Mode, QuorumPolicy};
 use crate::retry::{self, CallError};
@@ -55,6 +55,10 @@ struct Attempt {
     meta: Vec<u8>,
     /// Set once a [`Hold`] owns the lock's keys (or nothing needs cleaning).
     disarmed: bool,
+    /// Whether a key-creating Txn of this attempt may still reach etcd later (it was
+    /// sent but its answer never came, or it was sent more than once): cleanup then
+    /// writes the attempt's cancel marker, which makes such a Txn do nothing.
+    unsettled: AtomicBool,
     /// Whether dropping this attempt ends the session's claim on the lock (not when an
     /// unprotected [`Hold`] took it over).
     owns_busy: bool,
@@ -79,6 +83,7 @@ impl Drop for Attempt {
             std::mem::take(&mut self.meta),
             self.owns_busy,
         );
+        let marker = self.marker();
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 if owns_busy {
@@ -87,7 +92,7 @@ impl Drop for Attempt {
                 rt.spawn(async move {
                     let mut backoff = retry::Backoff::new();
                     while let Err(CallError::Unavailable(_)) =
-                        cleanup(&locker, &keys, mode, &session, &meta).await
+                        cleanup(&locker, &keys, mode, &session, &meta, marker.as_deref()).await
                     {
                         if session.loss().is_some() {
                             return;
@@ -110,17 +115,28 @@ impl Drop for Attempt {
 /// Deletes the waiter key, and the hold and grant record, that this attempt wrote, and
 /// nothing else: each delete compares the key's value with this attempt's meta (unique
 /// per attempt), so a later acquire of the same session is never touched. One Txn with
-/// two nested Txns (etcd 3.3+).
+/// two nested Txns (etcd 3.3+). With `marker`, the same Txn also puts the attempt's
+/// cancel marker on the session's lease, so a Txn of the attempt that reaches etcd
+/// after this one does nothing.
 async fn cleanup(
     locker: &LockerInner,
     keys: &LockKeys,
     mode: Mode,
     session: &Session,
     meta: &[u8],
+    marker: Option<&str>,
 ) -> Result<(), CallError> {
     let lease = session.lease();
     let (waiter, hold) = (keys.waiter(mode, lease), keys.hold(mode, lease));
-    let txn = Txn::new().and_then([
+    let mut ops = Vec::with_capacity(3);
+    if let Some(m) = marker {
+        ops.push(TxnOp::put(
+            m,
+            Vec::new(),
+            Some(PutOptions::new().with_lease(lease.get())),
+        ));
+    }
+    ops.extend([
         TxnOp::txn(
             Txn::new()
                 .when([Compare::value(
@@ -143,6 +159,7 @@ async fn cleanup(
                 ]),
         ),
     ]);
+    let txn = Txn::new().and_then(ops);
     let deadline = Instant::now() + locker.request_timeout * 3;
     retry::call(deadline, locker.request_timeout, || {
         let (mut c, txn) = (locker.client.clone(), txn.clone());
@@ -190,6 +207,7 @@ pub(crate) async fn acquire(
         deadline,
         meta,
         disarmed: false,
+        unsettled: AtomicBool::new(false),
         owns_busy: true,
     };
     if let Some(m) = epoch.mismatch {
@@ -222,6 +240,7 @@ pub(crate) async fn acquire(
                 attempt.mode,
                 &attempt.session,
                 &attempt.meta,
+                attempt.marker().as_deref(),
             )
             .await
             .is_ok()
@@ -261,6 +280,48 @@ impl Attempt {
         .map_err(|e| e.into_error(ErrorKind::QuorumLost))
     }
 
+    /// The cancel marker to write when cleaning up, if a Txn may still arrive.
+    fn marker(&self) -> Option<String> {
+        self.unsettled
+            .load(Ordering::SeqCst)
+            .then(|| self.keys.cancel_marker(self.session.lease(), self.id))
+    }
+
+    /// Sends `inner` wrapped in `if create_revision(cancel marker) == 0`, and returns
+    /// the outer response (its header is the Txn's) and whether `inner` succeeded. A
+    /// copy of it that etcd applies after a cleanup that wrote the marker does nothing.
+    /// The marker only ever exists once the attempt was dropped or failed, so the
+    /// wrapper fails only for a stale copy.
+    async fn guarded_txn(&self, inner: Txn) -> Result<(TxnResponse, bool)> {
+        let marker = self.keys.cancel_marker(self.session.lease(), self.id);
+        let txn = Txn::new()
+            .when([Compare::create_revision(marker, CompareOp::Equal, 0)])
+            .and_then([TxnOp::txn(inner)]);
+        let was_unsettled = self.unsettled.swap(true, Ordering::SeqCst);
+        let sends = AtomicUsize::new(0);
+        let resp = retry::call(self.deadline, self.locker.request_timeout, || {
+            sends.fetch_add(1, Ordering::SeqCst);
+            let (mut c, txn) = (self.locker.client.clone(), txn.clone());
+            async move { c.txn(txn).await }
+        })
+        .await
+        .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
+        if !was_unsettled && sends.load(Ordering::SeqCst) == 1 {
+            // The one copy sent was applied and answered: nothing can arrive later.
+            self.unsettled.store(false, Ordering::SeqCst);
+        }
+        if !resp.succeeded() {
+            return Err(Error::new(ErrorKind::Etcd));
+        }
+        match resp.op_responses().into_iter().next() {
+            Some(TxnOpResponse::Txn(inner)) => {
+                let succeeded = inner.succeeded();
+                Ok((resp, succeeded))
+            }
+            _ => Err(Error::new(ErrorKind::Etcd)),
+        }
+    }
+
     fn epoch_compare(&self) -> Compare {
         Compare::mod_revision(
             self.locker.keys.epoch(),
@@ -284,24 +345,26 @@ impl Attempt {
     async fn run(&self) -> Result<Option<(Revision, FencingToken)>> {
         // Fast path, one Txn: no conflicting hold, no waiter, no unconsumed grant record
         // (an expired or forced hold whose lock-delay may apply) -> hold; else enqueue.
-        let empty = |prefix: String| {
-            Compare::create_revision(prefix.clone(), CompareOp::Equal, 0)
-                .with_range(prefix_end(&prefix))
-        };
+        // Ranges bounded to the lease-key shape (see `LockKeys::lease_range`).
         let k = &self.keys;
+        let empty = |sub: char, mode: Mode| {
+            let (start, end) = k.lease_range(sub, mode);
+            Compare::create_revision(start, CompareOp::Equal, 0).with_range(end)
+        };
         let mut when = vec![self.epoch_compare()];
-        match self.mode {
-            Mode::Exclusive => when.extend([empty(k.holds()), empty(k.queue()), empty(k.grants())]),
-            Mode::Shared => when.extend([
-                Compare::create_revision(
+        let conflicting: &[Mode] = match self.mode {
+            Mode::Exclusive => &[Mode::Exclusive, Mode::Shared],
+            Mode::Shared => {
+                when.push(Compare::create_revision(
                     k.hold(Mode::Shared, self.session.lease()),
                     CompareOp::Equal,
                     0,
-                ),
-                empty(k.holds_of(Mode::Exclusive)),
-                empty(k.queue_of(Mode::Exclusive)),
-                empty(k.grants_of(Mode::Exclusive)),
-            ]),
+                ));
+                &[Mode::Exclusive]
+            }
+        };
+        for &m in conflicting {
+            when.extend([empty('h', m), empty('q', m), empty('g', m)]);
         }
         let enqueue = TxnOp::put(
             k.waiter(self.mode, self.session.lease()),
@@ -309,15 +372,15 @@ impl Attempt {
             Some(PutOptions::new().with_lease(self.lease())),
         );
         let hw = self.locker.epoch.high_water();
-        let resp = self
-            .txn(
+        let (resp, granted) = self
+            .guarded_txn(
                 Txn::new()
                     .when(when)
                     .and_then(self.grant_ops())
                     .or_else([enqueue]),
             )
             .await?;
-        if resp.succeeded() {
+        if granted {
             return self.mint(&resp, hw, true).await;
         }
         self.locker.epoch.check(resp.header(), hw, false)?;

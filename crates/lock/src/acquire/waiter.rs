@@ -12,7 +12,6 @@ use tokio::time::Instant;
 
 use super::Attempt;
 use crate::error::{Error, ErrorKind, Result};
-use crate::keys::prefix_end;
 use crate::model::Mode;
 use crate::retry;
 
@@ -74,8 +73,17 @@ impl Attempt {
             ]))
             .await?;
         self.locker.epoch.check(resp.header(), hw, false)?;
+        // Only keys inside the bounded lease-key ranges count, as in the compares; a
+        // stray key elsewhere under `q/`, `h/` or `g/` is ignored.
         let mut gets = resp.op_responses().into_iter().map(|r| match r {
-            TxnOpResponse::Get(g) => g.kvs().iter().map(Entry::from).collect::<Vec<_>>(),
+            TxnOpResponse::Get(g) => g
+                .kvs()
+                .iter()
+                .filter(|kv| {
+                    k.in_lease_ranges(kv.key()) || kv.key() == self.locker.keys.epoch().as_bytes()
+                })
+                .map(Entry::from)
+                .collect::<Vec<_>>(),
             _ => Vec::new(),
         });
         let (queue, holds, grants, epoch) = (
@@ -100,9 +108,12 @@ impl Attempt {
     ) -> Result<Step> {
         let view = self.read().await?;
         if view.epoch_mod_rev != self.epoch_mod_rev {
-            // This locker advanced the epoch since the attempt began: the attempt is
-            // stale, the locker is not. Anyone else advancing it stops this locker.
-            if view.epoch_mod_rev == self.locker.epoch.snapshot().etcd_mod_rev {
+            // This locker advanced the epoch since the attempt began, or another locker
+            // did and both records agree on the new epoch (adopted): the attempt is
+            // stale, the locker is not. Otherwise this locker refuses grants.
+            if view.epoch_mod_rev == self.locker.epoch.snapshot().etcd_mod_rev
+                || crate::locker::adopt_advanced_epoch(&self.locker).await
+            {
                 return Err(Error::epoch(crate::error::EpochMismatch::Advanced));
             }
             return Err(self.locker.epoch.advanced_elsewhere());
@@ -150,13 +161,14 @@ impl Attempt {
             .map(|w| w.create_rev)
         else {
             // Our waiter key is gone (lease expired, or deleted by someone): enqueue again
-            // at the back; a dead lease makes the put fail with SessionLost.
+            // at the back; a dead lease makes the put fail with SessionLost. Guarded by the
+            // cancel marker like the first Txn, so a late copy cannot outlive a cleanup.
             let put = TxnOp::put(
                 my_waiter,
                 self.meta.clone(),
                 Some(PutOptions::new().with_lease(self.lease())),
             );
-            self.txn(Txn::new().and_then([put])).await?;
+            self.guarded_txn(Txn::new().and_then([put])).await?;
             return Ok(Step::Waited);
         };
         let x_prefix = |p: String| move |e: &&Entry| e.key.starts_with(p.as_bytes());
@@ -211,50 +223,55 @@ impl Attempt {
                 return Ok(Step::Waited);
             }
         }
-        let range = |p: String| prefix_end(&p);
+        let ranges = |sub: char, modes: &[Mode]| -> Vec<(String, Vec<u8>)> {
+            modes.iter().map(|&m| k.lease_range(sub, m)).collect()
+        };
+        let both = [Mode::Exclusive, Mode::Shared];
+        let relevant_modes: &[Mode] = match self.mode {
+            Mode::Exclusive => &both,
+            Mode::Shared => &[Mode::Exclusive],
+        };
         let mut when = vec![
             Compare::create_revision(my_waiter.clone(), CompareOp::Equal, mine),
             self.epoch_compare(),
-            // No grant record created or changed since the read: the orphans seen are all.
-            Compare::mod_revision(relevant.clone(), CompareOp::Less, view.revision + 1)
-                .with_range(range(relevant.clone())),
         ];
-        match self.mode {
-            Mode::Exclusive => when.extend([
-                Compare::create_revision(k.holds(), CompareOp::Equal, 0)
-                    .with_range(range(k.holds())),
-                // Every waiter created at or after mine (mine is in the range, so it is
-                // never empty).
-                Compare::create_revision(k.queue(), CompareOp::Greater, mine - 1)
-                    .with_range(range(k.queue())),
-            ]),
-            Mode::Shared => {
-                let xq = k.queue_of(Mode::Exclusive);
-                when.push(
-                    Compare::create_revision(k.holds_of(Mode::Exclusive), CompareOp::Equal, 0)
-                        .with_range(range(k.holds_of(Mode::Exclusive))),
-                );
-                // No leftover shared hold of this lease (a put would keep its old create
-                // revision, and the token would not match the key).
-                when.push(Compare::create_revision(
-                    my_hold.clone(),
-                    CompareOp::Equal,
-                    0,
-                ));
-                // Every exclusive waiter after mine. An empty range compares as 0, so
-                // "none at all" needs its own form.
-                if view.queue.iter().any(|w| is_x_waiter(&w)) {
-                    when.push(
-                        Compare::create_revision(xq.clone(), CompareOp::Greater, mine)
-                            .with_range(range(xq)),
-                    );
-                } else {
-                    when.push(
-                        Compare::create_revision(xq.clone(), CompareOp::Equal, 0)
-                            .with_range(range(xq)),
-                    );
-                }
-            }
+        // No grant record created or changed since the read: the orphans seen are all.
+        for (start, end) in ranges('g', relevant_modes) {
+            when.push(
+                Compare::mod_revision(start, CompareOp::Less, view.revision + 1).with_range(end),
+            );
+        }
+        // No hold that conflicts.
+        for (start, end) in ranges('h', relevant_modes) {
+            when.push(Compare::create_revision(start, CompareOp::Equal, 0).with_range(end));
+        }
+        if self.mode == Mode::Shared {
+            // No leftover shared hold of this lease (a put would keep its old create
+            // revision, and the token would not match the key).
+            when.push(Compare::create_revision(
+                my_hold.clone(),
+                CompareOp::Equal,
+                0,
+            ));
+        }
+        // Every waiter that could block this one was created after it (exclusive: every
+        // waiter; shared: every exclusive waiter). An empty range compares as 0, so a
+        // mode with no waiter at the read needs the form "none at all".
+        for &m in relevant_modes {
+            let (start, end) = k.lease_range('q', m);
+            let prefix = k.queue_of(m);
+            let any = view
+                .queue
+                .iter()
+                .any(|w| w.key.starts_with(prefix.as_bytes()));
+            when.push(if !any {
+                Compare::create_revision(start, CompareOp::Equal, 0).with_range(end)
+            } else if self.mode == Mode::Exclusive {
+                // Mine is in the exclusive range: at or after mine.
+                Compare::create_revision(start, CompareOp::Greater, mine - 1).with_range(end)
+            } else {
+                Compare::create_revision(start, CompareOp::Greater, mine).with_range(end)
+            });
         }
         let my_grant = k.grant(self.mode, lease).into_bytes();
         let mut ops = vec![TxnOp::delete(my_waiter, None)];
