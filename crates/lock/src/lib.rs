@@ -29,6 +29,7 @@
 //! | `config/ns/<ns>` | [`Namespace`] JSON | none | [`ConfigStore::put_namespace`] |
 //! | `config/class/<ns>/<class>` | [`LockClass`] JSON (durations in ms) | none | [`ConfigStore::put_class`] |
 //! | `config/epoch` | [`EpochRecord`] JSON | none | bootstrap, [`Locker::advance_epoch`] |
+//! | `sessions/<lease>` | [`SessionRecord`] JSON | session | [`Locker::open_detached_session`] |
 //! | `locks/<ns>/<class>/<k>/q/<x\|s>/<lease>` | holder meta | session | a waiter |
 //! | `locks/<ns>/<class>/<k>/h/<x\|s>/<lease>` | holder meta | session | a grant |
 //! | `locks/<ns>/<class>/<k>/g/<x\|s>/<lease>` | holder meta | none | a grant (grant record) |
@@ -140,6 +141,7 @@
 
 mod acquire;
 mod config_store;
+mod detached;
 mod epoch;
 mod error;
 mod force;
@@ -152,6 +154,7 @@ mod retry;
 mod session;
 
 pub use config_store::ConfigStore;
+pub use detached::SessionRecord;
 pub use epoch::{BoxFuture, EpochReason, EpochRecord, EpochStore, FileEpochStore, StoreError};
 pub use error::{EpochMismatch, Error, ErrorKind, InvalidInput, Result};
 pub use force::ForceMarker;
