@@ -137,7 +137,8 @@
 //!
 //! # Features
 //!
-//! None.
+//! - `service`: [`service`], the HTTP/JSON lock service (axum) with its authorization
+//!   config and identities.
 
 mod acquire;
 mod config_store;
@@ -151,6 +152,8 @@ mod keys;
 mod locker;
 mod model;
 mod retry;
+#[cfg(feature = "service")]
+pub mod service;
 mod session;
 
 pub use config_store::ConfigStore;
