@@ -139,6 +139,8 @@
 //!
 //! - `service`: [`service`], the HTTP/JSON lock service (axum) with its authorization
 //!   config and identities.
+//! - `tls` (implies `service`): mTLS with rustls; callers are the SPIFFE IDs of their
+//!   client certificates.
 
 mod acquire;
 mod config_store;

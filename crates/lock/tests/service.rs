@@ -664,3 +664,212 @@ async fn etcd_admin_namespaces_classes_epochs() {
     assert_eq!(t >> 48, 1);
     assert_eq!(t & ((1 << 48) - 1), r.body["grant_rev"].as_u64().unwrap());
 }
+
+mod mtls {
+    use std::sync::Arc;
+
+    use rcgen::{BasicConstraints, Certificate, CertificateParams, IsCa, KeyPair, SanType};
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+    use tokio_rustls::TlsConnector;
+
+    use super::*;
+
+    struct Pki {
+        ca: Certificate,
+        ca_key: KeyPair,
+    }
+
+    type Svid = (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
+
+    fn dup(svid: &Svid) -> Svid {
+        (svid.0.clone(), svid.1.clone_key())
+    }
+
+    impl Pki {
+        fn new(name: &str) -> Pki {
+            let ca_key = KeyPair::generate().unwrap();
+            let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+            params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, name);
+            let ca = params.self_signed(&ca_key).unwrap();
+            Pki { ca, ca_key }
+        }
+
+        /// A leaf with DNS `localhost` and the given URI SANs.
+        fn leaf(&self, uris: &[&str]) -> Svid {
+            let key = KeyPair::generate().unwrap();
+            let mut params = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+            for u in uris {
+                params
+                    .subject_alt_names
+                    .push(SanType::URI((*u).try_into().unwrap()));
+            }
+            let cert = params.signed_by(&key, &self.ca, &self.ca_key).unwrap();
+            (
+                vec![cert.der().clone()],
+                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+            )
+        }
+    }
+
+    /// One request over a fresh mTLS connection; `Err` if the handshake or the
+    /// connection failed.
+    async fn tls_call(
+        addr: SocketAddr,
+        ca: &Certificate,
+        client: Option<Svid>,
+        method: &str,
+        path: &str,
+        body: Value,
+    ) -> Result<Resp, String> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca.der().clone()).unwrap();
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots);
+        let config = match client {
+            Some((chain, key)) => builder.with_client_auth_cert(chain, key).unwrap(),
+            None => builder.with_no_client_auth(),
+        };
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let tls = TlsConnector::from(Arc::new(config))
+            .connect(ServerName::try_from("localhost").unwrap(), tcp)
+            .await
+            .map_err(|e| e.to_string())?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+                .await
+                .map_err(|e| e.to_string())?;
+        tokio::spawn(conn);
+        let bytes = if body.is_null() {
+            Vec::new()
+        } else {
+            serde_json::to_vec(&body).unwrap()
+        };
+        let req = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", "localhost")
+            .header("content-type", "application/json")
+            .body(Full::new(bytes::Bytes::from(bytes)))
+            .unwrap();
+        let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+        let status = resp.status().as_u16();
+        let content_type = resp
+            .headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default();
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap()
+        };
+        Ok(Resp {
+            status,
+            content_type,
+            body,
+        })
+    }
+
+    #[tokio::test]
+    async fn etcd_mtls_caller_is_the_certificate_spiffe_id() {
+        let f = fixture(0).await;
+        let pki = Pki::new("test CA");
+        let (chain, key) = pki.leaf(&[]);
+        let tls = service::server_config(vec![pki.ca.der().clone()], chain, key).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        // Not dev mode: identities come from client certificates only.
+        let options = ServiceOptions::new(Authz::fixed(AuthzConfig::from_toml(AUTHZ).unwrap()));
+        tokio::spawn(service::serve_tls(listener, tls, f.locker.clone(), options));
+
+        // The certificate's SPIFFE ID is the caller: it owns the session it opens.
+        let owner = pki.leaf(&[OWNER]);
+        let r = tls_call(
+            addr,
+            &pki.ca,
+            Some(dup(&owner)),
+            "POST",
+            "/v1/sessions",
+            json!({ "ttl_ms": 5000 }),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 201, "{:?}", r.body);
+        assert_eq!(r.body["spiffe_id"], OWNER);
+        let s = r.body["session"].as_str().unwrap().to_owned();
+        let r = tls_call(
+            addr,
+            &pki.ca,
+            Some(dup(&owner)),
+            "POST",
+            "/v1/locks/acquire",
+            acquire_body(&s, "k", 1000),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 200, "{:?}", r.body);
+        // Another SVID of the same CA, allowed to lock the class, cannot use the session.
+        let other = pki.leaf(&[OTHER]);
+        let r = tls_call(
+            addr,
+            &pki.ca,
+            Some(other),
+            "POST",
+            &format!("/v1/sessions/{s}/keepalive"),
+            Value::Null,
+        )
+        .await
+        .unwrap();
+        assert_problem(&r, 403, "forbidden");
+        // A certificate without a URI SAN, or with a non-SPIFFE one, or two: 401.
+        for uris in [&[][..], &["https://example.org/x"][..], &[OWNER, OTHER][..]] {
+            let r = tls_call(
+                addr,
+                &pki.ca,
+                Some(pki.leaf(uris)),
+                "POST",
+                "/v1/sessions",
+                json!({ "ttl_ms": 5000 }),
+            )
+            .await
+            .unwrap();
+            assert_problem(&r, 401, "unauthenticated");
+        }
+        // No client certificate, or one from another CA: the handshake is refused.
+        assert!(tls_call(
+            addr,
+            &pki.ca,
+            None,
+            "POST",
+            "/v1/sessions",
+            json!({ "ttl_ms": 5000 })
+        )
+        .await
+        .is_err());
+        let rogue = Pki::new("rogue CA").leaf(&[OWNER]);
+        assert!(tls_call(
+            addr,
+            &pki.ca,
+            Some(rogue),
+            "POST",
+            "/v1/sessions",
+            json!({ "ttl_ms": 5000 })
+        )
+        .await
+        .is_err());
+        // Only the one session was opened.
+        let sessions = keys(&f)
+            .await
+            .into_iter()
+            .filter(|k| k.contains("sessions/"))
+            .count();
+        assert_eq!(sessions, 1);
+    }
+}

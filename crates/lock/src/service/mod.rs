@@ -39,8 +39,9 @@
 //!
 //! # Identity and authorization
 //!
-//! The caller is a SPIFFE ID from the transport ([`PeerIdentity`], set by an mTLS
-//! acceptor), or, only with [`ServiceOptions::insecure_dev_identity`], from the
+//! The caller is a SPIFFE ID from the transport ([`PeerIdentity`], set by the mTLS
+//! acceptor of `serve_tls`, feature `tls`: no client certificate -> the handshake is
+//! refused; a certificate without exactly one SPIFFE URI SAN -> 401), or, only with [`ServiceOptions::insecure_dev_identity`], from the
 //! [`DEV_IDENTITY_HEADER`]. No identity, or the dev header without dev mode: 401. What a
 //! caller may do comes from [`Authz`] (TOML, reloadable). Sessions belong to the identity
 //! that opened them: keepalive, acquire, release and close by anyone else are 403.
@@ -58,6 +59,8 @@ mod authz;
 mod identity;
 mod problem;
 mod routes;
+#[cfg(feature = "tls")]
+mod tls;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -68,6 +71,8 @@ use tokio::net::TcpListener;
 pub use authz::{Authz, AuthzConfig, AuthzError, Grant, NamespaceRules};
 pub use identity::{PeerIdentity, DEV_IDENTITY_HEADER};
 pub use problem::{Problem, ProblemKind};
+#[cfg(feature = "tls")]
+pub use tls::{serve_tls, server_config, spiffe_id_of, TlsConfigError};
 
 use crate::locker::Locker;
 
