@@ -137,36 +137,64 @@
 //!
 //! # Features
 //!
+//! - `core` (default): the lock core on etcd ([`Locker`] and everything it returns).
+//!   Needs etcd-client (and so protoc at build time).
 //! - `service`: [`service`], the HTTP/JSON lock service (axum) with its authorization
 //!   config and identities.
 //! - `tls` (implies `service`): mTLS with rustls; callers are the SPIFFE IDs of their
 //!   client certificates.
+//! - `client`: `client`, a Rust client of the lock service over HTTP. Without `core`
+//!   (`--no-default-features --features client`) the build has no etcd-client, tonic or
+//!   protoc; only the shared data types ([`Mode`], [`LeaseId`], [`FencingToken`],
+//!   [`Error`]...) come along.
 
+#![cfg_attr(not(feature = "core"), allow(dead_code))]
+
+#[cfg(feature = "core")]
 mod acquire;
+#[cfg(feature = "client")]
+pub mod client;
+#[cfg(feature = "core")]
 mod config_store;
+#[cfg(feature = "core")]
 mod detached;
+#[cfg(feature = "core")]
 mod epoch;
 mod error;
+#[cfg(feature = "core")]
 mod force;
+#[cfg(feature = "core")]
 mod hold;
+#[cfg(feature = "core")]
 mod inspect;
 mod keys;
+#[cfg(feature = "core")]
 mod locker;
 mod model;
+#[cfg(feature = "core")]
 mod retry;
 #[cfg(feature = "service")]
 pub mod service;
+#[cfg(feature = "core")]
 mod session;
 
+#[cfg(feature = "core")]
 pub use config_store::ConfigStore;
+#[cfg(feature = "core")]
 pub use detached::SessionRecord;
+#[cfg(feature = "core")]
 pub use epoch::{BoxFuture, EpochReason, EpochRecord, EpochStore, FileEpochStore, StoreError};
 pub use error::{EpochMismatch, Error, ErrorKind, InvalidInput, Result};
+#[cfg(feature = "core")]
 pub use force::ForceMarker;
+#[cfg(feature = "core")]
 pub use hold::Hold;
+#[cfg(feature = "core")]
 pub use inspect::{Holder, LockState, Waiter};
 pub use keys::MAX_KEY_LEN;
+#[cfg(feature = "core")]
 pub use locker::{LockName, Locker, LockerOptions, DEFAULT_ROOT};
 pub use model::{Enforcement, LeaseId, LockClass, Mode, Namespace, QuorumPolicy, SpiffeId};
 pub use palisade_fence::{Epoch, FencingToken, Revision};
+#[cfg(feature = "core")]
 pub use session::{LossReason, Session};

@@ -873,3 +873,73 @@ mod mtls {
         assert_eq!(sessions, 1);
     }
 }
+
+mod client {
+    use palisade_lock::client::{Client, ClientErrorKind};
+    use palisade_lock::{LeaseId, Mode};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn etcd_client_keepalive_release_on_drop_and_lost() {
+        let f = fixture(2).await;
+        let (a, b) = (f.replicas[0].addr, f.replicas[1].addr);
+        let alice = Client::new(format!("http://{a}"))
+            .unwrap()
+            .with_dev_identity(OWNER);
+        let bob = Client::new(format!("http://{b}"))
+            .unwrap()
+            .with_dev_identity(OTHER);
+        let s1 = alice.open_session(Duration::from_secs(2)).await.unwrap();
+        let s2 = bob.open_session(Duration::from_secs(2)).await.unwrap();
+        let hold = s1
+            .acquire("ns", "c", "k", Mode::Exclusive, Duration::from_secs(1))
+            .await
+            .unwrap();
+        let t1 = hold.token().unwrap();
+        assert_eq!(t1.revision(), hold.grant_rev().unwrap());
+        // Held past twice the TTL: the background keepalive keeps it.
+        tokio::time::sleep(Duration::from_millis(4500)).await;
+        assert!(!s1.is_lost());
+        let e = s2
+            .acquire("ns", "c", "k", Mode::Exclusive, Duration::from_millis(200))
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), &ClientErrorKind::DeadlineExceeded);
+        assert_eq!(e.status(), Some(409));
+        // Dropping the hold releases it: Bob gets the lock, with a higher token.
+        drop(hold);
+        let h2 = s2
+            .acquire("ns", "c", "k", Mode::Exclusive, Duration::from_secs(2))
+            .await
+            .unwrap();
+        assert!(h2.token().unwrap() > t1);
+        // A session that etcd loses (revoked behind the client's back) fires lost()
+        // within a keepalive period or so.
+        let lease = LeaseId::new(i64::from_str_radix(s2.id(), 16).unwrap());
+        f.locker.revoke_session(lease).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(3), h2.lost())
+            .await
+            .expect("lost() did not fire after the lease was revoked");
+        let e = h2.release().await.unwrap_err();
+        assert!(e.is_session_lost(), "{e:?}");
+        // Closing a session fires lost() at once for its holds.
+        let h3 = s1
+            .acquire("ns", "c", "k", Mode::Exclusive, Duration::from_secs(1))
+            .await
+            .unwrap();
+        s1.clone().close().await.unwrap();
+        tokio::time::timeout(Duration::from_millis(100), h3.lost())
+            .await
+            .unwrap();
+        let st = call(
+            a,
+            "GET",
+            "/v1/locks/status?namespace=ns&class=c&key=k",
+            ADMIN,
+            Value::Null,
+        )
+        .await;
+        assert_eq!(st.body["holders"], json!([]));
+    }
+}
