@@ -3,6 +3,8 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+mod cli;
 use palisade_fence::{Epoch, FencingToken, Revision};
 
 /// Palisade: a distributed lock service on etcd with fencing tokens.
@@ -18,6 +20,11 @@ enum Command {
     /// Work with fencing tokens offline.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Run the lock service.
+    Serve(cli::serve::ServeArgs),
+    /// Hold locks through a running lock service.
+    #[command(subcommand)]
+    Lock(cli::lock::LockCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -56,11 +63,17 @@ fn run(cli: Cli) -> Result<String, Box<dyn std::error::Error>> {
     match cli.command {
         Command::Token(TokenCommand::Inspect { token }) => {
             let t: FencingToken = token.parse()?;
-            Ok(format!("token {t}\nepoch {}\nrevision {}", t.epoch(), t.revision()))
+            Ok(format!(
+                "token {t}\nepoch {}\nrevision {}",
+                t.epoch(),
+                t.revision()
+            ))
         }
         Command::Token(TokenCommand::Compose { epoch, revision }) => {
             let t = FencingToken::from_parts(Epoch::new(epoch)?, Revision::new(revision))?;
             Ok(t.to_string())
         }
+        Command::Serve(args) => cli::serve::run(args),
+        Command::Lock(cmd) => cli::lock::run(cmd),
     }
 }
