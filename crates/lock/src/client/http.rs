@@ -52,6 +52,20 @@ impl Http {
         serde_json::from_slice(&bytes.1).map_err(|e| ClientError::decode(bytes.0, e.to_string()))
     }
 
+    /// Sends and decodes any JSON answer; an empty answer is `null`.
+    pub(crate) async fn send_value(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> Result<serde_json::Value, ClientError> {
+        let (status, bytes) = self.raw(method, path, body).await?;
+        if bytes.is_empty() {
+            return Ok(serde_json::Value::Null);
+        }
+        serde_json::from_slice(&bytes).map_err(|e| ClientError::decode(status, e.to_string()))
+    }
+
     /// Sends and expects a success without a body.
     pub(crate) async fn send_empty(
         &self,

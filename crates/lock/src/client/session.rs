@@ -54,6 +54,21 @@ impl Client {
         self
     }
 
+    /// One raw API call, for tools: `method` and `path` (starting with `/v1/`), an
+    /// optional JSON body; the JSON answer (`null` for 204).
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError`] with the service's problem kind, or a transport error.
+    pub async fn call_json(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> Result<serde_json::Value, ClientError> {
+        self.http.send_value(method, path, body).await
+    }
+
     /// Opens a session with a lease of `ttl` (whole seconds) and starts its keepalive.
     ///
     /// # Errors
