@@ -5,6 +5,8 @@ mod audit;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+mod cli;
 use palisade_fence::{Epoch, FencingToken, Revision};
 
 /// Palisade: a distributed lock service on etcd with fencing tokens.
@@ -23,6 +25,11 @@ enum Command {
     /// The audit trail: serve its dashboard.
     #[command(subcommand)]
     Audit(audit::AuditCommand),
+    /// Run the lock service.
+    Serve(cli::serve::ServeArgs),
+    /// Hold locks through a running lock service.
+    #[command(subcommand)]
+    Lock(cli::lock::LockCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -63,12 +70,18 @@ fn run(cli: Cli) -> Result<String, Box<dyn std::error::Error>> {
     match cli.command {
         Command::Token(TokenCommand::Inspect { token }) => {
             let t: FencingToken = token.parse()?;
-            Ok(format!("token {t}\nepoch {}\nrevision {}", t.epoch(), t.revision()))
+            Ok(format!(
+                "token {t}\nepoch {}\nrevision {}",
+                t.epoch(),
+                t.revision()
+            ))
         }
         Command::Token(TokenCommand::Compose { epoch, revision }) => {
             let t = FencingToken::from_parts(Epoch::new(epoch)?, Revision::new(revision))?;
             Ok(t.to_string())
         }
         Command::Audit(command) => audit::run(command),
+        Command::Serve(args) => cli::serve::run(args),
+        Command::Lock(cmd) => cli::lock::run(cmd),
     }
 }

@@ -3,7 +3,10 @@
 use std::process::Command;
 
 fn palisade(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_palisade")).args(args).output().expect("run palisade");
+    let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args(args)
+        .output()
+        .expect("run palisade");
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -18,7 +21,13 @@ fn token_compose_and_inspect_round_trip() {
     assert_eq!(out.trim(), (2u64 * (1 << 48) + 1234).to_string());
     let (code, out, _) = palisade(&["token", "inspect", out.trim()]);
     assert_eq!(code, 0);
-    assert_eq!(out, format!("token {}\nepoch 2\nrevision 1234\n", 2u64 * (1 << 48) + 1234));
+    assert_eq!(
+        out,
+        format!(
+            "token {}\nepoch 2\nrevision 1234\n",
+            2u64 * (1 << 48) + 1234
+        )
+    );
 }
 
 #[test]

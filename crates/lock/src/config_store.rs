@@ -185,6 +185,35 @@ impl ConfigStore {
     }
 }
 
+impl ConfigStore {
+    /// Every namespace, by name.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::CorruptRecord`], [`ErrorKind::QuorumLost`].
+    pub async fn namespaces(&self) -> Result<Vec<Namespace>> {
+        let prefix = self.keys.namespace("");
+        let resp = self
+            .get(prefix, Some(GetOptions::new().with_prefix()))
+            .await?;
+        resp.kvs().iter().map(|kv| decode(kv.value())).collect()
+    }
+
+    /// Every class of a namespace, by name (empty if the namespace has none or does not
+    /// exist).
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidInput::BadName`], [`ErrorKind::CorruptRecord`], [`ErrorKind::QuorumLost`].
+    pub async fn classes(&self, ns: &str) -> Result<Vec<LockClass>> {
+        validate_name(ns)?;
+        let resp = self
+            .get(self.keys.classes(ns), Some(GetOptions::new().with_prefix()))
+            .await?;
+        resp.kvs().iter().map(|kv| decode(kv.value())).collect()
+    }
+}
+
 pub(crate) fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T> {
     serde_json::from_slice(bytes).map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))
 }

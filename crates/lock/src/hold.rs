@@ -125,6 +125,17 @@ impl Hold {
     }
 }
 
+impl Hold {
+    /// Lets go of this handle without releasing: the hold stays in etcd until it is
+    /// released by lease with [`Locker::release_by`](crate::Locker::release_by), its
+    /// session's lease ends, or it is force-released. For services that hand the hold's
+    /// `(lock, lease, mode, grant_rev)` to a client and keep no state of their own.
+    pub fn forget(mut self) {
+        self.done = true;
+        self.session.unmark_busy(self.keys.base());
+    }
+}
+
 impl Drop for Hold {
     fn drop(&mut self) {
         if self.done {
@@ -179,7 +190,18 @@ async fn release_txn(
     session: &Session,
     rev: Revision,
 ) -> Result<()> {
-    let lease = session.lease();
+    release_lease_txn(locker, keys, mode, session.lease(), rev).await
+}
+
+/// The release Txn by lease: deletes `h/<mode>/<lease>` and its grant record only if the
+/// hold key has create revision `rev` and is attached to `lease`.
+pub(crate) async fn release_lease_txn(
+    locker: &LockerInner,
+    keys: &LockKeys,
+    mode: Mode,
+    lease: crate::model::LeaseId,
+    rev: Revision,
+) -> Result<()> {
     let hold = keys.hold(mode, lease);
     let txn = Txn::new()
         .when([

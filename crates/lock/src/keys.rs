@@ -84,6 +84,11 @@ impl RootKeys {
         format!("{}config/class/{ns}/{class}", self.root)
     }
 
+    /// A detached session's record: `sessions/<lease>`.
+    pub(crate) fn session(&self, lease: LeaseId) -> String {
+        format!("{}sessions/{lease}", self.root)
+    }
+
     pub(crate) fn epoch(&self) -> String {
         format!("{}config/epoch", self.root)
     }

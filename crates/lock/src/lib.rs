@@ -29,6 +29,7 @@
 //! | `config/ns/<ns>` | [`Namespace`] JSON | none | [`ConfigStore::put_namespace`] |
 //! | `config/class/<ns>/<class>` | [`LockClass`] JSON (durations in ms) | none | [`ConfigStore::put_class`] |
 //! | `config/epoch` | [`EpochRecord`] JSON | none | bootstrap, [`Locker::advance_epoch`] |
+//! | `sessions/<lease>` | [`SessionRecord`] JSON | session | [`Locker::open_detached_session`] |
 //! | `locks/<ns>/<class>/<k>/q/<x\|s>/<lease>` | holder meta | session | a waiter |
 //! | `locks/<ns>/<class>/<k>/h/<x\|s>/<lease>` | holder meta | session | a grant |
 //! | `locks/<ns>/<class>/<k>/g/<x\|s>/<lease>` | holder meta | none | a grant (grant record) |
@@ -175,34 +176,70 @@
 //!
 //! # Features
 //!
+//! - `core` (default): the lock core on etcd ([`Locker`] and everything it returns).
+//!   Needs etcd-client (and so protoc at build time).
+//! - `service`: [`service`], the HTTP/JSON lock service (axum) with its authorization
+//!   config and identities.
+//! - `tls` (implies `service`): mTLS with rustls; callers are the SPIFFE IDs of their
+//!   client certificates.
+//! - `client`: `client`, a Rust client of the lock service over HTTP. Without `core`
+//!   (`--no-default-features --features client`) the build has no etcd-client, tonic or
+//!   protoc; only the shared data types ([`Mode`], [`LeaseId`], [`FencingToken`],
+//!   [`Error`]...) come along.
 //! - `postgres`: `PostgresEpochStore`, the durable epoch record in PostgreSQL, shared
 //!   by several lockers.
 
+#![cfg_attr(not(feature = "core"), allow(dead_code))]
+
+#[cfg(feature = "core")]
 mod acquire;
+#[cfg(feature = "client")]
+pub mod client;
+#[cfg(feature = "core")]
 mod config_store;
+#[cfg(feature = "core")]
+mod detached;
+#[cfg(feature = "core")]
 mod epoch;
 #[cfg(feature = "postgres")]
 mod epoch_pg;
 mod error;
+#[cfg(feature = "core")]
 mod force;
+#[cfg(feature = "core")]
 mod hold;
+#[cfg(feature = "core")]
 mod inspect;
 mod keys;
+#[cfg(feature = "core")]
 mod locker;
 mod model;
+#[cfg(feature = "core")]
 mod retry;
+#[cfg(feature = "service")]
+pub mod service;
+#[cfg(feature = "core")]
 mod session;
 
+#[cfg(feature = "core")]
 pub use config_store::ConfigStore;
+#[cfg(feature = "core")]
+pub use detached::SessionRecord;
+#[cfg(feature = "core")]
 pub use epoch::{BoxFuture, EpochReason, EpochRecord, EpochStore, FileEpochStore, StoreError};
 #[cfg(feature = "postgres")]
 pub use epoch_pg::{PostgresEpochStore, MIGRATION as EPOCH_MIGRATION};
 pub use error::{EpochMismatch, Error, ErrorKind, InvalidInput, Result};
+#[cfg(feature = "core")]
 pub use force::ForceMarker;
+#[cfg(feature = "core")]
 pub use hold::Hold;
+#[cfg(feature = "core")]
 pub use inspect::{Holder, LockState, Waiter};
 pub use keys::MAX_KEY_LEN;
+#[cfg(feature = "core")]
 pub use locker::{LockName, Locker, LockerOptions, DEFAULT_ROOT};
 pub use model::{Enforcement, LeaseId, LockClass, Mode, Namespace, QuorumPolicy, SpiffeId};
 pub use palisade_fence::{Epoch, FencingToken, Revision};
+#[cfg(feature = "core")]
 pub use session::{LossReason, Session};

@@ -43,6 +43,8 @@ pub(crate) struct SessionInner {
     keepalive: Mutex<Option<JoinHandle<()>>>,
     /// Lock base paths this session holds or waits for; one acquire per lock at a time.
     pub(crate) busy: Mutex<HashSet<String>>,
+    /// Attached to a lease owned elsewhere: no keepalive, no revoke on drop.
+    detached: bool,
 }
 
 impl Drop for SessionInner {
@@ -56,8 +58,9 @@ impl Drop for SessionInner {
             task.abort();
         }
         // The last handle is gone: revoke the lease so its holds end now rather than
-        // after the TTL. Best effort; the TTL is the backstop.
-        if self.lost_tx.borrow().is_none() {
+        // after the TTL. Best effort; the TTL is the backstop. An attached handle does
+        // not own the lease and leaves it alone.
+        if !self.detached && self.lost_tx.borrow().is_none() {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 let mut client = self.client.clone();
                 let lease = self.lease.get();
@@ -132,6 +135,7 @@ impl Session {
             renewing,
             keepalive: Mutex::new(None),
             busy: Mutex::new(HashSet::new()),
+            detached: false,
         });
         let task = tokio::spawn(keepalive(
             Arc::downgrade(&inner),
@@ -139,6 +143,37 @@ impl Session {
         ));
         *inner.keepalive.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
         Ok(Session { inner })
+    }
+
+    /// A handle on a lease that lives on its own (kept alive and revoked by whoever
+    /// owns it, through lease-id operations): no keepalive task, no revoke on drop, and
+    /// [`Session::lost`] fires only on [`Session::close`]. Acquires through it still fail
+    /// with [`ErrorKind::SessionLost`] once the lease is gone (etcd refuses puts on it).
+    pub(crate) fn attached(
+        client: Client,
+        lease: LeaseId,
+        spiffe_id: SpiffeId,
+        ttl: Duration,
+        opened_rev: Revision,
+        request_timeout: Duration,
+    ) -> Session {
+        let (lost_tx, _) = watch::channel(None);
+        let (renewing, _) = watch::channel(false);
+        Session {
+            inner: Arc::new(SessionInner {
+                client,
+                lease,
+                spiffe_id,
+                ttl,
+                opened_rev,
+                request_timeout,
+                lost_tx,
+                renewing,
+                keepalive: Mutex::new(None),
+                busy: Mutex::new(HashSet::new()),
+                detached: true,
+            }),
+        }
     }
 
     /// The etcd lease id.

@@ -8,7 +8,7 @@ use etcd_client::{Client, EventType, GetOptions, WatchOptions};
 use palisade_lock::{
     Epoch, EpochReason, EpochRecord, EpochStore, Error, ErrorKind, FencingToken, FileEpochStore,
     ForceMarker, Hold, InvalidInput, LockClass, LockName, Locker, LockerOptions, LossReason, Mode,
-    Namespace, QuorumPolicy, Session, SpiffeId,
+    Namespace, QuorumPolicy, Revision, Session, SpiffeId,
 };
 use palisade_testkit::{EtcdCluster, RestoreMode};
 use tokio::time::Instant;
@@ -1725,4 +1725,113 @@ async fn etcd_two_lockers_sharing_a_postgres_epoch_store_both_grant_increasing_t
     }
     let durable = store.load().await.unwrap().unwrap();
     assert_eq!(durable.highest_grant_rev.get(), max);
+}
+
+#[tokio::test]
+async fn etcd_detached_session_by_lease_id() {
+    let f = fixture(1).await;
+    let owner = SpiffeId::new("spiffe://test/detached").unwrap();
+    let record = f
+        .locker
+        .open_detached_session(owner.clone(), Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(record.spiffe_id, owner);
+    assert_eq!(record.ttl, Duration::from_secs(5));
+    // Any locker (another replica) reads the same record.
+    let other = connect(f.cluster.endpoints(), &f.dir).await.unwrap();
+    assert_eq!(other.session_record(record.lease).await.unwrap(), record);
+    assert_eq!(
+        other.keep_alive_once(record.lease).await.unwrap(),
+        Duration::from_secs(5)
+    );
+    // Acquire through an attached handle, forget the hold: it stays in etcd.
+    let session = f.locker.attach_session(&record);
+    let hold = f
+        .locker
+        .acquire(
+            &session,
+            &lock("d"),
+            Mode::Exclusive,
+            Instant::now() + Duration::from_secs(2),
+        )
+        .await
+        .unwrap();
+    let rev = hold.grant_rev().unwrap();
+    hold.forget();
+    drop(session);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let state = other.lock_state(&lock("d")).await.unwrap();
+    assert_eq!(state.holders.len(), 1);
+    assert_eq!(state.holders[0].lease, record.lease);
+    assert_eq!(state.holders[0].grant_rev, rev);
+    // Dropping the attached handle did not revoke the lease.
+    other.keep_alive_once(record.lease).await.unwrap();
+    // Release by (lock, lease, mode, grant_rev), from the other locker: a wrong grant
+    // revision or mode is not held; the right one releases once.
+    let wrong = Revision::new(rev.get() + 1);
+    assert!(other
+        .release_by(&lock("d"), record.lease, Mode::Exclusive, wrong)
+        .await
+        .unwrap_err()
+        .is_not_held());
+    assert!(other
+        .release_by(&lock("d"), record.lease, Mode::Shared, rev)
+        .await
+        .unwrap_err()
+        .is_not_held());
+    other
+        .release_by(&lock("d"), record.lease, Mode::Exclusive, rev)
+        .await
+        .unwrap();
+    assert!(other
+        .lock_state(&lock("d"))
+        .await
+        .unwrap()
+        .holders
+        .is_empty());
+    assert!(other
+        .release_by(&lock("d"), record.lease, Mode::Exclusive, rev)
+        .await
+        .unwrap_err()
+        .is_not_held());
+    // Revoked: the record is gone, keepalive and acquire fail with SessionLost.
+    other.revoke_session(record.lease).await.unwrap();
+    assert!(f
+        .locker
+        .session_record(record.lease)
+        .await
+        .unwrap_err()
+        .is_session_lost());
+    let e = f.locker.keep_alive_once(record.lease).await.unwrap_err();
+    assert!(e.is_session_lost(), "{e:?}");
+    assert!(f
+        .locker
+        .revoke_session(record.lease)
+        .await
+        .unwrap_err()
+        .is_session_lost());
+    let session = f.locker.attach_session(&record);
+    let err = f
+        .locker
+        .acquire(
+            &session,
+            &lock("e"),
+            Mode::Exclusive,
+            Instant::now() + Duration::from_secs(2),
+        )
+        .await
+        .unwrap_err();
+    assert!(err.is_session_lost(), "{err:?}");
+    // Bad TTLs write nothing.
+    for ttl in [Duration::ZERO, Duration::from_millis(1500)] {
+        assert!(matches!(
+            f.locker
+                .open_detached_session(owner.clone(), ttl)
+                .await
+                .unwrap_err()
+                .invalid_input(),
+            Some(InvalidInput::BadTtl(_))
+        ));
+    }
 }

@@ -1,0 +1,171 @@
+//! The lock service: an HTTP/JSON API under `/v1` in front of a [`Locker`] (feature
+//! `service`).
+//!
+//! The service keeps no state of its own, so any number of replicas can serve one etcd
+//! cluster behind a load balancer. A lock session is an etcd lease: its id (16 hex
+//! digits) is the lease id, its owner is recorded in etcd next to it
+//! ([`SessionRecord`](crate::SessionRecord)), a keepalive is one lease renewal by
+//! whichever replica receives it, and a release names the hold by
+//! `(lock, session, mode, grant_rev)`, all of which the acquire response returns.
+//!
+//! # Routes
+//!
+//! | method and path | body | answer |
+//! |---|---|---|
+//! | `POST /v1/sessions` | `{"ttl_ms"}` | 201 `{"session","spiffe_id","ttl_ms","opened_rev"}` |
+//! | `POST /v1/sessions/{session}/keepalive` | none | 200 `{"ttl_ms"}` |
+//! | `DELETE /v1/sessions/{session}` | none | 204; every hold of the session ends |
+//! | `POST /v1/locks/acquire` | `{"session","namespace","class","key","mode","wait_ms"}` | 200 `{"token","grant_rev",...}` |
+//! | `POST /v1/locks/release` | `{"session","namespace","class","key","mode","grant_rev"}` | 204 |
+//! | `GET /v1/locks/status?namespace=&class=&key=` | none | 200 holders (with tokens), waiters in order, class |
+//! | `GET /v1/namespaces` | none | 200 list |
+//! | `PUT /v1/namespaces/{ns}` | `{"tenant_id",...}` | 200, create or update |
+//! | `GET /v1/namespaces/{ns}/classes` | none | 200 list |
+//! | `PUT /v1/namespaces/{ns}/classes/{class}` | `{"key_prefix","ttl_min_ms",...}` | 200, create or update |
+//! | `GET /v1/epoch` | none | 200 the epoch record, and why grants are refused if they are |
+//! | `POST /v1/epoch/advance` | `{"reason":"restore"\|"rehome"}` | 200 the new record |
+//!
+//! Tokens are JSON strings (decimal u64). `ttl_ms` is a whole number of seconds in ms,
+//! from 1,000 to [`ServiceOptions::with_max_ttl`] (default 1 h); `wait_ms` is 1 to
+//! [`ServiceOptions::with_max_wait`] (default 60 s): acquire long-polls that long at most.
+//!
+//! # Errors
+//!
+//! Every error is `application/problem+json` (RFC 9457) with a stable `type`
+//! `urn:palisade:problem:<slug>`; see [`ProblemKind`] for slugs and status codes. Bad
+//! input (malformed JSON or not UTF-8, unknown fields, wrong types, negative or huge
+//! TTLs, bad names or keys, bodies over the limit: 413) is refused with a 4xx before
+//! anything is written to etcd.
+//!
+//! # Identity and authorization
+//!
+//! The caller is a SPIFFE ID from the transport ([`PeerIdentity`], set by the mTLS
+//! acceptor of `serve_tls`, feature `tls`: no client certificate -> the handshake is
+//! refused; a certificate without exactly one SPIFFE URI SAN -> 401), or, only with [`ServiceOptions::insecure_dev_identity`], from the
+//! [`DEV_IDENTITY_HEADER`]. No identity, or the dev header without dev mode: 401. What a
+//! caller may do comes from [`Authz`] (TOML, reloadable). Sessions belong to the identity
+//! that opened them: keepalive, acquire, release and close by anyone else are 403.
+//!
+//! # Known limits
+//!
+//! - A replica caches each class on first use; a class update reaches replicas that
+//!   already used the class only after they restart.
+//! - One session acquiring the same lock twice at once through two replicas waits behind
+//!   itself until its deadline (the per-session check is per process).
+//! - An acquire whose response is lost (client gone after the grant) leaves the hold
+//!   until the session is closed or expires.
+
+mod authz;
+mod identity;
+mod problem;
+mod routes;
+#[cfg(feature = "tls")]
+mod tls;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::Router;
+use tokio::net::TcpListener;
+
+pub use authz::{Authz, AuthzConfig, AuthzError, Grant, NamespaceRules};
+pub use identity::{PeerIdentity, DEV_IDENTITY_HEADER};
+pub use problem::{Problem, ProblemKind};
+#[cfg(feature = "tls")]
+pub use tls::{serve_tls, server_config, spiffe_id_of, TlsConfigError};
+
+use crate::locker::Locker;
+
+/// How the service is built.
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct ServiceOptions {
+    authz: Authz,
+    dev_identity: bool,
+    body_limit: usize,
+    max_wait: Duration,
+    max_ttl: Duration,
+}
+
+impl ServiceOptions {
+    /// Identity from the transport only; body limit 16 KiB; waits up to 60 s; TTLs up
+    /// to 1 h.
+    pub fn new(authz: Authz) -> Self {
+        ServiceOptions {
+            authz,
+            dev_identity: false,
+            body_limit: 16 * 1024,
+            max_wait: Duration::from_secs(60),
+            max_ttl: Duration::from_secs(3600),
+        }
+    }
+
+    /// INSECURE: takes the caller's identity from the [`DEV_IDENTITY_HEADER`], which
+    /// anyone can set. [`serve_dev`] then binds to loopback only and warns at start.
+    pub fn insecure_dev_identity(mut self) -> Self {
+        self.dev_identity = true;
+        self
+    }
+
+    /// The largest request body accepted, in bytes; larger bodies get 413.
+    pub fn with_body_limit(mut self, bytes: usize) -> Self {
+        self.body_limit = bytes;
+        self
+    }
+
+    /// The longest `wait_ms` an acquire may ask for.
+    pub fn with_max_wait(mut self, max: Duration) -> Self {
+        self.max_wait = max;
+        self
+    }
+
+    /// The longest session TTL.
+    pub fn with_max_ttl(mut self, max: Duration) -> Self {
+        self.max_ttl = max;
+        self
+    }
+}
+
+/// The `/v1` router over `locker`.
+pub fn router(locker: Locker, options: ServiceOptions) -> Router {
+    routes::router(locker, options)
+}
+
+/// Why [`serve_dev`] did not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// Plain HTTP has no caller identities: it is only for dev mode.
+    #[error("plain HTTP needs the insecure dev identity option")]
+    DevIdentityNotEnabled,
+    /// Dev mode binds to loopback only.
+    #[error("dev mode binds to loopback only, not {0}")]
+    NotLoopback(SocketAddr),
+    /// Accepting or serving failed.
+    #[error("serving failed")]
+    Io(#[from] std::io::Error),
+}
+
+/// Serves the API over plain HTTP in dev mode: refused unless `options` has
+/// [`ServiceOptions::insecure_dev_identity`] and `listener` is on a loopback address.
+/// Logs a warning at start. Runs until the listener fails.
+///
+/// # Errors
+///
+/// [`ServeError`].
+pub async fn serve_dev(
+    listener: TcpListener,
+    locker: Locker,
+    options: ServiceOptions,
+) -> Result<(), ServeError> {
+    if !options.dev_identity {
+        return Err(ServeError::DevIdentityNotEnabled);
+    }
+    let addr = listener.local_addr()?;
+    if !addr.ip().is_loopback() {
+        return Err(ServeError::NotLoopback(addr));
+    }
+    tracing::warn!(%addr, "INSECURE dev identity: callers are whoever the {DEV_IDENTITY_HEADER} header says; loopback only");
+    axum::serve(listener, router(locker, options)).await?;
+    Ok(())
+}

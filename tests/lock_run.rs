@@ -1,0 +1,231 @@
+//! `palisade lock run` against a lock service on loopback and real etcd members started
+//! by the test harness (every test here starts etcd: `etcd` in each name).
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::Duration;
+
+use palisade_lock::service::{self, Authz, AuthzConfig, ServiceOptions};
+use palisade_lock::{
+    FileEpochStore, LeaseId, LockClass, LockName, Locker, LockerOptions, Namespace,
+};
+use palisade_testkit::EtcdCluster;
+
+const ME: &str = "spiffe://test/job";
+
+async fn setup() -> (EtcdCluster, Locker, SocketAddr, tempfile::TempDir) {
+    let cluster = EtcdCluster::start(1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let locker = Locker::connect(
+        LockerOptions::new(cluster.endpoints()),
+        FileEpochStore::new(dir.path().join("epoch.json")),
+    )
+    .await
+    .unwrap();
+    locker
+        .config()
+        .put_namespace(&Namespace::new("ns", "t"))
+        .await
+        .unwrap();
+    locker
+        .config()
+        .put_class(&LockClass::new("ns", "c", ""))
+        .await
+        .unwrap();
+    let authz = AuthzConfig::from_toml(
+        "admins = [\"spiffe://test/admin\"]\n[[namespace]]\nid = \"ns\"\n[[namespace.grant]]\nids = [\"spiffe://test/job\"]\nclasses = [\"c\"]\n",
+    )
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let options = ServiceOptions::new(Authz::fixed(authz)).insecure_dev_identity();
+    tokio::spawn(service::serve_dev(listener, locker.clone(), options));
+    (cluster, locker, addr, dir)
+}
+
+fn lock_run(addr: SocketAddr, ttl: &str, script: &str) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_palisade"));
+    cmd.args([
+        "lock",
+        "run",
+        "ns/c/jobs/nightly",
+        "--service",
+        &format!("http://{addr}"),
+        "--dev-identity",
+        ME,
+        "--ttl",
+        ttl,
+        "--",
+        "sh",
+        "-c",
+        script,
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .kill_on_drop(true);
+    cmd
+}
+
+#[tokio::test]
+async fn etcd_lock_run_passes_the_token_and_releases() {
+    let (_cluster, locker, addr, dir) = setup().await;
+    let out_file = dir.path().join("token");
+    let script = format!("echo $FENCING_TOKEN > {}; exit 7", out_file.display());
+    let out = lock_run(addr, "5", &script).output().await.unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(7),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let token: u64 = std::fs::read_to_string(&out_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(token > 0);
+    // Released on exit: nobody holds the lock, and the next run gets a higher token.
+    let state = locker
+        .lock_state(&LockName::new("ns", "c", "jobs/nightly"))
+        .await
+        .unwrap();
+    assert!(state.holders.is_empty(), "{state:?}");
+    let out = lock_run(
+        addr,
+        "5",
+        &format!("echo $FENCING_TOKEN > {}", out_file.display()),
+    )
+    .output()
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let next: u64 = std::fs::read_to_string(&out_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(next > token, "{next} <= {token}");
+}
+
+#[tokio::test]
+async fn etcd_lock_run_kills_the_command_when_the_hold_is_lost() {
+    let (_cluster, locker, addr, dir) = setup().await;
+    let pid_file = dir.path().join("pid");
+    let script = format!("echo $$ > {}; exec sleep 30", pid_file.display());
+    let mut run = lock_run(addr, "3", &script).spawn().unwrap();
+    let name = LockName::new("ns", "c", "jobs/nightly");
+    let mut holder = None;
+    for _ in 0..100 {
+        let state = locker.lock_state(&name).await.unwrap();
+        if let (Some(h), true) = (state.holders.first(), pid_file.exists()) {
+            holder = Some(h.lease);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let lease: LeaseId = holder.expect("lock run never held the lock");
+    let pid: u32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(std::path::Path::new(&format!("/proc/{pid}")).exists());
+    // The session ends behind the runner's back: it must notice and kill the command.
+    locker.revoke_session(lease).await.unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(5), run.wait())
+        .await
+        .expect("lock run did not stop after its hold was lost")
+        .unwrap();
+    assert_eq!(status.code(), Some(76));
+    // The child is gone (killed and reaped), not left running.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    assert!(
+        stat.is_empty() || stat.contains(") Z "),
+        "child still running: {stat}"
+    );
+}
+
+#[tokio::test]
+async fn etcd_lock_status_and_admin_commands_print_the_service_answer() {
+    let (_cluster, _locker, addr, _dir) = setup().await;
+    let url = format!("http://{addr}");
+    let as_id = |id: &str, args: Vec<&str>| {
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_palisade"));
+        cmd.args(args)
+            .args(["--service", &url, "--dev-identity", id]);
+        cmd.output()
+    };
+    let palisade = |args: Vec<&str>| as_id(ME, args);
+    let out = palisade(vec!["lock", "status", "ns/c/jobs/a b"])
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["holders"], serde_json::json!([]));
+    assert_eq!(v["class"]["id"], "c");
+    // Not an admin: the service's 403 becomes a non-zero exit with the problem kind.
+    let out = palisade(vec!["lock", "admin", "put-namespace", "x", "--tenant", "t"])
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("403"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // An admin creates a namespace and a class, and advances the epoch.
+    let admin = "spiffe://test/admin";
+    let out = as_id(
+        admin,
+        vec!["lock", "admin", "put-namespace", "x", "--tenant", "t"],
+    )
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = as_id(
+        admin,
+        vec![
+            "lock",
+            "admin",
+            "put-class",
+            "x",
+            "rows",
+            "--prefix",
+            "row/",
+            "--shared",
+        ],
+    )
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = as_id(admin, vec!["lock", "admin", "classes", "x"])
+        .await
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v[0]["key_prefix"], "row/");
+    assert_eq!(v[0]["mode"], "shared");
+    let out = as_id(
+        admin,
+        vec!["lock", "admin", "advance-epoch", "--reason", "restore"],
+    )
+    .await
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["epoch"], 1);
+    let out = as_id(admin, vec!["lock", "admin", "epoch"]).await.unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["epoch"], 1);
+    assert_eq!(v["reason"], "restore");
+}
