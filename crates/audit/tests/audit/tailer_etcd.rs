@@ -213,24 +213,46 @@ async fn etcd_tailer_killed_three_times_during_1000_cycles_loses_and_repeats_not
             session.close().await.unwrap();
         }));
     }
-    // Three kills spread over the cycles; the second comes 0-30 ms after a restart, while
-    // the tailer works through the backlog in large batches.
-    let targets = [150 + rng.below(250) as usize, 0, 600 + rng.below(300) as usize];
+    // Three kills spread over the cycles. The second is mid-batch for certain: another
+    // transaction locks the cursor table, so the tailer has inserted a batch's rows and
+    // waits to move its position when it is aborted.
+    let blocker = fx.db.connect().await;
+    let watcher = fx.db.connect().await;
+    let targets = [150 + rng.below(250) as usize, 400 + rng.below(100) as usize, 650 + rng.below(250) as usize];
     let mut kills = 0;
-    for target in targets {
-        if target == 0 {
-            tokio::time::sleep(Duration::from_millis(rng.below(30))).await;
-        } else {
-            while next.load(Ordering::Relaxed) < target {
-                tokio::time::sleep(Duration::from_millis(2 + rng.below(5))).await;
-            }
+    for (n, target) in targets.into_iter().enumerate() {
+        while next.load(Ordering::Relaxed) < target {
+            tokio::time::sleep(Duration::from_millis(2 + rng.below(5))).await;
+        }
+        let mid_batch = n == 1;
+        if mid_batch {
+            blocker.batch_execute("BEGIN; LOCK TABLE audit_cursor IN EXCLUSIVE MODE").await.unwrap();
+            let (watcher, name) = (&watcher, fx.db.name().to_owned());
+            eventually("the tailer to wait inside its transaction", || {
+                let name = name.clone();
+                async move {
+                    let n: i64 = watcher
+                        .query_one(
+                            "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND wait_event_type = 'Lock'",
+                            &[&name],
+                        )
+                        .await
+                        .unwrap()
+                        .get(0);
+                    n > 0
+                }
+            })
+            .await;
         }
         let done = next.load(Ordering::Relaxed);
         let handle = std::mem::replace(&mut *tailer.lock().unwrap(), fx.start_tailer());
         handle.abort();
         assert!(handle.await.unwrap_err().is_cancelled());
+        if mid_batch {
+            blocker.batch_execute("COMMIT").await.unwrap();
+        }
         kills += 1;
-        println!("killed the tailer at cycle {done}");
+        println!("killed the tailer at cycle {done}{}", if mid_batch { ", inside its transaction" } else { "" });
     }
     for w in workers {
         w.await.unwrap();
