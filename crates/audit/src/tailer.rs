@@ -20,7 +20,8 @@
 //! response, and rows are keyed `(cluster_id, revision, seq)`: a crash anywhere loses
 //! nothing and stores nothing twice. When etcd compacted past the position, the tailer
 //! records a `gap` row for the revisions it can no longer read and goes on from the
-//! compaction revision. Any failure (etcd or Postgres) ends the watch; the tailer backs
+//! compaction revision (the position moves only with lock-key events, so a gap can also
+//! span revisions that held none). Any failure (etcd or Postgres) ends the watch; the tailer backs
 //! off and starts again from the stored position, so a database outage only makes it
 //! fall behind. It never writes to etcd.
 //!
