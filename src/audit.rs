@@ -1,4 +1,4 @@
-//! `palisade audit …`: the audit dashboard server.
+//! `palisade audit …`: the audit dashboard server and the lock-event tailer.
 
 use std::error::Error;
 use std::net::SocketAddr;
@@ -12,6 +12,25 @@ pub(crate) enum AuditCommand {
     ///
     /// Applies the audit schema's migrations first. Prints the address it listens on.
     Serve(ServeArgs),
+    /// Tail the lock key space in etcd into the audit database until interrupted.
+    ///
+    /// Applies the audit schema's migrations first, then goes on from the last revision
+    /// stored for the etcd cluster. etcd or database failures are retried with a backoff.
+    Tail(TailArgs),
+}
+
+/// Arguments of `palisade audit tail`.
+#[derive(Debug, Args)]
+pub(crate) struct TailArgs {
+    /// etcd client endpoint (`http://host:port`); repeat for several members.
+    #[arg(long = "etcd", required = true)]
+    etcd: Vec<String>,
+    /// The root prefix of the lock key space.
+    #[arg(long, default_value = "/palisade/")]
+    root: String,
+    /// The audit database: a libpq connection string, key/value or URL form.
+    #[arg(long)]
+    database: String,
 }
 
 /// Arguments of `palisade audit serve`.
@@ -30,6 +49,7 @@ pub(crate) fn run(command: AuditCommand) -> Result<String, Box<dyn Error>> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match command {
         AuditCommand::Serve(args) => runtime.block_on(serve(args)),
+        AuditCommand::Tail(args) => runtime.block_on(tail(args)),
     }
 }
 
@@ -41,6 +61,18 @@ async fn serve(args: ServeArgs) -> Result<String, Box<dyn Error>> {
     axum::serve(listener, palisade_audit::dashboard::router(pool))
         .with_graceful_shutdown(interrupted())
         .await?;
+    Ok(String::new())
+}
+
+async fn tail(args: TailArgs) -> Result<String, Box<dyn Error>> {
+    let pool = palisade_audit::pool(&args.database, 2)?;
+    palisade_audit::migrate(&pool).await?;
+    let tailer = palisade_audit::Tailer::connect(&args.etcd, pool).await?.with_root(args.root);
+    println!("palisade audit tailer on {}", args.etcd.join(","));
+    tokio::select! {
+        never = tailer.run() => match never {},
+        () = interrupted() => {}
+    }
     Ok(String::new())
 }
 

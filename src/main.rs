@@ -22,7 +22,7 @@ enum Command {
     /// Work with fencing tokens offline.
     #[command(subcommand)]
     Token(TokenCommand),
-    /// The audit trail: serve its dashboard.
+    /// The audit trail: serve its dashboard, tail lock events from etcd.
     #[command(subcommand)]
     Audit(audit::AuditCommand),
     /// Run the lock service.

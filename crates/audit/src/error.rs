@@ -21,6 +21,9 @@ pub enum AuditError {
     /// A database call took longer than allowed.
     #[error("audit database did not answer within {0:?}")]
     Timeout(std::time::Duration),
+    /// etcd could not be reached, or a request or watch failed.
+    #[error("etcd: {0}")]
+    Etcd(#[from] etcd_client::Error),
     /// Reading or writing the spool file failed.
     #[error("audit spool {path}: {source}")]
     Spool {
@@ -32,11 +35,12 @@ pub enum AuditError {
 }
 
 impl AuditError {
-    /// True when the database could not be reached or the connection broke (worth a retry
-    /// later), as opposed to an error the database returned for a statement.
+    /// True when the database or etcd could not be reached or the connection broke (worth
+    /// a retry later), as opposed to an error the database returned for a statement.
     pub fn is_unavailable(&self) -> bool {
         match self {
             AuditError::Pool(_) | AuditError::Timeout(_) => true,
+            AuditError::Etcd(_) => true,
             AuditError::Database(e) => e.is_closed() || e.code().is_none(),
             _ => false,
         }

@@ -4,18 +4,23 @@
 //! - **Schema**: [`migrate`] applies the migrations shipped with the crate ([`MIGRATIONS`]),
 //!   idempotently, under an advisory lock. Tables: `audit_event` (grants, releases,
 //!   expiries, forced releases and compaction gaps, keyed by `(cluster_id, revision, seq)`),
-//!   `force_release` (who, who approved, why), `write_event` (one row per checked write).
+//!   `force_release` (who, who approved, why), `write_event` (one row per checked write),
+//!   `audit_cursor` (how far the tailer has read each etcd cluster's history).
 //! - **Write events**: [`AuditSink`] is a bounded, non-blocking
 //!   [`WriteObserver`](palisade_fence::WriteObserver) for the fence layer. It batches rows
 //!   into Postgres and spools them to a local file while Postgres is down; see [`sink`].
 //!   [`CallerIdentity`] names the caller (mTLS peer, or a trusted proxy's XFCC header).
-//! - **Lock events**: [`insert_lock_events`] and [`insert_force_release`] store them
-//!   idempotently (the etcd tailer that produces them lives with the lock core's layout).
+//! - **Lock events**: [`Tailer`] watches the lock core's key space in etcd and stores
+//!   grants, releases, expiries and forced releases (and compaction gaps) as they appear in
+//!   etcd history, with its position in `audit_cursor` ([`tailer_position`]); see
+//!   [`tailer`]. [`insert_lock_events`] and [`insert_force_release`] store rows
+//!   idempotently (the service records each forced release's who and why).
 //! - **Dashboard**: [`dashboard::router`] serves unprotected writes (filters, pages, CSV,
 //!   an hourly SVG chart), a lock's timeline and the forced releases, as HTML and as JSON
 //!   under `/api/`.
 //!
-//! Audit only observes: a slow or absent audit database never blocks a write.
+//! Audit only observes: a slow or absent audit database never blocks a write or a grant
+//! (the tailer falls behind and catches up from etcd history).
 
 pub mod dashboard;
 mod error;
@@ -27,6 +32,7 @@ mod schema;
 pub mod sink;
 mod spool;
 mod store;
+pub mod tailer;
 
 pub use error::AuditError;
 pub use event::{Finding, Labels, Outcome, WriteRecord};
@@ -36,3 +42,4 @@ pub use pool::{pool, POOL_TIMEOUT};
 pub use schema::{is_current, migrate, migrate_client, MIGRATIONS};
 pub use sink::{AuditSink, SinkBuilder, SinkObserver, SinkStats};
 pub use store::{insert_force_release, insert_lock_events, insert_writes};
+pub use tailer::{tailer_position, Tailer};

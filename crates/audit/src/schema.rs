@@ -7,7 +7,10 @@ use crate::AuditError;
 
 /// The migrations, in order: `(version, name, SQL)`. Each runs once, in its own
 /// transaction, recorded in `audit_schema_migrations`.
-pub const MIGRATIONS: &[(i32, &str, &str)] = &[(1, "audit", include_str!("../migrations/0001_audit.sql"))];
+pub const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (1, "audit", include_str!("../migrations/0001_audit.sql")),
+    (2, "tailer_cursor", include_str!("../migrations/0002_tailer_cursor.sql")),
+];
 
 /// The advisory lock key that serializes migrations across processes ("paud").
 const LOCK_KEY: i64 = 0x7061_7564;

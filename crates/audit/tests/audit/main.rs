@@ -5,3 +5,4 @@ mod common;
 mod dashboard;
 mod schema;
 mod sink;
+mod tailer_etcd;

@@ -1,0 +1,543 @@
+//! The lock-event tailer: etcd history of the lock key space becomes `audit_event` rows.
+//!
+//! The tailer watches `<root>locks/` with `prev_kv`, from the revision after the one it
+//! last stored for the cluster, and reads each revision's events together (etcd never
+//! splits one revision over two watch responses). What the lock core writes in one
+//! revision tells the events apart (see the lock core's "Key layout"):
+//!
+//! | in one revision | row |
+//! |---|---|
+//! | `h/<m>/<lease>` created | `grant`, token `epoch · 2^48 + create_revision` |
+//! | `h/<m>/<lease>` and `g/<m>/<lease>` deleted | `release` |
+//! | `h/<m>/<lease>` deleted, `g/<m>/<lease>` rewritten to `{"forced": …}` | `force` |
+//! | `h/<m>/<lease>` deleted, `g/<m>/<lease>` neither deleted nor forced | `expire` |
+//!
+//! Spiffe ID and token of a release, expiry or force come from the deleted hold's value
+//! (`prev_kv`). Every other key (waiters, grant records on their own, per-attempt
+//! markers under `c/`, anything not in the layout) yields no row.
+//!
+//! Rows and the position (`audit_cursor`) are written in one transaction per watch
+//! response, and rows are keyed `(cluster_id, revision, seq)`: a crash anywhere loses
+//! nothing and stores nothing twice. When etcd compacted past the position, the tailer
+//! records a `gap` row for the revisions it can no longer read and goes on from the
+//! compaction revision (the position moves only with lock-key events, so a gap can also
+//! span revisions that held none). Any failure (etcd or Postgres) ends the watch; the tailer backs
+//! off and starts again from the stored position, so a database outage only makes it
+//! fall behind. It never writes to etcd.
+//!
+//! Known limit: after a restore of etcd from an older snapshot with the same cluster id,
+//! the tailer waits until etcd's revision passes its position; revisions reused by the
+//! restored cluster in between are not audited (advance the lock epoch on every restore).
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use etcd_client::{Client, ConnectOptions, Event, EventType, GetOptions, WatchOptions};
+use palisade_fence::{Epoch, FencingToken, Revision};
+use serde::Deserialize;
+use tokio_postgres::GenericClient;
+
+use crate::{insert_lock_events, AuditError, ClusterId, LockEvent, LockEventKind};
+
+/// How long one database step (taking a connection, or one batch's transaction) may take
+/// before it counts as the database being unavailable.
+const DB_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long one etcd request (not the watch itself) may take.
+const ETCD_TIMEOUT: Duration = Duration::from_secs(5);
+
+const UPSERT_CURSOR: &str = "INSERT INTO audit_cursor (cluster_id, revision) VALUES ($1, $2) \
+    ON CONFLICT (cluster_id) DO UPDATE SET revision = GREATEST(audit_cursor.revision, EXCLUDED.revision), \
+    updated_at = now()";
+
+/// The highest revision of `cluster` the tailer has stored: every revision up to it has
+/// been read (`None` before the first batch).
+///
+/// # Errors
+///
+/// [`AuditError::Database`] when the query fails.
+pub async fn tailer_position<C: GenericClient>(client: &C, cluster: ClusterId) -> Result<Option<Revision>, AuditError> {
+    let row = client
+        .query_one(
+            "SELECT GREATEST(\
+                (SELECT revision FROM audit_cursor WHERE cluster_id = $1), \
+                (SELECT max(revision) FROM audit_event WHERE cluster_id = $1), \
+                (SELECT max(gap_to) FROM audit_event WHERE cluster_id = $1))",
+            &[&cluster.to_sql()],
+        )
+        .await?;
+    let rev: Option<i64> = row.get(0);
+    Ok(rev.and_then(|r| Revision::from_i64(r).ok()))
+}
+
+/// Tails one etcd cluster's lock key space into the audit database. See the
+/// [module docs](self).
+///
+/// ```no_run
+/// # async fn demo(pool: deadpool_postgres::Pool) -> Result<(), palisade_audit::AuditError> {
+/// let tailer = palisade_audit::Tailer::connect(&["http://127.0.0.1:2379".to_owned()], pool).await?;
+/// tokio::spawn(tailer.run());
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Tailer {
+    client: Client,
+    pool: Pool,
+    root: String,
+    backoff_min: Duration,
+    backoff_max: Duration,
+}
+
+impl std::fmt::Debug for Tailer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tailer").field("root", &self.root).finish_non_exhaustive()
+    }
+}
+
+impl Tailer {
+    /// A tailer of the key space under [`palisade_lock::DEFAULT_ROOT`], retrying after
+    /// failures with a backoff from 100 ms to 5 s.
+    pub fn new(client: Client, pool: Pool) -> Self {
+        Tailer {
+            client,
+            pool,
+            root: palisade_lock::DEFAULT_ROOT.to_owned(),
+            backoff_min: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(5),
+        }
+    }
+
+    /// Connects to etcd (`http://host:port` endpoints) and makes a tailer as [`Tailer::new`].
+    ///
+    /// # Errors
+    ///
+    /// [`AuditError::Etcd`] when no connection can be made.
+    pub async fn connect(endpoints: &[String], pool: Pool) -> Result<Self, AuditError> {
+        let options = ConnectOptions::new()
+            .with_require_leader(true)
+            .with_connect_timeout(ETCD_TIMEOUT)
+            .with_keep_alive(Duration::from_secs(2), ETCD_TIMEOUT);
+        let client = Client::connect(endpoints, Some(options)).await?;
+        Ok(Tailer::new(client, pool))
+    }
+
+    /// Another root prefix (as the lockers' `LockerOptions::with_root`; a `/` is
+    /// appended if missing).
+    #[must_use]
+    pub fn with_root(mut self, root: impl Into<String>) -> Self {
+        let mut root = root.into();
+        if !root.ends_with('/') {
+            root.push('/');
+        }
+        self.root = root;
+        self
+    }
+
+    /// The shortest and longest wait before starting again after a failure (doubling in
+    /// between; back to the shortest once a batch is stored).
+    #[must_use]
+    pub fn with_backoff(mut self, min: Duration, max: Duration) -> Self {
+        self.backoff_min = min;
+        self.backoff_max = max.max(min);
+        self
+    }
+
+    /// Tails forever: failures of etcd or of the database are logged and retried after a
+    /// backoff, from the stored position. Stop it by dropping or aborting the future (at
+    /// any point: nothing is lost or stored twice).
+    pub async fn run(self) -> Infallible {
+        let mut delay = self.backoff_min;
+        loop {
+            let mut progressed = false;
+            let e = match self.tail(&mut progressed).await {
+                Ok(never) => match never {},
+                Err(e) => e,
+            };
+            if progressed {
+                delay = self.backoff_min;
+            }
+            tracing::warn!(error = %e, retry_in = ?delay, "audit tailer stopped; starting again");
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(self.backoff_max);
+        }
+    }
+
+    /// Reads the cluster id and the stored position, then watches and stores until
+    /// something fails. Sets `progressed` once a batch is stored.
+    async fn tail(&self, progressed: &mut bool) -> Result<Infallible, AuditError> {
+        let prefix = format!("{}locks/", self.root);
+        let mut etcd = self.client.clone();
+        let resp = tokio::time::timeout(
+            ETCD_TIMEOUT,
+            etcd.get(prefix.clone(), Some(GetOptions::new().with_prefix().with_count_only())),
+        )
+        .await
+        .map_err(|_| AuditError::Timeout(ETCD_TIMEOUT))??;
+        let cluster = ClusterId(resp.header().map_or(0, |h| h.cluster_id()));
+        let mut position = db(async {
+            let client = self.pool.get().await?;
+            tailer_position(&**client, cluster).await
+        })
+        .await?
+        .map_or(0, Revision::as_i64);
+        loop {
+            let start = position + 1;
+            let options = WatchOptions::new().with_prefix().with_prev_key().with_start_revision(start);
+            let (_watcher, mut stream) = etcd.watch(prefix.clone(), Some(options)).await?;
+            loop {
+                let Some(resp) = stream.message().await? else {
+                    return Err(watch_error("the watch stream ended"));
+                };
+                if let Some(h) = resp.header() {
+                    if h.cluster_id() != 0 && h.cluster_id() != cluster.0 {
+                        return Err(watch_error("etcd answered for another cluster id"));
+                    }
+                }
+                let compacted = resp.compact_revision();
+                if compacted > 0 {
+                    if compacted <= start {
+                        return Err(watch_error("watch canceled for compaction below its start"));
+                    }
+                    // Revisions start..compacted are gone: say so, then go on from there.
+                    let (from, to) = (revision(start)?, revision(compacted - 1)?);
+                    tracing::warn!(%cluster, from = start, to = compacted - 1, "etcd compacted past the audit position");
+                    self.store(cluster, &[LockEvent::gap(cluster, from, to)], compacted - 1).await?;
+                    position = compacted - 1;
+                    *progressed = true;
+                    break;
+                }
+                if resp.canceled() {
+                    return Err(watch_error(&format!("watch canceled: {}", resp.cancel_reason())));
+                }
+                let changes: Vec<Change> = resp.events().iter().filter_map(Change::from_event).collect();
+                let Some(last) = changes.iter().map(|c| c.revision).max() else {
+                    continue;
+                };
+                let events = classify(cluster, &prefix, &changes);
+                self.store(cluster, &events, last).await?;
+                position = position.max(last);
+                *progressed = true;
+            }
+        }
+    }
+
+    /// Stores `events` and moves the position to `through`, in one transaction.
+    async fn store(&self, cluster: ClusterId, events: &[LockEvent], through: i64) -> Result<(), AuditError> {
+        db(async {
+            let mut client = self.pool.get().await?;
+            let tx = client.transaction().await?;
+            insert_lock_events(&*tx, events).await?;
+            tx.execute(UPSERT_CURSOR, &[&cluster.to_sql(), &through]).await?;
+            tx.commit().await?;
+            Ok(())
+        })
+        .await
+    }
+}
+
+async fn db<T>(f: impl std::future::Future<Output = Result<T, AuditError>>) -> Result<T, AuditError> {
+    tokio::time::timeout(DB_TIMEOUT, f).await.map_err(|_| AuditError::Timeout(DB_TIMEOUT))?
+}
+
+fn watch_error(what: &str) -> AuditError {
+    AuditError::Etcd(etcd_client::Error::WatchError(what.to_owned()))
+}
+
+fn revision(r: i64) -> Result<Revision, AuditError> {
+    Revision::from_i64(r).map_err(|e| watch_error(&format!("revision {r} out of range: {e}")))
+}
+
+/// One key's change, as much of a watch event as the classification needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Change {
+    revision: i64,
+    delete: bool,
+    key: Vec<u8>,
+    value: Vec<u8>,
+    version: i64,
+    create_revision: i64,
+    /// The value and create revision before the change (deletes carry it with `prev_kv`).
+    prev: Option<(Vec<u8>, i64)>,
+}
+
+impl Change {
+    fn from_event(e: &Event) -> Option<Change> {
+        let kv = e.kv()?;
+        Some(Change {
+            revision: kv.mod_revision(),
+            delete: e.event_type() == EventType::Delete,
+            key: kv.key().to_vec(),
+            value: kv.value().to_vec(),
+            version: kv.version(),
+            create_revision: kv.create_revision(),
+            prev: e.prev_kv().map(|p| (p.value().to_vec(), p.create_revision())),
+        })
+    }
+}
+
+/// A hold or grant-record key of the documented layout.
+#[derive(Debug, PartialEq, Eq)]
+struct LockPath<'a> {
+    ns: &'a str,
+    class: &'a str,
+    /// The key segment as stored (escaped).
+    escaped: &'a str,
+    /// `h` or `g`.
+    kind: &'a str,
+    mode: &'a str,
+    lease: &'a str,
+}
+
+impl LockPath<'_> {
+    fn grant_record(&self, prefix: &str) -> Vec<u8> {
+        format!("{prefix}{}/{}/{}/g/{}/{}", self.ns, self.class, self.escaped, self.mode, self.lease).into_bytes()
+    }
+}
+
+/// Parses `<prefix><ns>/<class>/<k>/<h|g>/<x|s>/<lease>`; anything else is `None`.
+fn parse_path<'a>(prefix: &str, key: &'a [u8]) -> Option<LockPath<'a>> {
+    let rest = std::str::from_utf8(key).ok()?.strip_prefix(prefix)?;
+    let mut segs = rest.split('/');
+    let path = LockPath {
+        ns: segs.next()?,
+        class: segs.next()?,
+        escaped: segs.next()?,
+        kind: segs.next()?,
+        mode: segs.next()?,
+        lease: segs.next()?,
+    };
+    let ok = segs.next().is_none()
+        && is_name(path.ns)
+        && is_name(path.class)
+        && unescape(path.escaped).is_some()
+        && matches!(path.kind, "h" | "g")
+        && matches!(path.mode, "x" | "s")
+        && path.lease.len() == 16
+        && path.lease.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    ok.then_some(path)
+}
+
+/// `[a-z0-9][a-z0-9_-]{0,62}`.
+fn is_name(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && matches!(b[0], b'a'..=b'z' | b'0'..=b'9')
+        && b.iter().all(|c| matches!(c, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-'))
+}
+
+/// Undoes the lock core's escaping (`%25`, `%2F`, `%20`); `None` for an empty key or any
+/// other `%` sequence.
+fn unescape(s: &str) -> Option<String> {
+    if s.is_empty() {
+        return None;
+    }
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find('%') {
+        out.push_str(&rest[..i]);
+        let c = match rest.get(i..i + 3)? {
+            "%25" => '%',
+            "%2F" => '/',
+            "%20" => ' ',
+            _ => return None,
+        };
+        out.push(c);
+        rest = &rest[i + 3..];
+    }
+    out.push_str(rest);
+    Some(out)
+}
+
+/// The part of the holder meta the rows need.
+#[derive(Deserialize)]
+struct Meta {
+    spiffe_id: String,
+    epoch: u16,
+}
+
+impl Meta {
+    fn parse(value: &[u8]) -> Option<Meta> {
+        serde_json::from_slice(value).ok()
+    }
+
+    fn token(&self, create_revision: i64) -> Option<FencingToken> {
+        let epoch = Epoch::new(self.epoch).ok()?;
+        FencingToken::from_parts(epoch, Revision::from_i64(create_revision).ok()?).ok()
+    }
+}
+
+/// A grant record rewritten by a force release.
+#[derive(Deserialize)]
+struct Forced {
+    #[allow(dead_code)]
+    forced: palisade_lock::ForceMarker,
+}
+
+/// Turns changes (in etcd's order, complete revisions) into rows.
+pub(crate) fn classify(cluster: ClusterId, prefix: &str, changes: &[Change]) -> Vec<LockEvent> {
+    let mut out = Vec::new();
+    for group in changes.chunk_by(|a, b| a.revision == b.revision) {
+        let grant_records: HashMap<&[u8], &Change> = group
+            .iter()
+            .filter(|c| parse_path(prefix, &c.key).is_some_and(|p| p.kind == "g"))
+            .map(|c| (c.key.as_slice(), c))
+            .collect();
+        let mut seq = 0;
+        for c in group {
+            let Some(path) = parse_path(prefix, &c.key).filter(|p| p.kind == "h") else {
+                continue;
+            };
+            let (kind, meta) = if !c.delete {
+                // Only a creation is a grant; the lock core never rewrites a hold.
+                if c.version != 1 {
+                    continue;
+                }
+                let Some(meta) = Meta::parse(&c.value) else {
+                    continue;
+                };
+                (LockEventKind::Grant, Some((meta, c.create_revision)))
+            } else {
+                let meta = match &c.prev {
+                    // Not holder meta: not a hold the lock core wrote.
+                    Some((value, create)) => match Meta::parse(value) {
+                        Some(m) => Some((m, *create)),
+                        None => continue,
+                    },
+                    // History without the previous value: the event, without identity.
+                    None => None,
+                };
+                let kind = match grant_records.get(path.grant_record(prefix).as_slice()) {
+                    Some(g) if g.delete => LockEventKind::Release,
+                    Some(g) if serde_json::from_slice::<Forced>(&g.value).is_ok() => LockEventKind::Force,
+                    _ => LockEventKind::Expire,
+                };
+                (kind, meta)
+            };
+            let Ok(rev) = Revision::from_i64(c.revision) else {
+                continue;
+            };
+            let Some(key) = unescape(path.escaped) else {
+                continue;
+            };
+            let mut e = LockEvent::new(cluster, rev, kind, key);
+            e.seq = seq;
+            e.namespace = Some(path.ns.to_owned());
+            e.class = Some(path.class.to_owned());
+            if let Some((meta, create)) = meta {
+                e.token = meta.token(create);
+                e.spiffe_id = Some(meta.spiffe_id);
+            }
+            out.push(e);
+            seq += 1;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: &str = "/p/locks/";
+    const LEASE: &str = "00000000000000ff";
+
+    fn meta(epoch: u16) -> Vec<u8> {
+        format!(r#"{{"spiffe_id":"spiffe://t/a","class":"c","mode":"exclusive","epoch":{epoch},"attempt":3}}"#)
+            .into_bytes()
+    }
+
+    fn put(rev: i64, key: &str, value: Vec<u8>, version: i64, create: i64) -> Change {
+        Change { revision: rev, delete: false, key: key.into(), value, version, create_revision: create, prev: None }
+    }
+
+    fn del(rev: i64, key: &str, prev: Option<(Vec<u8>, i64)>) -> Change {
+        Change { revision: rev, delete: true, key: key.into(), value: vec![], version: 0, create_revision: 0, prev }
+    }
+
+    fn kinds(events: &[LockEvent]) -> Vec<(u64, u32, LockEventKind)> {
+        events.iter().map(|e| (e.revision.get(), e.seq, e.kind)).collect()
+    }
+
+    #[test]
+    fn grant_release_expire_force() {
+        let h = format!("{P}ns/c/a%2Fb/h/x/{LEASE}");
+        let g = format!("{P}ns/c/a%2Fb/g/x/{LEASE}");
+        let q = format!("{P}ns/c/a%2Fb/q/x/{LEASE}");
+        let forced = br#"{"forced":{"request_id":"r1","requester":"alice","reason":"stuck"}}"#.to_vec();
+        let changes = vec![
+            del(5, &q, Some((meta(1), 4))),
+            put(5, &h, meta(1), 1, 5),
+            put(5, &g, meta(1), 1, 5),
+            del(6, &h, Some((meta(1), 5))),
+            del(6, &g, Some((meta(1), 5))),
+            put(7, &h, meta(1), 1, 7),
+            del(8, &h, Some((meta(1), 7))),
+            put(9, &h, meta(1), 1, 9),
+            del(10, &h, Some((meta(1), 9))),
+            put(10, &g, forced, 2, 9),
+            del(11, &g, Some((meta(1), 9))),
+        ];
+        let events = classify(ClusterId(1), P, &changes);
+        use LockEventKind::*;
+        assert_eq!(
+            kinds(&events),
+            [(5, 0, Grant), (6, 0, Release), (7, 0, Grant), (8, 0, Expire), (9, 0, Grant), (10, 0, Force)]
+        );
+        let token = FencingToken::from_parts(Epoch::new(1).unwrap(), Revision::new(5)).unwrap();
+        assert_eq!(events[0].token, Some(token));
+        assert_eq!(events[1].token, Some(token));
+        assert_eq!(events[0].lock_key.as_deref(), Some("a/b"));
+        assert_eq!(events[0].namespace.as_deref(), Some("ns"));
+        assert_eq!(events[0].class.as_deref(), Some("c"));
+        assert_eq!(events[3].spiffe_id.as_deref(), Some("spiffe://t/a"));
+    }
+
+    #[test]
+    fn one_revision_with_several_expiries_numbers_them() {
+        let a = format!("{P}ns/c/a/h/s/{LEASE}");
+        let b = format!("{P}ns/c/b/h/s/{LEASE}");
+        let cancel = format!("{P}ns/c/a/c/{LEASE}/7");
+        let changes = vec![del(4, &a, Some((meta(0), 2))), del(4, &cancel, None), del(4, &b, Some((meta(0), 3)))];
+        let events = classify(ClusterId(1), P, &changes);
+        assert_eq!(kinds(&events), [(4, 0, LockEventKind::Expire), (4, 1, LockEventKind::Expire)]);
+        assert_eq!(events[1].lock_key.as_deref(), Some("b"));
+    }
+
+    #[test]
+    fn stray_keys_make_no_rows() {
+        let strays = [
+            format!("{P}ns/c/k/c/{LEASE}/1"),
+            format!("{P}ns/c/k/h/x/{LEASE}/extra"),
+            format!("{P}ns/c/k/h/z/{LEASE}"),
+            format!("{P}ns/c/k/h/x/nothex"),
+            format!("{P}ns/c/k%zz/h/x/{LEASE}"),
+            format!("{P}NS/c/k/h/x/{LEASE}"),
+            format!("{P}garbage"),
+            "/elsewhere/ns/c/k/h/x/00000000000000ff".to_owned(),
+        ];
+        let mut changes = Vec::new();
+        for (i, k) in strays.iter().enumerate() {
+            let rev = 2 * i as i64 + 2;
+            changes.push(put(rev, k, meta(0), 1, rev));
+            changes.push(del(rev + 1, k, Some((meta(0), rev))));
+        }
+        // A well-formed hold key whose value is not holder meta is not the lock core's.
+        let h = format!("{P}ns/c/k/h/x/{LEASE}");
+        changes.push(put(100, &h, b"junk".to_vec(), 1, 100));
+        changes.push(del(101, &h, Some((b"junk".to_vec(), 100))));
+        // A rewrite is not a grant.
+        changes.push(put(102, &h, meta(0), 2, 100));
+        assert!(classify(ClusterId(1), P, &changes).is_empty());
+    }
+
+    #[test]
+    fn unescaping() {
+        assert_eq!(unescape("a%2Fb%20c%25d").as_deref(), Some("a/b c%d"));
+        assert_eq!(unescape("a%252Fb").as_deref(), Some("a%2Fb"));
+        assert_eq!(unescape("a%2"), None);
+        assert_eq!(unescape(""), None);
+    }
+}
