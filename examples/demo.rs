@@ -1,0 +1,568 @@
+//! The whole fenced system on one machine, and a stale writer being stopped. Run it with
+//! `scripts/demo` (which installs what is missing and builds everything first).
+//!
+//! It starts, in a temporary directory, on free loopback ports: a three-member etcd, the
+//! lock service (`palisade serve`, dev mode), the audit tailer and dashboard, a fenced
+//! service and an advisory one (`examples/protected_service.rs`), and two workers
+//! (`examples/worker.rs`, separate processes). It uses a fresh database on the local
+//! PostgreSQL (`PALISADE_PG_ADMIN`, default `host=127.0.0.1 port=5432 user=postgres`),
+//! dropped at the end. Then it plays the scenario over real HTTP, step by step.
+//!
+//! Flags: `--keep-running` leaves everything up until Ctrl-C; `--summary FILE` writes the
+//! outcome as JSON (for the end-to-end test). Every process it started is stopped before
+//! it exits, also on Ctrl-C or a failed step.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client as HttpClient;
+use hyper_util::rt::TokioExecutor;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::sync::mpsc;
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+const LOCK: &str = "orders/invoices/invoice-42";
+const RESOURCE: &str = "/orders/invoice-42";
+
+/// Every process the demo started, stopped in reverse order at the end.
+#[derive(Default)]
+struct Procs {
+    children: Vec<(String, Child)>,
+    stopped: Vec<u32>,
+}
+
+impl Procs {
+    fn spawn(&mut self, name: &str, mut cmd: Command, logs: &Path) -> Result<&mut Child, Error> {
+        let log = std::fs::File::create(logs.join(format!("{name}.log")))?;
+        cmd.stderr(Stdio::from(log)).kill_on_drop(true);
+        let child = cmd.spawn().map_err(|e| format!("starting {name}: {e}"))?;
+        self.children.push((name.to_owned(), child));
+        Ok(&mut self.children.last_mut().expect("just pushed").1)
+    }
+
+    fn pids(&self) -> Vec<u32> {
+        self.children.iter().filter_map(|(_, c)| c.id()).collect()
+    }
+
+    async fn stop_all(&mut self) {
+        for pid in self.stopped.drain(..) {
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGCONT);
+        }
+        while let Some((name, mut child)) = self.children.pop() {
+            if let Some(pid) = child.id() {
+                let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+            }
+            if tokio::time::timeout(Duration::from_secs(5), child.wait()).await.is_err() {
+                eprintln!("{name} did not stop on SIGTERM; killing it");
+                let _ = child.kill().await;
+            }
+        }
+    }
+}
+
+/// Parent-death signal, so that nothing outlives a demo killed with SIGKILL.
+fn command(program: &Path) -> Command {
+    let mut c = match which("setpriv") {
+        Some(setpriv) => {
+            let mut c = Command::new(setpriv);
+            c.args(["--pdeathsig", "KILL", "--"]).arg(program);
+            c
+        }
+        None => Command::new(program),
+    };
+    c.stdin(Stdio::null());
+    c
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .and_then(|paths| std::env::split_paths(&paths).map(|p| p.join(name)).find(|p| p.is_file()))
+}
+
+fn free_port() -> Result<u16, Error> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Reads the child's stdout until a line starting with `prefix`; returns the rest of it.
+async fn announced(child: &mut Child, prefix: &str) -> Result<String, Error> {
+    let stdout = child.stdout.take().ok_or("stdout not piped")?;
+    let mut lines = BufReader::new(stdout).lines();
+    let found = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await? {
+            if let Some(rest) = line.strip_prefix(prefix) {
+                return Ok::<_, Error>(rest.trim().to_owned());
+            }
+        }
+        Err("exited before it was ready (see its log)".into())
+    })
+    .await
+    .map_err(|_| "not ready after 60 s")??;
+    // Keep reading, so the child never writes to a closed pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Ok(found)
+}
+
+async fn wait_port(port: u16) -> Result<(), Error> {
+    for _ in 0..600 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(format!("nothing listens on port {port} after 60 s").into())
+}
+
+/// A worker process driven over stdin/stdout (one JSON line per answer).
+struct Worker {
+    name: &'static str,
+    pid: u32,
+    stdin: ChildStdin,
+    events: mpsc::UnboundedReceiver<Value>,
+}
+
+impl Worker {
+    /// Sends `cmd` and returns its `n` answers (`lost` notices are printed, not counted).
+    async fn send(&mut self, cmd: &str, n: usize) -> Result<Vec<Value>, Error> {
+        self.stdin.write_all(format!("{cmd}\n").as_bytes()).await?;
+        self.stdin.flush().await?;
+        self.answers(n).await
+    }
+
+    async fn answers(&mut self, n: usize) -> Result<Vec<Value>, Error> {
+        let mut out = Vec::new();
+        while out.len() < n {
+            let v = tokio::time::timeout(Duration::from_secs(60), self.events.recv())
+                .await
+                .map_err(|_| format!("worker {} did not answer in 60 s", self.name))?
+                .ok_or_else(|| format!("worker {} exited", self.name))?;
+            if v["event"] == "lost" {
+                println!("      worker {}: its hold is lost (the lost signal fired)", self.name.to_uppercase());
+            } else if v["event"] == "error" {
+                return Err(format!("worker {}: {}", self.name, v["error"]).into());
+            } else {
+                out.push(v);
+            }
+        }
+        Ok(out)
+    }
+}
+
+struct Tally {
+    admitted: u64,
+    rejected: u64,
+}
+
+impl Tally {
+    fn count(&mut self, who: &str, answers: &[Value]) {
+        for a in answers {
+            match (a["via"].as_str(), a["status"].as_u64(), a["committed"].as_bool()) {
+                (Some("http"), Some(200), _) => {
+                    self.admitted += 1;
+                    println!("      {who} PUT {RESOURCE} with token {} -> 200 admitted", a["token"]);
+                }
+                (Some("http"), Some(status), _) => {
+                    self.rejected += 1;
+                    println!("      {who} PUT {RESOURCE} with token {} -> {status} REFUSED by the fence layer", a["token"]);
+                }
+                (Some("postgres"), _, Some(true)) => {
+                    self.admitted += 1;
+                    println!("      {who} fenced_transaction with token {} -> committed", a["token"]);
+                }
+                (Some("postgres"), _, Some(false)) => {
+                    self.rejected += 1;
+                    println!(
+                        "      {who} fenced_transaction with token {} -> REFUSED by the database (highest {})",
+                        a["token"], a["highest"]
+                    );
+                }
+                _ => println!("      {who}: {a}"),
+            }
+        }
+    }
+}
+
+fn step(n: u32, text: &str) {
+    println!("\n[{n}] {text}");
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let keep_running = args.iter().any(|a| a == "--keep-running");
+    let summary = args.iter().position(|a| a == "--summary").and_then(|i| args.get(i + 1)).map(PathBuf::from);
+    let admin = std::env::var("PALISADE_PG_ADMIN").unwrap_or_else(|_| "host=127.0.0.1 port=5432 user=postgres".into());
+    let dbname = format!("palisade_demo_{}", std::process::id());
+    let mut procs = Procs::default();
+    let dir = match tempfile::Builder::new().prefix("palisade-demo-").tempdir() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("demo: no temporary directory: {e}");
+            std::process::exit(1);
+        }
+    };
+    let result = tokio::select! {
+        r = run(&mut procs, dir.path(), &admin, &dbname, keep_running) => r,
+        () = interrupted() => Err("interrupted".into()),
+    };
+    let pids = procs.pids();
+    println!("\nstopping {} processes", pids.len());
+    procs.stop_all().await;
+    if let Err(e) = drop_database(&admin, &dbname).await {
+        eprintln!("demo: could not drop database {dbname}: {e}");
+    }
+    match result {
+        Ok(mut outcome) => {
+            outcome["pids"] = json!(pids);
+            if let Some(path) = summary {
+                if let Err(e) = std::fs::write(&path, outcome.to_string()) {
+                    eprintln!("demo: writing {}: {e}", path.display());
+                    std::process::exit(1);
+                }
+            }
+        }
+        Err(e) => {
+            eprintln!("\ndemo failed: {e}\n(logs were in {})", dir.path().display());
+            if std::env::var_os("PALISADE_DEMO_SHOW_LOGS").is_some() {
+                for entry in std::fs::read_dir(dir.path()).into_iter().flatten().flatten() {
+                    if entry.path().extension().is_some_and(|x| x == "log") {
+                        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+                        let tail: Vec<&str> = text.lines().rev().take(20).collect();
+                        eprintln!("--- {} ---", entry.path().display());
+                        for l in tail.iter().rev() {
+                            eprintln!("{l}");
+                        }
+                    }
+                }
+            }
+            std::process::exit(1);
+        }
+    }
+}
+
+async fn pg(conn: &str) -> Result<tokio_postgres::Client, Error> {
+    let (client, connection) = tokio_postgres::connect(conn, tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    Ok(client)
+}
+
+async fn drop_database(admin: &str, dbname: &str) -> Result<(), Error> {
+    pg(admin).await?.batch_execute(&format!("DROP DATABASE IF EXISTS {dbname} WITH (FORCE)")).await?;
+    Ok(())
+}
+
+async fn run(procs: &mut Procs, dir: &Path, admin: &str, dbname: &str, keep_running: bool) -> Result<Value, Error> {
+    let started = Instant::now();
+    let bin_dir = std::env::current_exe()?.parent().ok_or("no exe dir")?.to_owned();
+    let palisade = bin_dir.parent().ok_or("no target dir")?.join("palisade");
+    let example = |name: &str| bin_dir.join(name);
+    for p in [&palisade, &example("worker"), &example("protected_service")] {
+        if !p.is_file() {
+            return Err(format!("{} is missing: build with `cargo build --bins --examples`", p.display()).into());
+        }
+    }
+    let etcd = which("etcd").ok_or("etcd is not on PATH")?;
+    let etcdctl = which("etcdctl").ok_or("etcdctl is not on PATH")?;
+
+    step(0, "starting everything on loopback");
+    // Postgres: a fresh database.
+    pg(admin).await?.batch_execute(&format!("CREATE DATABASE {dbname}")).await?;
+    let database = format!("{admin} dbname={dbname}");
+    println!("    postgres database {dbname}");
+
+    // etcd: three members.
+    let ports: Vec<(u16, u16)> = (0..3).map(|_| Ok((free_port()?, free_port()?))).collect::<Result<_, Error>>()?;
+    let initial: Vec<String> = ports.iter().enumerate().map(|(i, (_, p))| format!("m{i}=http://127.0.0.1:{p}")).collect();
+    let endpoints: Vec<String> = ports.iter().map(|(c, _)| format!("http://127.0.0.1:{c}")).collect();
+    let mut etcd_pids = Vec::new();
+    for (i, (client, peer)) in ports.iter().enumerate() {
+        let mut cmd = command(&etcd);
+        cmd.args([
+            format!("--name=m{i}"),
+            format!("--data-dir={}", dir.join(format!("etcd-m{i}")).display()),
+            format!("--listen-client-urls=http://127.0.0.1:{client}"),
+            format!("--advertise-client-urls=http://127.0.0.1:{client}"),
+            format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
+            format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
+            format!("--initial-cluster={}", initial.join(",")),
+            format!("--initial-cluster-token=palisade-demo-{}", std::process::id()),
+            "--initial-cluster-state=new".into(),
+            "--pre-vote=true".into(),
+        ])
+        .stdout(Stdio::null());
+        let child = procs.spawn(&format!("etcd-m{i}"), cmd, dir)?;
+        etcd_pids.push(child.id().ok_or("etcd exited")?);
+    }
+    let etcd_list = endpoints.join(",");
+    leader(&etcdctl, &etcd_list).await?;
+    println!("    etcd members {}", endpoints.join(" "));
+
+    // The lock service.
+    let authz = dir.join("authz.toml");
+    std::fs::write(
+        &authz,
+        "admins = [\"spiffe://acme/admin\"]\n[[namespace]]\nid = \"orders\"\n[[namespace.grant]]\n\
+         ids = [\"spiffe://acme/workers/\", \"spiffe://acme/nightly\"]\nclasses = [\"invoices\"]\n",
+    )?;
+    let lock_port = free_port()?;
+    let lock_url = format!("http://127.0.0.1:{lock_port}");
+    let mut cmd = command(&palisade);
+    cmd.args(["serve", "--etcd", &etcd_list, "--listen", &format!("127.0.0.1:{lock_port}"), "--insecure-dev-identity"])
+        .arg("--config")
+        .arg(&authz)
+        .arg("--epoch-file")
+        .arg(dir.join("epoch.json"))
+        .stdout(Stdio::null());
+    procs.spawn("lock-service", cmd, dir)?;
+    wait_port(lock_port).await?;
+    println!("    lock service {lock_url}");
+    for admin_cmd in [
+        vec!["put-namespace", "orders", "--tenant", "acme"],
+        vec!["put-class", "orders", "invoices", "--ttl-max-ms", "60000"],
+    ] {
+        let out = tokio::process::Command::new(&palisade)
+            .args(["lock", "admin"])
+            .args(&admin_cmd)
+            .args(["--service", &lock_url, "--dev-identity", "spiffe://acme/admin"])
+            .output()
+            .await?;
+        if !out.status.success() {
+            return Err(format!("lock admin {admin_cmd:?}: {}", String::from_utf8_lossy(&out.stderr)).into());
+        }
+    }
+
+    // Audit: tailer and dashboard.
+    let mut cmd = command(&palisade);
+    cmd.args(["audit", "tail", "--database", &database]);
+    for e in &endpoints {
+        cmd.args(["--etcd", e]);
+    }
+    cmd.stdout(Stdio::piped());
+    announced(procs.spawn("audit-tailer", cmd, dir)?, "palisade audit tailer on").await?;
+    let mut cmd = command(&palisade);
+    cmd.args(["audit", "serve", "--listen", "127.0.0.1:0", "--database", &database]).stdout(Stdio::piped());
+    let dashboard = announced(procs.spawn("audit-dashboard", cmd, dir)?, "palisade audit dashboard on").await?;
+    println!("    audit dashboard {dashboard}");
+
+    // The fenced service and the advisory one.
+    let mut services = BTreeMap::new();
+    for (name, advisory) in [("orders-api", false), ("reports-legacy", true)] {
+        let mut cmd = command(&example("protected_service"));
+        cmd.args(["--database", &database, "--name", name])
+            .arg("--spool")
+            .arg(dir.join(format!("{name}.spool")))
+            .stdout(Stdio::piped());
+        if advisory {
+            cmd.arg("--advisory");
+        }
+        let url = announced(procs.spawn(name, cmd, dir)?, "listening on").await?;
+        println!("    {name} {url} ({})", if advisory { "advisory" } else { "fenced" });
+        services.insert(name, url);
+    }
+    let orders = services["orders-api"].clone();
+
+    // The workers: separate processes, so that one can really be paused.
+    let mut spawn_worker = |name: &'static str, ttl: u64| -> Result<Worker, Error> {
+        let mut cmd = command(&example("worker"));
+        cmd.args(["--service", &lock_url, "--identity", &format!("spiffe://acme/workers/{name}"), "--lock", LOCK])
+            .args(["--target", &format!("{orders}{RESOURCE}"), "--resource", RESOURCE, "--database", &database])
+            .args(["--ttl", &ttl.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        let child = procs.spawn(&format!("worker-{name}"), cmd, dir)?;
+        let pid = child.id().ok_or("worker exited")?;
+        let stdin = child.stdin.take().ok_or("stdin")?;
+        let stdout = child.stdout.take().ok_or("stdout")?;
+        let (tx, events) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                    let _ = tx.send(v);
+                }
+            }
+        });
+        Ok(Worker { name, pid, stdin, events })
+    };
+    // A's TTL is short, so the pause below outlives it; B's is long enough to ride out
+    // an etcd leader election.
+    let mut a = spawn_worker("a", 2)?;
+    let mut b = spawn_worker("b", 10)?;
+    let mut tally = Tally { admitted: 0, rejected: 0 };
+
+    step(1, &format!("worker A acquires {LOCK} and writes"));
+    let token_a = a.send("acquire", 1).await?[0]["token"].as_u64().ok_or("A got no token")?;
+    println!("      worker A holds the lock with token {token_a}");
+    let answers = a.send("write", 2).await?;
+    tally.count("worker A", &answers);
+    expect(&answers, 200, true)?;
+
+    step(2, "worker A is paused (SIGSTOP) past its 2 s TTL");
+    kill(Pid::from_raw(a.pid as i32), Signal::SIGSTOP)?;
+    procs.stopped.push(a.pid);
+    println!("      worker A (pid {}) stopped; its session can no longer be renewed", a.pid);
+
+    step(3, "worker B acquires the lock (it waits for A's lease to expire) and writes");
+    let waited = Instant::now();
+    let token_b = b.send("acquire", 1).await?[0]["token"].as_u64().ok_or("B got no token")?;
+    println!("      worker B holds the lock with token {token_b} after {:.1} s (A had {token_a})", waited.elapsed().as_secs_f64());
+    if token_b <= token_a {
+        return Err(format!("tokens did not increase: {token_b} <= {token_a}").into());
+    }
+    let answers = b.send("write", 2).await?;
+    tally.count("worker B", &answers);
+    expect(&answers, 200, true)?;
+
+    step(4, "worker A resumes (SIGCONT) and finishes the write it had started, with its old token");
+    // The command is queued while A is stopped, as a write already under way would be.
+    a.stdin.write_all(b"write-in-flight\n").await?;
+    a.stdin.flush().await?;
+    kill(Pid::from_raw(a.pid as i32), Signal::SIGCONT)?;
+    procs.stopped.clear();
+    let stale = a.answers(2).await?;
+    tally.count("worker A", &stale);
+    expect(&stale, 409, false)?;
+
+    step(5, "a legacy job writes to the advisory service without a token");
+    let legacy_url = format!("{}/legacy/report-7", services["reports-legacy"]);
+    let http = HttpClient::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let req = http::Request::put(&legacy_url)
+        .header("x-caller", "spiffe://acme/legacy-export")
+        .body(Full::new(Bytes::from_static(b"total=12")))?;
+    let resp = http.request(req).await?;
+    let status = resp.status().as_u16();
+    let _ = resp.into_body().collect().await?;
+    println!("      PUT {legacy_url} (no Fencing-Token) -> {status}");
+    if status != 200 {
+        return Err(format!("the advisory write got {status}").into());
+    }
+    let db = pg(&database).await?;
+    let mut unprotected = Value::Null;
+    for _ in 0..100 {
+        let rows = db
+            .query(
+                "SELECT service, outcome, resource, method, finding, enforcement, caller, namespace, class, token \
+                 FROM write_event WHERE outcome = 'unprotected'",
+                &[],
+            )
+            .await?;
+        if let Some(r) = rows.first() {
+            unprotected = json!({
+                "count": rows.len(), "service": r.get::<_, String>(0), "outcome": r.get::<_, String>(1),
+                "resource": r.get::<_, Option<String>>(2), "method": r.get::<_, Option<String>>(3),
+                "finding": r.get::<_, Option<String>>(4), "enforcement": r.get::<_, Option<String>>(5),
+                "caller": r.get::<_, Option<String>>(6), "namespace": r.get::<_, Option<String>>(7),
+                "class": r.get::<_, Option<String>>(8), "token": r.get::<_, Option<i64>>(9),
+            });
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if unprotected.is_null() {
+        return Err("the unprotected write never reached the audit trail".into());
+    }
+    println!("      admitted, and recorded in the audit trail as unprotected: {unprotected}");
+
+    step(6, "the etcd leader is killed; the workers go on");
+    let (leader_idx, _) = leader(&etcdctl, &etcd_list).await?;
+    let leader_pid = etcd_pids[leader_idx];
+    kill(Pid::from_raw(leader_pid as i32), Signal::SIGKILL)?;
+    println!("      killed etcd member m{leader_idx} (pid {leader_pid}), the leader");
+    let answers = b.send("write", 2).await?;
+    tally.count("worker B", &answers);
+    expect(&answers, 200, true)?;
+    let released = b.send("release", 1).await?;
+    println!("      worker B released token {}", released[0]["token"]);
+    let token_a2 = a.send("acquire", 1).await?[0]["token"].as_u64().ok_or("A got no token")?;
+    println!("      worker A, with a new session, acquires again: token {token_a2}");
+    if token_a2 <= token_b {
+        return Err(format!("tokens did not increase: {token_a2} <= {token_b}").into());
+    }
+    let answers = a.send("write", 2).await?;
+    tally.count("worker A", &answers);
+    expect(&answers, 200, true)?;
+    let _ = a.send("release", 1).await?;
+
+    let unprotected_count = unprotected["count"].as_u64().unwrap_or(0);
+    println!("\n== summary ({:.1} s)", started.elapsed().as_secs_f64());
+    println!("   writes admitted:    {}", tally.admitted);
+    println!("   writes rejected:    {} (stale token {token_a}: by the fence layer and by the database)", tally.rejected);
+    println!("   unprotected writes: {unprotected_count} (advisory service, no token; on the dashboard)");
+    println!("   tokens:             A {token_a} < B {token_b} < A again {token_a2}");
+    println!("   dashboard:          {dashboard}unprotected   lock timeline: {dashboard}locks");
+
+    let outcome = json!({
+        "tokens": [token_a, token_b, token_a2],
+        "stale": stale,
+        "unprotected": unprotected,
+        "admitted": tally.admitted,
+        "rejected": tally.rejected,
+        "dashboard": dashboard,
+    });
+    if keep_running {
+        println!("\neverything stays up: lock service {lock_url}, orders-api {orders}, dashboard {dashboard}");
+        println!("logs in {}; Ctrl-C stops it all", dir.display());
+        interrupted().await;
+    }
+    Ok(outcome)
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn interrupted() {
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut term) => tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        },
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// Checks a `write` answer pair: HTTP `status`, and the database write `committed` or not.
+fn expect(answers: &[Value], status: u64, committed: bool) -> Result<(), Error> {
+    let ok = answers.iter().any(|a| a["via"] == "http" && a["status"] == status)
+        && answers.iter().any(|a| a["via"] == "postgres" && a["committed"] == committed);
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("expected HTTP {status} and database committed={committed}, got {answers:?}").into())
+    }
+}
+
+/// Waits for the cluster to have a leader; returns its member index and endpoint.
+async fn leader(etcdctl: &Path, endpoints: &str) -> Result<(usize, String), Error> {
+    let list: Vec<&str> = endpoints.split(',').collect();
+    for _ in 0..300 {
+        let out = Command::new(etcdctl)
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", endpoints, "endpoint", "status", "-w", "json"])
+            .stderr(Stdio::null())
+            .output()
+            .await?;
+        if let Ok(Value::Array(status)) = serde_json::from_slice::<Value>(&out.stdout) {
+            let found = status.iter().find(|s| {
+                let id = &s["Status"]["header"]["member_id"];
+                let leader = &s["Status"]["leader"];
+                !id.is_null() && id == leader
+            });
+            if let Some(s) = found {
+                let ep = s["Endpoint"].as_str().unwrap_or_default().to_owned();
+                if let Some(i) = list.iter().position(|e| *e == ep) {
+                    return Ok((i, ep));
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Err("etcd elected no leader in 60 s".into())
+}
