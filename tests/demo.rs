@@ -1,0 +1,96 @@
+//! The demo's scenario, headless: `examples/demo.rs` on its own three-member etcd and a
+//! fresh database on the local PostgreSQL, with its outcome checked (every test here starts
+//! etcd: `etcd` in each name).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+
+/// The demo's path. `cargo test` (and nextest) build the examples next to the binaries;
+/// they are built here only if missing.
+fn demo_binary() -> PathBuf {
+    let palisade = PathBuf::from(env!("CARGO_BIN_EXE_palisade"));
+    let profile_dir = palisade.parent().expect("bin dir").to_owned();
+    let examples = profile_dir.join("examples");
+    if ["demo", "worker", "protected_service"].iter().all(|e| examples.join(e).is_file()) {
+        return examples.join("demo");
+    }
+    let target_dir = profile_dir.parent().expect("target dir").to_owned();
+    let mut build = Command::new(env!("CARGO"));
+    build
+        .args(["build", "--quiet", "--locked", "-p", "palisade", "--bins", "--examples"])
+        .arg("--manifest-path")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
+        .arg("--target-dir")
+        .arg(&target_dir);
+    if profile_dir.file_name().is_some_and(|n| n == "release") {
+        build.arg("--release");
+    }
+    let status = build.status().expect("cargo build");
+    assert!(status.success(), "building the examples failed");
+    profile_dir.join("examples").join("demo")
+}
+
+fn alive(pid: u64) -> bool {
+    // A zombie (exited, not yet reaped by anyone) is not running.
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| !stat.contains(") Z "))
+}
+
+#[test]
+fn etcd_demo_stops_the_stale_writer_and_audits_the_unprotected_write() {
+    let demo = demo_binary();
+    let dir = tempfile::tempdir().unwrap();
+    let summary = dir.path().join("summary.json");
+    let out = Command::new(&demo)
+        .arg("--summary")
+        .arg(&summary)
+        .env("PALISADE_DEMO_SHOW_LOGS", "1")
+        .output()
+        .expect("run the demo");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "demo failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let s: Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+
+    // Tokens strictly increase: A, then B after A's lease expired, then A again.
+    let tokens: Vec<u64> = s["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
+    assert_eq!(tokens.len(), 3, "{s}");
+    assert!(tokens[0] < tokens[1] && tokens[1] < tokens[2], "{tokens:?}");
+
+    // A's stale write: refused by the layer (409, nothing reached the handler) and by the
+    // database (the fenced transaction saw B's higher mark).
+    let stale = s["stale"].as_array().unwrap();
+    let http = stale.iter().find(|a| a["via"] == "http").expect("http answer");
+    assert_eq!(http["status"], 409, "{http}");
+    assert_eq!(http["token"], tokens[0]);
+    let problem: Value = serde_json::from_str(http["body"].as_str().unwrap()).unwrap();
+    assert_eq!(problem["highest"], tokens[1].to_string(), "{problem}");
+    let db = stale.iter().find(|a| a["via"] == "postgres").expect("postgres answer");
+    assert_eq!(db["committed"], false, "{db}");
+    assert_eq!(db["stale"], true, "{db}");
+    assert_eq!(db["highest"], tokens[1], "{db}");
+
+    // The legacy job's write: admitted and recorded as unprotected, with who, what, where.
+    let u = &s["unprotected"];
+    assert_eq!(u["count"], 1, "{u}");
+    assert_eq!(u["service"], "reports-legacy");
+    assert_eq!(u["outcome"], "unprotected");
+    assert_eq!(u["resource"], "/legacy/report-7");
+    assert_eq!(u["method"], "PUT");
+    assert_eq!(u["finding"], "missing_token");
+    assert_eq!(u["enforcement"], "advisory");
+    assert_eq!(u["caller"], "spiffe://acme/legacy-export");
+    assert_eq!(u["namespace"], "legacy");
+    assert_eq!(u["class"], "reports");
+    assert!(u["token"].is_null(), "{u}");
+
+    // Two refusals (layer and database), everything else admitted.
+    assert_eq!(s["rejected"], 2, "{s}");
+    assert_eq!(s["admitted"], 8, "{s}");
+
+    // Nothing the demo started is left running.
+    let pids: Vec<u64> = s["pids"].as_array().unwrap().iter().map(|p| p.as_u64().unwrap()).collect();
+    assert_eq!(pids.len(), 10, "three etcd members, lock service, tailer, dashboard, two services, two workers");
+    let left: Vec<u64> = pids.into_iter().filter(|p| alive(*p)).collect();
+    assert!(left.is_empty(), "still running: {left:?}");
+}
