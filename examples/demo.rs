@@ -213,6 +213,9 @@ async fn main() {
         r = run(&mut procs, dir.path(), &admin, &dbname, keep_running) => r,
         () = interrupted() => Err("interrupted".into()),
     };
+    if keep_running && result.is_ok() {
+        interrupted().await;
+    }
     let pids = procs.pids();
     println!("\nstopping {} processes", pids.len());
     procs.stop_all().await;
@@ -510,7 +513,6 @@ async fn run(procs: &mut Procs, dir: &Path, admin: &str, dbname: &str, keep_runn
     if keep_running {
         println!("\neverything stays up: lock service {lock_url}, orders-api {orders}, dashboard {dashboard}");
         println!("logs in {}; Ctrl-C stops it all", dir.display());
-        interrupted().await;
     }
     Ok(outcome)
 }
