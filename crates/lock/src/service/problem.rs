@@ -27,13 +27,15 @@ pub enum ProblemKind {
     DeadlineExceeded,
     /// 410: the session's lease is gone.
     SessionLost,
+    /// 409: the force release request was already approved.
+    AlreadyApproved,
     /// 503: grants are refused until an operator advances the epoch.
     EpochMismatch,
     /// 409: the epoch is at its maximum and cannot be advanced.
     EpochExhausted,
     /// 503: etcd could not commit in time.
     QuorumLost,
-    /// 502: etcd answered with an unexpected error.
+    /// 502: etcd or the force release database answered with an unexpected error.
     Upstream,
     /// 500: a record in etcd or the durable epoch record could not be read.
     Internal,
@@ -50,6 +52,7 @@ impl ProblemKind {
             ProblemKind::NotHeld => "not-held",
             ProblemKind::DeadlineExceeded => "deadline-exceeded",
             ProblemKind::SessionLost => "session-lost",
+            ProblemKind::AlreadyApproved => "already-approved",
             ProblemKind::EpochMismatch => "epoch-mismatch",
             ProblemKind::EpochExhausted => "epoch-exhausted",
             ProblemKind::QuorumLost => "quorum-lost",
@@ -70,9 +73,10 @@ impl ProblemKind {
             ProblemKind::Unauthenticated => StatusCode::UNAUTHORIZED,
             ProblemKind::Forbidden => StatusCode::FORBIDDEN,
             ProblemKind::NotFound => StatusCode::NOT_FOUND,
-            ProblemKind::NotHeld | ProblemKind::DeadlineExceeded | ProblemKind::EpochExhausted => {
-                StatusCode::CONFLICT
-            }
+            ProblemKind::NotHeld
+            | ProblemKind::DeadlineExceeded
+            | ProblemKind::EpochExhausted
+            | ProblemKind::AlreadyApproved => StatusCode::CONFLICT,
             ProblemKind::SessionLost => StatusCode::GONE,
             ProblemKind::EpochMismatch | ProblemKind::QuorumLost => StatusCode::SERVICE_UNAVAILABLE,
             ProblemKind::Upstream => StatusCode::BAD_GATEWAY,
