@@ -1146,3 +1146,117 @@ async fn etcd_force_release_needs_a_second_admin_and_lock_delay_holds_the_next_g
         Raise::Stale { highest: new_token }
     );
 }
+
+/// The number of quota slots of namespace `ns` in etcd.
+async fn slots(f: &Fixture) -> i64 {
+    let mut c = f.locker.client().clone();
+    c.get(
+        "/palisade/quota/ns/",
+        Some(GetOptions::new().with_prefix().with_count_only()),
+    )
+    .await
+    .unwrap()
+    .count()
+}
+
+#[tokio::test]
+async fn etcd_held_lease_quota_holds_under_64_concurrent_acquirers_on_2_replicas() {
+    const QUOTA: u32 = 10;
+    let f = fixture(2).await;
+    let mut ns = Namespace::new("ns", "tenant");
+    ns.held_lease_quota = QUOTA;
+    f.locker.config().put_namespace(&ns).await.unwrap();
+    let ttl = Duration::from_secs(5);
+
+    // 64 sessions (sessions alone take no slot), then 64 acquires of distinct keys at
+    // once, half through each replica: each could be granted at once but for the quota.
+    let start = tokio::time::Instant::now();
+    let mut sessions = Vec::new();
+    for i in 0..64 {
+        let addr = f.replicas[i % 2].addr;
+        sessions.push((addr, open(addr, OWNER, 5_000).await));
+    }
+    let last_open = tokio::time::Instant::now();
+    assert_eq!(slots(&f).await, 0);
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(64));
+    let mut tasks = Vec::new();
+    for (i, (addr, s)) in sessions.iter().cloned().enumerate() {
+        let barrier = barrier.clone();
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            call(
+                addr,
+                "POST",
+                "/v1/locks/acquire",
+                OWNER,
+                acquire_body(&s, &format!("k{i}"), 1000),
+            )
+            .await
+        }));
+    }
+    let mut granted = 0;
+    for t in tasks {
+        let r = t.await.unwrap();
+        if r.status == 200 {
+            granted += 1;
+        } else {
+            assert_problem(&r, 429, "quota-exceeded");
+            assert!(
+                r.body["detail"]
+                    .as_str()
+                    .unwrap()
+                    .contains("held_lease_quota"),
+                "{:?}",
+                r.body
+            );
+        }
+    }
+    assert_eq!(granted, QUOTA);
+    assert_eq!(slots(&f).await, i64::from(QUOTA));
+    assert!(
+        start.elapsed() < ttl,
+        "no session expired before the counts above"
+    );
+
+    // The sessions are not kept alive: within one TTL (plus etcd's expiry tick) of the
+    // last open their holds stop counting.
+    tokio::time::sleep_until(last_open + ttl + Duration::from_millis(1500)).await;
+    assert_eq!(slots(&f).await, 0);
+
+    // A timed-out waiter stops counting when its wait ends; a release frees its slot.
+    let addr = f.replicas[0].addr;
+    let a = open(addr, OWNER, 20_000).await;
+    let b = open(f.replicas[1].addr, OTHER, 20_000).await;
+    let r = call(
+        addr,
+        "POST",
+        "/v1/locks/acquire",
+        OWNER,
+        acquire_body(&a, "w", 1000),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let grant_rev = r.body["grant_rev"].clone();
+    let r = call(
+        f.replicas[1].addr,
+        "POST",
+        "/v1/locks/acquire",
+        OTHER,
+        acquire_body(&b, "w", 300),
+    )
+    .await;
+    assert_problem(&r, 409, "deadline-exceeded");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(slots(&f).await, 1);
+    let r = call(
+        addr,
+        "POST",
+        "/v1/locks/release",
+        OWNER,
+        json!({ "session": a, "namespace": "ns",
+        "class": "c", "key": "w", "mode": "exclusive", "grant_rev": grant_rev }),
+    )
+    .await;
+    assert_eq!(r.status, 204, "{:?}", r.body);
+    assert_eq!(slots(&f).await, 0);
+}

@@ -48,6 +48,20 @@
 //! caller may do comes from [`Authz`] (TOML, reloadable). Sessions belong to the identity
 //! that opened them: keepalive, acquire, release and close by anyone else are 403.
 //!
+//! # Quotas (per namespace)
+//!
+//! `held_lease_quota` ([`Namespace`](crate::Namespace)): at most that many holds and
+//! waits of the namespace at once, across all replicas. Each acquire takes a slot (a key
+//! `<root>quota/<ns>/...` on the session's lease) before it waits; the slot is deleted
+//! when the wait fails, when the hold is released, or with the session's lease (closed,
+//! or expired: it stops counting within one TTL). Taking a slot counts the namespace's
+//! slots at a revision and creates the new one in a Txn that compares the whole slot
+//! range against that revision, so concurrent acquires through any replicas never
+//! exceed the quota. Over the quota: 429 `quota-exceeded`, naming `held_lease_quota`.
+//! Sessions count through their holds and waits (a session names no namespace). A
+//! lowered quota refuses new slots until the count is below it; existing holds stay.
+//! A hold force-released keeps its slot until its session releases it or ends.
+//!
 //! # Force release, by two people
 //!
 //! Needs [`ServiceOptions::with_force_releases`] (a PostgreSQL table of requests,
@@ -84,6 +98,7 @@ mod authz;
 mod force;
 mod identity;
 mod problem;
+mod quota;
 mod routes;
 #[cfg(feature = "tls")]
 mod tls;

@@ -29,6 +29,9 @@ pub enum ProblemKind {
     SessionLost,
     /// 409: the force release request was already approved.
     AlreadyApproved,
+    /// 429: a quota of the namespace (`held_lease_quota` or `op_rate_quota`, named in
+    /// the detail) is reached; `op_rate_quota` answers carry `Retry-After` (seconds).
+    QuotaExceeded,
     /// 503: grants are refused until an operator advances the epoch.
     EpochMismatch,
     /// 409: the epoch is at its maximum and cannot be advanced.
@@ -53,6 +56,7 @@ impl ProblemKind {
             ProblemKind::DeadlineExceeded => "deadline-exceeded",
             ProblemKind::SessionLost => "session-lost",
             ProblemKind::AlreadyApproved => "already-approved",
+            ProblemKind::QuotaExceeded => "quota-exceeded",
             ProblemKind::EpochMismatch => "epoch-mismatch",
             ProblemKind::EpochExhausted => "epoch-exhausted",
             ProblemKind::QuorumLost => "quorum-lost",
@@ -78,6 +82,7 @@ impl ProblemKind {
             | ProblemKind::EpochExhausted
             | ProblemKind::AlreadyApproved => StatusCode::CONFLICT,
             ProblemKind::SessionLost => StatusCode::GONE,
+            ProblemKind::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
             ProblemKind::EpochMismatch | ProblemKind::QuorumLost => StatusCode::SERVICE_UNAVAILABLE,
             ProblemKind::Upstream => StatusCode::BAD_GATEWAY,
             ProblemKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,

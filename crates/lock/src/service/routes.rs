@@ -282,10 +282,30 @@ async fn acquire(
     let record = owned_session(&state, &caller, &body.session).await?;
     let session = state.locker.attach_session(&record);
     let name = LockName::new(body.namespace, body.class, body.key);
+    crate::model::validate_name(&name.ns)?;
+    crate::model::validate_name(&name.class)?;
+    crate::keys::validate_key(&name.key)?;
+    let namespace = state
+        .locker
+        .config()
+        .namespace(&name.ns)
+        .await?
+        .ok_or_else(|| Problem::new(ProblemKind::NotFound, "no such namespace"))?;
+    let deadline = Instant::now() + wait;
+    let slot = super::quota::take(
+        &state.locker,
+        &name,
+        record.lease,
+        body.mode,
+        namespace.held_lease_quota,
+        deadline,
+    )
+    .await?;
     let hold = state
         .locker
-        .acquire(&session, &name, body.mode, Instant::now() + wait)
+        .acquire(&session, &name, body.mode, deadline)
         .await?;
+    slot.keep();
     let view = HoldView {
         session: record.lease.to_string(),
         namespace: name.ns,
@@ -318,10 +338,16 @@ async fn release(
 ) -> ApiResult<StatusCode> {
     let record = owned_session(&state, &caller, &body.session).await?;
     let name = LockName::new(body.namespace, body.class, body.key);
-    state
+    let released = state
         .locker
         .release_by(&name, record.lease, body.mode, body.grant_rev)
-        .await?;
+        .await;
+    if !matches!(&released, Err(e) if matches!(e.kind(), crate::error::ErrorKind::InvalidInput(_)))
+    {
+        let key = super::quota::slot_key(&state.locker, &name, record.lease, body.mode);
+        super::quota::free(&state.locker, key).await;
+    }
+    released?;
     Ok(StatusCode::NO_CONTENT)
 }
 
