@@ -90,6 +90,8 @@ async fn fixture(n: usize) -> Fixture {
 struct Resp {
     status: u16,
     content_type: String,
+    /// The `Retry-After` header, in seconds.
+    retry_after: Option<u64>,
     body: Value,
 }
 
@@ -118,6 +120,10 @@ async fn call_raw(
         .get("content-type")
         .map(|v| v.to_str().unwrap().to_owned())
         .unwrap_or_default();
+    let retry_after = resp
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().parse().unwrap());
     let bytes = resp.into_body().collect().await.unwrap().to_bytes();
     let body = if bytes.is_empty() {
         Value::Null
@@ -127,6 +133,7 @@ async fn call_raw(
     Resp {
         status,
         content_type,
+        retry_after,
         body,
     }
 }
@@ -773,6 +780,7 @@ mod mtls {
         Ok(Resp {
             status,
             content_type,
+            retry_after: None,
             body,
         })
     }
@@ -1259,4 +1267,68 @@ async fn etcd_held_lease_quota_holds_under_64_concurrent_acquirers_on_2_replicas
     .await;
     assert_eq!(r.status, 204, "{:?}", r.body);
     assert_eq!(slots(&f).await, 0);
+}
+
+#[tokio::test]
+async fn etcd_op_rate_quota_is_a_token_bucket_with_retry_after() {
+    const RATE: u32 = 3;
+    let f = fixture(1).await;
+    let addr = f.replicas[0].addr;
+    let mut ns = Namespace::new("ns", "tenant");
+    ns.op_rate_quota = RATE;
+    f.locker.config().put_namespace(&ns).await.unwrap();
+    let status = "/v1/locks/status?namespace=ns&class=c&key=k";
+
+    // A burst of 12 calls: the bucket admits RATE, plus what refilled meanwhile.
+    let start = tokio::time::Instant::now();
+    let mut admitted = 0u32;
+    let mut refused = None;
+    for _ in 0..12 {
+        let r = call(addr, "GET", status, OWNER, Value::Null).await;
+        if r.status == 200 {
+            admitted += 1;
+        } else {
+            assert_problem(&r, 429, "quota-exceeded");
+            assert!(
+                r.body["detail"].as_str().unwrap().contains("op_rate_quota"),
+                "{:?}",
+                r.body
+            );
+            assert_eq!(
+                r.retry_after,
+                Some(1),
+                "one token refills in 1/{RATE} s, rounded up"
+            );
+            refused = Some(r);
+        }
+    }
+    let refill = u32::try_from(start.elapsed().as_millis() * u128::from(RATE) / 1000).unwrap() + 1;
+    assert!(refused.is_some());
+    assert!(
+        admitted >= RATE && admitted <= RATE + refill,
+        "admitted {admitted}"
+    );
+    // Other kinds of operation draw from the same bucket.
+    let s = open(addr, OWNER, 5_000).await;
+    let r = call(
+        addr,
+        "POST",
+        "/v1/locks/acquire",
+        OWNER,
+        acquire_body(&s, "k", 500),
+    )
+    .await;
+    assert_problem(&r, 429, "quota-exceeded");
+    assert_eq!(slots(&f).await, 0, "a refused acquire takes no quota slot");
+    // After Retry-After the bucket has refilled.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let r = call(
+        addr,
+        "POST",
+        "/v1/locks/acquire",
+        OWNER,
+        acquire_body(&s, "k", 500),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
 }

@@ -62,6 +62,12 @@
 //! lowered quota refuses new slots until the count is below it; existing holds stay.
 //! A hold force-released keeps its slot until its session releases it or ends.
 //!
+//! `op_rate_quota`: acquire, release and status calls of a namespace draw from a token
+//! bucket of `op_rate_quota` operations refilled at `op_rate_quota` per second; an empty
+//! bucket answers 429 `quota-exceeded` naming `op_rate_quota`, with `Retry-After` in
+//! whole seconds. Each replica keeps its own buckets, so `n` replicas admit up to
+//! `n × op_rate_quota` operations per second in all.
+//!
 //! # Force release, by two people
 //!
 //! Needs [`ServiceOptions::with_force_releases`] (a PostgreSQL table of requests,
@@ -99,6 +105,7 @@ mod force;
 mod identity;
 mod problem;
 mod quota;
+mod rate;
 mod routes;
 #[cfg(feature = "tls")]
 mod tls;

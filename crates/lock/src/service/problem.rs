@@ -96,6 +96,7 @@ pub struct Problem {
     kind: ProblemKind,
     status: StatusCode,
     detail: String,
+    retry_after: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -113,12 +114,20 @@ impl Problem {
             kind,
             status: kind.status(),
             detail: detail.into(),
+            retry_after: None,
         }
     }
 
     /// Another status code (e.g. 413, 415 and 405 for invalid input).
     pub fn with_status(mut self, status: StatusCode) -> Self {
         self.status = status;
+        self
+    }
+
+    /// Adds a `Retry-After` header: `after` rounded up to whole seconds, at least 1.
+    pub fn with_retry_after(mut self, after: std::time::Duration) -> Self {
+        let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+        self.retry_after = Some(secs.max(1));
         self
     }
 
@@ -142,6 +151,10 @@ impl IntoResponse for Problem {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
         resp
     }
 }

@@ -32,6 +32,7 @@ pub(crate) struct AppState {
     max_wait: Duration,
     max_ttl: Duration,
     force: Option<ForceReleases>,
+    rates: std::sync::Arc<super::rate::RateLimits>,
 }
 
 pub(super) fn router(locker: Locker, options: ServiceOptions) -> Router {
@@ -42,6 +43,7 @@ pub(super) fn router(locker: Locker, options: ServiceOptions) -> Router {
         max_wait: options.max_wait,
         max_ttl: options.max_ttl,
         force: options.force,
+        rates: std::sync::Arc::default(),
     };
     let v1 = Router::new()
         .route("/sessions", post(open_session))
@@ -164,6 +166,22 @@ async fn owned_session(
         return Err(forbidden("the session belongs to another identity"));
     }
     Ok(record)
+}
+
+fn not_a_namespace() -> Problem {
+    Problem::new(ProblemKind::NotFound, "no such namespace")
+}
+
+/// Draws one operation from `ns`'s `op_rate_quota`.
+async fn rate_check(state: &AppState, ns: &str) -> ApiResult<()> {
+    crate::model::validate_name(ns)?;
+    let namespace = state
+        .locker
+        .config()
+        .namespace(ns)
+        .await?
+        .ok_or_else(not_a_namespace)?;
+    state.rates.check(ns, namespace.op_rate_quota)
 }
 
 fn ms(d: Duration) -> u64 {
@@ -290,7 +308,8 @@ async fn acquire(
         .config()
         .namespace(&name.ns)
         .await?
-        .ok_or_else(|| Problem::new(ProblemKind::NotFound, "no such namespace"))?;
+        .ok_or_else(not_a_namespace)?;
+    state.rates.check(&namespace.id, namespace.op_rate_quota)?;
     let deadline = Instant::now() + wait;
     let slot = super::quota::take(
         &state.locker,
@@ -337,6 +356,7 @@ async fn release(
     Body(body): Body<ReleaseBody>,
 ) -> ApiResult<StatusCode> {
     let record = owned_session(&state, &caller, &body.session).await?;
+    rate_check(&state, &body.namespace).await?;
     let name = LockName::new(body.namespace, body.class, body.key);
     let released = state
         .locker
@@ -395,6 +415,7 @@ async fn status(
     {
         return Err(forbidden("not allowed to see this class"));
     }
+    rate_check(&state, &q.namespace).await?;
     let name = LockName::new(q.namespace, q.class, q.key);
     crate::keys::validate_key(&name.key)?;
     let class = state.locker.config().class(&name.ns, &name.class).await?;
