@@ -127,6 +127,8 @@ async fn call_raw(
     let bytes = resp.into_body().collect().await.unwrap().to_bytes();
     let body = if bytes.is_empty() {
         Value::Null
+    } else if content_type.starts_with("text/plain") {
+        Value::String(String::from_utf8(bytes.to_vec()).unwrap())
     } else {
         serde_json::from_slice(&bytes).unwrap()
     };
@@ -1331,4 +1333,24 @@ async fn etcd_op_rate_quota_is_a_token_bucket_with_retry_after() {
     )
     .await;
     assert_eq!(r.status, 200, "{:?}", r.body);
+
+    // The replica's metrics count what happened above.
+    let r = call(addr, "GET", "/metrics", OWNER, Value::Null).await;
+    assert_eq!(r.status, 200);
+    let text = r.body.as_str().unwrap();
+    let value = |series: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("{series} missing in\n{text}"))
+            .parse()
+            .unwrap()
+    };
+    let refused = u64::from(12 - admitted) + 1;
+    assert_eq!(
+        value("palisade_quota_rejections_total{quota=\"op_rate_quota\"}"),
+        refused
+    );
+    assert_eq!(value("palisade_grants_total"), 1);
+    assert_eq!(value("palisade_acquire_wait_seconds_count"), 1);
+    assert_eq!(value("palisade_etcd_errors_total"), 0);
 }

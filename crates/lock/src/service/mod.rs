@@ -24,12 +24,15 @@
 //! | `PUT /v1/namespaces/{ns}/classes/{class}` | `{"key_prefix","ttl_min_ms",...}` | 200, create or update |
 //! | `GET /v1/epoch` | none | 200 the epoch record, and why grants are refused if they are |
 //! | `POST /v1/epoch/advance` | `{"reason":"restore"\|"rehome"}` | 200 the new record |
+//! | `GET /metrics` | none | 200 Prometheus text: grants, acquire wait time, timeouts, releases, lost holds, quota rejections, etcd errors (no identity needed) |
 //! | `POST /v1/force-releases` | `{"namespace","class","key","reason"}` | 201 `{"id",...}`: a request, nothing deleted yet |
 //! | `POST /v1/force-releases/{id}/approve` | none | 200 `{"id","requester","approver","class_was_fenced","released":[{"session","mode","token","revision"}]}` |
 //!
 //! Tokens are JSON strings (decimal u64). `ttl_ms` is a whole number of seconds in ms,
 //! from 1,000 to [`ServiceOptions::with_max_ttl`] (default 1 h); `wait_ms` is 1 to
 //! [`ServiceOptions::with_max_wait`] (default 60 s): acquire long-polls that long at most.
+//!
+//! Every request runs in a `tower-http` trace span (method, path, status, latency).
 //!
 //! # Errors
 //!
@@ -103,6 +106,7 @@
 mod authz;
 mod force;
 mod identity;
+mod metrics;
 mod problem;
 mod quota;
 mod rate;

@@ -90,6 +90,14 @@ impl ProblemKind {
     }
 }
 
+/// Left in the response's extensions for the metrics layer.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ProblemSeen {
+    pub(super) kind: ProblemKind,
+    /// For [`ProblemKind::QuotaExceeded`]: the op rate quota (else the held quota).
+    pub(super) op_rate: bool,
+}
+
 /// One problem response.
 #[derive(Debug, Clone)]
 pub struct Problem {
@@ -151,6 +159,10 @@ impl IntoResponse for Problem {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
+        resp.extensions_mut().insert(ProblemSeen {
+            kind: self.kind,
+            op_rate: self.detail.starts_with("op_rate_quota"),
+        });
         if let Some(secs) = self.retry_after {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));

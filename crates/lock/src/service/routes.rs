@@ -33,6 +33,7 @@ pub(crate) struct AppState {
     max_ttl: Duration,
     force: Option<ForceReleases>,
     rates: std::sync::Arc<super::rate::RateLimits>,
+    metrics: super::metrics::Metrics,
 }
 
 pub(super) fn router(locker: Locker, options: ServiceOptions) -> Router {
@@ -44,7 +45,9 @@ pub(super) fn router(locker: Locker, options: ServiceOptions) -> Router {
         max_ttl: options.max_ttl,
         force: options.force,
         rates: std::sync::Arc::default(),
+        metrics: super::metrics::Metrics::new(),
     };
+    let metrics = state.metrics.clone();
     let v1 = Router::new()
         .route("/sessions", post(open_session))
         .route("/sessions/{session}/keepalive", post(keepalive))
@@ -62,13 +65,37 @@ pub(super) fn router(locker: Locker, options: ServiceOptions) -> Router {
         .route("/force-releases/{id}/approve", post(approve_force_release));
     Router::new()
         .nest("/v1", v1)
+        .route("/metrics", get(metrics_text))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(options.body_limit))
+        .layer(axum::middleware::from_fn(
+            move |req: Request, next: axum::middleware::Next| {
+                let metrics = metrics.clone();
+                async move {
+                    let resp = next.run(req).await;
+                    if let Some(seen) = resp.extensions().get::<super::problem::ProblemSeen>() {
+                        metrics.problem(*seen);
+                    }
+                    resp
+                }
+            },
+        ))
+        .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
 }
 
 type ApiResult<T> = Result<T, Problem>;
+
+async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+}
 
 async fn not_found() -> Problem {
     Problem::new(ProblemKind::NotFound, "no such route")
@@ -310,6 +337,7 @@ async fn acquire(
         .await?
         .ok_or_else(not_a_namespace)?;
     state.rates.check(&namespace.id, namespace.op_rate_quota)?;
+    let started = std::time::Instant::now();
     let deadline = Instant::now() + wait;
     let slot = super::quota::take(
         &state.locker,
@@ -323,8 +351,14 @@ async fn acquire(
     let hold = state
         .locker
         .acquire(&session, &name, body.mode, deadline)
-        .await?;
+        .await;
+    state
+        .metrics
+        .wait_seconds
+        .observe(started.elapsed().as_secs_f64());
+    let hold = hold?;
     slot.keep();
+    state.metrics.grants.inc();
     let view = HoldView {
         session: record.lease.to_string(),
         namespace: name.ns,
@@ -368,6 +402,7 @@ async fn release(
         super::quota::free(&state.locker, key).await;
     }
     released?;
+    state.metrics.releases.inc();
     Ok(StatusCode::NO_CONTENT)
 }
 
