@@ -3,7 +3,11 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use palisade_lock::service::{self, Authz, ServiceOptions};
+use std::sync::Arc;
+
+use palisade_lock::service::{
+    self, Authz, ForceReleaseAudit, ForceReleases, ForcedRelease, ServiceOptions,
+};
 use palisade_lock::{FileEpochStore, Locker, LockerOptions};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -35,6 +39,11 @@ pub(crate) struct ServeArgs {
     /// CA certificates (PEM) that client certificates must chain to.
     #[arg(long)]
     client_ca: Option<PathBuf>,
+    /// PostgreSQL (libpq key/value or URL form) holding force release requests and the
+    /// audit trail's `force_release` records; without it force release is off (404).
+    /// Migrations of both are applied at start.
+    #[arg(long)]
+    database: Option<String>,
     /// INSECURE: plain HTTP, caller identity from the x-palisade-dev-identity header;
     /// loopback only.
     #[arg(long)]
@@ -70,7 +79,10 @@ pub(crate) fn run(args: ServeArgs) -> Result<String, Box<dyn std::error::Error>>
         )
         .await?;
         let listener = tokio::net::TcpListener::bind(args.listen).await?;
-        let options = ServiceOptions::new(authz);
+        let mut options = ServiceOptions::new(authz);
+        if let Some(database) = &args.database {
+            options = options.with_force_releases(force_releases(database).await?);
+        }
         match (args.tls_cert, args.tls_key, args.client_ca) {
             (Some(cert), Some(key), Some(ca)) => {
                 let chain = CertificateDer::pem_file_iter(cert)?.collect::<Result<Vec<_>, _>>()?;
@@ -87,4 +99,51 @@ pub(crate) fn run(args: ServeArgs) -> Result<String, Box<dyn std::error::Error>>
         }
         Ok(String::new())
     })
+}
+
+/// Force release over `database`: the lock service's request table on one connection,
+/// and the audit trail's `force_release` table through the audit crate's pool (the lock
+/// crate cannot depend on the audit crate, which depends on it, so the binary joins them).
+async fn force_releases(database: &str) -> Result<ForceReleases, Box<dyn std::error::Error>> {
+    let pool = palisade_audit::pool(database, 4)?;
+    palisade_audit::migrate(&pool).await?;
+    let (client, connection) = database
+        .parse::<tokio_postgres::Config>()?
+        .connect(tokio_postgres::NoTls)
+        .await?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::error!(error = %e, "force release database connection lost; force release fails until restart");
+        }
+    });
+    let force = ForceReleases::new(Arc::new(client), Arc::new(AuditTrail(pool)));
+    force.migrate().await?;
+    Ok(force)
+}
+
+/// Writes approved force releases into the audit trail's `force_release` table.
+struct AuditTrail(deadpool_postgres::Pool);
+
+impl ForceReleaseAudit for AuditTrail {
+    fn record(
+        &self,
+        r: ForcedRelease,
+    ) -> palisade_lock::BoxFuture<'_, Result<(), Box<dyn std::error::Error + Send + Sync>>> {
+        Box::pin(async move {
+            let client = self.0.get().await?;
+            let row = palisade_audit::ForceRelease::new(
+                r.request_id,
+                palisade_audit::ClusterId(r.cluster_id),
+                r.revision,
+                r.lock_key,
+                r.requester,
+                r.approver,
+                r.reason,
+                r.class_was_fenced,
+                r.at,
+            );
+            palisade_audit::insert_force_release(&**client, &row).await?;
+            Ok(())
+        })
+    }
 }

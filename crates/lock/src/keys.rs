@@ -85,6 +85,12 @@ impl RootKeys {
     }
 
     /// A detached session's record: `sessions/<lease>`.
+    /// `<root>quota/<ns>/`: one key per hold or wait of the namespace, on its session's
+    /// lease (the service's `held_lease_quota`).
+    pub(crate) fn quota(&self, ns: &str) -> String {
+        format!("{}quota/{ns}/", self.root)
+    }
+
     pub(crate) fn session(&self, lease: LeaseId) -> String {
         format!("{}sessions/{lease}", self.root)
     }

@@ -90,6 +90,8 @@ async fn fixture(n: usize) -> Fixture {
 struct Resp {
     status: u16,
     content_type: String,
+    /// The `Retry-After` header, in seconds.
+    retry_after: Option<u64>,
     body: Value,
 }
 
@@ -118,15 +120,22 @@ async fn call_raw(
         .get("content-type")
         .map(|v| v.to_str().unwrap().to_owned())
         .unwrap_or_default();
+    let retry_after = resp
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().parse().unwrap());
     let bytes = resp.into_body().collect().await.unwrap().to_bytes();
     let body = if bytes.is_empty() {
         Value::Null
+    } else if content_type.starts_with("text/plain") {
+        Value::String(String::from_utf8(bytes.to_vec()).unwrap())
     } else {
         serde_json::from_slice(&bytes).unwrap()
     };
     Resp {
         status,
         content_type,
+        retry_after,
         body,
     }
 }
@@ -773,6 +782,7 @@ mod mtls {
         Ok(Resp {
             status,
             content_type,
+            retry_after: None,
             body,
         })
     }
@@ -942,4 +952,405 @@ mod client {
         .await;
         assert_eq!(st.body["holders"], json!([]));
     }
+}
+
+/// The audit sink of the force release tests: keeps what it is given.
+#[derive(Default, Clone)]
+struct Recorded(std::sync::Arc<std::sync::Mutex<Vec<service::ForcedRelease>>>);
+
+impl service::ForceReleaseAudit for Recorded {
+    fn record(
+        &self,
+        release: service::ForcedRelease,
+    ) -> palisade_lock::BoxFuture<'_, Result<(), Box<dyn std::error::Error + Send + Sync>>> {
+        self.0.lock().unwrap().push(release);
+        Box::pin(async { Ok(()) })
+    }
+}
+
+const ADMIN2: &str = "spiffe://test/ops2";
+
+#[tokio::test]
+async fn etcd_force_release_needs_a_second_admin_and_lock_delay_holds_the_next_grant() {
+    use palisade_fence::{MemoryStore, Raise};
+    use std::sync::Arc;
+
+    let f = fixture(0).await;
+    let lock_delay = Duration::from_secs(2);
+    let mut c = LockClass::new("ns", "c", "");
+    c.ttl_max = Duration::from_secs(30);
+    c.lock_delay = lock_delay;
+    f.locker.config().put_class(&c).await.unwrap();
+
+    let db = palisade_testkit::TestDb::create().await;
+    let pg = Arc::new(db.connect().await);
+    let recorded = Recorded::default();
+    let force = service::ForceReleases::new(pg.clone(), Arc::new(recorded.clone()));
+    force.migrate().await.unwrap();
+    force.migrate().await.unwrap(); // idempotent
+    let authz = format!(
+        "admins = [\"{ADMIN}\", \"{ADMIN2}\"]\n{}",
+        AUTHZ.replace("admins = [\"spiffe://test/ops\"]", "")
+    );
+    let options = ServiceOptions::new(Authz::fixed(AuthzConfig::from_toml(&authz).unwrap()))
+        .insecure_dev_identity()
+        .with_force_releases(force);
+    let locker = Locker::connect(
+        LockerOptions::new(f.cluster.endpoints()).with_request_timeout(Duration::from_millis(500)),
+        FileEpochStore::new(f._dir.path().join("epoch.json")),
+    )
+    .await
+    .unwrap();
+    let addr = start_replica(locker, options).await.addr;
+
+    // The old holder holds the lock and writes to a resource.
+    let sa = open(addr, OWNER, 20_000).await;
+    let r = call(
+        addr,
+        "POST",
+        "/v1/locks/acquire",
+        OWNER,
+        acquire_body(&sa, "k", 1000),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let old_token: palisade_lock::FencingToken = r.body["token"].as_str().unwrap().parse().unwrap();
+    let old_grant = r.body["grant_rev"].clone();
+    let resource = MemoryStore::new(100);
+    assert_eq!(resource.raise_now("res", old_token), Raise::Admitted);
+
+    let req = json!({ "namespace": "ns", "class": "c", "key": "k", "reason": "stuck batch job" });
+    // Not an admin: 403, no request.
+    let r = call(addr, "POST", "/v1/force-releases", OTHER, req.clone()).await;
+    assert_problem(&r, 403, "forbidden");
+    // Blank reason: 400.
+    let r = call(
+        addr,
+        "POST",
+        "/v1/force-releases",
+        ADMIN,
+        json!({ "namespace": "ns", "class": "c", "key": "k", "reason": " " }),
+    )
+    .await;
+    assert_problem(&r, 400, "invalid-input");
+    let r = call(addr, "POST", "/v1/force-releases", ADMIN, req).await;
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    assert_eq!(r.body["requester"], ADMIN);
+    let id = r.body["id"].as_str().unwrap().to_owned();
+
+    // The requester cannot approve: 403, and the hold is still there.
+    let approve = format!("/v1/force-releases/{id}/approve");
+    let r = call(addr, "POST", &approve, ADMIN, Value::Null).await;
+    assert_problem(&r, 403, "forbidden");
+    let r = call(
+        addr,
+        "POST",
+        "/v1/force-releases/nope/approve",
+        ADMIN2,
+        Value::Null,
+    )
+    .await;
+    assert_problem(&r, 404, "not-found");
+    let status = "/v1/locks/status?namespace=ns&class=c&key=k";
+    let r = call(addr, "GET", status, ADMIN, Value::Null).await;
+    assert_eq!(
+        r.body["holders"].as_array().unwrap().len(),
+        1,
+        "{:?}",
+        r.body
+    );
+    assert!(recorded.0.lock().unwrap().is_empty());
+
+    // A second admin approves: the hold is deleted and recorded.
+    let r = call(addr, "POST", &approve, ADMIN2, Value::Null).await;
+    let approved_at = tokio::time::Instant::now();
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(r.body["approver"], ADMIN2);
+    assert_eq!(r.body["class_was_fenced"], true);
+    let released = r.body["released"].as_array().unwrap();
+    assert_eq!(released.len(), 1);
+    assert_eq!(released[0]["session"], sa.as_str());
+    assert_eq!(released[0]["token"], old_token.to_string());
+    let rev = released[0]["revision"].as_u64().unwrap();
+    assert!(rev > old_grant.as_u64().unwrap());
+    {
+        let recs = recorded.0.lock().unwrap();
+        assert_eq!(recs.len(), 1);
+        let rec = &recs[0];
+        assert_eq!(rec.request_id, id);
+        assert_eq!(rec.revision.get(), rev);
+        assert_eq!(rec.cluster_id, f.locker.epoch().0.cluster_id);
+        assert_eq!(rec.lock_key, "k");
+        assert_eq!(
+            (rec.requester.as_str(), rec.approver.as_str()),
+            (ADMIN, ADMIN2)
+        );
+        assert_eq!(rec.reason, "stuck batch job");
+        assert!(rec.class_was_fenced);
+    }
+    let row = pg
+        .query_one(
+            "SELECT requester, approver FROM force_release_request WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (row.get::<_, String>(0), row.get::<_, Option<String>>(1)),
+        (ADMIN.to_owned(), Some(ADMIN2.to_owned()))
+    );
+    // Approved once only.
+    let r = call(addr, "POST", &approve, ADMIN2, Value::Null).await;
+    assert_problem(&r, 409, "already-approved");
+    assert_eq!(recorded.0.lock().unwrap().len(), 1);
+
+    // During lock-delay: no new grant.
+    let sb = open(addr, OTHER, 20_000).await;
+    let r = call(
+        addr,
+        "POST",
+        "/v1/locks/acquire",
+        OTHER,
+        acquire_body(&sb, "k", 500),
+    )
+    .await;
+    assert_problem(&r, 409, "deadline-exceeded");
+    assert!(
+        approved_at.elapsed() < lock_delay,
+        "the check above ran inside lock-delay"
+    );
+    // The window: nothing newer has been seen, so the resource still admits the old token.
+    assert_eq!(resource.raise_now("res", old_token), Raise::Admitted);
+    // The old holder learns it lost the hold.
+    let r = call(
+        addr,
+        "POST",
+        "/v1/locks/release",
+        OWNER,
+        json!({ "session": sa, "namespace": "ns",
+        "class": "c", "key": "k", "mode": "exclusive", "grant_rev": old_grant }),
+    )
+    .await;
+    assert_problem(&r, 409, "not-held");
+
+    // After lock-delay the next holder is granted a higher token; once it writes, the old
+    // token is refused.
+    let r = call(
+        addr,
+        "POST",
+        "/v1/locks/acquire",
+        OTHER,
+        acquire_body(&sb, "k", 10_000),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert!(
+        approved_at.elapsed() >= lock_delay - Duration::from_millis(300),
+        "granted inside lock-delay"
+    );
+    let new_token: palisade_lock::FencingToken = r.body["token"].as_str().unwrap().parse().unwrap();
+    assert!(new_token > old_token);
+    assert_eq!(resource.raise_now("res", new_token), Raise::Admitted);
+    assert_eq!(
+        resource.raise_now("res", old_token),
+        Raise::Stale { highest: new_token }
+    );
+}
+
+/// The number of quota slots of namespace `ns` in etcd.
+async fn slots(f: &Fixture) -> i64 {
+    let mut c = f.locker.client().clone();
+    c.get(
+        "/palisade/quota/ns/",
+        Some(GetOptions::new().with_prefix().with_count_only()),
+    )
+    .await
+    .unwrap()
+    .count()
+}
+
+#[tokio::test]
+async fn etcd_held_lease_quota_holds_under_64_concurrent_acquirers_on_2_replicas() {
+    const QUOTA: u32 = 10;
+    let f = fixture(2).await;
+    let mut ns = Namespace::new("ns", "tenant");
+    ns.held_lease_quota = QUOTA;
+    f.locker.config().put_namespace(&ns).await.unwrap();
+    let ttl = Duration::from_secs(5);
+
+    // 64 sessions (sessions alone take no slot), then 64 acquires of distinct keys at
+    // once, half through each replica: each could be granted at once but for the quota.
+    let start = tokio::time::Instant::now();
+    let mut sessions = Vec::new();
+    for i in 0..64 {
+        let addr = f.replicas[i % 2].addr;
+        sessions.push((addr, open(addr, OWNER, 5_000).await));
+    }
+    let last_open = tokio::time::Instant::now();
+    assert_eq!(slots(&f).await, 0);
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(64));
+    let mut tasks = Vec::new();
+    for (i, (addr, s)) in sessions.iter().cloned().enumerate() {
+        let barrier = barrier.clone();
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            call(
+                addr,
+                "POST",
+                "/v1/locks/acquire",
+                OWNER,
+                acquire_body(&s, &format!("k{i}"), 1000),
+            )
+            .await
+        }));
+    }
+    let mut granted = 0;
+    for t in tasks {
+        let r = t.await.unwrap();
+        if r.status == 200 {
+            granted += 1;
+        } else {
+            assert_problem(&r, 429, "quota-exceeded");
+            assert!(
+                r.body["detail"]
+                    .as_str()
+                    .unwrap()
+                    .contains("held_lease_quota"),
+                "{:?}",
+                r.body
+            );
+        }
+    }
+    assert_eq!(granted, QUOTA);
+    assert_eq!(slots(&f).await, i64::from(QUOTA));
+    assert!(
+        start.elapsed() < ttl,
+        "no session expired before the counts above"
+    );
+
+    // The sessions are not kept alive: within one TTL (plus etcd's expiry tick) of the
+    // last open their holds stop counting.
+    tokio::time::sleep_until(last_open + ttl + Duration::from_millis(1500)).await;
+    assert_eq!(slots(&f).await, 0);
+
+    // A timed-out waiter stops counting when its wait ends; a release frees its slot.
+    let addr = f.replicas[0].addr;
+    let a = open(addr, OWNER, 20_000).await;
+    let b = open(f.replicas[1].addr, OTHER, 20_000).await;
+    let r = call(
+        addr,
+        "POST",
+        "/v1/locks/acquire",
+        OWNER,
+        acquire_body(&a, "w", 1000),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let grant_rev = r.body["grant_rev"].clone();
+    let r = call(
+        f.replicas[1].addr,
+        "POST",
+        "/v1/locks/acquire",
+        OTHER,
+        acquire_body(&b, "w", 300),
+    )
+    .await;
+    assert_problem(&r, 409, "deadline-exceeded");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(slots(&f).await, 1);
+    let r = call(
+        addr,
+        "POST",
+        "/v1/locks/release",
+        OWNER,
+        json!({ "session": a, "namespace": "ns",
+        "class": "c", "key": "w", "mode": "exclusive", "grant_rev": grant_rev }),
+    )
+    .await;
+    assert_eq!(r.status, 204, "{:?}", r.body);
+    assert_eq!(slots(&f).await, 0);
+}
+
+#[tokio::test]
+async fn etcd_op_rate_quota_is_a_token_bucket_with_retry_after() {
+    const RATE: u32 = 3;
+    let f = fixture(1).await;
+    let addr = f.replicas[0].addr;
+    let mut ns = Namespace::new("ns", "tenant");
+    ns.op_rate_quota = RATE;
+    f.locker.config().put_namespace(&ns).await.unwrap();
+    let status = "/v1/locks/status?namespace=ns&class=c&key=k";
+
+    // A burst of 12 calls: the bucket admits RATE, plus what refilled meanwhile.
+    let start = tokio::time::Instant::now();
+    let mut admitted = 0u32;
+    let mut refused = None;
+    for _ in 0..12 {
+        let r = call(addr, "GET", status, OWNER, Value::Null).await;
+        if r.status == 200 {
+            admitted += 1;
+        } else {
+            assert_problem(&r, 429, "quota-exceeded");
+            assert!(
+                r.body["detail"].as_str().unwrap().contains("op_rate_quota"),
+                "{:?}",
+                r.body
+            );
+            assert_eq!(
+                r.retry_after,
+                Some(1),
+                "one token refills in 1/{RATE} s, rounded up"
+            );
+            refused = Some(r);
+        }
+    }
+    let refill = u32::try_from(start.elapsed().as_millis() * u128::from(RATE) / 1000).unwrap() + 1;
+    assert!(refused.is_some());
+    assert!(
+        admitted >= RATE && admitted <= RATE + refill,
+        "admitted {admitted}"
+    );
+    // Other kinds of operation draw from the same bucket.
+    let s = open(addr, OWNER, 5_000).await;
+    let r = call(
+        addr,
+        "POST",
+        "/v1/locks/acquire",
+        OWNER,
+        acquire_body(&s, "k", 500),
+    )
+    .await;
+    assert_problem(&r, 429, "quota-exceeded");
+    assert_eq!(slots(&f).await, 0, "a refused acquire takes no quota slot");
+    // After Retry-After the bucket has refilled.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let r = call(
+        addr,
+        "POST",
+        "/v1/locks/acquire",
+        OWNER,
+        acquire_body(&s, "k", 500),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+
+    // The replica's metrics count what happened above.
+    let r = call(addr, "GET", "/metrics", OWNER, Value::Null).await;
+    assert_eq!(r.status, 200);
+    let text = r.body.as_str().unwrap();
+    let value = |series: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("{series} missing in\n{text}"))
+            .parse()
+            .unwrap()
+    };
+    let refused = u64::from(12 - admitted) + 1;
+    assert_eq!(
+        value("palisade_quota_rejections_total{quota=\"op_rate_quota\"}"),
+        refused
+    );
+    assert_eq!(value("palisade_grants_total"), 1);
+    assert_eq!(value("palisade_acquire_wait_seconds_count"), 1);
+    assert_eq!(value("palisade_etcd_errors_total"), 0);
 }

@@ -24,10 +24,15 @@
 //! | `PUT /v1/namespaces/{ns}/classes/{class}` | `{"key_prefix","ttl_min_ms",...}` | 200, create or update |
 //! | `GET /v1/epoch` | none | 200 the epoch record, and why grants are refused if they are |
 //! | `POST /v1/epoch/advance` | `{"reason":"restore"\|"rehome"}` | 200 the new record |
+//! | `GET /metrics` | none | 200 Prometheus text: grants, acquire wait time, timeouts, releases, lost holds, quota rejections, etcd errors (no identity needed) |
+//! | `POST /v1/force-releases` | `{"namespace","class","key","reason"}` | 201 `{"id",...}`: a request, nothing deleted yet |
+//! | `POST /v1/force-releases/{id}/approve` | none | 200 `{"id","requester","approver","class_was_fenced","released":[{"session","mode","token","revision"}]}` |
 //!
 //! Tokens are JSON strings (decimal u64). `ttl_ms` is a whole number of seconds in ms,
 //! from 1,000 to [`ServiceOptions::with_max_ttl`] (default 1 h); `wait_ms` is 1 to
 //! [`ServiceOptions::with_max_wait`] (default 60 s): acquire long-polls that long at most.
+//!
+//! Every request runs in a `tower-http` trace span (method, path, status, latency).
 //!
 //! # Errors
 //!
@@ -46,6 +51,49 @@
 //! caller may do comes from [`Authz`] (TOML, reloadable). Sessions belong to the identity
 //! that opened them: keepalive, acquire, release and close by anyone else are 403.
 //!
+//! # Quotas (per namespace)
+//!
+//! `held_lease_quota` ([`Namespace`](crate::Namespace)): at most that many holds and
+//! waits of the namespace at once, across all replicas. Each acquire takes a slot (a key
+//! `<root>quota/<ns>/...` on the session's lease) before it waits; the slot is deleted
+//! when the wait fails, when the hold is released, or with the session's lease (closed,
+//! or expired: it stops counting within one TTL). Taking a slot counts the namespace's
+//! slots at a revision and creates the new one in a Txn that compares the whole slot
+//! range against that revision, so concurrent acquires through any replicas never
+//! exceed the quota. Over the quota: 429 `quota-exceeded`, naming `held_lease_quota`.
+//! Sessions count through their holds and waits (a session names no namespace). A
+//! lowered quota refuses new slots until the count is below it; existing holds stay.
+//! A hold force-released keeps its slot until its session releases it or ends.
+//!
+//! `op_rate_quota`: acquire, release and status calls of a namespace draw from a token
+//! bucket of `op_rate_quota` operations refilled at `op_rate_quota` per second; an empty
+//! bucket answers 429 `quota-exceeded` naming `op_rate_quota`, with `Retry-After` in
+//! whole seconds. Each replica keeps its own buckets, so `n` replicas admit up to
+//! `n × op_rate_quota` operations per second in all.
+//!
+//! # Force release, by two people
+//!
+//! Needs [`ServiceOptions::with_force_releases`] (a PostgreSQL table of requests,
+//! [`FORCE_RELEASE_MIGRATION`], and a [`ForceReleaseAudit`] sink); without it the routes
+//! are 404. An admin of the namespace requests the release of a lock key with a reason
+//! (reason 1 to 1024 bytes); a *different* admin approves it: the requester approving
+//! their own request is 403 `forbidden`, a second approval 409 `already-approved` (the
+//! approval is one conditional `UPDATE`, so only one replica wins). Only on approval
+//! is every current hold of the key deleted ([`Locker::force_release`], one Txn per hold,
+//! marked as forced), and each deletion recorded through the [`ForceReleaseAudit`] with
+//! the revision of its Txn, requester, approver, reason and whether the class was
+//! fenced. An approval that finds no holder deletes nothing and answers `released: []`.
+//!
+//! **The window after a force release.** The deleted holder's token is still the highest
+//! any resource has seen until the *next* holder writes with its (higher) token. Until
+//! then a fenced resource cannot tell the old holder is gone and still admits its
+//! writes: fencing refuses a token only once a newer one has been seen. The class's
+//! lock-delay keeps the next grant back (no one is granted the lock for `lock_delay`
+//! after the forced delete), which gives the old holder time to notice the loss (its
+//! keepalive or release answers `not-held`) before anyone else writes; it does not stop
+//! the old holder from writing in that window. Once the next holder has written with its
+//! token, every resource it wrote to refuses the old token (409 `stale`).
+//!
 //! # Known limits
 //!
 //! - A replica caches each class on first use; a class update reaches replicas that
@@ -56,8 +104,12 @@
 //!   until the session is closed or expires.
 
 mod authz;
+mod force;
 mod identity;
+mod metrics;
 mod problem;
+mod quota;
+mod rate;
 mod routes;
 #[cfg(feature = "tls")]
 mod tls;
@@ -69,6 +121,7 @@ use axum::Router;
 use tokio::net::TcpListener;
 
 pub use authz::{Authz, AuthzConfig, AuthzError, Grant, NamespaceRules};
+pub use force::{ForceReleaseAudit, ForceReleases, ForcedRelease, FORCE_RELEASE_MIGRATION};
 pub use identity::{PeerIdentity, DEV_IDENTITY_HEADER};
 pub use problem::{Problem, ProblemKind};
 #[cfg(feature = "tls")]
@@ -85,6 +138,7 @@ pub struct ServiceOptions {
     body_limit: usize,
     max_wait: Duration,
     max_ttl: Duration,
+    force: Option<ForceReleases>,
 }
 
 impl ServiceOptions {
@@ -97,6 +151,7 @@ impl ServiceOptions {
             body_limit: 16 * 1024,
             max_wait: Duration::from_secs(60),
             max_ttl: Duration::from_secs(3600),
+            force: None,
         }
     }
 
@@ -116,6 +171,13 @@ impl ServiceOptions {
     /// The longest `wait_ms` an acquire may ask for.
     pub fn with_max_wait(mut self, max: Duration) -> Self {
         self.max_wait = max;
+        self
+    }
+
+    /// Enables two-person force release (`/v1/force-releases`); without it those routes
+    /// answer 404.
+    pub fn with_force_releases(mut self, force: ForceReleases) -> Self {
+        self.force = Some(force);
         self
     }
 

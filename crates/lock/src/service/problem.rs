@@ -27,13 +27,18 @@ pub enum ProblemKind {
     DeadlineExceeded,
     /// 410: the session's lease is gone.
     SessionLost,
+    /// 409: the force release request was already approved.
+    AlreadyApproved,
+    /// 429: a quota of the namespace (`held_lease_quota` or `op_rate_quota`, named in
+    /// the detail) is reached; `op_rate_quota` answers carry `Retry-After` (seconds).
+    QuotaExceeded,
     /// 503: grants are refused until an operator advances the epoch.
     EpochMismatch,
     /// 409: the epoch is at its maximum and cannot be advanced.
     EpochExhausted,
     /// 503: etcd could not commit in time.
     QuorumLost,
-    /// 502: etcd answered with an unexpected error.
+    /// 502: etcd or the force release database answered with an unexpected error.
     Upstream,
     /// 500: a record in etcd or the durable epoch record could not be read.
     Internal,
@@ -50,6 +55,8 @@ impl ProblemKind {
             ProblemKind::NotHeld => "not-held",
             ProblemKind::DeadlineExceeded => "deadline-exceeded",
             ProblemKind::SessionLost => "session-lost",
+            ProblemKind::AlreadyApproved => "already-approved",
+            ProblemKind::QuotaExceeded => "quota-exceeded",
             ProblemKind::EpochMismatch => "epoch-mismatch",
             ProblemKind::EpochExhausted => "epoch-exhausted",
             ProblemKind::QuorumLost => "quorum-lost",
@@ -70,15 +77,25 @@ impl ProblemKind {
             ProblemKind::Unauthenticated => StatusCode::UNAUTHORIZED,
             ProblemKind::Forbidden => StatusCode::FORBIDDEN,
             ProblemKind::NotFound => StatusCode::NOT_FOUND,
-            ProblemKind::NotHeld | ProblemKind::DeadlineExceeded | ProblemKind::EpochExhausted => {
-                StatusCode::CONFLICT
-            }
+            ProblemKind::NotHeld
+            | ProblemKind::DeadlineExceeded
+            | ProblemKind::EpochExhausted
+            | ProblemKind::AlreadyApproved => StatusCode::CONFLICT,
             ProblemKind::SessionLost => StatusCode::GONE,
+            ProblemKind::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
             ProblemKind::EpochMismatch | ProblemKind::QuorumLost => StatusCode::SERVICE_UNAVAILABLE,
             ProblemKind::Upstream => StatusCode::BAD_GATEWAY,
             ProblemKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
+}
+
+/// Left in the response's extensions for the metrics layer.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ProblemSeen {
+    pub(super) kind: ProblemKind,
+    /// For [`ProblemKind::QuotaExceeded`]: the op rate quota (else the held quota).
+    pub(super) op_rate: bool,
 }
 
 /// One problem response.
@@ -87,6 +104,7 @@ pub struct Problem {
     kind: ProblemKind,
     status: StatusCode,
     detail: String,
+    retry_after: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -104,12 +122,20 @@ impl Problem {
             kind,
             status: kind.status(),
             detail: detail.into(),
+            retry_after: None,
         }
     }
 
     /// Another status code (e.g. 413, 415 and 405 for invalid input).
     pub fn with_status(mut self, status: StatusCode) -> Self {
         self.status = status;
+        self
+    }
+
+    /// Adds a `Retry-After` header: `after` rounded up to whole seconds, at least 1.
+    pub fn with_retry_after(mut self, after: std::time::Duration) -> Self {
+        let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+        self.retry_after = Some(secs.max(1));
         self
     }
 
@@ -133,6 +159,14 @@ impl IntoResponse for Problem {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
+        resp.extensions_mut().insert(ProblemSeen {
+            kind: self.kind,
+            op_rate: self.detail.starts_with("op_rate_quota"),
+        });
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
         resp
     }
 }

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use super::authz::Authz;
+use super::force::{ForceReleases, ForcedRelease};
 use super::identity::Caller;
 use super::problem::{Problem, ProblemKind};
 use super::ServiceOptions;
@@ -30,6 +31,9 @@ pub(crate) struct AppState {
     pub(crate) dev_identity: bool,
     max_wait: Duration,
     max_ttl: Duration,
+    force: Option<ForceReleases>,
+    rates: std::sync::Arc<super::rate::RateLimits>,
+    metrics: super::metrics::Metrics,
 }
 
 pub(super) fn router(locker: Locker, options: ServiceOptions) -> Router {
@@ -39,7 +43,11 @@ pub(super) fn router(locker: Locker, options: ServiceOptions) -> Router {
         dev_identity: options.dev_identity,
         max_wait: options.max_wait,
         max_ttl: options.max_ttl,
+        force: options.force,
+        rates: std::sync::Arc::default(),
+        metrics: super::metrics::Metrics::new(),
     };
+    let metrics = state.metrics.clone();
     let v1 = Router::new()
         .route("/sessions", post(open_session))
         .route("/sessions/{session}/keepalive", post(keepalive))
@@ -52,16 +60,42 @@ pub(super) fn router(locker: Locker, options: ServiceOptions) -> Router {
         .route("/namespaces/{ns}/classes", get(list_classes))
         .route("/namespaces/{ns}/classes/{class}", put(put_class))
         .route("/epoch", get(show_epoch))
-        .route("/epoch/advance", post(advance_epoch));
+        .route("/epoch/advance", post(advance_epoch))
+        .route("/force-releases", post(request_force_release))
+        .route("/force-releases/{id}/approve", post(approve_force_release));
     Router::new()
         .nest("/v1", v1)
+        .route("/metrics", get(metrics_text))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(options.body_limit))
+        .layer(axum::middleware::from_fn(
+            move |req: Request, next: axum::middleware::Next| {
+                let metrics = metrics.clone();
+                async move {
+                    let resp = next.run(req).await;
+                    if let Some(seen) = resp.extensions().get::<super::problem::ProblemSeen>() {
+                        metrics.problem(*seen);
+                    }
+                    resp
+                }
+            },
+        ))
+        .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
 }
 
 type ApiResult<T> = Result<T, Problem>;
+
+async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+}
 
 async fn not_found() -> Problem {
     Problem::new(ProblemKind::NotFound, "no such route")
@@ -159,6 +193,22 @@ async fn owned_session(
         return Err(forbidden("the session belongs to another identity"));
     }
     Ok(record)
+}
+
+fn not_a_namespace() -> Problem {
+    Problem::new(ProblemKind::NotFound, "no such namespace")
+}
+
+/// Draws one operation from `ns`'s `op_rate_quota`.
+async fn rate_check(state: &AppState, ns: &str) -> ApiResult<()> {
+    crate::model::validate_name(ns)?;
+    let namespace = state
+        .locker
+        .config()
+        .namespace(ns)
+        .await?
+        .ok_or_else(not_a_namespace)?;
+    state.rates.check(ns, namespace.op_rate_quota)
 }
 
 fn ms(d: Duration) -> u64 {
@@ -277,10 +327,38 @@ async fn acquire(
     let record = owned_session(&state, &caller, &body.session).await?;
     let session = state.locker.attach_session(&record);
     let name = LockName::new(body.namespace, body.class, body.key);
+    crate::model::validate_name(&name.ns)?;
+    crate::model::validate_name(&name.class)?;
+    crate::keys::validate_key(&name.key)?;
+    let namespace = state
+        .locker
+        .config()
+        .namespace(&name.ns)
+        .await?
+        .ok_or_else(not_a_namespace)?;
+    state.rates.check(&namespace.id, namespace.op_rate_quota)?;
+    let started = std::time::Instant::now();
+    let deadline = Instant::now() + wait;
+    let slot = super::quota::take(
+        &state.locker,
+        &name,
+        record.lease,
+        body.mode,
+        namespace.held_lease_quota,
+        deadline,
+    )
+    .await?;
     let hold = state
         .locker
-        .acquire(&session, &name, body.mode, Instant::now() + wait)
-        .await?;
+        .acquire(&session, &name, body.mode, deadline)
+        .await;
+    state
+        .metrics
+        .wait_seconds
+        .observe(started.elapsed().as_secs_f64());
+    let hold = hold?;
+    slot.keep();
+    state.metrics.grants.inc();
     let view = HoldView {
         session: record.lease.to_string(),
         namespace: name.ns,
@@ -312,11 +390,19 @@ async fn release(
     Body(body): Body<ReleaseBody>,
 ) -> ApiResult<StatusCode> {
     let record = owned_session(&state, &caller, &body.session).await?;
+    rate_check(&state, &body.namespace).await?;
     let name = LockName::new(body.namespace, body.class, body.key);
-    state
+    let released = state
         .locker
         .release_by(&name, record.lease, body.mode, body.grant_rev)
-        .await?;
+        .await;
+    if !matches!(&released, Err(e) if matches!(e.kind(), crate::error::ErrorKind::InvalidInput(_)))
+    {
+        let key = super::quota::slot_key(&state.locker, &name, record.lease, body.mode);
+        super::quota::free(&state.locker, key).await;
+    }
+    released?;
+    state.metrics.releases.inc();
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -364,6 +450,7 @@ async fn status(
     {
         return Err(forbidden("not allowed to see this class"));
     }
+    rate_check(&state, &q.namespace).await?;
     let name = LockName::new(q.namespace, q.class, q.key);
     crate::keys::validate_key(&name.key)?;
     let class = state.locker.config().class(&name.ns, &name.class).await?;
@@ -545,6 +632,217 @@ async fn advance_epoch(
     Ok(Json(EpochView {
         record,
         grants_refused: None,
+    }))
+}
+
+fn force_of(state: &AppState) -> ApiResult<&ForceReleases> {
+    state.force.as_ref().ok_or_else(|| {
+        Problem::new(
+            ProblemKind::NotFound,
+            "force release is not configured on this service (no database)",
+        )
+    })
+}
+
+fn db_problem(e: &tokio_postgres::Error) -> Problem {
+    tracing::error!(error = %e, "force release database error");
+    Problem::new(ProblemKind::Upstream, "the force release database failed")
+}
+
+/// The longest force release reason, in bytes.
+const MAX_REASON_LEN: usize = 1024;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ForceRequestBody {
+    namespace: String,
+    class: String,
+    key: String,
+    reason: String,
+}
+
+#[derive(Serialize)]
+struct ForceRequestView {
+    id: String,
+    namespace: String,
+    class: String,
+    key: String,
+    requester: String,
+    reason: String,
+}
+
+async fn request_force_release(
+    State(state): State<AppState>,
+    caller: Caller,
+    Body(body): Body<ForceRequestBody>,
+) -> ApiResult<impl IntoResponse> {
+    let force = force_of(&state)?;
+    crate::model::validate_name(&body.namespace)?;
+    crate::model::validate_name(&body.class)?;
+    crate::keys::validate_key(&body.key)?;
+    if body.reason.trim().is_empty() || body.reason.len() > MAX_REASON_LEN {
+        return Err(Problem::new(
+            ProblemKind::InvalidInput,
+            format!("reason must be 1 to {MAX_REASON_LEN} bytes, not blank"),
+        ));
+    }
+    if !state
+        .authz
+        .current()
+        .is_ns_admin(&body.namespace, &caller.0)
+    {
+        return Err(forbidden(
+            "only admins of the namespace request force releases",
+        ));
+    }
+    let id = force
+        .insert(
+            &body.namespace,
+            &body.class,
+            &body.key,
+            caller.0.as_str(),
+            &body.reason,
+        )
+        .await
+        .map_err(|e| db_problem(&e))?;
+    tracing::warn!(%id, requester = caller.0.as_str(), ns = %body.namespace, class = %body.class, key = %body.key, "force release requested");
+    Ok((
+        StatusCode::CREATED,
+        Json(ForceRequestView {
+            id,
+            namespace: body.namespace,
+            class: body.class,
+            key: body.key,
+            requester: caller.0.as_str().to_owned(),
+            reason: body.reason,
+        }),
+    ))
+}
+
+#[derive(Serialize)]
+struct ReleasedView {
+    session: String,
+    mode: Mode,
+    token: FencingToken,
+    revision: Revision,
+}
+
+#[derive(Serialize)]
+struct ApproveView {
+    id: String,
+    requester: String,
+    approver: String,
+    class_was_fenced: bool,
+    released: Vec<ReleasedView>,
+}
+
+async fn approve_force_release(
+    State(state): State<AppState>,
+    caller: Caller,
+    PathArgs(id): PathArgs<String>,
+) -> ApiResult<Json<ApproveView>> {
+    let force = force_of(&state)?;
+    let not_found = || {
+        Problem::new(
+            ProblemKind::NotFound,
+            "no force release request with this id",
+        )
+    };
+    if id.is_empty() || id.len() > 64 {
+        return Err(not_found());
+    }
+    let req = force
+        .get(&id)
+        .await
+        .map_err(|e| db_problem(&e))?
+        .ok_or_else(not_found)?;
+    if !state.authz.current().is_ns_admin(&req.namespace, &caller.0) {
+        return Err(forbidden(
+            "only admins of the namespace approve force releases",
+        ));
+    }
+    if req.requester == caller.0.as_str() {
+        return Err(forbidden(
+            "a force release needs a second admin: the requester cannot approve it",
+        ));
+    }
+    if req.approver.is_some()
+        || !force
+            .claim(&id, caller.0.as_str())
+            .await
+            .map_err(|e| db_problem(&e))?
+    {
+        return Err(Problem::new(
+            ProblemKind::AlreadyApproved,
+            "this request was already approved",
+        ));
+    }
+    let class = state
+        .locker
+        .config()
+        .class(&req.namespace, &req.class)
+        .await?;
+    let class_was_fenced = class.enforcement == Enforcement::Fenced;
+    let name = LockName::new(req.namespace, req.class, req.key);
+    let lock = state.locker.lock_state(&name).await?;
+    let marker = crate::force::ForceMarker {
+        request_id: id.clone(),
+        requester: req.requester.clone(),
+        reason: req.reason.clone(),
+    };
+    let cluster_id = state.locker.epoch().0.cluster_id;
+    let mut released = Vec::new();
+    for h in lock.holders {
+        let revision = match state
+            .locker
+            .force_release(&name, h.lease, h.mode, &marker)
+            .await
+        {
+            Ok(rev) => rev,
+            // Released or expired since the read: nothing to force.
+            Err(e) if e.kind() == &crate::error::ErrorKind::NotHeld => continue,
+            Err(e) => return Err(e.into()),
+        };
+        let request_id = if released.is_empty() {
+            id.clone()
+        } else {
+            format!("{id}.{}", released.len())
+        };
+        tracing::warn!(%request_id, %revision, requester = %req.requester, approver = caller.0.as_str(), "hold force-released");
+        force
+            .audit
+            .record(ForcedRelease {
+                request_id,
+                cluster_id,
+                revision,
+                lock_key: name.key.clone(),
+                requester: req.requester.clone(),
+                approver: caller.0.as_str().to_owned(),
+                reason: req.reason.clone(),
+                class_was_fenced,
+                at: std::time::SystemTime::now(),
+            })
+            .await
+            .map_err(|e| {
+                tracing::error!(error = %e, "force release not recorded in the audit trail");
+                Problem::new(
+                    ProblemKind::Internal,
+                    "the hold was force-released but the audit record failed",
+                )
+            })?;
+        released.push(ReleasedView {
+            session: h.lease.to_string(),
+            mode: h.mode,
+            token: h.token,
+            revision,
+        });
+    }
+    Ok(Json(ApproveView {
+        id,
+        requester: req.requester,
+        approver: caller.0.as_str().to_owned(),
+        class_was_fenced,
+        released,
     }))
 }
 
