@@ -19,6 +19,7 @@ use super::problem::{Problem, ProblemKind};
 use crate::keys::{escape_key, prefix_end};
 use crate::locker::{LockName, Locker};
 use crate::model::{LeaseId, Mode};
+use crate::retry::{self, CallError};
 
 /// The slot key of a hold or wait.
 pub(super) fn slot_key(locker: &Locker, name: &LockName, lease: LeaseId, mode: Mode) -> String {
@@ -31,8 +32,8 @@ pub(super) fn slot_key(locker: &Locker, name: &LockName, lease: LeaseId, mode: M
     )
 }
 
-fn upstream(e: &etcd_client::Error) -> Problem {
-    tracing::error!(error = %e, "quota slot: etcd error");
+fn upstream(e: CallError) -> Problem {
+    tracing::error!(error = ?e, "quota slot: etcd error");
     Problem::new(
         ProblemKind::QuorumLost,
         "etcd did not answer the quota check",
@@ -56,20 +57,23 @@ impl Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         if let Some(key) = self.key.take() {
-            let mut client = self.locker.client().clone();
-            tokio::spawn(async move {
-                if let Err(e) = client.delete(key, None).await {
-                    tracing::warn!(error = %e, "quota slot not deleted; it goes with its session");
-                }
-            });
+            let locker = self.locker.clone();
+            tokio::spawn(async move { free(&locker, key).await });
         }
     }
 }
 
 /// Deletes the slot of a hold (after a release).
+/// Retries transient failures (such as a dead member) for a few request timeouts.
 pub(super) async fn free(locker: &Locker, key: String) {
-    if let Err(e) = locker.client().clone().delete(key, None).await {
-        tracing::warn!(error = %e, "quota slot not deleted; it goes with its session");
+    let per_request = locker.inner.request_timeout;
+    let deleted = retry::call(Instant::now() + per_request * 3, per_request, || {
+        let (mut c, key) = (locker.client().clone(), key.clone());
+        async move { c.delete(key, None).await }
+    })
+    .await;
+    if let Err(e) = deleted {
+        tracing::warn!(error = ?e, "quota slot not deleted; it goes with its session");
     }
 }
 
@@ -91,16 +95,21 @@ pub(super) async fn take(
     let prefix = locker.inner.keys.quota(&name.ns);
     let end = prefix_end(&prefix);
     let key = slot_key(locker, name, lease, mode);
-    let mut client = locker.client().clone();
+    // Every etcd call goes through the shared retry, which moves a request off a dead
+    // member (etcd-client keeps sending some requests to it) until the deadline.
+    let per_request = locker.inner.request_timeout;
     let mut attempt = 0u32;
     loop {
-        let resp = client
-            .get(
-                prefix.as_str(),
-                Some(GetOptions::new().with_range(end.clone()).with_count_only()),
-            )
-            .await
-            .map_err(|e| upstream(&e))?;
+        let resp = retry::call(deadline, per_request, || {
+            let (mut c, end) = (locker.client().clone(), end.clone());
+            let prefix = prefix.clone();
+            async move {
+                c.get(prefix, Some(GetOptions::new().with_range(end).with_count_only()))
+                    .await
+            }
+        })
+        .await
+        .map_err(upstream)?;
         if resp.count() >= i64::from(quota) {
             return Err(Problem::new(
                 ProblemKind::QuotaExceeded,
@@ -123,7 +132,14 @@ pub(super) async fn take(
                 "",
                 Some(PutOptions::new().with_lease(lease.get())),
             )]);
-        let done = client.txn(txn).await.map_err(|e| upstream(&e))?;
+        // Safe to repeat: the put is of this wait's own slot key, and a repeat after a
+        // lost answer fails the compare (the slot is newer than R) and recounts.
+        let done = retry::call(deadline, per_request, || {
+            let (mut c, txn) = (locker.client().clone(), txn.clone());
+            async move { c.txn(txn).await }
+        })
+        .await
+        .map_err(upstream)?;
         if done.succeeded() {
             return Ok(Slot {
                 locker: locker.clone(),
