@@ -1,0 +1,298 @@
+//! The history of a chaos run: one [`Entry`] per line of a JSON-lines file.
+//!
+//! Every entry carries `at_ns`, nanoseconds since the run started on a monotonic clock
+//! (`std::time::Instant`), and the process (`worker`) that recorded it. Entries of one worker
+//! are in the order that worker observed them; entries of different workers are ordered only
+//! by `at_ns`, which is good for reading a timeline, not for deciding safety. Safety is decided
+//! from the orders the real parts define: etcd revisions within an epoch for holds, the
+//! resource's own commit order for writes.
+//!
+//! Tokens are the raw `u64` of a fencing token (`epoch · 2^48 + revision`, see the design's
+//! token rule); `None` means the write carried no token.
+
+use std::io::{self, BufRead, Write};
+
+use serde::{Deserialize, Serialize};
+
+/// A lock's full name: namespace, class and key, as the service names them.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct LockName {
+    /// Namespace.
+    pub ns: String,
+    /// Lock class.
+    pub class: String,
+    /// Key within the class.
+    pub key: String,
+}
+
+/// Which resource a write went to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Target {
+    /// A Postgres row, written through the fence's conditional-write helper.
+    Postgres,
+    /// An HTTP resource behind the fence's tower layer.
+    Http,
+}
+
+/// What became of a write attempt, as the writer saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum WriteOutcome {
+    /// The resource admitted and committed the write. `seq` is the resource's own commit
+    /// order (for Postgres the row's version after the write; for HTTP the service's commit
+    /// counter), so committed writes of one resource can be ordered without clocks.
+    Committed {
+        /// The resource's commit sequence number after this write.
+        seq: u64,
+    },
+    /// The resource refused the token as stale; `highest` is the high-water mark it reported.
+    Rejected {
+        /// The resource's high-water mark at the time of the refusal, when it said.
+        highest: Option<u64>,
+    },
+    /// The writer does not know (timeout, connection lost mid-commit).
+    Indeterminate {
+        /// What went wrong, for the reader.
+        reason: String,
+    },
+}
+
+/// How a hold ended in etcd, as etcd's history shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HoldEnd {
+    /// The holder released it.
+    Released,
+    /// Its lease expired.
+    Expired,
+    /// An admin forced it.
+    Forced,
+    /// Still held when the history was read.
+    Open,
+}
+
+/// One kind of fault the nemesis injects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultKind {
+    /// Kill the etcd leader, then restart it.
+    KillEtcdLeader,
+    /// SIGSTOP an etcd member, then SIGCONT it.
+    PauseEtcdMember,
+    /// Kill a lock-service replica, then start it again.
+    KillServiceReplica,
+    /// Pause a worker past its session's TTL.
+    PauseWorker,
+    /// Restart Postgres.
+    RestartPostgres,
+    /// Restore etcd from a snapshot and advance the epoch.
+    RestoreEtcdAndAdvanceEpoch,
+}
+
+/// Whether a fault entry marks its start or its end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// The fault was injected.
+    Start,
+    /// The fault was healed.
+    End,
+}
+
+/// What happened.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    /// A worker asked for a lock.
+    AcquireInvoked {
+        /// The lock.
+        lock: LockName,
+    },
+    /// A worker was granted the lock with this token.
+    Granted {
+        /// The lock.
+        lock: LockName,
+        /// The fencing token handed out.
+        token: u64,
+        /// The session (etcd lease id) that holds it.
+        session: i64,
+        /// The etcd revision of the granting transaction.
+        grant_rev: i64,
+    },
+    /// An acquire failed or timed out.
+    AcquireFailed {
+        /// The lock.
+        lock: LockName,
+        /// The error, for the reader.
+        error: String,
+    },
+    /// A worker is about to write to a resource.
+    WriteInvoked {
+        /// The resource (row id or HTTP path).
+        resource: String,
+        /// Where it went.
+        target: Target,
+        /// The token it carried, if any.
+        token: Option<u64>,
+        /// Unique per attempt within the run; ties the invocation to its outcome.
+        op: u64,
+    },
+    /// The outcome of the write with the same `op`.
+    WriteCompleted {
+        /// The resource.
+        resource: String,
+        /// Where it went.
+        target: Target,
+        /// The token it carried, if any.
+        token: Option<u64>,
+        /// The attempt it completes.
+        op: u64,
+        /// What became of it.
+        #[serde(flatten)]
+        outcome: WriteOutcome,
+    },
+    /// A worker released its hold.
+    Released {
+        /// The lock.
+        lock: LockName,
+        /// The token of the hold it released.
+        token: u64,
+        /// The etcd revision of the releasing transaction, when known.
+        release_rev: Option<i64>,
+    },
+    /// A worker's client signalled that the hold was lost (session expired or revoked).
+    Lost {
+        /// The lock.
+        lock: LockName,
+        /// The token of the hold it lost.
+        token: u64,
+    },
+    /// The nemesis injected or healed a fault.
+    Fault {
+        /// Which fault.
+        kind: FaultKind,
+        /// Start or end.
+        phase: Phase,
+        /// Which member, replica or worker, for the reader.
+        detail: String,
+    },
+    /// The epoch was advanced; every later token must be above every earlier one.
+    EpochAdvanced {
+        /// The new epoch.
+        epoch: u16,
+    },
+    /// A hold as etcd's history shows it, read after the run (one per hold key lifetime).
+    EtcdHold {
+        /// The lock.
+        lock: LockName,
+        /// The epoch the hold was granted in.
+        epoch: u16,
+        /// The hold key's create revision.
+        grant_rev: i64,
+        /// The revision of the delete that ended it; `None` when still open.
+        end_rev: Option<i64>,
+        /// Exclusive (`true`) or shared.
+        exclusive: bool,
+        /// How it ended.
+        end: HoldEnd,
+    },
+    /// A row of the audit log, read after the run.
+    AuditRow {
+        /// `grant`, `release`, `expire`, `force` or `unprotected_write`.
+        kind: String,
+        /// The lock, for lock events.
+        lock: Option<LockName>,
+        /// The resource, for write events.
+        resource: Option<String>,
+        /// The token the row names, if any.
+        token: Option<u64>,
+        /// The etcd revision the row names, if any.
+        revision: Option<i64>,
+    },
+}
+
+/// One line of the history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    /// Nanoseconds since the run started (monotonic).
+    pub at_ns: u64,
+    /// The recording process: a worker's number, or `u32::MAX` for the nemesis and the runner.
+    pub worker: u32,
+    /// What happened.
+    #[serde(flatten)]
+    pub event: Event,
+}
+
+/// A history that could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The file could not be read.
+    #[error("reading the history: {0}")]
+    Io(#[from] io::Error),
+    /// A line is not an [`Entry`].
+    #[error("history line {line}: {source}")]
+    Parse {
+        /// 1-based line number.
+        line: usize,
+        /// What the JSON parser said.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// Writes `entry` as one JSON line.
+pub fn write_entry(mut out: impl Write, entry: &Entry) -> io::Result<()> {
+    serde_json::to_writer(&mut out, entry)?;
+    out.write_all(b"\n")
+}
+
+/// Reads a JSON-lines history; blank lines are skipped, any other bad line is an error.
+pub fn read_history(input: impl BufRead) -> Result<Vec<Entry>, ReadError> {
+    let mut entries = Vec::new();
+    for (i, line) in input.lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let entry = serde_json::from_str(&line).map_err(|source| ReadError::Parse { line: i + 1, source })?;
+        entries.push(entry);
+    }
+    Ok(entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_round_trips_through_one_json_line() {
+        let entry = Entry {
+            at_ns: 12,
+            worker: 3,
+            event: Event::WriteCompleted {
+                resource: "row-1".into(),
+                target: Target::Postgres,
+                token: Some((1 << 48) + 7),
+                op: 9,
+                outcome: WriteOutcome::Rejected { highest: Some((1 << 48) + 9) },
+            },
+        };
+        let mut buf = Vec::new();
+        write_entry(&mut buf, &entry).unwrap();
+        let text = String::from_utf8(buf.clone()).unwrap();
+        assert_eq!(text.matches('\n').count(), 1);
+        assert!(text.contains(r#""type":"write_completed""#), "{text}");
+        assert!(text.contains(r#""outcome":"rejected""#), "{text}");
+        assert_eq!(read_history(&buf[..]).unwrap(), vec![entry]);
+    }
+
+    #[test]
+    fn a_bad_line_names_its_number() {
+        let text = "\n{\"at_ns\":1,\"worker\":0,\"type\":\"epoch_advanced\",\"epoch\":2}\nnot json\n";
+        match read_history(text.as_bytes()) {
+            Err(ReadError::Parse { line, .. }) => assert_eq!(line, 3),
+            other => panic!("expected a parse error on line 3, got {other:?}"),
+        }
+    }
+}
