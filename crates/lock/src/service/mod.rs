@@ -24,6 +24,7 @@
 //! | `PUT /v1/namespaces/{ns}/classes/{class}` | `{"key_prefix","ttl_min_ms",...}` | 200, create or update |
 //! | `GET /v1/epoch` | none | 200 the epoch record, and why grants are refused if they are |
 //! | `POST /v1/epoch/advance` | `{"reason":"restore"\|"rehome"}` | 200 the new record |
+//! | `GET /v1/openapi.json` | none | 200 the OpenAPI 3.1 document of every route here, with the problem responses of each (no identity needed) |
 //! | `GET /metrics` | none | 200 Prometheus text: grants, acquire wait time, timeouts, releases, lost holds, quota rejections, etcd errors (no identity needed) |
 //! | `POST /v1/force-releases` | `{"namespace","class","key","reason"}` | 201 `{"id",...}`: a request, nothing deleted yet |
 //! | `POST /v1/force-releases/{id}/approve` | none | 200 `{"id","requester","approver","class_was_fenced","released":[{"session","mode","token","revision"}]}` |
@@ -33,6 +34,13 @@
 //! [`ServiceOptions::with_max_wait`] (default 60 s): acquire long-polls that long at most.
 //!
 //! Every request runs in a `tower-http` trace span (method, path, status, latency).
+//!
+//! The router is built from one route table ([`routes`]); the OpenAPI document
+//! ([`openapi_json`]) is generated (utoipa) from the handlers and their request and
+//! response types, so its schemas say what the handlers accept: unknown fields are
+//! refused (`additionalProperties: false`), names, session ids and key lengths have
+//! their patterns and bounds. What a schema cannot say (the service's configured TTL and
+//! wait maxima, `ttl_ms` in whole seconds) is in the field descriptions.
 //!
 //! # Errors
 //!
@@ -107,6 +115,7 @@ mod authz;
 mod force;
 mod identity;
 mod metrics;
+mod openapi;
 mod problem;
 mod quota;
 mod rate;
@@ -191,6 +200,18 @@ impl ServiceOptions {
 /// The `/v1` router over `locker`.
 pub fn router(locker: Locker, options: ServiceOptions) -> Router {
     routes::router(locker, options)
+}
+
+/// Every route the router serves, as `(method, path)` with path parameters in braces
+/// (`/v1/sessions/{session}`), in the order of the table in these docs. The router is
+/// built from the same table; `GET /v1/openapi.json` documents exactly these.
+pub fn routes() -> Vec<(axum::http::Method, &'static str)> {
+    routes::routes()
+}
+
+/// The OpenAPI 3.1 document of every route, as served at `GET /v1/openapi.json`.
+pub fn openapi_json() -> String {
+    routes::openapi().to_json().unwrap_or_default()
 }
 
 /// Why [`serve_dev`] did not start.

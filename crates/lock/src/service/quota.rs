@@ -104,8 +104,11 @@ pub(super) async fn take(
             let (mut c, end) = (locker.client().clone(), end.clone());
             let prefix = prefix.clone();
             async move {
-                c.get(prefix, Some(GetOptions::new().with_range(end).with_count_only()))
-                    .await
+                c.get(
+                    prefix,
+                    Some(GetOptions::new().with_range(end).with_count_only()),
+                )
+                .await
             }
         })
         .await
