@@ -42,7 +42,8 @@
 //!   `[a-z0-9][a-z0-9_-]{0,62}`. Lock keys are non-empty, at most [`MAX_KEY_LEN`] bytes,
 //!   with no control character and no `..` segment.
 //! - Holder meta is JSON `{"spiffe_id", "class", "mode", "epoch", "attempt"}` (`attempt`
-//!   numbers the acquire that wrote it). The hold's token is
+//!   numbers the acquire that wrote it), plus `"holder_meta"`: the caller's
+//!   [`HolderMeta`] object (at most [`MAX_HOLDER_META_LEN`] bytes), only if it gave one. The hold's token is
 //!   `epoch · 2^48 + create_revision` of its `h/` key, which equals the revision of the
 //!   granting Txn.
 //! - Queue order is the create revision of the `q/` keys (FIFO).
@@ -214,6 +215,7 @@ mod inspect;
 mod keys;
 #[cfg(feature = "core")]
 mod locker;
+mod meta;
 mod model;
 #[cfg(feature = "core")]
 mod retry;
@@ -240,6 +242,7 @@ pub use inspect::{Holder, LockState, Waiter};
 pub use keys::MAX_KEY_LEN;
 #[cfg(feature = "core")]
 pub use locker::{LockName, Locker, LockerOptions, DEFAULT_ROOT};
+pub use meta::{HolderMeta, MAX_HOLDER_META_LEN};
 pub use model::{Enforcement, LeaseId, LockClass, Mode, Namespace, QuorumPolicy, SpiffeId};
 pub use palisade_fence::{Epoch, FencingToken, Revision};
 #[cfg(feature = "core")]

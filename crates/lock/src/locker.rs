@@ -13,6 +13,7 @@ use crate::epoch::{Current, EpochReason, EpochRecord, EpochState, EpochStore};
 use crate::error::{EpochMismatch, Error, ErrorKind, InvalidInput, Result};
 use crate::hold::Hold;
 use crate::keys::{validate_key, RootKeys};
+use crate::meta::HolderMeta;
 use crate::model::{validate_name, LockClass, Mode, SpiffeId};
 use crate::retry;
 use crate::session::Session;
@@ -196,6 +197,24 @@ impl Locker {
         mode: Mode,
         deadline: Instant,
     ) -> Result<Hold> {
+        self.acquire_with_meta(session, lock, mode, deadline, None)
+            .await
+    }
+
+    /// [`acquire`](Locker::acquire), with `holder_meta` stored in the hold's keys (and
+    /// its waiter key while it waits) and listed by [`lock_state`](Locker::lock_state).
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Locker::acquire).
+    pub async fn acquire_with_meta(
+        &self,
+        session: &Session,
+        lock: &LockName,
+        mode: Mode,
+        deadline: Instant,
+        holder_meta: Option<&HolderMeta>,
+    ) -> Result<Hold> {
         if deadline <= Instant::now() {
             return Err(Error::invalid(InvalidInput::DeadlinePassed));
         }
@@ -226,6 +245,7 @@ impl Locker {
                 class.clone(),
                 mode,
                 deadline,
+                holder_meta,
             )
             .await;
             match result {

@@ -14,6 +14,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::hold::Hold;
 use crate::keys::LockKeys;
 use crate::locker::{LockName, LockerInner};
+use crate::meta::HolderMeta;
 use crate::model::{LockClass, Mode, QuorumPolicy};
 use crate::retry::{self, CallError};
 use crate::session::Session;
@@ -25,7 +26,7 @@ use waiter::Step;
 /// The value of hold, waiter and grant-record keys: who, for which class, in which epoch.
 /// The token of a hold is `epoch · 2^48 + create_revision` of its hold key.
 #[derive(Debug, Serialize)]
-struct HolderMeta<'a> {
+struct StoredMeta<'a> {
     spiffe_id: &'a str,
     class: &'a str,
     mode: Mode,
@@ -33,6 +34,9 @@ struct HolderMeta<'a> {
     /// Which acquire wrote it (unique within the process, and so within the lease): a
     /// hold of this lease from another attempt is a leftover, never adopted.
     attempt: u64,
+    /// What the holder attached, if anything.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    holder_meta: Option<&'a HolderMeta>,
 }
 
 /// Numbers acquire attempts.
@@ -176,6 +180,7 @@ pub(crate) async fn acquire(
     class: Arc<LockClass>,
     mode: Mode,
     deadline: Instant,
+    holder_meta: Option<&HolderMeta>,
 ) -> Result<Hold> {
     if session.loss().is_some() {
         return Err(Error::new(ErrorKind::SessionLost));
@@ -186,12 +191,13 @@ pub(crate) async fn acquire(
     }
     let epoch = locker.epoch.snapshot();
     let id = ATTEMPTS.fetch_add(1, Ordering::Relaxed);
-    let meta = serde_json::to_vec(&HolderMeta {
+    let meta = serde_json::to_vec(&StoredMeta {
         spiffe_id: session.spiffe_id().as_str(),
         class: &class.id,
         mode,
         epoch: epoch.record.epoch.get(),
         attempt: id,
+        holder_meta,
     })
     .map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
     let mut attempt = Attempt {

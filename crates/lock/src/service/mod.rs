@@ -15,9 +15,9 @@
 //! | `POST /v1/sessions` | `{"ttl_ms"}` | 201 `{"session","spiffe_id","ttl_ms","opened_rev"}` |
 //! | `POST /v1/sessions/{session}/keepalive` | none | 200 `{"ttl_ms"}` |
 //! | `DELETE /v1/sessions/{session}` | none | 204; every hold of the session ends |
-//! | `POST /v1/locks/acquire` | `{"session","namespace","class","key","mode","wait_ms"}` | 200 `{"token","grant_rev",...}` |
+//! | `POST /v1/locks/acquire` | `{"session","namespace","class","key","mode","wait_ms","holder_meta"?}` | 200 `{"token","grant_rev",...}` |
 //! | `POST /v1/locks/release` | `{"session","namespace","class","key","mode","grant_rev"}` | 204 |
-//! | `GET /v1/locks/status?namespace=&class=&key=` | none | 200 holders (with tokens), waiters in order, class |
+//! | `GET /v1/locks/status?namespace=&class=&key=` | none | 200 holders (with tokens and `holder_meta`), waiters in order, class |
 //! | `GET /v1/namespaces` | none | 200 list |
 //! | `PUT /v1/namespaces/{ns}` | `{"tenant_id",...}` | 200, create or update |
 //! | `GET /v1/namespaces/{ns}/classes` | none | 200 list |
@@ -28,6 +28,11 @@
 //! | `GET /metrics` | none | 200 Prometheus text: grants, acquire wait time, timeouts, releases, lost holds, quota rejections, etcd errors (no identity needed) |
 //! | `POST /v1/force-releases` | `{"namespace","class","key","reason"}` | 201 `{"id",...}`: a request, nothing deleted yet |
 //! | `POST /v1/force-releases/{id}/approve` | none | 200 `{"id","requester","approver","class_was_fenced","released":[{"session","mode","token","revision"}]}` |
+//!
+//! `holder_meta` is an optional JSON object stored with the hold (and its waiter key)
+//! and listed by status for each holder and waiter, at most
+//! [`MAX_HOLDER_META_LEN`](crate::MAX_HOLDER_META_LEN) (1024) bytes as compact JSON;
+//! larger is 400 `invalid-input`, anything but an object 422.
 //!
 //! Tokens are JSON strings (decimal u64). `ttl_ms` is a whole number of seconds in ms,
 //! from 1,000 to [`ServiceOptions::with_max_ttl`] (default 1 h); `wait_ms` is 1 to

@@ -6,12 +6,14 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 use tokio::time::Instant;
 use utoipa::{IntoParams, ToSchema};
 
 use super::extract::{Body, QueryArgs};
 use super::{forbidden, ms, not_a_namespace, owned_session, rate_check, ApiResult, AppState};
 use crate::locker::LockName;
+use crate::meta::HolderMeta;
 use crate::model::{Enforcement, LockClass, Mode};
 use crate::service::identity::Caller;
 use crate::service::openapi::{AcquireProblems, ReleaseProblems, StatusProblems};
@@ -40,6 +42,11 @@ pub(super) struct AcquireBody {
     /// default 60 s).
     #[schema(minimum = 1)]
     wait_ms: u64,
+    /// A JSON object stored with the hold and listed by status, at most 1024 bytes as
+    /// compact JSON (`MAX_HOLDER_META_LEN`); larger: 400 `invalid-input`.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    holder_meta: Option<Map<String, Value>>,
 }
 
 /// A granted hold.
@@ -76,6 +83,7 @@ pub(super) async fn acquire(
             format!("wait_ms must be from 1 to {}", ms(state.max_wait)),
         ));
     }
+    let holder_meta = body.holder_meta.map(HolderMeta::new).transpose()?;
     if !state
         .authz
         .current()
@@ -109,7 +117,7 @@ pub(super) async fn acquire(
     .await?;
     let hold = state
         .locker
-        .acquire(&session, &name, body.mode, deadline)
+        .acquire_with_meta(&session, &name, body.mode, deadline, holder_meta.as_ref())
         .await;
     state
         .metrics
@@ -197,6 +205,9 @@ pub(super) struct HolderView {
     #[schema(value_type = String)]
     token: FencingToken,
     spiffe_id: String,
+    /// What the holder attached at acquire; `null` if nothing.
+    #[schema(value_type = Option<Object>)]
+    holder_meta: Option<Map<String, Value>>,
 }
 
 /// One waiter of a lock, in queue order.
@@ -207,6 +218,9 @@ pub(super) struct WaiterView {
     #[schema(value_type = u64)]
     create_rev: Revision,
     spiffe_id: String,
+    /// What the waiter attached at acquire; `null` if nothing.
+    #[schema(value_type = Option<Object>)]
+    holder_meta: Option<Map<String, Value>>,
 }
 
 /// A lock at one revision.
@@ -253,6 +267,7 @@ pub(super) async fn status(
                 grant_rev: h.grant_rev,
                 token: h.token,
                 spiffe_id: h.spiffe_id,
+                holder_meta: h.holder_meta,
             })
             .collect(),
         waiters: lock
@@ -263,6 +278,7 @@ pub(super) async fn status(
                 mode: w.mode,
                 create_rev: w.create_rev,
                 spiffe_id: w.spiffe_id,
+                holder_meta: w.holder_meta,
             })
             .collect(),
     }))
