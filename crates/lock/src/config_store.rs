@@ -50,7 +50,7 @@ impl ConfigStore {
         key: String,
         options: Option<GetOptions>,
     ) -> Result<etcd_client::GetResponse> {
-        retry::call(self.deadline(), self.request_timeout, || {
+        retry::call("config.get", self.deadline(), self.request_timeout, || {
             let (mut c, key, options) = (self.client.clone(), key.clone(), options.clone());
             async move { c.get(key, options).await }
         })
@@ -59,7 +59,7 @@ impl ConfigStore {
     }
 
     async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse> {
-        retry::call(self.deadline(), self.request_timeout, || {
+        retry::call("config.txn", self.deadline(), self.request_timeout, || {
             let (mut c, txn) = (self.client.clone(), txn.clone());
             async move { c.txn(txn).await }
         })

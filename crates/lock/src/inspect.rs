@@ -93,7 +93,7 @@ impl Locker {
             prefix(keys.grants()),
         ]);
         let deadline = Instant::now() + inner.request_timeout * 3;
-        let resp = retry::call(deadline, inner.request_timeout, || {
+        let resp = retry::call("lock_state.read", deadline, inner.request_timeout, || {
             let (mut c, txn) = (inner.client.clone(), txn.clone());
             async move { c.txn(txn).await }
         })

@@ -299,7 +299,7 @@ impl Locker {
         let inner = &self.inner;
         let deadline = Instant::now() + inner.request_timeout * 3;
         let key = inner.keys.epoch();
-        let resp = retry::call(deadline, inner.request_timeout, || {
+        let resp = retry::call("epoch.get", deadline, inner.request_timeout, || {
             let (mut c, key) = (inner.client.clone(), key.clone());
             async move { c.get(key, None).await }
         })
@@ -343,7 +343,7 @@ impl Locker {
             .map_err(|e| Error::with_source(ErrorKind::EpochStore, e))?;
         let value = serde_json::to_vec(&record)
             .map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
-        let put = retry::call(deadline, inner.request_timeout, || {
+        let put = retry::call("epoch.put", deadline, inner.request_timeout, || {
             let (mut c, key, value) = (inner.client.clone(), key.clone(), value.clone());
             async move { c.put(key, value, None).await }
         })
@@ -367,7 +367,7 @@ impl Locker {
 pub(crate) async fn adopt_advanced_epoch(inner: &LockerInner) -> bool {
     let deadline = Instant::now() + inner.request_timeout * 3;
     let key = inner.keys.epoch();
-    let Ok(resp) = retry::call(deadline, inner.request_timeout, || {
+    let Ok(resp) = retry::call("epoch.get", deadline, inner.request_timeout, || {
         let (mut c, key) = (inner.client.clone(), key.clone());
         async move { c.get(key, None).await }
     })
@@ -419,7 +419,7 @@ async fn load_epoch(
 ) -> Result<Current> {
     let deadline = Instant::now() + per_request * 5;
     let key = keys.epoch();
-    let resp = retry::call(deadline, per_request, || {
+    let resp = retry::call("epoch.load", deadline, per_request, || {
         let (mut c, key) = (client.clone(), key.clone());
         async move { c.get(key, None).await }
     })
@@ -451,7 +451,7 @@ async fn load_epoch(
             let txn = Txn::new()
                 .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
                 .and_then([TxnOp::put(key.clone(), value, None)]);
-            let resp = retry::call(deadline, per_request, || {
+            let resp = retry::call("epoch.bootstrap", deadline, per_request, || {
                 let (mut c, txn) = (client.clone(), txn.clone());
                 async move { c.txn(txn).await }
             })

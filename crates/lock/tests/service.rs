@@ -15,6 +15,8 @@ use serde_json::{json, Value};
 
 #[path = "service/holder_meta.rs"]
 mod holder_meta;
+#[path = "service/observability.rs"]
+mod observability;
 #[path = "service/openapi.rs"]
 mod openapi;
 

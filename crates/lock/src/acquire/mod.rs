@@ -165,7 +165,7 @@ async fn cleanup(
     ]);
     let txn = Txn::new().and_then(ops);
     let deadline = Instant::now() + locker.request_timeout * 3;
-    retry::call(deadline, locker.request_timeout, || {
+    retry::call("acquire.cleanup", deadline, locker.request_timeout, || {
         let (mut c, txn) = (locker.client.clone(), txn.clone());
         async move { c.txn(txn).await }
     })
@@ -278,10 +278,15 @@ impl Attempt {
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
-        retry::call(self.deadline, self.locker.request_timeout, || {
-            let (mut c, txn) = (self.locker.client.clone(), txn.clone());
-            async move { c.txn(txn).await }
-        })
+        retry::call(
+            "acquire.txn",
+            self.deadline,
+            self.locker.request_timeout,
+            || {
+                let (mut c, txn) = (self.locker.client.clone(), txn.clone());
+                async move { c.txn(txn).await }
+            },
+        )
         .await
         .map_err(|e| e.into_error(ErrorKind::QuorumLost))
     }
@@ -305,11 +310,16 @@ impl Attempt {
             .and_then([TxnOp::txn(inner)]);
         let was_unsettled = self.unsettled.swap(true, Ordering::SeqCst);
         let sends = AtomicUsize::new(0);
-        let resp = retry::call(self.deadline, self.locker.request_timeout, || {
-            sends.fetch_add(1, Ordering::SeqCst);
-            let (mut c, txn) = (self.locker.client.clone(), txn.clone());
-            async move { c.txn(txn).await }
-        })
+        let resp = retry::call(
+            "acquire.grant_or_enqueue",
+            self.deadline,
+            self.locker.request_timeout,
+            || {
+                sends.fetch_add(1, Ordering::SeqCst);
+                let (mut c, txn) = (self.locker.client.clone(), txn.clone());
+                async move { c.txn(txn).await }
+            },
+        )
         .await
         .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
         if !was_unsettled && sends.load(Ordering::SeqCst) == 1 {

@@ -25,7 +25,7 @@
 //! | `GET /v1/epoch` | none | 200 the epoch record, and why grants are refused if they are |
 //! | `POST /v1/epoch/advance` | `{"reason":"restore"\|"rehome"}` | 200 the new record |
 //! | `GET /v1/openapi.json` | none | 200 the OpenAPI 3.1 document of every route here, with the problem responses of each (no identity needed) |
-//! | `GET /metrics` | none | 200 Prometheus text: grants, acquire wait time, timeouts, releases, lost holds, quota rejections, etcd errors (no identity needed) |
+//! | `GET /metrics` | none | 200 Prometheus text: grants, acquire wait time, timeouts, releases, lost holds, quota rejections, etcd errors, expiries (no identity needed) |
 //! | `POST /v1/force-releases` | `{"namespace","class","key","reason"}` | 201 `{"id",...}`: a request, nothing deleted yet |
 //! | `POST /v1/force-releases/{id}/approve` | none | 200 `{"id","requester","approver","class_was_fenced","released":[{"session","mode","token","revision"}]}` |
 //!
@@ -38,7 +38,9 @@
 //! from 1,000 to [`ServiceOptions::with_max_ttl`] (default 1 h); `wait_ms` is 1 to
 //! [`ServiceOptions::with_max_wait`] (default 60 s): acquire long-polls that long at most.
 //!
-//! Every request runs in a `tower-http` trace span (method, path, status, latency).
+//! Every request runs in a `tower-http` trace span (method, path, status, latency), and
+//! every etcd call attempt it makes in a child span `etcd` (`op`, `attempt`, `outcome`;
+//! see the shared retry policy).
 //!
 //! The router is built from one route table ([`routes`]); the OpenAPI document
 //! ([`openapi_json`]) is generated (utoipa) from the handlers and their request and

@@ -11,7 +11,9 @@ use tokio::time::Instant;
 use utoipa::{IntoParams, ToSchema};
 
 use super::extract::{Body, QueryArgs};
-use super::{forbidden, ms, not_a_namespace, owned_session, rate_check, ApiResult, AppState};
+use super::{
+    forbidden, ms, not_a_namespace, owned_session, rate_check, ApiResult, AppState, Expiry,
+};
 use crate::locker::LockName;
 use crate::meta::HolderMeta;
 use crate::model::{Enforcement, LockClass, Mode};
@@ -91,7 +93,7 @@ pub(super) async fn acquire(
     {
         return Err(forbidden("not allowed to lock this class"));
     }
-    let record = owned_session(&state, &caller, &body.session).await?;
+    let record = owned_session(&state, &caller, &body.session, Expiry::Uncounted).await?;
     let session = state.locker.attach_session(&record);
     let name = LockName::new(body.namespace, body.class, body.key);
     crate::model::validate_name(&name.ns)?;
@@ -164,7 +166,7 @@ pub(super) async fn release(
     caller: Caller,
     Body(body): Body<ReleaseBody>,
 ) -> ApiResult<StatusCode> {
-    let record = owned_session(&state, &caller, &body.session).await?;
+    let record = owned_session(&state, &caller, &body.session, Expiry::Hold).await?;
     rate_check(&state, &body.namespace).await?;
     let name = LockName::new(body.namespace, body.class, body.key);
     let released = state

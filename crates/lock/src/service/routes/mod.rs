@@ -245,15 +245,40 @@ fn forbidden(what: &str) -> Problem {
     Problem::new(ProblemKind::Forbidden, what.to_owned())
 }
 
-/// The session's record, if `caller` owns it.
+/// What a request that names a gone session counts in `palisade_expiries_total`.
+#[derive(Debug, Clone, Copy)]
+enum Expiry {
+    /// Nothing (acquire, close).
+    Uncounted,
+    /// `kind="session"` (keepalive).
+    Session,
+    /// `kind="hold"` (release).
+    Hold,
+}
+
+impl AppState {
+    fn count_expiry(&self, expiry: Expiry) {
+        let kind = match expiry {
+            Expiry::Uncounted => return,
+            Expiry::Session => "session",
+            Expiry::Hold => "hold",
+        };
+        self.metrics.expiries.with_label_values(&[kind]).inc();
+    }
+}
+
+/// The session's record, if `caller` owns it. A session whose lease is gone is 404, and
+/// counted as `expiry`.
 async fn owned_session(
     state: &AppState,
     caller: &Caller,
     session: &str,
+    expiry: Expiry,
 ) -> ApiResult<SessionRecord> {
     let lease = parse_session(session)?;
     let record = state.locker.session_record(lease).await.map_err(|e| {
         if e.is_session_lost() {
+            state.count_expiry(expiry);
             Problem::new(ProblemKind::NotFound, "no live session with this id")
         } else {
             e.into()

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::extract::{Body, PathArgs};
-use super::{ms, owned_session, ApiResult, AppState};
+use super::{ms, owned_session, ApiResult, AppState, Expiry};
 use crate::service::identity::Caller;
 use crate::service::openapi::{CloseProblems, KeepaliveProblems, OpenProblems};
 use crate::service::problem::{Problem, ProblemKind};
@@ -87,8 +87,16 @@ pub(super) async fn keepalive(
     caller: Caller,
     PathArgs(session): PathArgs<String>,
 ) -> ApiResult<Json<KeepaliveView>> {
-    let record = owned_session(&state, &caller, &session).await?;
-    let ttl = state.locker.keep_alive_once(record.lease).await?;
+    let record = owned_session(&state, &caller, &session, Expiry::Session).await?;
+    let ttl = state
+        .locker
+        .keep_alive_once(record.lease)
+        .await
+        .inspect_err(|e| {
+            if e.is_session_lost() {
+                state.count_expiry(Expiry::Session);
+            }
+        })?;
     Ok(Json(KeepaliveView { ttl_ms: ms(ttl) }))
 }
 
@@ -101,7 +109,7 @@ pub(super) async fn close_session(
     caller: Caller,
     PathArgs(session): PathArgs<String>,
 ) -> ApiResult<StatusCode> {
-    let record = owned_session(&state, &caller, &session).await?;
+    let record = owned_session(&state, &caller, &session, Expiry::Uncounted).await?;
     state.locker.revoke_session(record.lease).await?;
     Ok(StatusCode::NO_CONTENT)
 }
