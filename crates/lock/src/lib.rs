@@ -169,8 +169,10 @@
 //! - A session's TTL is what etcd granted, which can exceed the TTL asked for (etcd's
 //!   minimum lease TTL); class TTL bounds apply to the granted TTL, so a class whose
 //!   `ttl_max` is below etcd's minimum refuses every session.
-//! - A running locker caches each class on first use; class changes reach it for classes
-//!   it has not used yet.
+//! - A locker caches classes while a watch on `config/` tells it of every change (any
+//!   namespace or class write clears its cache); while that watch is down it reads the
+//!   class from etcd on every acquire. An acquire that read its class just before an
+//!   update may still be granted under the old class.
 //! - A release whose first attempt committed but whose answer was lost is retried and
 //!   then reports [`ErrorKind::NotHeld`].
 //! - A force release while the holder's session lives does not fire [`Hold::lost`]; the
@@ -195,6 +197,8 @@
 
 #[cfg(feature = "core")]
 mod acquire;
+#[cfg(feature = "core")]
+mod class_cache;
 #[cfg(feature = "client")]
 pub mod client;
 #[cfg(feature = "core")]

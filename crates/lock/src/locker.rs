@@ -1,13 +1,13 @@
 //! [`Locker`]: the entry point. One etcd client, one root prefix, one epoch state.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, Txn, TxnOp};
 use palisade_fence::{Epoch, Revision};
 use tokio::time::Instant;
 
+use crate::class_cache::{spawn_watch, ClassCache, WatchGuard};
 use crate::config_store::{decode, ConfigStore};
 use crate::epoch::{Current, EpochReason, EpochRecord, EpochState, EpochStore};
 use crate::error::{EpochMismatch, Error, ErrorKind, InvalidInput, Result};
@@ -61,7 +61,9 @@ pub(crate) struct LockerInner {
     pub(crate) keys: RootKeys,
     pub(crate) epoch: EpochState,
     pub(crate) request_timeout: Duration,
-    classes: Mutex<HashMap<(String, String), Arc<LockClass>>>,
+    classes: Arc<ClassCache>,
+    /// Ends the class cache's watch task with the locker.
+    _class_watch: WatchGuard,
 }
 
 /// Names one lock: a key in a class of a namespace.
@@ -121,13 +123,21 @@ impl Locker {
             .map_err(|e| Error::with_source(ErrorKind::QuorumLost, e))?;
         let keys = RootKeys::new(&options.root);
         let current = load_epoch(&client, &keys, &store, options.request_timeout).await?;
+        let classes = Arc::new(ClassCache::default());
+        let class_watch = spawn_watch(
+            client.clone(),
+            keys.config(),
+            classes.clone(),
+            options.request_timeout,
+        );
         Ok(Locker {
             inner: Arc::new(LockerInner {
                 client,
                 keys,
                 epoch: EpochState::new(Box::new(store), current),
                 request_timeout: options.request_timeout,
-                classes: Mutex::new(HashMap::new()),
+                classes,
+                _class_watch: class_watch,
             }),
         })
     }
@@ -221,7 +231,7 @@ impl Locker {
         validate_name(&lock.ns)?;
         validate_name(&lock.class)?;
         validate_key(&lock.key)?;
-        let class = self.class(&lock.ns, &lock.class).await?;
+        let class = self.class(&lock.ns, &lock.class, deadline).await?;
         if !lock.key.starts_with(&class.key_prefix) {
             return Err(Error::invalid(InvalidInput::KeyOutsideClass {
                 prefix: class.key_prefix.clone(),
@@ -265,26 +275,27 @@ impl Locker {
         }
     }
 
-    /// The class, from a cache filled on first use (class changes reach a running
-    /// locker only for classes it has not used yet).
-    async fn class(&self, ns: &str, class: &str) -> Result<Arc<LockClass>> {
-        let k = (ns.to_owned(), class.to_owned());
-        if let Some(c) = self
-            .inner
-            .classes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&k)
-        {
-            return Ok(c.clone());
+    /// The class: from the cache while its watch on the config prefix is up (see
+    /// `class_cache`), else from etcd (one request timeout at most, never past
+    /// `deadline`), else, if etcd cannot answer, the last class this locker read.
+    async fn class(&self, ns: &str, class: &str, deadline: Instant) -> Result<Arc<LockClass>> {
+        let cache = &self.inner.classes;
+        if let Some(c) = cache.get(ns, class) {
+            return Ok(c);
         }
-        let c = Arc::new(self.config().class(ns, class).await?);
-        self.inner
-            .classes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(k, c.clone());
-        Ok(c)
+        let generation = cache.generation();
+        let until = (Instant::now() + self.inner.request_timeout).min(deadline);
+        match self.config().class_until(ns, class, until).await {
+            Ok(c) => {
+                let c = Arc::new(c);
+                cache.fill(generation, c.clone());
+                Ok(c)
+            }
+            Err(e) if e.is_quorum_lost() || e.kind() == &ErrorKind::DeadlineExceeded => {
+                cache.last_known(ns, class).ok_or(e)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Starts a new epoch on the etcd cluster this locker is connected to (an operator

@@ -13,6 +13,8 @@ use palisade_lock::{FileEpochStore, LockClass, Locker, LockerOptions, Namespace}
 use palisade_testkit::EtcdCluster;
 use serde_json::{json, Value};
 
+#[path = "service/class_update.rs"]
+mod class_update;
 #[path = "service/holder_meta.rs"]
 mod holder_meta;
 #[path = "service/observability.rs"]

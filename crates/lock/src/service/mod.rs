@@ -111,8 +111,9 @@
 //!
 //! # Known limits
 //!
-//! - A replica caches each class on first use; a class update reaches replicas that
-//!   already used the class only after they restart.
+//! - A class update reaches every replica through its locker's watch on the config
+//!   prefix (usually within milliseconds); an acquire that read the class just before
+//!   the update may still be granted under the old class.
 //! - One session acquiring the same lock twice at once through two replicas waits behind
 //!   itself until its deadline (the per-session check is per process).
 //! - An acquire whose response is lost (client gone after the grant) leaves the hold
