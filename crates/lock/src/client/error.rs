@@ -9,7 +9,9 @@ use std::fmt;
 pub enum ClientErrorKind {
     /// `invalid-input` (400, 405, 413, 415, 422).
     InvalidInput,
-    /// `unauthenticated` (401).
+    /// `unauthenticated` (401: a certificate without exactly one SPIFFE ID, or no dev
+    /// identity); or, with no HTTP status, the service refused the mTLS handshake (no
+    /// client certificate, or one that does not chain to the service's client CAs).
     Unauthenticated,
     /// `forbidden` (403).
     Forbidden,
@@ -21,14 +23,22 @@ pub enum ClientErrorKind {
     DeadlineExceeded,
     /// `session-lost` (410).
     SessionLost,
+    /// `already-approved` (409): a force release request was approved before.
+    AlreadyApproved,
+    /// `quota-exceeded` (429): a quota of the namespace, named in the detail.
+    QuotaExceeded,
     /// `epoch-mismatch` (503).
     EpochMismatch,
     /// `quorum-lost` (503).
     QuorumLost,
     /// Another problem type, by slug.
     Other(String),
-    /// The request did not get an answer (connection refused, reset...).
+    /// The request did not get an answer (connection refused, reset, the service's
+    /// certificate not trusted...).
     Transport,
+    /// The client's own settings are unusable (service URL, CA bundle, client
+    /// certificate or key); nothing was sent.
+    Config,
     /// The answer could not be decoded.
     Decode,
 }
@@ -44,6 +54,8 @@ impl ClientErrorKind {
             "not-held" => ClientErrorKind::NotHeld,
             "deadline-exceeded" => ClientErrorKind::DeadlineExceeded,
             "session-lost" => ClientErrorKind::SessionLost,
+            "already-approved" => ClientErrorKind::AlreadyApproved,
+            "quota-exceeded" => ClientErrorKind::QuotaExceeded,
             "epoch-mismatch" => ClientErrorKind::EpochMismatch,
             "quorum-lost" => ClientErrorKind::QuorumLost,
             other => ClientErrorKind::Other(other.to_owned()),
@@ -61,13 +73,41 @@ pub struct ClientError {
 }
 
 impl ClientError {
+    /// A request that got no answer; a TLS alert from the service that refuses the
+    /// client's certificate (or its absence) is [`ClientErrorKind::Unauthenticated`].
     pub(crate) fn transport(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        let e = e.into();
+        let (kind, detail) = match refusal_alert(&*e) {
+            Some(alert) => (
+                ClientErrorKind::Unauthenticated,
+                format!("the lock service refused the TLS handshake ({alert:?}): it needs a client certificate that chains to its client CAs"),
+            ),
+            None => (
+                ClientErrorKind::Transport,
+                format!("no answer from the lock service: {}", root_cause(&*e)),
+            ),
+        };
         ClientError {
-            kind: ClientErrorKind::Transport,
+            kind,
             status: None,
-            detail: "no answer from the lock service".into(),
-            source: Some(e.into()),
+            detail,
+            source: Some(e),
         }
+    }
+
+    pub(crate) fn config(detail: impl Into<String>) -> Self {
+        ClientError {
+            kind: ClientErrorKind::Config,
+            status: None,
+            detail: detail.into(),
+            source: None,
+        }
+    }
+
+    /// Prefixes the detail with the file it is about.
+    pub(crate) fn in_file(mut self, file: impl fmt::Display) -> Self {
+        self.detail = format!("{file}: {}", self.detail);
+        self
     }
 
     pub(crate) fn decode(status: u16, detail: impl Into<String>) -> Self {
@@ -77,6 +117,11 @@ impl ClientError {
             detail: detail.into(),
             source: None,
         }
+    }
+
+    /// The service's `detail` (or a description of the local failure).
+    pub fn detail(&self) -> &str {
+        &self.detail
     }
 
     /// The kind.
@@ -111,6 +156,43 @@ impl ClientError {
             ClientErrorKind::SessionLost | ClientErrorKind::NotFound
         )
     }
+}
+
+/// The errors below `e`, `e` first; `io::Error` wrappers are looked into (their
+/// `source()` skips the wrapped error).
+fn chain<'a>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(Some(e), |e| match e.downcast_ref::<std::io::Error>() {
+        Some(io) => io
+            .get_ref()
+            .map(|inner| inner as &(dyn std::error::Error + 'static)),
+        None => e.source(),
+    })
+}
+
+/// A TLS alert by which the service refused the client's certificate.
+fn refusal_alert(e: &(dyn std::error::Error + 'static)) -> Option<rustls::AlertDescription> {
+    use rustls::AlertDescription as A;
+    chain(e).find_map(|e| match e.downcast_ref::<rustls::Error>() {
+        Some(rustls::Error::AlertReceived(
+            a @ (A::CertificateRequired
+            | A::BadCertificate
+            | A::UnknownCA
+            | A::CertificateUnknown
+            | A::UnsupportedCertificate
+            | A::CertificateRevoked
+            | A::CertificateExpired
+            | A::AccessDenied
+            | A::HandshakeFailure),
+        )) => Some(*a),
+        _ => None,
+    })
+}
+
+/// The message of the innermost error.
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    chain(e).last().map(ToString::to_string).unwrap_or_default()
 }
 
 impl fmt::Debug for ClientError {
