@@ -125,12 +125,18 @@ async fn etcd_client_mtls_acquires_as_its_spiffe_id_and_foreign_ids_get_403() {
         .call_json("POST", "/v1/locks/release", Some(release))
         .await
         .unwrap_err();
-    assert_eq!((e.kind(), e.status()), (&ClientErrorKind::Forbidden, Some(403)));
+    assert_eq!(
+        (e.kind(), e.status()),
+        (&ClientErrorKind::Forbidden, Some(403))
+    );
     let e = other
         .call_json("DELETE", &format!("/v1/sessions/{}", session.id()), None)
         .await
         .unwrap_err();
-    assert_eq!((e.kind(), e.status()), (&ClientErrorKind::Forbidden, Some(403)));
+    assert_eq!(
+        (e.kind(), e.status()),
+        (&ClientErrorKind::Forbidden, Some(403))
+    );
     // And it waits behind the owner's hold: its own acquire times out, typed.
     let theirs = other.open_session(Duration::from_secs(5)).await.unwrap();
     let e = theirs
@@ -154,7 +160,10 @@ async fn etcd_client_mtls_acquires_as_its_spiffe_id_and_foreign_ids_get_403() {
         .lock_state(&LockName::new("ns", "c", "k"))
         .await
         .unwrap();
-    assert!(state.holders.is_empty() && state.waiters.is_empty(), "{state:?}");
+    assert!(
+        state.holders.is_empty() && state.waiters.is_empty(),
+        "{state:?}"
+    );
 }
 
 #[tokio::test]
@@ -192,7 +201,11 @@ async fn etcd_client_mtls_refusals_are_typed_unauthenticated() {
         .open_session(ttl)
         .await
         .unwrap_err();
-    assert_eq!((e.kind(), e.status()), (&ClientErrorKind::Unauthenticated, None), "{e:?}");
+    assert_eq!(
+        (e.kind(), e.status()),
+        (&ClientErrorKind::Unauthenticated, None),
+        "{e:?}"
+    );
     // A service whose certificate the client does not trust: a transport error, and
     // nothing was sent.
     let mine = f.pki.client(&[OWNER]);
@@ -205,7 +218,11 @@ async fn etcd_client_mtls_refusals_are_typed_unauthenticated() {
         .open_session(ttl)
         .await
         .unwrap_err();
-    assert_eq!((e.kind(), e.status()), (&ClientErrorKind::Transport, None), "{e:?}");
+    assert_eq!(
+        (e.kind(), e.status()),
+        (&ClientErrorKind::Transport, None),
+        "{e:?}"
+    );
     assert!(e.to_string().contains("certificate"), "{e}");
 }
 

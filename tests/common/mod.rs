@@ -3,3 +3,4 @@
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
 pub mod pki;
+pub mod service;

@@ -44,6 +44,28 @@ pub enum ClientErrorKind {
 }
 
 impl ClientErrorKind {
+    /// The problem type's slug (`forbidden`, `not-held`...); `transport`, `decode` and
+    /// `config` for failures without one.
+    pub fn slug(&self) -> &str {
+        match self {
+            ClientErrorKind::InvalidInput => "invalid-input",
+            ClientErrorKind::Unauthenticated => "unauthenticated",
+            ClientErrorKind::Forbidden => "forbidden",
+            ClientErrorKind::NotFound => "not-found",
+            ClientErrorKind::NotHeld => "not-held",
+            ClientErrorKind::DeadlineExceeded => "deadline-exceeded",
+            ClientErrorKind::SessionLost => "session-lost",
+            ClientErrorKind::AlreadyApproved => "already-approved",
+            ClientErrorKind::QuotaExceeded => "quota-exceeded",
+            ClientErrorKind::EpochMismatch => "epoch-mismatch",
+            ClientErrorKind::QuorumLost => "quorum-lost",
+            ClientErrorKind::Other(slug) => slug,
+            ClientErrorKind::Transport => "transport",
+            ClientErrorKind::Decode => "decode",
+            ClientErrorKind::Config => "config",
+        }
+    }
+
     pub(crate) fn from_type(uri: &str) -> Self {
         let slug = uri.strip_prefix("urn:palisade:problem:").unwrap_or(uri);
         match slug {
@@ -211,8 +233,9 @@ impl fmt::Display for ClientError {
         match self.status {
             Some(s) => write!(
                 f,
-                "lock service answered {s} ({:?}): {}",
-                self.kind, self.detail
+                "lock service answered {s} {}: {}",
+                self.kind.slug(),
+                self.detail
             ),
             None => f.write_str(&self.detail),
         }
