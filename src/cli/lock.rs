@@ -9,7 +9,7 @@ use std::io::Read;
 use std::path::PathBuf;
 
 use palisade_lock::client::ClientErrorKind;
-use palisade_lock::Mode;
+use palisade_lock::{Enforcement, Mode};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -120,6 +120,9 @@ struct HoldFile {
     /// Decimal string; `null` for an unprotected grant.
     token: Option<String>,
     grant_rev: Option<u64>,
+    /// `fenced` or `advisory`: whether resources refuse writes without a current token.
+    #[serde(default)]
+    enforcement: Option<Enforcement>,
     /// The session's TTL: renew it (`session keepalive`) within this to keep the hold.
     #[serde(default)]
     ttl_ms: Option<u64>,
@@ -166,6 +169,7 @@ pub(crate) fn run(args: LockArgs) -> Result<String> {
                         mode: mode(shared),
                         token: None,
                         grant_rev,
+                        enforcement: None,
                         ttl_ms: None,
                         own_session: false,
                     }
@@ -234,12 +238,12 @@ fn acquire(
             .call_json("POST", "/v1/locks/acquire", Some(body))
             .await
         {
-            Ok(mut granted) => {
-                // The service's answer, plus what release needs to know.
-                granted["ttl_ms"] = json!(ttl_ms);
-                granted["own_session"] = json!(own);
-                serde_json::from_value::<HoldFile>(granted.clone())?;
-                Ok(granted)
+            Ok(granted) => {
+                let mut hold: HoldFile = serde_json::from_value(granted)?;
+                // What release needs to know besides the service's answer.
+                hold.ttl_ms = ttl_ms;
+                hold.own_session = own;
+                Ok(hold)
             }
             Err(e) => {
                 if own {
