@@ -162,6 +162,29 @@ async fn etcd_cli_over_mtls_acquires_releases_and_refuses_typed() {
     s.tls(&job2, &["session", "keepalive", &own])
         .await
         .fails(76, "gone");
+    // `lock run` over mTLS: the command sees the token, and the lock is free after.
+    let seen = s.dir.path().join("token");
+    let script = format!("echo $FENCING_TOKEN > {}", seen.display());
+    s.tls(
+        &job,
+        &[
+            "lock",
+            "run",
+            "ns/c/jobs/nightly",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    )
+    .await
+    .ok();
+    let t3: u64 = std::fs::read_to_string(&seen)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(t3 > token(&h2));
     let state = s.locker.lock_state(&name).await.unwrap();
     assert!(
         state.holders.is_empty() && state.waiters.is_empty(),
@@ -381,6 +404,24 @@ async fn etcd_cli_admin_namespaces_classes_and_epochs() {
     // Tokens from now on carry the new epoch.
     let hold = s.dev(JOB, &["lock", "acquire", "ns/c/k"]).await.ok().json();
     assert_eq!(token(&hold) >> 48, 1);
+
+    // A quota lowered to the one hold there is: the next acquire is refused (exit 5),
+    // and the session opened for it is closed again.
+    s.dev(
+        ADMIN,
+        &["namespace", "update", "ns", "--held-lease-quota", "1"],
+    )
+    .await
+    .ok();
+    s.dev(JOB, &["lock", "acquire", "ns/c/k2"])
+        .await
+        .fails(5, "held_lease_quota");
+    let state = s
+        .locker
+        .lock_state(&LockName::new("ns", "c", "k2"))
+        .await
+        .unwrap();
+    assert!(state.holders.is_empty() && state.waiters.is_empty());
 }
 
 #[tokio::test]

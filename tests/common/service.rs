@@ -169,19 +169,24 @@ impl Service {
 
     /// `palisade ARGS --service URL --dev-identity ID` (dev mode).
     pub async fn dev(&self, id: &str, args: &[&str]) -> Out {
-        let mut all: Vec<&str> = args.to_vec();
+        let at = args.iter().position(|a| *a == "--").unwrap_or(args.len());
+        let mut all: Vec<&str> = args[..at].to_vec();
         all.extend(["--service", &self.url, "--dev-identity", id]);
+        all.extend(&args[at..]);
         run(all, &[]).await
     }
 
     /// `palisade ARGS --service URL --cert --key --ca` with `svid` (mTLS mode).
     pub async fn tls(&self, svid: &SvidFiles, args: &[&str]) -> Out {
         let ca = self.ca();
-        let mut all: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+        // Before a `--` that starts the command of `lock run`.
+        let at = args.iter().position(|a| *a == "--").unwrap_or(args.len());
+        let mut all: Vec<&OsStr> = args[..at].iter().map(OsStr::new).collect();
         all.extend([OsStr::new("--service"), OsStr::new(&self.url)]);
         all.extend([OsStr::new("--cert"), svid.cert.as_os_str()]);
         all.extend([OsStr::new("--key"), svid.key.as_os_str()]);
         all.extend([OsStr::new("--ca"), ca.as_os_str()]);
+        all.extend(args[at..].iter().map(OsStr::new));
         run(all, &[]).await
     }
 }
