@@ -196,6 +196,24 @@ async fn etcd_cli_over_mtls_acquires_releases_and_refuses_typed() {
 async fn etcd_cli_acquired_hold_lives_by_keepalive_and_lapses_without() {
     let s = Service::start(Mode::Dev, None).await;
     let name = LockName::new("ns", "c", "k");
+    // Bad input is refused with exit 2 and the service's reason; nothing is held.
+    s.dev(JOB, &["lock", "acquire", "ns/c/k", "--ttl", "0"])
+        .await
+        .fails(2, "ttl_ms must be");
+    s.dev(JOB, &["lock", "acquire", "ns/c/k", "--wait-ms", "0"])
+        .await
+        .fails(2, "wait_ms must be");
+    s.dev(JOB, &["lock", "acquire", "ns/c/k", "--ttl", "99999999999999999"])
+        .await
+        .fails(2, "too large");
+    s.dev(JOB, &["lock", "acquire", "ns/c/", "--wait-ms", "100"])
+        .await
+        .fails(2, "invalid-input");
+    s.dev(JOB, &["session", "keepalive", "not-a-session"])
+        .await
+        .fails(2, "16 lower-case hex digits");
+    let state = s.locker.lock_state(&name).await.unwrap();
+    assert!(state.holders.is_empty() && state.waiters.is_empty());
     // A class whose shortest TTL is 1 s; a 2 s session renewed every second outlives
     // several TTLs.
     let hold = s
