@@ -11,21 +11,36 @@ use super::exit::{CliError, Result};
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct Connection {
     /// Lock service URL: `https://host:port` (mTLS) or `http://127.0.0.1:port` (dev mode).
-    #[arg(long, global = true, env = "PALISADE_SERVICE")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Connection",
+        env = "PALISADE_SERVICE"
+    )]
     service: Option<String>,
     /// mTLS: client certificate chain (PEM, leaf first); its SPIFFE ID URI SAN is the
     /// caller.
-    #[arg(long, global = true, env = "PALISADE_CERT")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Connection",
+        env = "PALISADE_CERT"
+    )]
     cert: Option<PathBuf>,
     /// mTLS: the client certificate's private key (PEM).
-    #[arg(long, global = true, env = "PALISADE_KEY")]
+    #[arg(long, global = true, help_heading = "Connection", env = "PALISADE_KEY")]
     key: Option<PathBuf>,
     /// mTLS: CA certificates (PEM) the service's certificate must chain to.
-    #[arg(long, global = true, env = "PALISADE_CA")]
+    #[arg(long, global = true, help_heading = "Connection", env = "PALISADE_CA")]
     ca: Option<PathBuf>,
     /// Dev mode: the SPIFFE ID to act as, sent in the dev identity header (the service
     /// must run with --insecure-dev-identity; plain HTTP).
-    #[arg(long, global = true, env = "PALISADE_DEV_IDENTITY")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Connection",
+        env = "PALISADE_DEV_IDENTITY"
+    )]
     dev_identity: Option<String>,
 }
 

@@ -37,8 +37,7 @@ impl Exit {
         match e.kind() {
             ClientErrorKind::InvalidInput | ClientErrorKind::Config => Exit::BadInput,
             ClientErrorKind::NotFound => Exit::NotFound,
-            ClientErrorKind::AlreadyApproved => Exit::Conflict,
-            ClientErrorKind::Other(slug) if slug == "epoch-exhausted" => Exit::Conflict,
+            ClientErrorKind::AlreadyApproved | ClientErrorKind::EpochExhausted => Exit::Conflict,
             ClientErrorKind::QuotaExceeded => Exit::Quota,
             ClientErrorKind::Unauthenticated => Exit::Unauthenticated,
             ClientErrorKind::Forbidden => Exit::Forbidden,

@@ -30,9 +30,9 @@ pub(crate) struct LockArgs {
 enum LockCommand {
     /// Take a lock and print the hold as JSON; nothing keeps running.
     ///
-    /// Prints {"session","namespace","class","key","mode","token","grant_rev",
-    /// "enforcement","ttl_ms","own_session"}: the handle that `lock release --hold`
-    /// takes. Without `session keepalive SESSION` (more often than the TTL) the hold
+    /// Prints the hold as a JSON object with `session`, `namespace`, `class`, `key`,
+    /// `mode`, `token`, `grant_rev`, `enforcement`, `ttl_ms` and `own_session`: the
+    /// handle that `lock release --hold` takes. Without `session keepalive SESSION` (more often than the TTL) the hold
     /// ends when its session's TTL lapses. Exits 75 if others held the lock for the
     /// whole wait (the session opened for it is closed again).
     Acquire {

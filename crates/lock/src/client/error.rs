@@ -29,8 +29,14 @@ pub enum ClientErrorKind {
     QuotaExceeded,
     /// `epoch-mismatch` (503).
     EpochMismatch,
+    /// `epoch-exhausted` (409): the epoch is at its maximum and cannot be advanced.
+    EpochExhausted,
     /// `quorum-lost` (503).
     QuorumLost,
+    /// `upstream` (502): etcd or the force release database failed.
+    Upstream,
+    /// `internal` (500).
+    Internal,
     /// Another problem type, by slug.
     Other(String),
     /// The request did not get an answer (connection refused, reset, the service's
@@ -58,7 +64,10 @@ impl ClientErrorKind {
             ClientErrorKind::AlreadyApproved => "already-approved",
             ClientErrorKind::QuotaExceeded => "quota-exceeded",
             ClientErrorKind::EpochMismatch => "epoch-mismatch",
+            ClientErrorKind::EpochExhausted => "epoch-exhausted",
             ClientErrorKind::QuorumLost => "quorum-lost",
+            ClientErrorKind::Upstream => "upstream",
+            ClientErrorKind::Internal => "internal",
             ClientErrorKind::Other(slug) => slug,
             ClientErrorKind::Transport => "transport",
             ClientErrorKind::Decode => "decode",
@@ -79,7 +88,10 @@ impl ClientErrorKind {
             "already-approved" => ClientErrorKind::AlreadyApproved,
             "quota-exceeded" => ClientErrorKind::QuotaExceeded,
             "epoch-mismatch" => ClientErrorKind::EpochMismatch,
+            "epoch-exhausted" => ClientErrorKind::EpochExhausted,
             "quorum-lost" => ClientErrorKind::QuorumLost,
+            "upstream" => ClientErrorKind::Upstream,
+            "internal" => ClientErrorKind::Internal,
             other => ClientErrorKind::Other(other.to_owned()),
         }
     }
@@ -247,5 +259,76 @@ impl std::error::Error for ClientError {
         self.source
             .as_deref()
             .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ClientErrorKind as K;
+
+    #[test]
+    fn every_kind_round_trips_through_its_type_uri() {
+        for k in [
+            K::InvalidInput,
+            K::Unauthenticated,
+            K::Forbidden,
+            K::NotFound,
+            K::NotHeld,
+            K::DeadlineExceeded,
+            K::SessionLost,
+            K::AlreadyApproved,
+            K::QuotaExceeded,
+            K::EpochMismatch,
+            K::EpochExhausted,
+            K::QuorumLost,
+            K::Upstream,
+            K::Internal,
+            K::Other("brand-new".into()),
+        ] {
+            let uri = format!("urn:palisade:problem:{}", k.slug());
+            assert_eq!(K::from_type(&uri), k, "{uri}");
+        }
+    }
+
+    /// Each problem the service can answer with has its own client kind (an exhaustive
+    /// match: a new problem kind does not compile until it is mapped here).
+    #[cfg(feature = "service")]
+    #[test]
+    fn every_service_problem_has_its_client_kind() {
+        use crate::service::ProblemKind as P;
+        let expected = |p: P| match p {
+            P::InvalidInput => K::InvalidInput,
+            P::Unauthenticated => K::Unauthenticated,
+            P::Forbidden => K::Forbidden,
+            P::NotFound => K::NotFound,
+            P::NotHeld => K::NotHeld,
+            P::DeadlineExceeded => K::DeadlineExceeded,
+            P::SessionLost => K::SessionLost,
+            P::AlreadyApproved => K::AlreadyApproved,
+            P::QuotaExceeded => K::QuotaExceeded,
+            P::EpochMismatch => K::EpochMismatch,
+            P::EpochExhausted => K::EpochExhausted,
+            P::QuorumLost => K::QuorumLost,
+            P::Upstream => K::Upstream,
+            P::Internal => K::Internal,
+        };
+        for p in [
+            P::InvalidInput,
+            P::Unauthenticated,
+            P::Forbidden,
+            P::NotFound,
+            P::NotHeld,
+            P::DeadlineExceeded,
+            P::SessionLost,
+            P::AlreadyApproved,
+            P::QuotaExceeded,
+            P::EpochMismatch,
+            P::EpochExhausted,
+            P::QuorumLost,
+            P::Upstream,
+            P::Internal,
+        ] {
+            assert_eq!(K::from_type(&p.type_uri()), expected(p), "{p:?}");
+        }
     }
 }
