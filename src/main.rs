@@ -60,6 +60,7 @@ Exit codes:
   7   forbidden (403)
   75  not acquired: others held the lock for the whole wait
   76  not held: the hold or its session is gone
+  130 interrupted (Ctrl-C) while lock acquire waited
 `lock run` exits with its command's code once the command ran.";
 
 #[derive(Debug, Subcommand)]

@@ -203,9 +203,12 @@ async fn etcd_cli_acquired_hold_lives_by_keepalive_and_lapses_without() {
     s.dev(JOB, &["lock", "acquire", "ns/c/k", "--wait-ms", "0"])
         .await
         .fails(2, "wait_ms must be");
-    s.dev(JOB, &["lock", "acquire", "ns/c/k", "--ttl", "99999999999999999"])
-        .await
-        .fails(2, "too large");
+    s.dev(
+        JOB,
+        &["lock", "acquire", "ns/c/k", "--ttl", "99999999999999999"],
+    )
+    .await
+    .fails(2, "too large");
     s.dev(JOB, &["lock", "acquire", "ns/c/", "--wait-ms", "100"])
         .await
         .fails(2, "invalid-input");
@@ -528,4 +531,49 @@ async fn etcd_cli_force_release_is_not_found_without_a_database() {
     )
     .await
     .fails(3, "not configured");
+}
+
+#[tokio::test]
+async fn etcd_cli_interrupted_acquire_closes_its_session() {
+    let s = Service::start(Mode::Dev, None).await;
+    let name = LockName::new("ns", "c", "k");
+    let first = s.dev(JOB, &["lock", "acquire", "ns/c/k"]).await.ok().json();
+    let waiting = tokio::process::Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args(["lock", "acquire", "ns/c/k", "--wait-ms", "30000"])
+        .args(["--service", &s.url, "--dev-identity", JOB2])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while s.locker.lock_state(&name).await.unwrap().waiters.is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "never queued");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let pid = nix::unistd::Pid::from_raw(waiting.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(5), waiting.wait_with_output())
+        .await
+        .expect("acquire did not stop on SIGINT")
+        .unwrap();
+    assert_eq!(out.status.code(), Some(130), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("interrupted"));
+    assert!(out.stdout.is_empty());
+    // Its session was closed on the way out: no waiter is left, and the lock goes
+    // straight to the next one once the first holder releases.
+    let state = s.locker.lock_state(&name).await.unwrap();
+    assert!(state.waiters.is_empty(), "{state:?}");
+    assert_eq!(state.holders.len(), 1);
+    let file = s.dir.path().join("first.json");
+    std::fs::write(&file, first.to_string()).unwrap();
+    s.dev(JOB, &["lock", "release", "--hold", file.to_str().unwrap()])
+        .await
+        .ok();
+    let next = s
+        .dev(JOB2, &["lock", "acquire", "ns/c/k", "--wait-ms", "1000"])
+        .await
+        .ok()
+        .json();
+    assert!(token(&next) > token(&first));
 }

@@ -12,6 +12,7 @@
 //! | 7 | forbidden: the caller may not do this (403) |
 //! | 75 | not acquired: the wait ended while others held the lock (`deadline-exceeded`) |
 //! | 76 | not held: the hold or its session is gone (`not-held`, `session-lost`) |
+//! | 130 | interrupted (SIGINT) while `lock acquire` waited |
 //!
 //! `lock run` exits with its command's code once the command ran.
 
@@ -29,6 +30,7 @@ pub(crate) enum Exit {
     Forbidden = 7,
     NotAcquired = 75,
     Lost = 76,
+    Interrupted = 130,
 }
 
 impl Exit {

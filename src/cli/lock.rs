@@ -34,7 +34,8 @@ enum LockCommand {
     /// `mode`, `token`, `grant_rev`, `enforcement`, `ttl_ms` and `own_session`: the
     /// handle that `lock release --hold` takes. Without `session keepalive SESSION` (more often than the TTL) the hold
     /// ends when its session's TTL lapses. Exits 75 if others held the lock for the
-    /// whole wait (the session opened for it is closed again).
+    /// whole wait, 130 if interrupted (Ctrl-C) while waiting; either way the session
+    /// opened for it is closed again.
     Acquire {
         /// The lock: namespace/class/key (the key may contain `/`).
         lock: String,
@@ -228,16 +229,23 @@ fn acquire(
                 let opened = client
                     .call_json("POST", "/v1/sessions", Some(json!({ "ttl_ms": ttl_ms })))
                     .await?;
-                let id = opened["session"].as_str().unwrap_or_default().to_owned();
-                (id, opened["ttl_ms"].as_u64(), true)
+                let id = opened["session"].as_str().ok_or_else(|| {
+                    CliError::new(Exit::Failure, "the service opened a session without an id")
+                })?;
+                (id.to_owned(), opened["ttl_ms"].as_u64(), true)
             }
         };
         let body = json!({ "session": session, "namespace": ns, "class": class, "key": key,
                            "mode": mode, "wait_ms": wait_ms });
-        match client
-            .call_json("POST", "/v1/locks/acquire", Some(body))
-            .await
-        {
+        let granted = tokio::select! {
+            r = client.call_json("POST", "/v1/locks/acquire", Some(body)) => r.map_err(Into::into),
+            _ = tokio::signal::ctrl_c() => Err(CliError::new(
+                Exit::Interrupted,
+                "interrupted while waiting for the lock",
+            )
+            .into()),
+        };
+        match granted {
             Ok(granted) => {
                 let mut hold: HoldFile = serde_json::from_value(granted)?;
                 // What release needs to know besides the service's answer.
@@ -247,11 +255,12 @@ fn acquire(
             }
             Err(e) => {
                 if own {
-                    // Leave nothing behind: the session was opened for this hold only.
+                    // Leave nothing behind: the session was opened for this hold only
+                    // (closing it also ends a wait that was interrupted).
                     let path = format!("/v1/sessions/{}", enc(&session));
                     let _ = client.call_json("DELETE", &path, None).await;
                 }
-                Err(e.into())
+                Err(e)
             }
         }
     })?;
