@@ -13,9 +13,9 @@ use super::error::{ClientError, ClientErrorKind};
 /// certificate must chain to, and the client's own certificate chain and private key
 /// (an X.509 SVID: the service takes the caller's identity from its SPIFFE URI SAN).
 ///
-/// rustls with the `ring` provider, TLS 1.2 and 1.3, ALPN `http/1.1`. The service's
-/// certificate is checked against the host of the service URL (DNS name or IP address
-/// SAN), as for any HTTPS server.
+/// rustls with the `ring` provider, TLS 1.2 and 1.3, HTTP/1.1 (no ALPN offered). The
+/// service's certificate is checked against the host of the service URL (DNS name or IP
+/// address SAN), as for any HTTPS server.
 ///
 /// Without a client certificate ([`ClientTls::with_identity`] not called) the service
 /// refuses the handshake; requests then fail with
