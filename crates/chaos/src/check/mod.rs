@@ -49,6 +49,13 @@
 //! checker never calls concurrent operations ordered, so it never blames a correct system
 //! for a race it cannot see.
 //!
+//! What the rules assume of the run: a resource's `seq` is its real commit order, so an
+//! HTTP resource must commit through the Postgres helper (the fence layer alone orders
+//! admissions, not the handlers' effects: see `palisade_fence::fence`). Rules (c) and (e)
+//! cover the holds that `etcd_hold` entries list; a hold granted in revisions a snapshot
+//! restore took back is known only from its worker's `granted`, so list etcd's holds
+//! before each restore to have them all checked.
+//!
 //! # Writes without a token, and indeterminate writes
 //!
 //! A write carrying a token is held to rules (a) and (b). A write without one is
@@ -67,8 +74,8 @@
 //! of recent commits (folded once no later commit can precede them); per worker, its
 //! operations in flight. Three things grow with the run instead, because the after-run
 //! listings they join can come in any order: the hold intervals of etcd's history (32
-//! bytes a hold), the audit join (a tally per hold, the lock rows until the end), and the
-//! set of granted tokens (8 bytes a grant). A history of a million entries checks in
+//! bytes a hold), the audit join (a tally per hold and per grant, the lock rows until the
+//! end), and the tokens granted and written (8 to 16 bytes a grant). A history of a million entries checks in
 //! seconds; the `check` benchmark of this crate measures it.
 //!
 //! [`check_reader`] sorts entries by `at_ns` within a window ([`REORDER_WINDOW`]), so
