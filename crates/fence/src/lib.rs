@@ -55,7 +55,7 @@ pub use fence::{
 };
 #[cfg(feature = "postgres")]
 pub use postgres::{
-    begin_fenced, fenced_execute, fenced_transaction, migrate, FencedStatement, FenceError, FenceErrorKind, FencedUpdate, TxFuture,
+    begin_fenced, fenced_execute, fenced_transaction, migrate, FencedStatement, PreparedFence, PreparedFencedUpdate, FenceError, FenceErrorKind, FencedUpdate, TxFuture,
     MIGRATION,
 };
 #[cfg(feature = "memory")]

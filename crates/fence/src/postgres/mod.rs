@@ -68,8 +68,8 @@ use tokio_postgres::{GenericClient, Transaction};
 
 pub use error::{FenceError, FenceErrorKind};
 pub(crate) use error::is_retryable;
-pub use pipeline::{fenced_execute, FencedStatement};
-pub use update::FencedUpdate;
+pub use pipeline::{fenced_execute, FencedStatement, PreparedFence};
+pub use update::{FencedUpdate, PreparedFencedUpdate};
 
 use crate::store::Raise;
 use crate::FencingToken;

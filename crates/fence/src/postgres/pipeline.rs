@@ -70,13 +70,66 @@ pub async fn fenced_execute(
     token: FencingToken,
     statements: &[FencedStatement<'_>],
 ) -> Result<Vec<u64>, FenceError> {
+    pipelined(client, None, resource, token, statements).await
+}
+
+/// The raise of [`fenced_execute`], prepared on one connection: the same one-round-trip
+/// fenced write, with the server keeping the raise's plan instead of planning it on
+/// every call.
+///
+/// Like a tokio-postgres `Statement`, it belongs to the connection it was prepared on:
+/// on another connection the server answers "prepared statement does not exist"
+/// (SQLSTATE `26000`) and nothing is written.
+#[derive(Debug, Clone)]
+pub struct PreparedFence {
+    raise: Statement,
+}
+
+impl PreparedFence {
+    /// Prepares the raise on `client`'s connection.
+    ///
+    /// # Errors
+    ///
+    /// The database error (for example `fence_high_water` does not exist: run
+    /// [`migrate`](crate::migrate)).
+    pub async fn prepare(client: &Client) -> Result<PreparedFence, FenceError> {
+        Ok(PreparedFence { raise: client.prepare_typed(RAISE_OR_ABORT, &[Type::TEXT, Type::INT8]).await? })
+    }
+
+    /// [`fenced_execute`] with the prepared raise; same guarantees, requirements and
+    /// errors.
+    ///
+    /// # Errors
+    ///
+    /// As [`fenced_execute`].
+    pub async fn execute(
+        &self,
+        client: &Client,
+        resource: &str,
+        token: FencingToken,
+        statements: &[FencedStatement<'_>],
+    ) -> Result<Vec<u64>, FenceError> {
+        pipelined(client, Some(&self.raise), resource, token, statements).await
+    }
+}
+
+async fn pipelined(
+    client: &Client,
+    raise: Option<&Statement>,
+    resource: &str,
+    token: FencingToken,
+    statements: &[FencedStatement<'_>],
+) -> Result<Vec<u64>, FenceError> {
     check_params(statements)?;
     let mut steps: Vec<Step<'_>> = Vec::with_capacity(statements.len() + 3);
     steps.push(Box::pin(async move { client.batch_execute("BEGIN").await.map(|()| 0) }));
-    steps.push(Box::pin(async move {
-        let rows = client.query_typed(RAISE_OR_ABORT, &[(&resource, Type::TEXT), (&token, Type::INT8)]).await?;
-        Ok(rows.len() as u64)
-    }));
+    steps.push(match raise {
+        None => Box::pin(async move {
+            let rows = client.query_typed(RAISE_OR_ABORT, &[(&resource, Type::TEXT), (&token, Type::INT8)]).await?;
+            Ok(rows.len() as u64)
+        }),
+        Some(raise) => Box::pin(async move { Ok(client.query(raise, &[&resource, &token]).await?.len() as u64) }),
+    });
     for &(statement, params) in statements {
         steps.push(Box::pin(client.execute(statement, params)));
     }

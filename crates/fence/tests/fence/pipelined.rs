@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use palisade_fence::{fenced_execute, FenceErrorKind, FencedUpdate, FencingToken};
+use palisade_fence::{fenced_execute, FenceErrorKind, FencedUpdate, FencingToken, PreparedFence};
 use tokio_postgres::error::SqlState;
 
 use crate::common::{pause, shuffle, stagger, tok};
@@ -174,4 +174,33 @@ async fn folded_update_on_its_cached_path_still_refuses_stale_tokens() {
     let wrong = clone.execute(&client, &1_i64, set, &[&"x"], tok(8)).await.unwrap_err();
     assert!(!wrong.is_stale());
     assert_eq!(balance(&client, 1).await, 4);
+}
+
+/// The prepared forms: same refusals, nothing written on a stale token, and a statement
+/// prepared on another connection writes nothing.
+#[tokio::test]
+async fn prepared_forms_refuse_stale_tokens_and_belong_to_their_connection() {
+    let (db, client) = fresh_db().await;
+    client.batch_execute(ACCOUNTS).await.unwrap();
+    let add = client.prepare("UPDATE accounts SET balance = balance + $2 WHERE id = $1").await.unwrap();
+    let fence = PreparedFence::prepare(&client).await.unwrap();
+    assert_eq!(fence.execute(&client, "account/1", tok(10), &[(&add, &[&1_i64, &2_i64])]).await.unwrap(), vec![1]);
+    let stale = fence.execute(&client, "account/1", tok(9), &[(&add, &[&1_i64, &100_i64])]).await.unwrap_err();
+    assert_eq!((stale.kind(), stale.highest()), (FenceErrorKind::Stale, Some(tok(10))));
+    assert_eq!(balance(&client, 1).await, 2);
+
+    let folded = FencedUpdate::new("accounts", "id").prepare(&client, "balance = balance + $3").await.unwrap();
+    assert_eq!(folded.execute(&client, &2_i64, &[&7_i64], tok(4)).await.unwrap(), 1);
+    let stale = folded.execute(&client, &2_i64, &[&1_000_i64], tok(3)).await.unwrap_err();
+    assert_eq!((stale.kind(), stale.highest()), (FenceErrorKind::Stale, Some(tok(4))));
+    assert!(folded.execute(&client, &9_i64, &[&1_i64], tok(5)).await.unwrap_err().is_row_missing());
+    assert_eq!(balance(&client, 2).await, 7);
+
+    // On another connection the prepared raise does not exist: nothing is written.
+    let other = db.connect().await;
+    let add_other = other.prepare("UPDATE accounts SET balance = balance + $2 WHERE id = $1").await.unwrap();
+    let err = fence.execute(&other, "account/3", tok(50), &[(&add_other, &[&3_i64, &1_i64])]).await.unwrap_err();
+    assert_eq!(err.code(), Some(&SqlState::INVALID_SQL_STATEMENT_NAME), "{err:?}");
+    assert_eq!(balance(&client, 3).await, 0);
+    assert_eq!(mark(&client, "account/3").await, None);
 }
