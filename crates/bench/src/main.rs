@@ -1,0 +1,101 @@
+//! `palisade-bench`: Palisade's comparisons, each run side by side in one process.
+//!
+//! Every subcommand builds the real parts it needs (a fresh PostgreSQL database, etcd
+//! members in temporary directories, HTTP servers on loopback), runs the variants of its
+//! comparison in turns (A, B, C, A, B, C... for `--rounds` rounds of `--secs` each, so
+//! that they share the machine's noise), and prints a Markdown table to stdout: rates,
+//! latency quantiles and the ratio of each variant to the comparison's base. Progress
+//! goes to stderr. `BENCHMARKS.md` at the repository root records the tables.
+
+mod drive;
+mod error;
+mod pg;
+mod report;
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Palisade benchmarks: A/B comparisons run in turns, printed as Markdown tables.
+#[derive(Debug, Parser)]
+#[command(name = "palisade-bench", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// How long each variant runs per round, and how many rounds.
+#[derive(Debug, Clone, Args)]
+struct Timing {
+    /// Seconds each variant runs per round.
+    #[arg(long, default_value_t = 2.0)]
+    secs: f64,
+    /// Rounds (each variant runs once per round, in turn).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+}
+
+impl Timing {
+    fn secs(&self) -> Duration {
+        Duration::from_secs_f64(self.secs.max(0.001))
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Postgres: plain UPDATE vs fenced_transaction vs fenced_execute vs FencedUpdate.
+    Pg {
+        /// Client counts (one connection each).
+        #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+        clients: Vec<usize>,
+        /// Rows in the table (and fenced resources).
+        #[arg(long, default_value_t = 10_000)]
+        rows: i64,
+        /// `synchronous_commit` of the bench's sessions (`on`: every commit waits for
+        /// its WAL flush; `off`: CPU and round trips are the cost).
+        #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+        synchronous_commit: String,
+        #[command(flatten)]
+        timing: Timing,
+    },
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("palisade-bench: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli.command)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            let mut msg = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                msg.push_str(&format!(": {s}"));
+                source = s.source();
+            }
+            eprintln!("palisade-bench: {msg}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command) -> error::Result<()> {
+    match command {
+        Command::Pg { clients, rows, synchronous_commit, timing } => {
+            let args = pg::PgArgs {
+                clients,
+                rows,
+                secs: timing.secs(),
+                rounds: timing.rounds,
+                synchronous_commit: synchronous_commit == "on",
+            };
+            pg::run(&args).await?.print();
+        }
+    }
+    Ok(())
+}
