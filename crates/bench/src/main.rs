@@ -9,6 +9,7 @@
 
 mod drive;
 mod error;
+mod http;
 mod pg;
 mod report;
 
@@ -58,6 +59,17 @@ enum Command {
         #[command(flatten)]
         timing: Timing,
     },
+    /// The fence layer: axum bare vs FenceLayer with MemoryStore and with PostgresStore.
+    FenceLayer {
+        /// Keep-alive HTTP/1.1 connections (one worker each).
+        #[arg(long, default_value_t = 64)]
+        connections: usize,
+        /// Resources each connection writes in turn.
+        #[arg(long, default_value_t = 16)]
+        resources: usize,
+        #[command(flatten)]
+        timing: Timing,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -95,6 +107,15 @@ async fn run(command: Command) -> error::Result<()> {
                 synchronous_commit: synchronous_commit == "on",
             };
             pg::run(&args).await?.print();
+        }
+        Command::FenceLayer { connections, resources, timing } => {
+            let args = http::HttpArgs {
+                connections,
+                resources_per_connection: resources,
+                secs: timing.secs(),
+                rounds: timing.rounds,
+            };
+            http::run(&args).await?.print();
         }
     }
     Ok(())
