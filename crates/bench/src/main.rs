@@ -9,7 +9,10 @@
 
 mod drive;
 mod error;
+mod etcd_ops;
 mod http;
+mod lock;
+mod memory;
 mod pg;
 mod report;
 
@@ -70,6 +73,32 @@ enum Command {
         #[command(flatten)]
         timing: Timing,
     },
+    /// MemoryStore: bytes per resource and ns per raise at N resources.
+    MemoryStore {
+        /// Resources inserted.
+        #[arg(long, default_value_t = 1_000_000)]
+        resources: usize,
+        /// Raises timed per kind (equal, newer, older token).
+        #[arg(long, default_value_t = 1_000_000)]
+        ops: usize,
+        /// Internal: measure one structure in this (child) process and print its bytes.
+        #[arg(long, hide = true)]
+        child: Option<usize>,
+    },
+    /// Lock cycle: Palisade core vs etcd v3lock vs the mutex recipe, and the raw Txn rate.
+    Lock {
+        /// etcd cluster sizes (each started fresh).
+        #[arg(long, value_delimiter = ',', default_value = "1,3")]
+        members: Vec<usize>,
+        /// Client counts (one session or lease each).
+        #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
+        clients: Vec<usize>,
+        /// Lock names the clients pick from at random.
+        #[arg(long, value_delimiter = ',', default_value = "1,1000")]
+        keys: Vec<usize>,
+        #[command(flatten)]
+        timing: Timing,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -116,6 +145,23 @@ async fn run(command: Command) -> error::Result<()> {
                 rounds: timing.rounds,
             };
             http::run(&args).await?.print();
+        }
+        Command::Lock { members, clients, keys, timing } => {
+            let args = lock::LockArgs { members, clients, keys, secs: timing.secs(), rounds: timing.rounds };
+            lock::run(&args).await?.print();
+        }
+        Command::MemoryStore { resources, ops, child } => {
+            let resources = resources.max(1);
+            match child {
+                Some(which) => memory::child(which, resources)?,
+                None => {
+                    let (footprint, cost) = tokio::task::spawn_blocking(move || memory::run(resources, ops.max(1)))
+                        .await
+                        .map_err(|_| error::BenchError::Unexpected("the memory bench panicked"))??;
+                    footprint.print();
+                    cost.print();
+                }
+            }
         }
     }
     Ok(())
