@@ -13,6 +13,9 @@ pub(crate) enum BenchError {
     /// etcd refused or dropped a request.
     #[error("etcd")]
     Etcd(#[from] etcd_client::Error),
+    /// The audit store failed.
+    #[error("audit")]
+    Audit(#[from] palisade_audit::AuditError),
     /// The Palisade lock core failed.
     #[error("palisade lock")]
     Lock(#[from] palisade_lock::Error),

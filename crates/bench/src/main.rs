@@ -7,6 +7,7 @@
 //! latency quantiles and the ratio of each variant to the comparison's base. Progress
 //! goes to stderr. `BENCHMARKS.md` at the repository root records the tables.
 
+mod audit;
 mod drive;
 mod error;
 mod etcd_ops;
@@ -85,6 +86,15 @@ enum Command {
         #[arg(long, hide = true)]
         child: Option<usize>,
     },
+    /// Audit: the unprotected-writes page and its JSON with N write events stored.
+    Audit {
+        /// Write events inserted before measuring.
+        #[arg(long, default_value_t = 1_000_000)]
+        events: usize,
+        /// Fetches of each URL.
+        #[arg(long, default_value_t = 200)]
+        requests: usize,
+    },
     /// Lock cycle: Palisade core vs etcd v3lock vs the mutex recipe, and the raw Txn rate.
     Lock {
         /// etcd cluster sizes (each started fresh).
@@ -146,6 +156,7 @@ async fn run(command: Command) -> error::Result<()> {
             };
             http::run(&args).await?.print();
         }
+        Command::Audit { events, requests } => audit::run(events.max(1), requests).await?.print(),
         Command::Lock { members, clients, keys, timing } => {
             let args = lock::LockArgs { members, clients, keys, secs: timing.secs(), rounds: timing.rounds };
             lock::run(&args).await?.print();

@@ -112,3 +112,25 @@ fn lock_bench_on_etcd_counts_the_round_trips_of_each_lock() {
     }
     assert_eq!(rows.iter().filter(|r| r[0] == "3").count(), 2 * 2 * variants.len());
 }
+
+#[test]
+fn audit_bench_times_every_dashboard_url_and_each_answers_rows() {
+    let tables = bench(&["audit", "--events", "5000", "--requests", "3"]);
+    let rows = &tables[0].1;
+    let urls: Vec<&str> = rows.iter().map(|r| r[0].as_str()).collect();
+    assert_eq!(
+        urls,
+        [
+            "`/unprotected`",
+            "`/api/unprotected`",
+            "`/api/unprotected?service=svc-5`",
+            "`/api/unprotected?resource=orders%2F4240`",
+            "`/api/unprotected/hourly`"
+        ]
+    );
+    for r in rows {
+        assert!(num(&r[1]) <= num(&r[2]) && num(&r[2]) <= num(&r[3]), "quantiles out of order: {r:?}");
+        // Every URL matches unprotected rows: an empty JSON page is `{"rows":[],...}`.
+        assert!(num(&r[4]) > 200.0, "{r:?} answered almost nothing");
+    }
+}
