@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use etcd_client::Client;
 use palisade_lock::{
-    BoxFuture, EpochRecord, EpochStore, FileEpochStore, LockClass, LockName, Locker, LockerOptions, Mode, Namespace,
+    BoxFuture, EpochRecord, EpochStore, FileEpochStore, Hold, LockClass, LockName, Locker, LockerOptions, Mode, Namespace,
     Session, SpiffeId, StoreError,
 };
 use palisade_testkit::EtcdCluster;
@@ -30,6 +30,8 @@ pub(crate) struct LockArgs {
     pub(crate) members: Vec<usize>,
     pub(crate) clients: Vec<usize>,
     pub(crate) keys: Vec<usize>,
+    /// Holds kept (on other keys) while the cells run: the scaling runs.
+    pub(crate) held: Vec<usize>,
     pub(crate) secs: Duration,
     pub(crate) rounds: usize,
 }
@@ -83,8 +85,8 @@ pub(crate) async fn run(args: &LockArgs) -> Result<Table> {
             args.rounds
         ),
         &[
-            "members", "keys", "clients", "variant", "cycles/s", "p50 ms", "p99 ms", "RPCs/cycle", "vs v3lock",
-            "vs raw Txn/s",
+            "members", "held", "keys", "clients", "variant", "cycles/s", "p50 ms", "p99 ms", "RPCs/cycle",
+            "etcd CPU µs/cycle", "bench CPU µs/cycle", "vs v3lock", "vs raw Txn/s",
         ],
     );
     for &members in &args.members {
@@ -104,28 +106,120 @@ pub(crate) async fn run(args: &LockArgs) -> Result<Table> {
             l.config().put_class(&class).await?;
         }
         let etcd = Client::connect(endpoints.clone(), None).await?;
-        for &keys in &args.keys {
-            for &clients in &args.clients {
-                eprintln!("lock: {members} member(s), {keys} key(s), {clients} client(s)");
-                cell(&mut table, [&locker, &nodurable], &etcd, &endpoints, members, keys, clients, args).await?;
+        let pids: Vec<u32> = (0..members).filter_map(|i| cluster.pid(i)).collect();
+        let env = Env { lockers: [&locker, &nodurable], etcd: &etcd, endpoints: &endpoints, pids: &pids };
+        let mut holder = Holder::default();
+        for &held in &args.held {
+            holder.fill(&nodurable, held).await?;
+            for &keys in &args.keys {
+                for &clients in &args.clients {
+                    eprintln!("lock: {members} member(s), {held} held, {keys} key(s), {clients} client(s)");
+                    let at = Cell { members, held, keys, clients };
+                    cell(&mut table, &env, at, args).await?;
+                }
             }
         }
+        holder.release().await;
         drop(cluster);
     }
     Ok(table)
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn cell(
-    table: &mut Table,
-    lockers: [&Locker; 2],
-    etcd: &Client,
-    endpoints: &[String],
+/// What a cell runs against.
+struct Env<'a> {
+    lockers: [&'a Locker; 2],
+    etcd: &'a Client,
+    endpoints: &'a [String],
+    pids: &'a [u32],
+}
+
+/// Where a cell is in the table.
+#[derive(Debug, Clone, Copy)]
+struct Cell {
     members: usize,
+    held: usize,
     keys: usize,
     clients: usize,
-    args: &LockArgs,
-) -> Result<()> {
+}
+
+/// Holds kept while cells run (the "held keys" of the scaling runs): at most 100 per
+/// session, as etcd 3.4 slows after one lease deletes many keys.
+#[derive(Default)]
+struct Holder {
+    holds: Vec<Hold>,
+    sessions: Vec<Arc<Session>>,
+}
+
+impl Holder {
+    /// Acquires holds on `held/<n>` until `target` are held (16 at a time).
+    async fn fill(&mut self, locker: &Locker, target: usize) -> Result<()> {
+        let t0 = Instant::now();
+        while self.holds.len() < target {
+            if self.holds.len() >= self.sessions.len() * 100 {
+                let id = SpiffeId::new(format!("spiffe://bench/holder{}", self.sessions.len()))?;
+                self.sessions.push(Arc::new(locker.open_session(id, Duration::from_secs(60)).await?));
+            }
+            let session = Arc::clone(self.sessions.last().ok_or(BenchError::Unexpected("no session"))?);
+            let room = (self.sessions.len() * 100).min(target) - self.holds.len();
+            let batch = room.min(16);
+            let start = self.holds.len();
+            let mut tasks = Vec::with_capacity(batch);
+            for n in start..start + batch {
+                let (locker, session) = (locker.clone(), Arc::clone(&session));
+                tasks.push(tokio::spawn(async move {
+                    let name = LockName::new("bench", "c", format!("held/{n}"));
+                    locker.acquire(&session, &name, Mode::Exclusive, Instant::now() + Duration::from_secs(60)).await
+                }));
+            }
+            for t in tasks {
+                self.holds.push(t.await.map_err(|_| BenchError::Unexpected("an acquire panicked"))??);
+            }
+        }
+        if target > 0 {
+            eprintln!("lock: {} holds held ({:.1} s to fill)", self.holds.len(), t0.elapsed().as_secs_f64());
+        }
+        Ok(())
+    }
+
+    async fn release(self) {
+        for h in self.holds {
+            let _ = h.release().await;
+        }
+        for s in self.sessions {
+            if let Ok(s) = Arc::try_unwrap(s) {
+                let _ = s.close().await;
+            }
+        }
+    }
+}
+
+/// CPU time (user + system) of processes `pids`, in microseconds, from `/proc/<pid>/stat`
+/// (clock ticks of 10 ms).
+fn cpu_us(pids: &[Option<u32>]) -> u64 {
+    pids.iter()
+        .map(|pid| {
+            let path = match pid {
+                Some(p) => format!("/proc/{p}/stat"),
+                None => "/proc/self/stat".to_owned(),
+            };
+            std::fs::read_to_string(path)
+                .ok()
+                .and_then(|s| {
+                    // Fields after the command name (which may hold spaces) start at ')'.
+                    let rest = s.rsplit_once(')')?.1;
+                    let f: Vec<&str> = rest.split_whitespace().collect();
+                    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+                })
+                .unwrap_or(0)
+                * 10_000
+        })
+        .sum()
+}
+
+async fn cell(table: &mut Table, env: &Env<'_>, at: Cell, args: &LockArgs) -> Result<()> {
+    let Cell { members, held, keys, clients } = at;
+    let (lockers, etcd, endpoints) = (env.lockers, env.etcd, env.endpoints);
+    let etcd_pids: Vec<Option<u32>> = env.pids.iter().map(|p| Some(*p)).collect();
     let mut variants: Vec<Vec<Op>> = (0..VARIANTS.len()).map(|_| Vec::with_capacity(clients)).collect();
     let mut sessions = Vec::with_capacity(clients);
     let mut leases = Vec::with_capacity(clients);
@@ -149,14 +243,20 @@ async fn cell(
     let mut merged: Vec<Sample> = (0..VARIANTS.len()).map(|_| Sample::new()).collect();
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); VARIANTS.len()];
     let mut calls = vec![0u64; VARIANTS.len()];
+    let mut etcd_cpu = vec![0u64; VARIANTS.len()];
+    let mut own_cpu = vec![0u64; VARIANTS.len()];
     for round in 0..args.rounds {
         for v in 0..VARIANTS.len() {
             let before = unary_calls(endpoints).await?;
+            let (e0, o0) = (cpu_us(&etcd_pids), cpu_us(&[None]));
             let (ops, s) = drive(std::mem::take(&mut variants[v]), args.secs).await?;
+            let (e1, o1) = (cpu_us(&etcd_pids), cpu_us(&[None]));
             let after = unary_calls(endpoints).await?;
             variants[v] = ops;
             // The two metric scrapes are HTTP, not gRPC: they do not count themselves.
             calls[v] += after.saturating_sub(before);
+            etcd_cpu[v] += e1.saturating_sub(e0);
+            own_cpu[v] += o1.saturating_sub(o0);
             eprintln!("  round {round} {}: {} cycles, {:.0}/s", VARIANTS[v], s.ops, s.rate());
             rates[v].push(s.rate());
             merged[v].add(&s);
@@ -174,16 +274,19 @@ async fn cell(
         }
     };
     for (v, s) in merged.iter().enumerate() {
-        let per_cycle = if s.ops > 0 { calls[v] as f64 / s.ops as f64 } else { 0.0 };
+        let per = |x: u64| if s.ops > 0 { x as f64 / s.ops as f64 } else { 0.0 };
         table.row(vec![
             members.to_string(),
+            held.to_string(),
             keys.to_string(),
             clients.to_string(),
             VARIANTS[v].to_owned(),
             f(s.rate(), 0),
             f(s.ms(0.5), 2),
             f(s.ms(0.99), 2),
-            f(per_cycle, 2),
+            f(per(calls[v]), 2),
+            f(per(etcd_cpu[v]), 0),
+            f(per(own_cpu[v]), 0),
             if v == RAW { "-".to_owned() } else { ratio(median_ratio(v, V3LOCK)) },
             ratio(median_ratio(v, RAW)),
         ]);

@@ -106,6 +106,9 @@ enum Command {
         /// Lock names the clients pick from at random.
         #[arg(long, value_delimiter = ',', default_value = "1,1000")]
         keys: Vec<usize>,
+        /// Holds kept on other keys while measuring (scaling); each level adds holds.
+        #[arg(long, value_delimiter = ',', default_value = "0")]
+        held: Vec<usize>,
         #[command(flatten)]
         timing: Timing,
     },
@@ -157,8 +160,10 @@ async fn run(command: Command) -> error::Result<()> {
             http::run(&args).await?.print();
         }
         Command::Audit { events, requests } => audit::run(events.max(1), requests).await?.print(),
-        Command::Lock { members, clients, keys, timing } => {
-            let args = lock::LockArgs { members, clients, keys, secs: timing.secs(), rounds: timing.rounds };
+        Command::Lock { members, clients, keys, held, timing } => {
+            let mut held = held;
+            held.sort_unstable();
+            let args = lock::LockArgs { members, clients, keys, held, secs: timing.secs(), rounds: timing.rounds };
             lock::run(&args).await?.print();
         }
         Command::MemoryStore { resources, ops, child } => {

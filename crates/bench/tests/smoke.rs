@@ -78,16 +78,17 @@ fn memory_store_bench_measures_every_structure_and_decides_raises_right() {
     let raises = &tables[1].1;
     assert_eq!(raises.len(), 3);
     // Equal and newer tokens are always admitted, older ones never (no eviction here).
-    assert_eq!(raises[0][2], "1000/1000");
-    assert_eq!(raises[1][2], "1000/1000");
-    assert_eq!(raises[2][2], "0/1000");
+    assert_eq!(raises[0][3], "1000/1000");
+    assert_eq!(raises[1][3], "1000/1000");
+    assert_eq!(raises[2][3], "0/1000");
     assert!(raises.iter().all(|r| num(&r[1]) > 0.0));
 }
 
 #[test]
 fn lock_bench_on_etcd_counts_the_round_trips_of_each_lock() {
     let tables = bench(&[
-        "lock", "--members", "1,3", "--clients", "1,2", "--keys", "1,3", "--secs", "0.2", "--rounds", "1",
+        "lock", "--members", "1,3", "--held", "0,3", "--clients", "2", "--keys", "1,3", "--secs", "0.2", "--rounds",
+        "1",
     ]);
     let rows = &tables[0].1;
     let variants = [
@@ -97,20 +98,27 @@ fn lock_bench_on_etcd_counts_the_round_trips_of_each_lock() {
         "mutex recipe",
         "raw Txn",
     ];
-    assert_eq!(rows.len(), 2 * 2 * 2 * variants.len(), "members x keys x clients x variants");
+    assert_eq!(rows.len(), 2 * 2 * 2 * variants.len(), "members x held x keys x variants");
     for (i, r) in rows.iter().enumerate() {
-        assert_eq!(r[3], variants[i % variants.len()]);
-        assert!(num(&r[4]) > 0.0, "no cycles: {r:?}");
-        let rpcs = num(&r[7]);
-        match r[3].as_str() {
+        assert_eq!(r[4], variants[i % variants.len()]);
+        assert!(num(&r[5]) > 0.0, "no cycles: {r:?}");
+        let rpcs = num(&r[8]);
+        match r[4].as_str() {
             // etcd counts the calls it served: a raw Txn is one, v3lock is Lock + Unlock.
             "raw Txn" => assert_eq!(rpcs, 1.0, "{r:?}"),
             "etcd v3lock" => assert_eq!(rpcs, 2.0, "{r:?}"),
             // Uncontended: one Txn to grant, one to release; waiting adds reads.
             _ => assert!(rpcs >= 2.0, "{r:?}"),
         }
+        // etcd did work for every variant; its CPU per cycle is a number.
+        assert!(num(&r[9]) >= 0.0 && num(&r[10]) >= 0.0, "{r:?}");
     }
-    assert_eq!(rows.iter().filter(|r| r[0] == "3").count(), 2 * 2 * variants.len());
+    for members in ["1", "3"] {
+        for held in ["0", "3"] {
+            let n = rows.iter().filter(|r| r[0] == members && r[1] == held).count();
+            assert_eq!(n, 2 * variants.len(), "{members} members, {held} held");
+        }
+    }
 }
 
 #[test]
