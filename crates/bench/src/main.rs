@@ -16,6 +16,7 @@ mod lock;
 mod memory;
 mod pg;
 mod report;
+mod service;
 
 use std::time::Duration;
 
@@ -95,6 +96,14 @@ enum Command {
         #[arg(long, default_value_t = 200)]
         requests: usize,
     },
+    /// The lock service over HTTP with mTLS vs the core in process: added acquire latency.
+    Service {
+        /// Client counts (one session and one mTLS connection each).
+        #[arg(long, value_delimiter = ',', default_value = "1,16")]
+        clients: Vec<usize>,
+        #[command(flatten)]
+        timing: Timing,
+    },
     /// Lock cycle: Palisade core vs etcd v3lock vs the mutex recipe, and the raw Txn rate.
     Lock {
         /// etcd cluster sizes (each started fresh).
@@ -158,6 +167,9 @@ async fn run(command: Command) -> error::Result<()> {
                 rounds: timing.rounds,
             };
             http::run(&args).await?.print();
+        }
+        Command::Service { clients, timing } => {
+            service::run(&clients, timing.secs(), timing.rounds).await?.print();
         }
         Command::Audit { events, requests } => audit::run(events.max(1), requests).await?.print(),
         Command::Lock { members, clients, keys, held, timing } => {

@@ -142,3 +142,25 @@ fn audit_bench_times_every_dashboard_url_and_each_answers_rows() {
         assert!(num(&r[4]) > 200.0, "{r:?} answered almost nothing");
     }
 }
+
+#[test]
+fn service_bench_on_etcd_compares_mtls_with_the_core() {
+    let tables = bench(&["service", "--clients", "1,2", "--secs", "0.2", "--rounds", "1"]);
+    let rows = &tables[0].1;
+    let cells: Vec<(&str, &str)> = rows.iter().map(|r| (r[0].as_str(), r[1].as_str())).collect();
+    assert_eq!(
+        cells,
+        [
+            ("1", "core in process"),
+            ("1", "service over HTTP + mTLS"),
+            ("2", "core in process"),
+            ("2", "service over HTTP + mTLS"),
+        ]
+    );
+    for r in rows {
+        assert!(num(&r[2]) > 0.0, "no cycles: {r:?}");
+        assert!(num(&r[3]) > 0.0 && num(&r[3]) <= num(&r[4]), "{r:?}");
+    }
+    assert_eq!(rows[0][5], "-");
+    num(&rows[1][5]);
+}
