@@ -241,6 +241,25 @@ impl ClientSession {
         mode: Mode,
         wait: Duration,
     ) -> Result<RemoteHold, ClientError> {
+        self.acquire_with_meta(ns, class, key, mode, wait, None)
+            .await
+    }
+
+    /// [`acquire`](ClientSession::acquire), with `holder_meta` stored with the hold
+    /// (the service's status lists it for each holder).
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](ClientSession::acquire).
+    pub async fn acquire_with_meta(
+        &self,
+        ns: &str,
+        class: &str,
+        key: &str,
+        mode: Mode,
+        wait: Duration,
+        holder_meta: Option<&crate::HolderMeta>,
+    ) -> Result<RemoteHold, ClientError> {
         let g: Granted = self
             .shared
             .http
@@ -250,6 +269,7 @@ impl ClientSession {
                 Some(json!({
                     "session": self.shared.id, "namespace": ns, "class": class, "key": key,
                     "mode": mode, "wait_ms": u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                    "holder_meta": holder_meta,
                 })),
             )
             .await?;
