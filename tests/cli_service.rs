@@ -219,11 +219,42 @@ async fn etcd_cli_acquired_hold_lives_by_keepalive_and_lapses_without() {
     assert!(state.holders.is_empty() && state.waiters.is_empty());
     // A class whose shortest TTL is 1 s; a 2 s session renewed every second outlives
     // several TTLs.
+    s.dev(JOB, &["lock", "acquire", "ns/c/k", "--holder-meta", "[1]"])
+        .await
+        .fails(2, "holder_meta must be a JSON object");
+    s.dev(
+        JOB,
+        &["lock", "acquire", "ns/c/k", "--holder-meta", "{host"],
+    )
+    .await
+    .fails(2, "--holder-meta is not JSON");
+    let big = format!("{{\"k\":\"{}\"}}", "x".repeat(1100));
+    s.dev(JOB, &["lock", "acquire", "ns/c/k", "--holder-meta", &big])
+        .await
+        .fails(2, "more than 1024");
+    let meta = r#"{"host":"build-7","pid":4242}"#;
     let hold = s
-        .dev(JOB, &["lock", "acquire", "ns/c/k", "--ttl", "2"])
+        .dev(
+            JOB,
+            &[
+                "lock",
+                "acquire",
+                "ns/c/k",
+                "--ttl",
+                "2",
+                "--holder-meta",
+                meta,
+            ],
+        )
         .await
         .ok()
         .json();
+    assert_eq!(
+        hold["holder_meta"],
+        serde_json::json!({"host": "build-7", "pid": 4242})
+    );
+    let status = s.dev(JOB2, &["lock", "status", "ns/c/k"]).await.ok().json();
+    assert_eq!(status["holders"][0]["holder_meta"], hold["holder_meta"]);
     let session = hold["session"].as_str().unwrap().to_owned();
     for _ in 0..4 {
         tokio::time::sleep(Duration::from_millis(900)).await;

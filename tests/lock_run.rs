@@ -55,6 +55,8 @@ fn lock_run(addr: SocketAddr, ttl: &str, script: &str) -> tokio::process::Comman
         ME,
         "--ttl",
         ttl,
+        "--holder-meta",
+        r#"{"job":"nightly"}"#,
         "--",
         "sh",
         "-c",
@@ -118,6 +120,11 @@ async fn etcd_lock_run_kills_the_command_when_the_hold_is_lost() {
     for _ in 0..100 {
         let state = locker.lock_state(&name).await.unwrap();
         if let (Some(h), true) = (state.holders.first(), pid_file.exists()) {
+            // The runner's --holder-meta is stored with the hold.
+            assert_eq!(
+                serde_json::Value::from(h.holder_meta.clone().unwrap()),
+                serde_json::json!({"job": "nightly"})
+            );
             holder = Some(h.lease);
             break;
         }

@@ -58,7 +58,7 @@ impl Connection {
         let tls = self.cert.is_some() || self.key.is_some() || self.ca.is_some();
         match (&self.dev_identity, tls) {
             (Some(_), true) => Err(CliError::bad_input(
-                "both mTLS (--cert/--key/--ca) and --dev-identity are given: choose one",
+                "both mTLS (--cert/--key/--ca) and --dev-identity are given (as flags or PALISADE_* variables): choose one",
             )
             .into()),
             (None, false) => Err(CliError::bad_input(

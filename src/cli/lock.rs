@@ -9,7 +9,7 @@ use std::io::Read;
 use std::path::PathBuf;
 
 use palisade_lock::client::ClientErrorKind;
-use palisade_lock::{Enforcement, Mode};
+use palisade_lock::{Enforcement, HolderMeta, Mode};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -31,8 +31,8 @@ enum LockCommand {
     /// Take a lock and print the hold as JSON; nothing keeps running.
     ///
     /// Prints the hold as a JSON object with `session`, `namespace`, `class`, `key`,
-    /// `mode`, `token`, `grant_rev`, `enforcement`, `ttl_ms` and `own_session`: the
-    /// handle that `lock release --hold` takes. Without `session keepalive SESSION` (more often than the TTL) the hold
+    /// `mode`, `token`, `grant_rev`, `enforcement`, `ttl_ms`, `holder_meta` (if given)
+    /// and `own_session`: the handle that `lock release --hold` takes. Without `session keepalive SESSION` (more often than the TTL) the hold
     /// ends when its session's TTL lapses. Exits 75 if others held the lock for the
     /// whole wait, 130 if interrupted (Ctrl-C) while waiting; either way the session
     /// opened for it is closed again.
@@ -52,6 +52,10 @@ enum LockCommand {
         /// Take the lock shared instead of exclusive.
         #[arg(long)]
         shared: bool,
+        /// A JSON object stored with the hold and listed by `lock status` (host, job
+        /// id...), at most 1024 bytes as compact JSON.
+        #[arg(long, value_name = "JSON")]
+        holder_meta: Option<String>,
     },
     /// Release a hold taken by `lock acquire`.
     ///
@@ -127,6 +131,9 @@ struct HoldFile {
     /// The session's TTL: renew it (`session keepalive`) within this to keep the hold.
     #[serde(default)]
     ttl_ms: Option<u64>,
+    /// What `--holder-meta` stored with the hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    holder_meta: Option<HolderMeta>,
     /// Whether `lock acquire` opened the session for this hold (release closes it).
     #[serde(default)]
     own_session: bool,
@@ -149,7 +156,11 @@ pub(crate) fn run(args: LockArgs) -> Result<String> {
             session,
             wait_ms,
             shared,
-        } => acquire(&conn, &lock, ttl, session, wait_ms, mode(shared)),
+            holder_meta,
+        } => {
+            let meta = holder_meta.as_deref().map(parse_meta).transpose()?;
+            acquire(&conn, &lock, ttl, session, wait_ms, mode(shared), meta)
+        }
         LockCommand::Release {
             lock,
             hold,
@@ -172,6 +183,7 @@ pub(crate) fn run(args: LockArgs) -> Result<String> {
                         grant_rev,
                         enforcement: None,
                         ttl_ms: None,
+                        holder_meta: None,
                         own_session: false,
                     }
                 }
@@ -209,6 +221,13 @@ pub(crate) fn call(
     Ok(serde_json::to_string_pretty(&value)?)
 }
 
+/// Parses `--holder-meta`: a JSON object of at most 1024 bytes.
+pub(crate) fn parse_meta(text: &str) -> std::result::Result<HolderMeta, CliError> {
+    let value: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| CliError::bad_input(format!("--holder-meta is not JSON: {e}")))?;
+    HolderMeta::from_value(value).map_err(|e| CliError::bad_input(format!("--holder-meta: {e}")))
+}
+
 fn acquire(
     conn: &Connection,
     lock: &str,
@@ -216,6 +235,7 @@ fn acquire(
     session: Option<String>,
     wait_ms: u64,
     mode: Mode,
+    holder_meta: Option<HolderMeta>,
 ) -> Result<String> {
     let (ns, class, key) = split_lock(lock)?;
     let client = conn.client()?;
@@ -236,7 +256,7 @@ fn acquire(
             }
         };
         let body = json!({ "session": session, "namespace": ns, "class": class, "key": key,
-                           "mode": mode, "wait_ms": wait_ms });
+                           "mode": mode, "wait_ms": wait_ms, "holder_meta": holder_meta });
         let granted = tokio::select! {
             r = client.call_json("POST", "/v1/locks/acquire", Some(body)) => r.map_err(Into::into),
             _ = tokio::signal::ctrl_c() => Err(CliError::new(
@@ -251,6 +271,7 @@ fn acquire(
                 // What release needs to know besides the service's answer.
                 hold.ttl_ms = ttl_ms;
                 hold.own_session = own;
+                hold.holder_meta = holder_meta;
                 Ok(hold)
             }
             Err(e) => {

@@ -8,7 +8,7 @@ use palisade_lock::Mode;
 
 use super::connect::{block_on, Connection};
 use super::exit::{CliError, Exit, Result};
-use super::lock::split_lock;
+use super::lock::{parse_meta, split_lock};
 
 /// Flags of `lock run`.
 #[derive(Debug, clap::Args)]
@@ -25,6 +25,10 @@ pub(crate) struct RunArgs {
     /// Take the lock shared instead of exclusive.
     #[arg(long)]
     shared: bool,
+    /// A JSON object stored with the hold and listed by `lock status`, at most 1024
+    /// bytes as compact JSON.
+    #[arg(long, value_name = "JSON")]
+    holder_meta: Option<String>,
     /// The command and its arguments.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -37,9 +41,11 @@ pub(crate) fn run(conn: &Connection, args: RunArgs) -> Result<String> {
         ttl,
         wait_ms,
         shared,
+        holder_meta,
         command,
     } = args;
     let (ns, class, key) = split_lock(&lock)?;
+    let meta = holder_meta.as_deref().map(parse_meta).transpose()?;
     let client = conn.client()?;
     let code = block_on(async move {
         let session = client.open_session(Duration::from_secs(ttl)).await?;
@@ -49,7 +55,14 @@ pub(crate) fn run(conn: &Connection, args: RunArgs) -> Result<String> {
             Mode::Exclusive
         };
         let hold = match session
-            .acquire(ns, class, key, mode, Duration::from_millis(wait_ms))
+            .acquire_with_meta(
+                ns,
+                class,
+                key,
+                mode,
+                Duration::from_millis(wait_ms),
+                meta.as_ref(),
+            )
             .await
         {
             Ok(h) => h,

@@ -312,22 +312,7 @@ mod tests {
             P::Upstream => K::Upstream,
             P::Internal => K::Internal,
         };
-        for p in [
-            P::InvalidInput,
-            P::Unauthenticated,
-            P::Forbidden,
-            P::NotFound,
-            P::NotHeld,
-            P::DeadlineExceeded,
-            P::SessionLost,
-            P::AlreadyApproved,
-            P::QuotaExceeded,
-            P::EpochMismatch,
-            P::EpochExhausted,
-            P::QuorumLost,
-            P::Upstream,
-            P::Internal,
-        ] {
+        for p in P::ALL {
             assert_eq!(K::from_type(&p.type_uri()), expected(p), "{p:?}");
         }
     }
