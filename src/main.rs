@@ -30,6 +30,8 @@ enum Command {
     /// Hold locks through a running lock service.
     #[command(subcommand)]
     Lock(cli::lock::LockCommand),
+    /// Fault injection: real etcd, replicas, Postgres and workers under a seeded nemesis.
+    Chaos(cli::chaos::ChaosArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -83,5 +85,6 @@ fn run(cli: Cli) -> Result<String, Box<dyn std::error::Error>> {
         Command::Audit(command) => audit::run(command),
         Command::Serve(args) => cli::serve::run(args),
         Command::Lock(cmd) => cli::lock::run(cmd),
+        Command::Chaos(args) => cli::chaos::run(args),
     }
 }

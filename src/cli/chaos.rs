@@ -1,0 +1,85 @@
+//! `palisade chaos`: the fault-injection run (and, hidden, one worker of it).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use palisade_chaos::{RunOptions, WorkerConfig};
+
+/// Flags of `palisade chaos`.
+#[derive(Debug, clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub(crate) struct ChaosArgs {
+    #[command(subcommand)]
+    worker: Option<ChaosCommand>,
+    /// Seeds the fault schedule and the workers' choices (same seed, same schedule).
+    #[arg(long, required = true)]
+    seed: Option<u64>,
+    /// How long the workers work, e.g. `60s` or `10m`. The first round of faults (one of
+    /// each kind) always completes, so a run lasts at least about a minute.
+    #[arg(long, required = true, value_parser = humantime::parse_duration)]
+    duration: Option<Duration>,
+    /// Worker processes.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    workers: u32,
+    /// Lock keys the workers share (fewer keys, more contention).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    keys: u32,
+    /// Where to write the history (JSON lines); default: a file named after the seed in
+    /// the temp directory.
+    #[arg(long)]
+    history: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum ChaosCommand {
+    /// One worker of a run, started by the run itself.
+    #[command(hide = true)]
+    Worker {
+        /// The worker's configuration, as JSON.
+        #[arg(long)]
+        config: String,
+    },
+}
+
+/// Why `palisade chaos` failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ChaosCliError {
+    #[error("--seed and --duration are required")]
+    MissingArgs,
+    #[error("the run found {0} violation(s) (see the summary above)")]
+    Violations(usize),
+    #[error("the history was not checked")]
+    NotChecked,
+}
+
+/// Runs a worker (hidden subcommand) or a whole run. A run prints its summary; it fails
+/// when the checker found a violation or could not check.
+pub(crate) fn run(args: ChaosArgs) -> Result<String, Box<dyn std::error::Error>> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    if let Some(ChaosCommand::Worker { config }) = args.worker {
+        let config: WorkerConfig = serde_json::from_str(&config)?;
+        runtime.block_on(palisade_chaos::run_worker(config))?;
+        return Ok(String::new());
+    }
+    let (Some(seed), Some(duration)) = (args.seed, args.duration) else {
+        return Err(ChaosCliError::MissingArgs.into());
+    };
+    let history = args
+        .history
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("palisade-chaos-{seed}-{}.jsonl", std::process::id())));
+    let exe = std::env::current_exe()?;
+    let summary = runtime.block_on(palisade_chaos::run(RunOptions {
+        seed,
+        duration,
+        workers: args.workers,
+        keys: args.keys,
+        history,
+        exe,
+    }))?;
+    println!("{summary}");
+    match &summary.violations {
+        Some(v) if v.is_empty() => Ok(String::new()),
+        Some(v) => Err(ChaosCliError::Violations(v.len()).into()),
+        None => Err(ChaosCliError::NotChecked.into()),
+    }
+}
