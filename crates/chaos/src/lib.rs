@@ -17,12 +17,14 @@
 //! PostgreSQL, and restores etcd from a snapshot and advances the epoch. Every step of
 //! the workers and every fault goes into the history ([`history`]); after the run, the
 //! holds in etcd's history and the rows of the audit trail are appended, and the
-//! [`Summary`] counts it all.
+//! [`Summary`] counts it all. The [`check`]er reads the history and reports every rule it
+//! breaks.
 //!
-//! Modules: [`history`] (the format), [`clock`] (one monotonic clock for every process),
-//! [`schedule`], [`worker`], [`resource`], and the runner ([`run`], [`RunOptions`],
-//! [`Summary`], [`ChaosError`]).
+//! Modules: [`history`] (the format), [`check`] (the checker), [`clock`] (one monotonic
+//! clock for every process), [`schedule`], [`worker`], [`resource`], and the runner
+//! ([`run`], [`RunOptions`], [`Summary`], [`ChaosError`]).
 
+pub mod check;
 pub mod clock;
 pub mod history;
 pub mod resource;
