@@ -10,7 +10,7 @@ use palisade_chaos::{RunOptions, WorkerConfig};
 #[command(args_conflicts_with_subcommands = true)]
 pub(crate) struct ChaosArgs {
     #[command(subcommand)]
-    worker: Option<ChaosCommand>,
+    command: Option<ChaosCommand>,
     /// Seeds the fault schedule and the workers' choices (same seed, same schedule).
     #[arg(long, required = true)]
     seed: Option<u64>,
@@ -32,6 +32,12 @@ pub(crate) struct ChaosArgs {
 
 #[derive(Debug, clap::Subcommand)]
 enum ChaosCommand {
+    /// Check a saved history (JSON lines) and print the checker's report; fails on any
+    /// violation.
+    Check {
+        /// The history file.
+        history: PathBuf,
+    },
     /// One worker of a run, started by the run itself.
     #[command(hide = true)]
     Worker {
@@ -46,7 +52,7 @@ enum ChaosCommand {
 pub(crate) enum ChaosCliError {
     #[error("--seed and --duration are required")]
     MissingArgs,
-    #[error("the run found {0} violation(s) (see the summary above)")]
+    #[error("{0} violation(s) (see the report above)")]
     Violations(usize),
     #[error("the history was not checked")]
     NotChecked,
@@ -56,10 +62,22 @@ pub(crate) enum ChaosCliError {
 /// when the checker found a violation or could not check.
 pub(crate) fn run(args: ChaosArgs) -> Result<String, Box<dyn std::error::Error>> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    if let Some(ChaosCommand::Worker { config }) = args.worker {
-        let config: WorkerConfig = serde_json::from_str(&config)?;
-        runtime.block_on(palisade_chaos::run_worker(config))?;
-        return Ok(String::new());
+    match args.command {
+        Some(ChaosCommand::Worker { config }) => {
+            let config: WorkerConfig = serde_json::from_str(&config)?;
+            runtime.block_on(palisade_chaos::run_worker(config))?;
+            return Ok(String::new());
+        }
+        Some(ChaosCommand::Check { history }) => {
+            let file = std::fs::File::open(&history)?;
+            let report = palisade_chaos::check::check_reader(std::io::BufReader::new(file))?;
+            println!("{report}");
+            return match report.violations.len() {
+                0 => Ok(String::new()),
+                n => Err(ChaosCliError::Violations(n).into()),
+            };
+        }
+        None => {}
     }
     let (Some(seed), Some(duration)) = (args.seed, args.duration) else {
         return Err(ChaosCliError::MissingArgs.into());

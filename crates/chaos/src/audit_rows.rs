@@ -7,22 +7,42 @@ use deadpool_postgres::Pool;
 use crate::error::ChaosError;
 use crate::history::{Event, LockName};
 
-/// A revision range of one etcd cluster whose audit rows repeat rows already read: a
-/// cluster restored from a snapshot carries the old cluster's history up to the
-/// snapshot's revision, and the tailer reads it again under the new cluster id.
+/// A cluster restored from a snapshot, whose audit rows about the snapshot's holds are
+/// not new events:
+///
+/// - it carries the old cluster's history up to the snapshot's revision, and the tailer
+///   reads it again under the new cluster id (rows at or below `through`);
+/// - holds the snapshot held come back, and end again in the new cluster (rows about a
+///   token whose grant revision is at or below `through`, from an epoch before the one
+///   the cluster serves). Those holds were reported from the cluster they were granted
+///   in; etcd's history of the new cluster is read the same way (`etcd_history`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Replayed {
     /// The restored cluster's id.
     pub(crate) cluster_id: u64,
-    /// The snapshot's revision: rows of `cluster_id` at or below it are copies.
+    /// The snapshot's revision.
     pub(crate) through: i64,
+    /// The epoch the restored cluster serves.
+    pub(crate) epoch: u16,
+}
+
+impl Replayed {
+    fn covers(&self, cluster: i64, revision: i64, token: Option<u64>) -> bool {
+        if self.cluster_id as i64 != cluster {
+            return false;
+        }
+        let restored_hold = token.is_some_and(|t| {
+            (t >> 48) < u64::from(self.epoch) && (t & ((1 << 48) - 1)) as i64 <= self.through
+        });
+        revision <= self.through || restored_hold
+    }
 }
 
 /// What the audit trail holds.
 #[derive(Debug, Default)]
 pub(crate) struct AuditRead {
     pub(crate) rows: Vec<Event>,
-    /// Rows left out as copies of restored history.
+    /// Rows left out as restored history (see [`Replayed`]).
     pub(crate) replayed: u64,
     /// `gap` rows: revisions the tailer could not read (compaction).
     pub(crate) gaps: u64,
@@ -69,7 +89,8 @@ pub(crate) async fn read(pool: &Pool, replayed: &[Replayed]) -> Result<AuditRead
             out.gaps += 1;
             continue;
         }
-        if replayed.iter().any(|p| p.cluster_id as i64 == cluster && revision <= p.through) {
+        let token = r.get::<_, Option<i64>>(6).map(|t| t as u64);
+        if replayed.iter().any(|p| p.covers(cluster, revision, token)) {
             out.replayed += 1;
             continue;
         }
@@ -77,7 +98,6 @@ pub(crate) async fn read(pool: &Pool, replayed: &[Replayed]) -> Result<AuditRead
             (Some(ns), Some(class), Some(key)) => Some(LockName { ns, class, key }),
             _ => None,
         };
-        let token = r.get::<_, Option<i64>>(6).map(|t| t as u64);
         out.rows.push(Event::AuditRow { kind, lock, resource: None, token, revision: Some(revision) });
     }
     let writes = client

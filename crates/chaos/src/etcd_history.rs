@@ -28,7 +28,6 @@ pub(crate) struct Change {
     value: Vec<u8>,
     version: i64,
     create_revision: i64,
-    prev_create_revision: Option<i64>,
 }
 
 impl Change {
@@ -65,7 +64,7 @@ async fn read_inner(endpoints: &[String], prefix: &str, from: i64) -> Result<Rea
     if from > through {
         return Ok(Read { cluster_id, changes });
     }
-    let options = WatchOptions::new().with_prefix().with_prev_key().with_start_revision(from);
+    let options = WatchOptions::new().with_prefix().with_start_revision(from);
     let (mut watcher, mut stream) =
         client.watch(prefix, Some(options)).await.map_err(ChaosError::etcd("watching etcd's history"))?;
     loop {
@@ -90,7 +89,6 @@ async fn read_inner(endpoints: &[String], prefix: &str, from: i64) -> Result<Rea
                 value: kv.value().to_vec(),
                 version: kv.version(),
                 create_revision: kv.create_revision(),
-                prev_create_revision: e.prev_kv().map(|p| p.create_revision()),
             });
         }
         let last_event = changes.last().map_or(0, |c| c.revision);
@@ -138,14 +136,23 @@ struct Forced {
     forced: serde_json::Value,
 }
 
-/// Turns the changes of one revision space into holds.
-///
-/// `epoch` is the epoch this revision space serves. A hold deleted here but created
-/// before the read's start (a hold a restored snapshot brought back) is reported in
-/// `epoch` with its create revision as etcd shows it; a hold created here carries the
-/// epoch written in its value. Holds still present at the end are [`HoldEnd::Open`].
-pub(crate) fn holds(prefix: &str, read: &Read, epoch: u16) -> Vec<Event> {
-    let mut out = Vec::new();
+/// The holds of one revision space.
+#[derive(Debug, Default)]
+pub(crate) struct Holds {
+    /// One [`Event::EtcdHold`] per hold created in the space.
+    pub(crate) holds: Vec<Event>,
+    /// Holds deleted in the space but created before it: holds a restored snapshot
+    /// brought back (already reported, with their end, from the space they were granted
+    /// in), which the restored cluster then deleted again.
+    pub(crate) restored_ends: u64,
+}
+
+/// Turns the changes of one revision space into holds. A hold carries the epoch written
+/// in its value (`epoch` when that cannot be read); holds still present at the end are
+/// [`HoldEnd::Open`] (for a space a restore ended: present when it was destroyed).
+pub(crate) fn holds(prefix: &str, read: &Read, epoch: u16) -> Holds {
+    let mut result = Holds::default();
+    let out = &mut result.holds;
     let mut open: BTreeMap<String, (LockName, i64, bool, u16)> = BTreeMap::new();
     for group in read.changes.chunk_by(|a, b| a.revision == b.revision) {
         let grant_records: HashMap<&str, &Change> = group
@@ -169,9 +176,9 @@ pub(crate) fn holds(prefix: &str, read: &Read, epoch: u16) -> Vec<Event> {
                 Some(g) if serde_json::from_slice::<Forced>(&g.value).is_ok() => HoldEnd::Forced,
                 _ => HoldEnd::Expired,
             };
-            let (lock, grant_rev, exclusive, hold_epoch) = match open.remove(&c.key) {
-                Some(o) => o,
-                None => (path.lock, c.prev_create_revision.unwrap_or(0), exclusive, epoch),
+            let Some((lock, grant_rev, exclusive, hold_epoch)) = open.remove(&c.key) else {
+                result.restored_ends += 1;
+                continue;
             };
             out.push(Event::EtcdHold { lock, epoch: hold_epoch, grant_rev, end_rev: Some(c.revision), exclusive, end });
         }
@@ -179,7 +186,7 @@ pub(crate) fn holds(prefix: &str, read: &Read, epoch: u16) -> Vec<Event> {
     for (_, (lock, grant_rev, exclusive, hold_epoch)) in open {
         out.push(Event::EtcdHold { lock, epoch: hold_epoch, grant_rev, end_rev: None, exclusive, end: HoldEnd::Open });
     }
-    out
+    result
 }
 
 fn escape(key: &str) -> String {
@@ -198,7 +205,6 @@ mod tests {
             value: value.as_bytes().to_vec(),
             version: if delete { 0 } else { 1 },
             create_revision: if delete { 0 } else { create },
-            prev_create_revision: Some(create),
         }
     }
 
@@ -234,15 +240,17 @@ mod tests {
             exclusive: true,
             end,
         };
+        let found = holds(p, &read, 3);
         assert_eq!(
-            holds(p, &read, 3),
+            found.holds,
             vec![
                 hold(2, 5, Some(7), HoldEnd::Released),
                 hold(2, 9, Some(11), HoldEnd::Expired),
                 hold(2, 12, Some(14), HoldEnd::Forced),
-                hold(3, 3, Some(15), HoldEnd::Expired),
                 hold(2, 16, None, HoldEnd::Open),
             ]
         );
+        // The hold created at 3, before the read began, came back with a restore.
+        assert_eq!(found.restored_ends, 1);
     }
 }

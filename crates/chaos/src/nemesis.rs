@@ -102,12 +102,13 @@ impl Run {
                 return Err(e);
             }
         };
-        self.holds.extend(etcd_history::holds(&prefix, &read, self.space.epoch));
+        let found = etcd_history::holds(&prefix, &read, self.space.epoch);
+        self.holds.extend(found.holds);
+        self.restored_ends += found.restored_ends;
         let last = read.changes.last().map_or(0, etcd_history::Change::revision);
         let _ = audit_rows::wait_for_tailer(&self.audit_pool, read.cluster_id, last, Duration::from_secs(10)).await;
         self.etcd.restore_in_place(&snapshot, RestoreMode::NewClusterId).await;
         let cluster_id = self.etcd.cluster_id().await;
-        self.replayed.push(Replayed { cluster_id, through: snapshot.revision() });
         self.replicas.signal_all(Signal::SIGCONT);
 
         let mut epoch = self.advance(0).await?;
@@ -124,6 +125,7 @@ impl Run {
                 epoch = self.advance(i).await?;
             }
         }
+        self.replayed.push(Replayed { cluster_id, through: snapshot.revision(), epoch });
         self.space = Space { epoch, from: snapshot.revision() + 1 };
         self.fault(kind, Phase::End, format!("etcd cluster {cluster_id:x} serves epoch {epoch}"));
         Ok(())

@@ -75,6 +75,8 @@ pub(crate) struct Run {
     pub(crate) space: Space,
     /// Holds read from revision spaces a restore destroyed.
     pub(crate) holds: Vec<Event>,
+    /// Holds a restore brought back and the restored cluster ended again.
+    pub(crate) restored_ends: u64,
     pub(crate) replayed: Vec<Replayed>,
     pub(crate) snapshot: Option<palisade_testkit::Snapshot>,
     pub(crate) holding: Holding,
@@ -190,13 +192,17 @@ pub async fn run(options: RunOptions) -> Result<Summary, ChaosError> {
     let file = std::fs::File::open(&options.history)
         .map_err(ChaosError::io(format!("reading {}", options.history.display())))?;
     let entries = history::read_history(std::io::BufReader::new(file))?;
-    Ok(Summary::of(&options, &entries, extra))
+    let report = crate::check::check(&entries);
+    let mut summary = Summary::of(&options, &entries, extra);
+    summary.violations = Some(report.violations.iter().map(ToString::to_string).collect());
+    Ok(summary)
 }
 
 /// What the run knows that the history does not say.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct Extra {
     pub(crate) audit_replayed: u64,
+    pub(crate) restored_ends: u64,
     pub(crate) audit_gaps: u64,
     pub(crate) sink_dropped: u64,
     pub(crate) tailer_caught_up: bool,
@@ -240,6 +246,7 @@ async fn drive(
         audit_pool: pool.clone(),
         space: Space { epoch: 0, from: 1 },
         holds: Vec::new(),
+        restored_ends: 0,
         replayed: Vec::new(),
         snapshot: None,
         holding,
@@ -309,7 +316,9 @@ async fn drive(
     let prefix = format!("{ROOT}locks/");
     let read = etcd_history::read(&run.etcd.endpoints(), &prefix, run.space.from).await?;
     let mut holds = std::mem::take(&mut run.holds);
-    holds.extend(etcd_history::holds(&prefix, &read, run.space.epoch));
+    let found = etcd_history::holds(&prefix, &read, run.space.epoch);
+    holds.extend(found.holds);
+    let restored_ends = run.restored_ends + found.restored_ends;
     let last_lock_rev = read.changes.last().map_or(0, etcd_history::Change::revision);
     let caught_up = audit_rows::wait_for_tailer(&pool, read.cluster_id, last_lock_rev, Duration::from_secs(60)).await?;
     tailer.abort();
@@ -319,6 +328,7 @@ async fn drive(
     }
     Ok(Extra {
         audit_replayed: audit.replayed,
+        restored_ends,
         audit_gaps: audit.gaps,
         sink_dropped,
         tailer_caught_up: caught_up,

@@ -54,9 +54,13 @@ pub struct Summary {
     pub epochs_advanced: u64,
     /// Holds read from etcd's history.
     pub etcd_holds: u64,
+    /// Holds a restore brought back that the restored cluster ended again (left out of
+    /// the history: each was reported from the cluster that granted it).
+    pub restored_holds_ended: u64,
     /// Rows read from the audit trail.
     pub audit_rows: u64,
-    /// Audit rows left out as copies of restored history (see `audit_rows`).
+    /// Audit rows left out as restored history: copies of the old cluster's, and the
+    /// ends of holds a restore brought back.
     pub audit_replayed: u64,
     /// Audit `gap` rows.
     pub audit_gaps: u64,
@@ -88,6 +92,7 @@ impl Summary {
             faults: ALL_KINDS.iter().map(|k| (*k, 0)).collect(),
             epochs_advanced: 0,
             etcd_holds: 0,
+            restored_holds_ended: extra.restored_ends,
             audit_rows: 0,
             audit_replayed: extra.audit_replayed,
             audit_gaps: extra.audit_gaps,
@@ -178,8 +183,9 @@ impl fmt::Display for Summary {
         }
         writeln!(f, "{:<34} {:>10}", "epochs advanced", self.epochs_advanced)?;
         writeln!(f, "{:<34} {:>10}", "holds in etcd's history", self.etcd_holds)?;
+        writeln!(f, "{:<34} {:>10}", "  brought back by a restore, ended", self.restored_holds_ended)?;
         writeln!(f, "{:<34} {:>10}", "audit rows", self.audit_rows)?;
-        writeln!(f, "{:<34} {:>10}", "  replayed after restore, left out", self.audit_replayed)?;
+        writeln!(f, "{:<34} {:>10}", "  restored history, left out", self.audit_replayed)?;
         writeln!(f, "{:<34} {:>10}", "  gaps", self.audit_gaps)?;
         writeln!(f, "{:<34} {:>10}", "  write events dropped by the sink", self.audit_dropped)?;
         writeln!(f, "{:<34} {:>10}", "  tailer caught up", if self.tailer_caught_up { "yes" } else { "NO" })?;
