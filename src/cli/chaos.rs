@@ -56,10 +56,13 @@ pub(crate) enum ChaosCliError {
     Violations(usize),
     #[error("the history was not checked")]
     NotChecked,
+    #[error("the run is incomplete: a worker exited early or the audit tailer did not catch up (see the summary)")]
+    Incomplete,
 }
 
-/// Runs a worker (hidden subcommand) or a whole run. A run prints its summary; it fails
-/// when the checker found a violation or could not check.
+/// Runs a worker (hidden subcommand), checks a saved history, or runs the harness. A run
+/// prints its summary; it fails when the checker found a violation, or the run was
+/// incomplete.
 pub(crate) fn run(args: ChaosArgs) -> Result<String, Box<dyn std::error::Error>> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match args.command {
@@ -96,8 +99,9 @@ pub(crate) fn run(args: ChaosArgs) -> Result<String, Box<dyn std::error::Error>>
     }))?;
     println!("{summary}");
     match &summary.violations {
-        Some(v) if v.is_empty() => Ok(String::new()),
-        Some(v) => Err(ChaosCliError::Violations(v.len()).into()),
+        Some(v) if !v.is_empty() => Err(ChaosCliError::Violations(v.len()).into()),
         None => Err(ChaosCliError::NotChecked.into()),
+        Some(_) if !summary.passed() => Err(ChaosCliError::Incomplete.into()),
+        Some(_) => Ok(String::new()),
     }
 }

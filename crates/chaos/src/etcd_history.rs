@@ -45,17 +45,31 @@ pub(crate) struct Read {
     pub(crate) changes: Vec<Change>,
 }
 
+/// How the read learns the revision to read up to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Head {
+    /// A linearizable read (the cluster has quorum).
+    Linearizable,
+    /// A serializable read of the member(s) given: for a leader whose followers are
+    /// stopped, so that nothing can commit while it is read.
+    Serializable,
+}
+
 /// Reads every change under `prefix` from `from` up to etcd's current revision.
-pub(crate) async fn read(endpoints: &[String], prefix: &str, from: i64) -> Result<Read, ChaosError> {
-    tokio::time::timeout(READ_TIMEOUT, read_inner(endpoints, prefix, from))
+pub(crate) async fn read(endpoints: &[String], prefix: &str, from: i64, head: Head) -> Result<Read, ChaosError> {
+    tokio::time::timeout(READ_TIMEOUT, read_inner(endpoints, prefix, from, head))
         .await
         .map_err(|_| ChaosError::NotReady("etcd history".into()))?
 }
 
-async fn read_inner(endpoints: &[String], prefix: &str, from: i64) -> Result<Read, ChaosError> {
+async fn read_inner(endpoints: &[String], prefix: &str, from: i64, head: Head) -> Result<Read, ChaosError> {
     let mut client = Client::connect(endpoints, None).await.map_err(ChaosError::etcd("connecting to etcd"))?;
+    let mut options = GetOptions::new().with_prefix().with_count_only();
+    if head == Head::Serializable {
+        options = options.with_serializable();
+    }
     let head = client
-        .get(prefix, Some(GetOptions::new().with_prefix().with_count_only()))
+        .get(prefix, Some(options))
         .await
         .map_err(ChaosError::etcd("reading etcd's revision"))?;
     let header = head.header().ok_or(ChaosError::NotReady("an etcd response header".into()))?;

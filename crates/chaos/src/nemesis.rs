@@ -8,7 +8,7 @@
 //! | kill service replica | SIGKILL replica `pick % 2` | start it again (same port) |
 //! | pause worker | SIGSTOP a worker that holds a lock (`pick % holders`; any worker when none does) for the TTL plus `hold` | SIGCONT |
 //! | restart Postgres | immediate (crash) or fast stop | start (crash recovery) |
-//! | restore etcd | replicas paused; history read; every member restored in place from a snapshot taken before the gap, with a new cluster id | replicas resumed; epoch advanced through replica 0, and through each other replica that still refuses grants |
+//! | restore etcd | replicas and the leader's followers paused; history read to its end from the leader; every member restored in place from a snapshot taken before the gap, with a new cluster id | replicas resumed; epoch advanced through replica 0, and through each other replica that still refuses grants |
 
 use std::time::Duration;
 
@@ -18,7 +18,7 @@ use serde_json::json;
 
 use crate::audit_rows::{self, Replayed};
 use crate::error::ChaosError;
-use crate::etcd_history;
+use crate::etcd_history::{self, Head};
 use crate::history::{Event, FaultKind, Phase};
 use crate::procs;
 use crate::runner::{epoch_field, retry, Run, Space, REPLICAS, ROOT, TTL};
@@ -91,13 +91,32 @@ impl Run {
         let kind = f.kind;
         let Some(snapshot) = self.snapshot.take() else { return Ok(()) };
         self.fault(kind, Phase::Start, format!("etcd restored from the snapshot at revision {}", snapshot.revision()));
-        // No grant or release while the old cluster's history is read: it goes with it.
+        // The old cluster's history goes with it: read it to its very end. With the
+        // replicas stopped nothing is granted or released; with the leader's followers
+        // stopped nothing commits at all (not even a lease expiry), so what the leader
+        // has applied is final.
         self.replicas.signal_all(Signal::SIGSTOP);
         let prefix = format!("{ROOT}locks/");
-        let read = etcd_history::read(&self.etcd.endpoints(), &prefix, self.space.from).await;
+        // Let the audit tailer read the space first, while etcd still has quorum (after a
+        // restore its backoff can leave it seconds behind).
+        if let Ok(read) = etcd_history::read(&self.etcd.endpoints(), &prefix, self.space.from, Head::Linearizable).await {
+            let last = read.changes.last().map_or(0, etcd_history::Change::revision);
+            let _ = audit_rows::wait_for_tailer(&self.audit_pool, read.cluster_id, last, Duration::from_secs(15)).await;
+        }
+        let leader = self.etcd.leader().await;
+        let followers: Vec<usize> = (0..self.etcd.member_count()).filter(|i| *i != leader).collect();
+        for i in &followers {
+            self.etcd.pause(*i);
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let endpoint = [self.etcd.endpoint(leader)];
+        let read = etcd_history::read(&endpoint, &prefix, self.space.from, Head::Serializable).await;
         let read = match read {
             Ok(r) => r,
             Err(e) => {
+                for i in &followers {
+                    self.etcd.resume(*i);
+                }
                 self.replicas.signal_all(Signal::SIGCONT);
                 return Err(e);
             }
@@ -105,8 +124,11 @@ impl Run {
         let found = etcd_history::holds(&prefix, &read, self.space.epoch);
         self.holds.extend(found.holds);
         self.restored_ends += found.restored_ends;
+        // The last few changes (lease expiries since the tailer caught up): the tailer may
+        // be watching a stopped follower, and then they are lost with the cluster, as in
+        // any restore.
         let last = read.changes.last().map_or(0, etcd_history::Change::revision);
-        let _ = audit_rows::wait_for_tailer(&self.audit_pool, read.cluster_id, last, Duration::from_secs(10)).await;
+        let _ = audit_rows::wait_for_tailer(&self.audit_pool, read.cluster_id, last, Duration::from_secs(3)).await;
         self.etcd.restore_in_place(&snapshot, RestoreMode::NewClusterId).await;
         let cluster_id = self.etcd.cluster_id().await;
         self.replicas.signal_all(Signal::SIGCONT);

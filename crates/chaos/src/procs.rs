@@ -180,8 +180,15 @@ impl Workers {
     }
 
     /// Closes every worker's stdin (each finishes its cycle and exits), waits up to
-    /// `grace`, kills what is left, and waits for their output to be read.
-    pub(crate) async fn stop(mut self, grace: Duration) -> Result<(), ChaosError> {
+    /// `grace`, kills what is left, and waits for their output to be read. Returns the
+    /// workers that had exited before they were told to stop, with their exit status.
+    pub(crate) async fn stop(mut self, grace: Duration) -> Result<Vec<String>, ChaosError> {
+        let mut early = Vec::new();
+        for (i, (child, _)) in self.children.iter_mut().enumerate() {
+            if let Ok(Some(status)) = child.try_wait() {
+                early.push(format!("worker {i} exited early ({status}; see worker-{i}.log)"));
+            }
+        }
         for (child, stdin) in &mut self.children {
             if let Some(pid) = child.id() {
                 signal(pid, Signal::SIGCONT);
@@ -196,6 +203,6 @@ impl Workers {
         for reader in self.readers {
             reader.await.map_err(|e| ChaosError::NotReady(format!("a worker reader ({e})")))??;
         }
-        Ok(())
+        Ok(early)
     }
 }

@@ -199,13 +199,15 @@ pub async fn run(options: RunOptions) -> Result<Summary, ChaosError> {
 }
 
 /// What the run knows that the history does not say.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct Extra {
     pub(crate) audit_replayed: u64,
     pub(crate) restored_ends: u64,
     pub(crate) audit_gaps: u64,
     pub(crate) sink_dropped: u64,
     pub(crate) tailer_caught_up: bool,
+    /// Workers that exited before the end, as the reader should know them.
+    pub(crate) workers_failed: Vec<String>,
 }
 
 async fn drive(
@@ -305,8 +307,9 @@ async fn drive(
     tokio::time::sleep(left).await;
 
     // Stop the writers, then the replicas; wait until every session's lease is gone.
+    let mut workers_failed = Vec::new();
     if let Some(workers) = run.workers.take() {
-        workers.stop(Duration::from_secs(15)).await?;
+        workers_failed = workers.stop(Duration::from_secs(15)).await?;
     }
     run.replicas.stop_all().await;
     tokio::time::sleep(TTL + Duration::from_secs(1)).await;
@@ -314,7 +317,7 @@ async fn drive(
 
     // etcd's history of the last revision space.
     let prefix = format!("{ROOT}locks/");
-    let read = etcd_history::read(&run.etcd.endpoints(), &prefix, run.space.from).await?;
+    let read = etcd_history::read(&run.etcd.endpoints(), &prefix, run.space.from, etcd_history::Head::Linearizable).await?;
     let mut holds = std::mem::take(&mut run.holds);
     let found = etcd_history::holds(&prefix, &read, run.space.epoch);
     holds.extend(found.holds);
@@ -332,5 +335,6 @@ async fn drive(
         audit_gaps: audit.gaps,
         sink_dropped,
         tailer_caught_up: caught_up,
+        workers_failed,
     })
 }

@@ -68,6 +68,8 @@ pub struct Summary {
     pub audit_dropped: u64,
     /// Whether the audit tailer had stored etcd's history through the end of the run.
     pub tailer_caught_up: bool,
+    /// Workers that exited before the run told them to stop (their history is cut short).
+    pub workers_failed: Vec<String>,
     /// The checker's violations; `None` when the history was not checked.
     pub violations: Option<Vec<String>>,
     /// Where the history is.
@@ -98,6 +100,7 @@ impl Summary {
             audit_gaps: extra.audit_gaps,
             audit_dropped: extra.sink_dropped,
             tailer_caught_up: extra.tailer_caught_up,
+            workers_failed: extra.workers_failed,
             violations: None,
             history: options.history.clone(),
         };
@@ -141,9 +144,10 @@ impl Summary {
         self.postgres.rejected + self.http.rejected + self.advisory.rejected
     }
 
-    /// Whether the run passed: checked, and no violation.
+    /// Whether the run passed: every worker ran to the end, the audit tailer caught up,
+    /// and the checker found no violation.
     pub fn passed(&self) -> bool {
-        self.violations.as_ref().is_some_and(Vec::is_empty)
+        self.workers_failed.is_empty() && self.tailer_caught_up && self.violations.as_ref().is_some_and(Vec::is_empty)
     }
 }
 
@@ -189,6 +193,9 @@ impl fmt::Display for Summary {
         writeln!(f, "{:<34} {:>10}", "  gaps", self.audit_gaps)?;
         writeln!(f, "{:<34} {:>10}", "  write events dropped by the sink", self.audit_dropped)?;
         writeln!(f, "{:<34} {:>10}", "  tailer caught up", if self.tailer_caught_up { "yes" } else { "NO" })?;
+        for w in &self.workers_failed {
+            writeln!(f, "{w}")?;
+        }
         match &self.violations {
             Some(v) => {
                 writeln!(f, "{:<34} {:>10}", "violations", v.len())?;
