@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use palisade_chaos::{RunOptions, WorkerConfig};
 
+use super::exit::CliError;
+
 /// Flags of `palisade chaos`.
 #[derive(Debug, clap::Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -47,11 +49,9 @@ enum ChaosCommand {
     },
 }
 
-/// Why `palisade chaos` failed.
+/// Why a `palisade chaos` run failed (exit 1).
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ChaosCliError {
-    #[error("--seed and --duration are required")]
-    MissingArgs,
     #[error("{0} violation(s) (see the report above)")]
     Violations(usize),
     #[error("the history was not checked")]
@@ -67,12 +67,14 @@ pub(crate) fn run(args: ChaosArgs) -> Result<String, Box<dyn std::error::Error>>
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match args.command {
         Some(ChaosCommand::Worker { config }) => {
-            let config: WorkerConfig = serde_json::from_str(&config)?;
+            let config: WorkerConfig = serde_json::from_str(&config)
+                .map_err(|e| CliError::bad_input(format!("the worker configuration is not valid JSON: {e}")))?;
             runtime.block_on(palisade_chaos::run_worker(config))?;
             return Ok(String::new());
         }
         Some(ChaosCommand::Check { history }) => {
-            let file = std::fs::File::open(&history)?;
+            let file = std::fs::File::open(&history)
+                .map_err(|e| std::io::Error::new(e.kind(), format!("reading {}: {e}", history.display())))?;
             let report = palisade_chaos::check::check_reader(std::io::BufReader::new(file))?;
             println!("{report}");
             return match report.violations.len() {
@@ -83,7 +85,7 @@ pub(crate) fn run(args: ChaosArgs) -> Result<String, Box<dyn std::error::Error>>
         None => {}
     }
     let (Some(seed), Some(duration)) = (args.seed, args.duration) else {
-        return Err(ChaosCliError::MissingArgs.into());
+        return Err(CliError::bad_input("--seed and --duration are required").into());
     };
     let history = args
         .history

@@ -50,7 +50,7 @@ impl ConfigStore {
         key: String,
         options: Option<GetOptions>,
     ) -> Result<etcd_client::GetResponse> {
-        retry::call(self.deadline(), self.request_timeout, || {
+        retry::call("config.get", self.deadline(), self.request_timeout, || {
             let (mut c, key, options) = (self.client.clone(), key.clone(), options.clone());
             async move { c.get(key, options).await }
         })
@@ -59,7 +59,11 @@ impl ConfigStore {
     }
 
     async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse> {
-        retry::call(self.deadline(), self.request_timeout, || {
+        self.txn_until(txn, self.deadline()).await
+    }
+
+    async fn txn_until(&self, txn: Txn, deadline: Instant) -> Result<etcd_client::TxnResponse> {
+        retry::call("config.txn", deadline, self.request_timeout, || {
             let (mut c, txn) = (self.client.clone(), txn.clone());
             async move { c.txn(txn).await }
         })
@@ -158,13 +162,26 @@ impl ConfigStore {
     /// [`InvalidInput::UnknownNamespace`], [`InvalidInput::UnknownClass`],
     /// [`InvalidInput::BadName`], [`ErrorKind::CorruptRecord`], [`ErrorKind::QuorumLost`].
     pub async fn class(&self, ns: &str, class: &str) -> Result<LockClass> {
+        self.class_until(ns, class, self.deadline()).await
+    }
+
+    /// [`ConfigStore::class`], retried until `deadline` at most.
+    pub(crate) async fn class_until(
+        &self,
+        ns: &str,
+        class: &str,
+        deadline: Instant,
+    ) -> Result<LockClass> {
         validate_name(ns)?;
         validate_name(class)?;
         let resp = self
-            .txn(Txn::new().and_then([
-                TxnOp::get(self.keys.namespace(ns), None),
-                TxnOp::get(self.keys.class(ns, class), None),
-            ]))
+            .txn_until(
+                Txn::new().and_then([
+                    TxnOp::get(self.keys.namespace(ns), None),
+                    TxnOp::get(self.keys.class(ns, class), None),
+                ]),
+                deadline,
+            )
             .await?;
         let mut gets = resp.op_responses().into_iter().filter_map(|r| match r {
             etcd_client::TxnOpResponse::Get(g) => Some(g),

@@ -75,10 +75,15 @@ impl Locker {
     ) -> Result<SessionRecord> {
         check_lease_ttl(ttl)?;
         let inner = &self.inner;
-        let grant = retry::call(self.op_deadline(), inner.request_timeout, || {
-            let mut c = inner.client.clone();
-            async move { c.lease_grant(ttl.as_secs() as i64, None).await }
-        })
+        let grant = retry::call(
+            "session.lease_grant",
+            self.op_deadline(),
+            inner.request_timeout,
+            || {
+                let mut c = inner.client.clone();
+                async move { c.lease_grant(ttl.as_secs() as i64, None).await }
+            },
+        )
         .await
         .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
         let lease = LeaseId::new(grant.id());
@@ -91,13 +96,18 @@ impl Locker {
         };
         let value = serde_json::to_vec(&record)
             .map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
-        let put = retry::call(self.op_deadline(), inner.request_timeout, || {
-            let (mut c, key, value) = (inner.client.clone(), key.clone(), value.clone());
-            async move {
-                c.put(key, value, Some(PutOptions::new().with_lease(lease.get())))
-                    .await
-            }
-        })
+        let put = retry::call(
+            "session.record_put",
+            self.op_deadline(),
+            inner.request_timeout,
+            || {
+                let (mut c, key, value) = (inner.client.clone(), key.clone(), value.clone());
+                async move {
+                    c.put(key, value, Some(PutOptions::new().with_lease(lease.get())))
+                        .await
+                }
+            },
+        )
         .await;
         match put {
             Ok(resp) => {
@@ -124,10 +134,15 @@ impl Locker {
     pub async fn session_record(&self, lease: LeaseId) -> Result<SessionRecord> {
         let inner = &self.inner;
         let key = inner.keys.session(lease);
-        let resp = retry::call(self.op_deadline(), inner.request_timeout, || {
-            let (mut c, key) = (inner.client.clone(), key.clone());
-            async move { c.get(key, None).await }
-        })
+        let resp = retry::call(
+            "session.record_get",
+            self.op_deadline(),
+            inner.request_timeout,
+            || {
+                let (mut c, key) = (inner.client.clone(), key.clone());
+                async move { c.get(key, None).await }
+            },
+        )
         .await
         .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
         match resp.kvs().first() {
@@ -148,14 +163,19 @@ impl Locker {
     /// did not answer in time.
     pub async fn keep_alive_once(&self, lease: LeaseId) -> Result<Duration> {
         let inner = &self.inner;
-        let resp = retry::call(self.op_deadline(), inner.request_timeout, || {
-            let mut c = inner.client.clone();
-            async move {
-                let (mut keeper, mut stream) = c.lease_keep_alive(lease.get()).await?;
-                keeper.keep_alive().await?;
-                stream.message().await
-            }
-        })
+        let resp = retry::call(
+            "session.keepalive",
+            self.op_deadline(),
+            inner.request_timeout,
+            || {
+                let mut c = inner.client.clone();
+                async move {
+                    let (mut keeper, mut stream) = c.lease_keep_alive(lease.get()).await?;
+                    keeper.keep_alive().await?;
+                    stream.message().await
+                }
+            },
+        )
         .await
         .map_err(|e| match e {
             // etcd-client's own answer for a lease etcd no longer knows.
@@ -178,10 +198,15 @@ impl Locker {
     /// [`ErrorKind::SessionLost`] if the lease was already gone; [`ErrorKind::QuorumLost`].
     pub async fn revoke_session(&self, lease: LeaseId) -> Result<()> {
         let inner = &self.inner;
-        retry::call(self.op_deadline(), inner.request_timeout, || {
-            let mut c = inner.client.clone();
-            async move { c.lease_revoke(lease.get()).await }
-        })
+        retry::call(
+            "session.revoke",
+            self.op_deadline(),
+            inner.request_timeout,
+            || {
+                let mut c = inner.client.clone();
+                async move { c.lease_revoke(lease.get()).await }
+            },
+        )
         .await
         .map(drop)
         .map_err(|e| match e {

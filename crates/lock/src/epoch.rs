@@ -24,6 +24,7 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub type StoreError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Why an epoch was started.
+#[cfg_attr(feature = "service", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum EpochReason {
@@ -36,9 +37,11 @@ pub enum EpochReason {
 }
 
 /// One epoch record, as stored in etcd (`config/epoch`) and in the durable store.
+#[cfg_attr(feature = "service", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EpochRecord {
     /// The epoch.
+    #[cfg_attr(feature = "service", schema(value_type = u16))]
     pub epoch: Epoch,
     /// The etcd cluster id serving it (from response headers).
     pub cluster_id: u64,
@@ -48,6 +51,7 @@ pub struct EpochRecord {
     pub reason: EpochReason,
     /// The highest grant revision issued in this epoch (durable store only; etcd's copy
     /// carries the revision etcd was at when the epoch started).
+    #[cfg_attr(feature = "service", schema(value_type = u64))]
     pub highest_grant_rev: Revision,
 }
 

@@ -111,6 +111,19 @@ pub enum InvalidInput {
     /// The deadline has already passed.
     #[error("deadline is in the past")]
     DeadlinePassed,
+    /// Holder meta over [`MAX_HOLDER_META_LEN`](crate::MAX_HOLDER_META_LEN) bytes of
+    /// compact JSON.
+    #[error(
+        "holder_meta is {len} bytes of JSON, more than {}",
+        crate::MAX_HOLDER_META_LEN
+    )]
+    HolderMetaTooLarge {
+        /// Its length as compact JSON, in bytes.
+        len: usize,
+    },
+    /// Holder meta that is not a JSON object.
+    #[error("holder_meta must be a JSON object")]
+    HolderMetaNotObject,
 }
 
 /// Which epoch check failed.

@@ -67,7 +67,7 @@ impl Locker {
                 TxnOp::put(keys.grant(mode, holder), value, None),
             ]);
         let deadline = Instant::now() + inner.request_timeout * 3;
-        let resp = retry::call(deadline, inner.request_timeout, || {
+        let resp = retry::call("force_release.txn", deadline, inner.request_timeout, || {
             let (mut c, txn) = (inner.client.clone(), txn.clone());
             async move { c.txn(txn).await }
         })

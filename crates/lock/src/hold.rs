@@ -213,7 +213,7 @@ pub(crate) async fn release_lease_txn(
             TxnOp::delete(keys.grant(mode, lease), None),
         ]);
     let deadline = Instant::now() + locker.request_timeout.max(Duration::from_millis(500)) * 3;
-    let resp = retry::call(deadline, locker.request_timeout, || {
+    let resp = retry::call("release.txn", deadline, locker.request_timeout, || {
         let (mut c, txn) = (locker.client.clone(), txn.clone());
         async move { c.txn(txn).await }
     })

@@ -3,6 +3,7 @@
 use etcd_client::{GetOptions, Txn, TxnOp, TxnOpResponse};
 use palisade_fence::{Epoch, FencingToken, Revision};
 use serde::Deserialize;
+use serde_json::{Map, Value};
 use tokio::time::Instant;
 
 use crate::error::{Error, ErrorKind, Result};
@@ -24,6 +25,8 @@ pub struct Holder {
     pub token: FencingToken,
     /// The SPIFFE ID of the holder's session.
     pub spiffe_id: String,
+    /// What the holder attached at acquire ([`Locker::acquire_with_meta`]), if anything.
+    pub holder_meta: Option<Map<String, Value>>,
 }
 
 /// One waiter in a lock's queue.
@@ -37,6 +40,8 @@ pub struct Waiter {
     pub create_rev: Revision,
     /// The SPIFFE ID of the waiter's session.
     pub spiffe_id: String,
+    /// What the waiter attached at acquire, if anything.
+    pub holder_meta: Option<Map<String, Value>>,
 }
 
 /// A lock's holders and waiters, read at one etcd revision.
@@ -62,6 +67,8 @@ struct Meta {
     spiffe_id: String,
     mode: Mode,
     epoch: Epoch,
+    #[serde(default)]
+    holder_meta: Option<Map<String, Value>>,
 }
 
 impl Locker {
@@ -86,7 +93,7 @@ impl Locker {
             prefix(keys.grants()),
         ]);
         let deadline = Instant::now() + inner.request_timeout * 3;
-        let resp = retry::call(deadline, inner.request_timeout, || {
+        let resp = retry::call("lock_state.read", deadline, inner.request_timeout, || {
             let (mut c, txn) = (inner.client.clone(), txn.clone());
             async move { c.txn(txn).await }
         })
@@ -143,6 +150,7 @@ impl Locker {
                     grant_rev,
                     token: FencingToken::from_parts(meta.epoch, grant_rev).ok()?,
                     spiffe_id: meta.spiffe_id,
+                    holder_meta: meta.holder_meta,
                 })
             })
             .collect();
@@ -160,6 +168,7 @@ impl Locker {
                     mode: meta.mode,
                     create_rev,
                     spiffe_id: meta.spiffe_id,
+                    holder_meta: meta.holder_meta,
                 })
             })
             .collect();

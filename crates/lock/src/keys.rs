@@ -72,6 +72,11 @@ impl RootKeys {
         RootKeys { root }
     }
 
+    /// Everything a class lookup depends on: `config/` (namespaces, classes, epoch).
+    pub(crate) fn config(&self) -> String {
+        format!("{}config/", self.root)
+    }
+
     pub(crate) fn namespace(&self, ns: &str) -> String {
         format!("{}config/ns/{ns}", self.root)
     }

@@ -42,7 +42,8 @@
 //!   `[a-z0-9][a-z0-9_-]{0,62}`. Lock keys are non-empty, at most [`MAX_KEY_LEN`] bytes,
 //!   with no control character and no `..` segment.
 //! - Holder meta is JSON `{"spiffe_id", "class", "mode", "epoch", "attempt"}` (`attempt`
-//!   numbers the acquire that wrote it). The hold's token is
+//!   numbers the acquire that wrote it), plus `"holder_meta"`: the caller's
+//!   [`HolderMeta`] object (at most [`MAX_HOLDER_META_LEN`] bytes), only if it gave one. The hold's token is
 //!   `epoch · 2^48 + create_revision` of its `h/` key, which equals the revision of the
 //!   granting Txn.
 //! - Queue order is the create revision of the `q/` keys (FIFO).
@@ -168,8 +169,10 @@
 //! - A session's TTL is what etcd granted, which can exceed the TTL asked for (etcd's
 //!   minimum lease TTL); class TTL bounds apply to the granted TTL, so a class whose
 //!   `ttl_max` is below etcd's minimum refuses every session.
-//! - A running locker caches each class on first use; class changes reach it for classes
-//!   it has not used yet.
+//! - A locker caches classes while a watch on `config/` tells it of every change (any
+//!   namespace or class write clears its cache); while that watch is down it reads the
+//!   class from etcd on every acquire. An acquire that read its class just before an
+//!   update may still be granted under the old class.
 //! - A release whose first attempt committed but whose answer was lost is retried and
 //!   then reports [`ErrorKind::NotHeld`].
 //! - A force release while the holder's session lives does not fire [`Hold::lost`]; the
@@ -183,10 +186,10 @@
 //!   config and identities.
 //! - `tls` (implies `service`): mTLS with rustls; callers are the SPIFFE IDs of their
 //!   client certificates.
-//! - `client`: `client`, a Rust client of the lock service over HTTP. Without `core`
-//!   (`--no-default-features --features client`) the build has no etcd-client, tonic or
-//!   protoc; only the shared data types ([`Mode`], [`LeaseId`], [`FencingToken`],
-//!   [`Error`]...) come along.
+//! - `client`: `client`, a Rust client of the lock service over mTLS (rustls, `ring`)
+//!   or, for dev mode, plain HTTP. Without `core` (`--no-default-features --features
+//!   client`) the build has no etcd-client, tonic or protoc; only the shared data types
+//!   ([`Mode`], [`LeaseId`], [`FencingToken`], [`Error`]...) come along.
 //! - `postgres`: `PostgresEpochStore`, the durable epoch record in PostgreSQL, shared
 //!   by several lockers.
 
@@ -194,6 +197,8 @@
 
 #[cfg(feature = "core")]
 mod acquire;
+#[cfg(feature = "core")]
+mod class_cache;
 #[cfg(feature = "client")]
 pub mod client;
 #[cfg(feature = "core")]
@@ -214,6 +219,7 @@ mod inspect;
 mod keys;
 #[cfg(feature = "core")]
 mod locker;
+mod meta;
 mod model;
 #[cfg(feature = "core")]
 mod retry;
@@ -240,6 +246,7 @@ pub use inspect::{Holder, LockState, Waiter};
 pub use keys::MAX_KEY_LEN;
 #[cfg(feature = "core")]
 pub use locker::{LockName, Locker, LockerOptions, DEFAULT_ROOT};
+pub use meta::{HolderMeta, MAX_HOLDER_META_LEN};
 pub use model::{Enforcement, LeaseId, LockClass, Mode, Namespace, QuorumPolicy, SpiffeId};
 pub use palisade_fence::{Epoch, FencingToken, Revision};
 #[cfg(feature = "core")]

@@ -1,18 +1,19 @@
 //! [`Locker`]: the entry point. One etcd client, one root prefix, one epoch state.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, Txn, TxnOp};
 use palisade_fence::{Epoch, Revision};
 use tokio::time::Instant;
 
+use crate::class_cache::{spawn_watch, ClassCache, WatchGuard};
 use crate::config_store::{decode, ConfigStore};
 use crate::epoch::{Current, EpochReason, EpochRecord, EpochState, EpochStore};
 use crate::error::{EpochMismatch, Error, ErrorKind, InvalidInput, Result};
 use crate::hold::Hold;
 use crate::keys::{validate_key, RootKeys};
+use crate::meta::HolderMeta;
 use crate::model::{validate_name, LockClass, Mode, SpiffeId};
 use crate::retry;
 use crate::session::Session;
@@ -60,7 +61,9 @@ pub(crate) struct LockerInner {
     pub(crate) keys: RootKeys,
     pub(crate) epoch: EpochState,
     pub(crate) request_timeout: Duration,
-    classes: Mutex<HashMap<(String, String), Arc<LockClass>>>,
+    classes: Arc<ClassCache>,
+    /// Ends the class cache's watch task with the locker.
+    _class_watch: WatchGuard,
 }
 
 /// Names one lock: a key in a class of a namespace.
@@ -120,13 +123,21 @@ impl Locker {
             .map_err(|e| Error::with_source(ErrorKind::QuorumLost, e))?;
         let keys = RootKeys::new(&options.root);
         let current = load_epoch(&client, &keys, &store, options.request_timeout).await?;
+        let classes = Arc::new(ClassCache::default());
+        let class_watch = spawn_watch(
+            client.clone(),
+            keys.config(),
+            classes.clone(),
+            options.request_timeout,
+        );
         Ok(Locker {
             inner: Arc::new(LockerInner {
                 client,
                 keys,
                 epoch: EpochState::new(Box::new(store), current),
                 request_timeout: options.request_timeout,
-                classes: Mutex::new(HashMap::new()),
+                classes,
+                _class_watch: class_watch,
             }),
         })
     }
@@ -196,13 +207,31 @@ impl Locker {
         mode: Mode,
         deadline: Instant,
     ) -> Result<Hold> {
+        self.acquire_with_meta(session, lock, mode, deadline, None)
+            .await
+    }
+
+    /// [`acquire`](Locker::acquire), with `holder_meta` stored in the hold's keys (and
+    /// its waiter key while it waits) and listed by [`lock_state`](Locker::lock_state).
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Locker::acquire).
+    pub async fn acquire_with_meta(
+        &self,
+        session: &Session,
+        lock: &LockName,
+        mode: Mode,
+        deadline: Instant,
+        holder_meta: Option<&HolderMeta>,
+    ) -> Result<Hold> {
         if deadline <= Instant::now() {
             return Err(Error::invalid(InvalidInput::DeadlinePassed));
         }
         validate_name(&lock.ns)?;
         validate_name(&lock.class)?;
         validate_key(&lock.key)?;
-        let class = self.class(&lock.ns, &lock.class).await?;
+        let class = self.class(&lock.ns, &lock.class, deadline).await?;
         if !lock.key.starts_with(&class.key_prefix) {
             return Err(Error::invalid(InvalidInput::KeyOutsideClass {
                 prefix: class.key_prefix.clone(),
@@ -226,6 +255,7 @@ impl Locker {
                 class.clone(),
                 mode,
                 deadline,
+                holder_meta,
             )
             .await;
             match result {
@@ -245,26 +275,27 @@ impl Locker {
         }
     }
 
-    /// The class, from a cache filled on first use (class changes reach a running
-    /// locker only for classes it has not used yet).
-    async fn class(&self, ns: &str, class: &str) -> Result<Arc<LockClass>> {
-        let k = (ns.to_owned(), class.to_owned());
-        if let Some(c) = self
-            .inner
-            .classes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&k)
-        {
-            return Ok(c.clone());
+    /// The class: from the cache while its watch on the config prefix is up (see
+    /// `class_cache`), else from etcd (one request timeout at most, never past
+    /// `deadline`), else, if etcd cannot answer, the last class this locker read.
+    async fn class(&self, ns: &str, class: &str, deadline: Instant) -> Result<Arc<LockClass>> {
+        let cache = &self.inner.classes;
+        if let Some(c) = cache.get(ns, class) {
+            return Ok(c);
         }
-        let c = Arc::new(self.config().class(ns, class).await?);
-        self.inner
-            .classes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(k, c.clone());
-        Ok(c)
+        let generation = cache.generation();
+        let until = (Instant::now() + self.inner.request_timeout).min(deadline);
+        match self.config().class_until(ns, class, until).await {
+            Ok(c) => {
+                let c = Arc::new(c);
+                cache.fill(generation, c.clone());
+                Ok(c)
+            }
+            Err(e) if e.is_quorum_lost() || e.kind() == &ErrorKind::DeadlineExceeded => {
+                cache.last_known(ns, class).ok_or(e)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Starts a new epoch on the etcd cluster this locker is connected to (an operator
@@ -279,7 +310,7 @@ impl Locker {
         let inner = &self.inner;
         let deadline = Instant::now() + inner.request_timeout * 3;
         let key = inner.keys.epoch();
-        let resp = retry::call(deadline, inner.request_timeout, || {
+        let resp = retry::call("epoch.get", deadline, inner.request_timeout, || {
             let (mut c, key) = (inner.client.clone(), key.clone());
             async move { c.get(key, None).await }
         })
@@ -323,7 +354,7 @@ impl Locker {
             .map_err(|e| Error::with_source(ErrorKind::EpochStore, e))?;
         let value = serde_json::to_vec(&record)
             .map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
-        let put = retry::call(deadline, inner.request_timeout, || {
+        let put = retry::call("epoch.put", deadline, inner.request_timeout, || {
             let (mut c, key, value) = (inner.client.clone(), key.clone(), value.clone());
             async move { c.put(key, value, None).await }
         })
@@ -347,7 +378,7 @@ impl Locker {
 pub(crate) async fn adopt_advanced_epoch(inner: &LockerInner) -> bool {
     let deadline = Instant::now() + inner.request_timeout * 3;
     let key = inner.keys.epoch();
-    let Ok(resp) = retry::call(deadline, inner.request_timeout, || {
+    let Ok(resp) = retry::call("epoch.get", deadline, inner.request_timeout, || {
         let (mut c, key) = (inner.client.clone(), key.clone());
         async move { c.get(key, None).await }
     })
@@ -399,7 +430,7 @@ async fn load_epoch(
 ) -> Result<Current> {
     let deadline = Instant::now() + per_request * 5;
     let key = keys.epoch();
-    let resp = retry::call(deadline, per_request, || {
+    let resp = retry::call("epoch.load", deadline, per_request, || {
         let (mut c, key) = (client.clone(), key.clone());
         async move { c.get(key, None).await }
     })
@@ -431,7 +462,7 @@ async fn load_epoch(
             let txn = Txn::new()
                 .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
                 .and_then([TxnOp::put(key.clone(), value, None)]);
-            let resp = retry::call(deadline, per_request, || {
+            let resp = retry::call("epoch.bootstrap", deadline, per_request, || {
                 let (mut c, txn) = (client.clone(), txn.clone());
                 async move { c.txn(txn).await }
             })

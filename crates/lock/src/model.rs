@@ -65,6 +65,7 @@ impl SpiffeId {
 }
 
 /// How a lock is held.
+#[cfg_attr(feature = "service", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
@@ -86,6 +87,7 @@ impl Mode {
 }
 
 /// Whether resources must refuse writes without a valid token.
+#[cfg_attr(feature = "service", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Enforcement {
@@ -96,6 +98,7 @@ pub enum Enforcement {
 }
 
 /// What acquire does when etcd cannot commit (no leader, timeouts).
+#[cfg_attr(feature = "service", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum QuorumPolicy {
@@ -106,6 +109,7 @@ pub enum QuorumPolicy {
 }
 
 /// A namespace: the unit of tenancy, quotas and authorization.
+#[cfg_attr(feature = "service", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Namespace {
     /// Name, `[a-z0-9][a-z0-9_-]{0,62}`.
@@ -138,6 +142,7 @@ impl Namespace {
 }
 
 /// A lock class: the policy for every lock key under `key_prefix` in a namespace.
+#[cfg_attr(feature = "service", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockClass {
     /// Name, `[a-z0-9][a-z0-9_-]{0,62}`.
@@ -150,9 +155,11 @@ pub struct LockClass {
     pub key_prefix: String,
     /// Shortest session TTL allowed to acquire.
     #[serde(with = "millis")]
+    #[cfg_attr(feature = "service", schema(value_type = u64))]
     pub ttl_min: Duration,
     /// Longest session TTL allowed to acquire.
     #[serde(with = "millis")]
+    #[cfg_attr(feature = "service", schema(value_type = u64))]
     pub ttl_max: Duration,
     /// [`Mode::Exclusive`]: only exclusive acquires. [`Mode::Shared`]: shared and
     /// exclusive acquires (a readers-writer lock).
@@ -165,6 +172,7 @@ pub struct LockClass {
     /// granted again until this much time has passed (as in Chubby and Consul).
     /// Default zero.
     #[serde(with = "millis", default)]
+    #[cfg_attr(feature = "service", schema(value_type = u64))]
     pub lock_delay: Duration,
 }
 

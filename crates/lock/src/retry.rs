@@ -5,6 +5,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::error::{Error, ErrorKind, Result};
 
@@ -91,7 +92,14 @@ impl CallError {
 /// Runs `op` until it succeeds, fails for good, or `deadline` passes. Each attempt gets
 /// at most `per_request` (and never past the deadline); transient failures are retried
 /// after a backoff. Only use it for requests that are safe to repeat.
+///
+/// Each attempt runs in an INFO span `etcd` with the fields `op` (`name`, such as
+/// `acquire.txn`), `attempt` (1, 2, ...) and `outcome`: `ok`, `transient` (retried),
+/// `timeout` (no answer within `per_request`; retried), `lease_gone` or `fatal`. A failed
+/// attempt also logs its error at DEBUG inside the span. etcd-client balances requests
+/// over the endpoints without saying which one answered, so the span has no endpoint.
 pub(crate) async fn call<T, F, Fut>(
+    name: &'static str,
     deadline: Instant,
     per_request: Duration,
     mut op: F,
@@ -102,27 +110,49 @@ where
 {
     let mut backoff = Backoff::new();
     let mut last = None;
-    let mut attempted = false;
+    let mut attempt = 0u32;
     loop {
         let now = Instant::now();
         if now >= deadline {
-            return Err(if attempted {
+            return Err(if attempt > 0 {
                 CallError::Unavailable(last)
             } else {
                 CallError::NoTime
             });
         }
-        attempted = true;
+        attempt += 1;
+        let span = tracing::info_span!("etcd", op = name, attempt, outcome = tracing::field::Empty);
         let attempt_until = (now + per_request).min(deadline);
-        match tokio::time::timeout_at(attempt_until, op()).await {
-            Ok(Ok(v)) => return Ok(v),
-            Ok(Err(e)) => match classify(&e) {
-                Failure::Transient => last = Some(e),
-                Failure::LeaseGone => return Err(CallError::LeaseGone(e)),
-                Failure::Fatal => return Err(CallError::Fatal(e)),
-            },
-            Err(_elapsed) => {}
-        }
+        let answer = tokio::time::timeout_at(attempt_until, op())
+            .instrument(span.clone())
+            .await;
+        let outcome = match answer {
+            Ok(Ok(v)) => {
+                span.record("outcome", "ok");
+                return Ok(v);
+            }
+            Ok(Err(e)) => {
+                let failure = classify(&e);
+                span.in_scope(|| tracing::debug!(error = %e, ?failure, "etcd call failed"));
+                match failure {
+                    Failure::Transient => {
+                        last = Some(e);
+                        "transient"
+                    }
+                    Failure::LeaseGone => {
+                        span.record("outcome", "lease_gone");
+                        return Err(CallError::LeaseGone(e));
+                    }
+                    Failure::Fatal => {
+                        span.record("outcome", "fatal");
+                        return Err(CallError::Fatal(e));
+                    }
+                }
+            }
+            Err(_elapsed) => "timeout",
+        };
+        span.record("outcome", outcome);
+        drop(span);
         backoff.wait(deadline).await;
     }
 }
@@ -152,6 +182,7 @@ mod tests {
     async fn call_retries_transient_failures_and_stops_at_the_deadline() {
         let mut attempts = 0;
         let r = call(
+            "test",
             Instant::now() + Duration::from_secs(5),
             Duration::from_millis(100),
             || {
@@ -171,6 +202,7 @@ mod tests {
 
         let started = Instant::now();
         let r: Result<(), _> = call(
+            "test",
             started + Duration::from_millis(300),
             Duration::from_millis(50),
             || async { Err(status(Code::Unavailable)) },
@@ -180,6 +212,7 @@ mod tests {
         assert!(started.elapsed() < Duration::from_millis(600));
 
         let r: Result<(), _> = call(
+            "test",
             Instant::now() + Duration::from_secs(5),
             Duration::from_millis(50),
             || async { Err(status(Code::PermissionDenied)) },

@@ -112,7 +112,7 @@ impl Session {
         }
         let deadline = Instant::now() + request_timeout.max(Duration::from_secs(5));
         let sent_at = Instant::now();
-        let resp = retry::call(deadline, request_timeout, || {
+        let resp = retry::call("session.lease_grant", deadline, request_timeout, || {
             let mut c = client.clone();
             async move { c.lease_grant(ttl.as_secs() as i64, None).await }
         })
@@ -249,10 +249,15 @@ impl Session {
         let deadline = Instant::now() + self.inner.request_timeout * 2;
         let lease = self.inner.lease.get();
         let client = self.inner.client.clone();
-        match retry::call(deadline, self.inner.request_timeout, || {
-            let mut c = client.clone();
-            async move { c.lease_revoke(lease).await }
-        })
+        match retry::call(
+            "session.revoke",
+            deadline,
+            self.inner.request_timeout,
+            || {
+                let mut c = client.clone();
+                async move { c.lease_revoke(lease).await }
+            },
+        )
         .await
         {
             Ok(_) | Err(retry::CallError::LeaseGone(_)) => Ok(()),

@@ -13,6 +13,15 @@ use palisade_lock::{FileEpochStore, LockClass, Locker, LockerOptions, Namespace}
 use palisade_testkit::EtcdCluster;
 use serde_json::{json, Value};
 
+#[path = "service/class_update.rs"]
+mod class_update;
+#[path = "service/holder_meta.rs"]
+mod holder_meta;
+#[path = "service/observability.rs"]
+mod observability;
+#[path = "service/openapi.rs"]
+mod openapi;
+
 const OWNER: &str = "spiffe://test/billing/a";
 const OTHER: &str = "spiffe://test/billing/b";
 const STRANGER: &str = "spiffe://test/nobody";

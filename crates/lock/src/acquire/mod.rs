@@ -14,6 +14,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::hold::Hold;
 use crate::keys::LockKeys;
 use crate::locker::{LockName, LockerInner};
+use crate::meta::HolderMeta;
 use crate::model::{LockClass, Mode, QuorumPolicy};
 use crate::retry::{self, CallError};
 use crate::session::Session;
@@ -25,7 +26,7 @@ use waiter::Step;
 /// The value of hold, waiter and grant-record keys: who, for which class, in which epoch.
 /// The token of a hold is `epoch · 2^48 + create_revision` of its hold key.
 #[derive(Debug, Serialize)]
-struct HolderMeta<'a> {
+struct StoredMeta<'a> {
     spiffe_id: &'a str,
     class: &'a str,
     mode: Mode,
@@ -33,6 +34,9 @@ struct HolderMeta<'a> {
     /// Which acquire wrote it (unique within the process, and so within the lease): a
     /// hold of this lease from another attempt is a leftover, never adopted.
     attempt: u64,
+    /// What the holder attached, if anything.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    holder_meta: Option<&'a HolderMeta>,
 }
 
 /// Numbers acquire attempts.
@@ -161,7 +165,7 @@ async fn cleanup(
     ]);
     let txn = Txn::new().and_then(ops);
     let deadline = Instant::now() + locker.request_timeout * 3;
-    retry::call(deadline, locker.request_timeout, || {
+    retry::call("acquire.cleanup", deadline, locker.request_timeout, || {
         let (mut c, txn) = (locker.client.clone(), txn.clone());
         async move { c.txn(txn).await }
     })
@@ -176,6 +180,7 @@ pub(crate) async fn acquire(
     class: Arc<LockClass>,
     mode: Mode,
     deadline: Instant,
+    holder_meta: Option<&HolderMeta>,
 ) -> Result<Hold> {
     if session.loss().is_some() {
         return Err(Error::new(ErrorKind::SessionLost));
@@ -186,12 +191,13 @@ pub(crate) async fn acquire(
     }
     let epoch = locker.epoch.snapshot();
     let id = ATTEMPTS.fetch_add(1, Ordering::Relaxed);
-    let meta = serde_json::to_vec(&HolderMeta {
+    let meta = serde_json::to_vec(&StoredMeta {
         spiffe_id: session.spiffe_id().as_str(),
         class: &class.id,
         mode,
         epoch: epoch.record.epoch.get(),
         attempt: id,
+        holder_meta,
     })
     .map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
     let mut attempt = Attempt {
@@ -272,10 +278,15 @@ impl Attempt {
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
-        retry::call(self.deadline, self.locker.request_timeout, || {
-            let (mut c, txn) = (self.locker.client.clone(), txn.clone());
-            async move { c.txn(txn).await }
-        })
+        retry::call(
+            "acquire.txn",
+            self.deadline,
+            self.locker.request_timeout,
+            || {
+                let (mut c, txn) = (self.locker.client.clone(), txn.clone());
+                async move { c.txn(txn).await }
+            },
+        )
         .await
         .map_err(|e| e.into_error(ErrorKind::QuorumLost))
     }
@@ -299,11 +310,16 @@ impl Attempt {
             .and_then([TxnOp::txn(inner)]);
         let was_unsettled = self.unsettled.swap(true, Ordering::SeqCst);
         let sends = AtomicUsize::new(0);
-        let resp = retry::call(self.deadline, self.locker.request_timeout, || {
-            sends.fetch_add(1, Ordering::SeqCst);
-            let (mut c, txn) = (self.locker.client.clone(), txn.clone());
-            async move { c.txn(txn).await }
-        })
+        let resp = retry::call(
+            "acquire.grant_or_enqueue",
+            self.deadline,
+            self.locker.request_timeout,
+            || {
+                sends.fetch_add(1, Ordering::SeqCst);
+                let (mut c, txn) = (self.locker.client.clone(), txn.clone());
+                async move { c.txn(txn).await }
+            },
+        )
         .await
         .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
         if !was_unsettled && sends.load(Ordering::SeqCst) == 1 {

@@ -307,10 +307,15 @@ impl Attempt {
         let opts = WatchOptions::new()
             .with_start_revision(from_rev)
             .with_filters([WatchFilterType::NoPut]);
-        let watch = retry::call(self.deadline, self.locker.request_timeout, || {
-            let (mut c, key, opts) = (self.locker.client.clone(), key.to_vec(), opts.clone());
-            async move { c.watch(key, Some(opts)).await }
-        });
+        let watch = retry::call(
+            "acquire.watch",
+            self.deadline,
+            self.locker.request_timeout,
+            || {
+                let (mut c, key, opts) = (self.locker.client.clone(), key.to_vec(), opts.clone());
+                async move { c.watch(key, Some(opts)).await }
+            },
+        );
         let (_watcher, mut stream) = match watch.await {
             Ok(w) => w,
             Err(e) => return Err(e.into_error(ErrorKind::QuorumLost)),

@@ -18,6 +18,13 @@ use super::problem::{ProblemKind, ProblemSeen};
 /// - `palisade_quota_rejections_total{quota}`: 429s, by `held_lease_quota` or
 ///   `op_rate_quota`.
 /// - `palisade_etcd_errors_total`: answers 502 or 503 because etcd failed.
+/// - `palisade_expiries_total{kind}`: session leases this replica found expired, as it
+///   observes them (a replica runs no keepalive and sees no lease end by itself):
+///   `kind="session"`, a keepalive naming a session whose lease etcd no longer has;
+///   `kind="hold"`, a release naming a hold whose session's lease is gone (the hold
+///   ended with the lease). A session closed through the service and then kept alive or
+///   released counts too: etcd tells a revoked lease from an expired one to no one. The
+///   audit trail records every expiry, seen or not.
 #[derive(Clone)]
 pub(super) struct Metrics {
     registry: Registry,
@@ -28,6 +35,7 @@ pub(super) struct Metrics {
     pub(super) lost: IntCounter,
     pub(super) quota_rejections: IntCounterVec,
     pub(super) etcd_errors: IntCounter,
+    pub(super) expiries: IntCounterVec,
 }
 
 impl Metrics {
@@ -73,8 +81,20 @@ impl Metrics {
         registry
             .register(Box::new(quota_rejections.clone()))
             .expect("registered once");
+        let expiries = IntCounterVec::new(
+            Opts::new(
+                "palisade_expiries_total",
+                "Session leases found expired: by a keepalive (session) or a release (hold).",
+            ),
+            &["kind"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(expiries.clone()))
+            .expect("registered once");
         Metrics {
             registry,
+            expiries,
             grants,
             wait_seconds,
             timeouts,

@@ -15,24 +15,39 @@
 //! | `POST /v1/sessions` | `{"ttl_ms"}` | 201 `{"session","spiffe_id","ttl_ms","opened_rev"}` |
 //! | `POST /v1/sessions/{session}/keepalive` | none | 200 `{"ttl_ms"}` |
 //! | `DELETE /v1/sessions/{session}` | none | 204; every hold of the session ends |
-//! | `POST /v1/locks/acquire` | `{"session","namespace","class","key","mode","wait_ms"}` | 200 `{"token","grant_rev",...}` |
+//! | `POST /v1/locks/acquire` | `{"session","namespace","class","key","mode","wait_ms","holder_meta"?}` | 200 `{"token","grant_rev",...}` |
 //! | `POST /v1/locks/release` | `{"session","namespace","class","key","mode","grant_rev"}` | 204 |
-//! | `GET /v1/locks/status?namespace=&class=&key=` | none | 200 holders (with tokens), waiters in order, class |
+//! | `GET /v1/locks/status?namespace=&class=&key=` | none | 200 holders (with tokens and `holder_meta`), waiters in order, class |
 //! | `GET /v1/namespaces` | none | 200 list |
 //! | `PUT /v1/namespaces/{ns}` | `{"tenant_id",...}` | 200, create or update |
 //! | `GET /v1/namespaces/{ns}/classes` | none | 200 list |
 //! | `PUT /v1/namespaces/{ns}/classes/{class}` | `{"key_prefix","ttl_min_ms",...}` | 200, create or update |
 //! | `GET /v1/epoch` | none | 200 the epoch record, and why grants are refused if they are |
 //! | `POST /v1/epoch/advance` | `{"reason":"restore"\|"rehome"}` | 200 the new record |
-//! | `GET /metrics` | none | 200 Prometheus text: grants, acquire wait time, timeouts, releases, lost holds, quota rejections, etcd errors (no identity needed) |
+//! | `GET /v1/openapi.json` | none | 200 the OpenAPI 3.1 document of every route here, with the problem responses of each (no identity needed) |
+//! | `GET /metrics` | none | 200 Prometheus text: grants, acquire wait time, timeouts, releases, lost holds, quota rejections, etcd errors, expiries (no identity needed) |
 //! | `POST /v1/force-releases` | `{"namespace","class","key","reason"}` | 201 `{"id",...}`: a request, nothing deleted yet |
 //! | `POST /v1/force-releases/{id}/approve` | none | 200 `{"id","requester","approver","class_was_fenced","released":[{"session","mode","token","revision"}]}` |
+//!
+//! `holder_meta` is an optional JSON object stored with the hold (and its waiter key)
+//! and listed by status for each holder and waiter, at most
+//! [`MAX_HOLDER_META_LEN`](crate::MAX_HOLDER_META_LEN) (1024) bytes as compact JSON;
+//! larger is 400 `invalid-input`, anything but an object 422.
 //!
 //! Tokens are JSON strings (decimal u64). `ttl_ms` is a whole number of seconds in ms,
 //! from 1,000 to [`ServiceOptions::with_max_ttl`] (default 1 h); `wait_ms` is 1 to
 //! [`ServiceOptions::with_max_wait`] (default 60 s): acquire long-polls that long at most.
 //!
-//! Every request runs in a `tower-http` trace span (method, path, status, latency).
+//! Every request runs in a `tower-http` trace span (method, path, status, latency), and
+//! every etcd call attempt it makes in a child span `etcd` (`op`, `attempt`, `outcome`;
+//! see the shared retry policy).
+//!
+//! The router is built from one route table ([`routes`]); the OpenAPI document
+//! ([`openapi_json`]) is generated (utoipa) from the handlers and their request and
+//! response types, so its schemas say what the handlers accept: unknown fields are
+//! refused (`additionalProperties: false`), names, session ids and key lengths have
+//! their patterns and bounds. What a schema cannot say (the service's configured TTL and
+//! wait maxima, `ttl_ms` in whole seconds) is in the field descriptions.
 //!
 //! # Errors
 //!
@@ -96,8 +111,9 @@
 //!
 //! # Known limits
 //!
-//! - A replica caches each class on first use; a class update reaches replicas that
-//!   already used the class only after they restart.
+//! - A class update reaches every replica through its locker's watch on the config
+//!   prefix (usually within milliseconds); an acquire that read the class just before
+//!   the update may still be granted under the old class.
 //! - One session acquiring the same lock twice at once through two replicas waits behind
 //!   itself until its deadline (the per-session check is per process).
 //! - An acquire whose response is lost (client gone after the grant) leaves the hold
@@ -107,6 +123,7 @@ mod authz;
 mod force;
 mod identity;
 mod metrics;
+mod openapi;
 mod problem;
 mod quota;
 mod rate;
@@ -191,6 +208,18 @@ impl ServiceOptions {
 /// The `/v1` router over `locker`.
 pub fn router(locker: Locker, options: ServiceOptions) -> Router {
     routes::router(locker, options)
+}
+
+/// Every route the router serves, as `(method, path)` with path parameters in braces
+/// (`/v1/sessions/{session}`), in the order of the table in these docs. The router is
+/// built from the same table; `GET /v1/openapi.json` documents exactly these.
+pub fn routes() -> Vec<(axum::http::Method, &'static str)> {
+    routes::routes()
+}
+
+/// The OpenAPI 3.1 document of every route, as served at `GET /v1/openapi.json`.
+pub fn openapi_json() -> String {
+    routes::openapi().to_json().unwrap_or_default()
 }
 
 /// Why [`serve_dev`] did not start.

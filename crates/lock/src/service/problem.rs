@@ -45,6 +45,24 @@ pub enum ProblemKind {
 }
 
 impl ProblemKind {
+    /// Every kind, in declaration order.
+    pub const ALL: [ProblemKind; 14] = [
+        ProblemKind::InvalidInput,
+        ProblemKind::Unauthenticated,
+        ProblemKind::Forbidden,
+        ProblemKind::NotFound,
+        ProblemKind::NotHeld,
+        ProblemKind::DeadlineExceeded,
+        ProblemKind::SessionLost,
+        ProblemKind::AlreadyApproved,
+        ProblemKind::QuotaExceeded,
+        ProblemKind::EpochMismatch,
+        ProblemKind::EpochExhausted,
+        ProblemKind::QuorumLost,
+        ProblemKind::Upstream,
+        ProblemKind::Internal,
+    ];
+
     /// The slug used in the `type` URI.
     pub fn slug(self) -> &'static str {
         match self {

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::problem::{Problem, ProblemKind};
 use crate::keys::{escape_key, prefix_end};
@@ -58,7 +59,10 @@ impl Drop for Slot {
     fn drop(&mut self) {
         if let Some(key) = self.key.take() {
             let locker = self.locker.clone();
-            tokio::spawn(async move { free(&locker, key).await });
+            // In the request's span, so the delete's etcd span is traced under it.
+            tokio::spawn(
+                async move { free(&locker, key).await }.instrument(tracing::Span::current()),
+            );
         }
     }
 }
@@ -67,10 +71,15 @@ impl Drop for Slot {
 /// Retries transient failures (such as a dead member) for a few request timeouts.
 pub(super) async fn free(locker: &Locker, key: String) {
     let per_request = locker.inner.request_timeout;
-    let deleted = retry::call(Instant::now() + per_request * 3, per_request, || {
-        let (mut c, key) = (locker.client().clone(), key.clone());
-        async move { c.delete(key, None).await }
-    })
+    let deleted = retry::call(
+        "quota.free",
+        Instant::now() + per_request * 3,
+        per_request,
+        || {
+            let (mut c, key) = (locker.client().clone(), key.clone());
+            async move { c.delete(key, None).await }
+        },
+    )
     .await;
     if let Err(e) = deleted {
         tracing::warn!(error = ?e, "quota slot not deleted; it goes with its session");
@@ -100,12 +109,15 @@ pub(super) async fn take(
     let per_request = locker.inner.request_timeout;
     let mut attempt = 0u32;
     loop {
-        let resp = retry::call(deadline, per_request, || {
+        let resp = retry::call("quota.count", deadline, per_request, || {
             let (mut c, end) = (locker.client().clone(), end.clone());
             let prefix = prefix.clone();
             async move {
-                c.get(prefix, Some(GetOptions::new().with_range(end).with_count_only()))
-                    .await
+                c.get(
+                    prefix,
+                    Some(GetOptions::new().with_range(end).with_count_only()),
+                )
+                .await
             }
         })
         .await
@@ -134,7 +146,7 @@ pub(super) async fn take(
             )]);
         // Safe to repeat: the put is of this wait's own slot key, and a repeat after a
         // lost answer fails the compare (the slot is newer than R) and recounts.
-        let done = retry::call(deadline, per_request, || {
+        let done = retry::call("quota.take", deadline, per_request, || {
             let (mut c, txn) = (locker.client().clone(), txn.clone());
             async move { c.txn(txn).await }
         })

@@ -1,0 +1,255 @@
+//! Two-person force release: request, approve.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::extract::{Body, PathArgs};
+use super::{forbidden, ApiResult, AppState};
+use crate::locker::LockName;
+use crate::model::{Enforcement, Mode};
+use crate::service::force::{ForceReleases, ForcedRelease};
+use crate::service::identity::Caller;
+use crate::service::openapi::{ApproveForceProblems, RequestForceProblems};
+use crate::service::problem::{Problem, ProblemKind};
+use crate::{FencingToken, Revision};
+
+fn force_of(state: &AppState) -> ApiResult<&ForceReleases> {
+    state.force.as_ref().ok_or_else(|| {
+        Problem::new(
+            ProblemKind::NotFound,
+            "force release is not configured on this service (no database)",
+        )
+    })
+}
+
+fn db_problem(e: &tokio_postgres::Error) -> Problem {
+    tracing::error!(error = %e, "force release database error");
+    Problem::new(ProblemKind::Upstream, "the force release database failed")
+}
+
+/// The longest force release reason, in bytes.
+const MAX_REASON_LEN: usize = 1024;
+
+/// Requests the force release of a lock key.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ForceRequestBody {
+    #[schema(pattern = "^[a-z0-9][a-z0-9_-]{0,62}$")]
+    namespace: String,
+    #[schema(pattern = "^[a-z0-9][a-z0-9_-]{0,62}$")]
+    class: String,
+    #[schema(min_length = 1, max_length = 512)]
+    key: String,
+    /// Why, 1 to 1024 bytes, not blank.
+    #[schema(min_length = 1, max_length = 1024)]
+    reason: String,
+}
+
+/// A pending force release request.
+#[derive(Serialize, ToSchema)]
+pub(super) struct ForceRequestView {
+    /// The request id, to approve it with.
+    id: String,
+    namespace: String,
+    class: String,
+    key: String,
+    requester: String,
+    reason: String,
+}
+
+/// Requests a force release (admins of the namespace); nothing is deleted yet.
+#[utoipa::path(post, path = "/v1/force-releases", tag = "force release",
+    request_body = ForceRequestBody,
+    responses((status = 201, description = "requested; a different admin must approve it",
+        body = ForceRequestView), RequestForceProblems))]
+pub(super) async fn request_force_release(
+    State(state): State<AppState>,
+    caller: Caller,
+    Body(body): Body<ForceRequestBody>,
+) -> ApiResult<impl IntoResponse> {
+    let force = force_of(&state)?;
+    crate::model::validate_name(&body.namespace)?;
+    crate::model::validate_name(&body.class)?;
+    crate::keys::validate_key(&body.key)?;
+    if body.reason.trim().is_empty() || body.reason.len() > MAX_REASON_LEN {
+        return Err(Problem::new(
+            ProblemKind::InvalidInput,
+            format!("reason must be 1 to {MAX_REASON_LEN} bytes, not blank"),
+        ));
+    }
+    if !state
+        .authz
+        .current()
+        .is_ns_admin(&body.namespace, &caller.0)
+    {
+        return Err(forbidden(
+            "only admins of the namespace request force releases",
+        ));
+    }
+    let id = force
+        .insert(
+            &body.namespace,
+            &body.class,
+            &body.key,
+            caller.0.as_str(),
+            &body.reason,
+        )
+        .await
+        .map_err(|e| db_problem(&e))?;
+    tracing::warn!(%id, requester = caller.0.as_str(), ns = %body.namespace, class = %body.class, key = %body.key, "force release requested");
+    Ok((
+        StatusCode::CREATED,
+        Json(ForceRequestView {
+            id,
+            namespace: body.namespace,
+            class: body.class,
+            key: body.key,
+            requester: caller.0.as_str().to_owned(),
+            reason: body.reason,
+        }),
+    ))
+}
+
+/// One hold deleted by an approval.
+#[derive(Serialize, ToSchema)]
+pub(super) struct ReleasedView {
+    session: String,
+    mode: Mode,
+    /// The deleted hold's token, a decimal u64 as a string.
+    #[schema(value_type = String)]
+    token: FencingToken,
+    /// The revision of the Txn that deleted it.
+    #[schema(value_type = u64)]
+    revision: Revision,
+}
+
+/// An approved force release.
+#[derive(Serialize, ToSchema)]
+pub(super) struct ApproveView {
+    id: String,
+    requester: String,
+    approver: String,
+    class_was_fenced: bool,
+    /// The holds deleted (empty if the lock had no holder).
+    released: Vec<ReleasedView>,
+}
+
+/// Approves a force release (a different admin of the namespace): every current hold
+/// of the key is deleted and recorded in the audit trail.
+#[utoipa::path(post, path = "/v1/force-releases/{id}/approve", tag = "force release",
+    params(("id" = String, Path, description = "the request id")),
+    responses((status = 200, description = "approved and executed", body = ApproveView),
+        ApproveForceProblems))]
+pub(super) async fn approve_force_release(
+    State(state): State<AppState>,
+    caller: Caller,
+    PathArgs(id): PathArgs<String>,
+) -> ApiResult<Json<ApproveView>> {
+    let force = force_of(&state)?;
+    let not_found = || {
+        Problem::new(
+            ProblemKind::NotFound,
+            "no force release request with this id",
+        )
+    };
+    if id.is_empty() || id.len() > 64 {
+        return Err(not_found());
+    }
+    let req = force
+        .get(&id)
+        .await
+        .map_err(|e| db_problem(&e))?
+        .ok_or_else(not_found)?;
+    if !state.authz.current().is_ns_admin(&req.namespace, &caller.0) {
+        return Err(forbidden(
+            "only admins of the namespace approve force releases",
+        ));
+    }
+    if req.requester == caller.0.as_str() {
+        return Err(forbidden(
+            "a force release needs a second admin: the requester cannot approve it",
+        ));
+    }
+    if req.approver.is_some()
+        || !force
+            .claim(&id, caller.0.as_str())
+            .await
+            .map_err(|e| db_problem(&e))?
+    {
+        return Err(Problem::new(
+            ProblemKind::AlreadyApproved,
+            "this request was already approved",
+        ));
+    }
+    let class = state
+        .locker
+        .config()
+        .class(&req.namespace, &req.class)
+        .await?;
+    let class_was_fenced = class.enforcement == Enforcement::Fenced;
+    let name = LockName::new(req.namespace, req.class, req.key);
+    let lock = state.locker.lock_state(&name).await?;
+    let marker = crate::force::ForceMarker {
+        request_id: id.clone(),
+        requester: req.requester.clone(),
+        reason: req.reason.clone(),
+    };
+    let cluster_id = state.locker.epoch().0.cluster_id;
+    let mut released = Vec::new();
+    for h in lock.holders {
+        let revision = match state
+            .locker
+            .force_release(&name, h.lease, h.mode, &marker)
+            .await
+        {
+            Ok(rev) => rev,
+            // Released or expired since the read: nothing to force.
+            Err(e) if e.kind() == &crate::error::ErrorKind::NotHeld => continue,
+            Err(e) => return Err(e.into()),
+        };
+        let request_id = if released.is_empty() {
+            id.clone()
+        } else {
+            format!("{id}.{}", released.len())
+        };
+        tracing::warn!(%request_id, %revision, requester = %req.requester, approver = caller.0.as_str(), "hold force-released");
+        force
+            .audit
+            .record(ForcedRelease {
+                request_id,
+                cluster_id,
+                revision,
+                lock_key: name.key.clone(),
+                requester: req.requester.clone(),
+                approver: caller.0.as_str().to_owned(),
+                reason: req.reason.clone(),
+                class_was_fenced,
+                at: std::time::SystemTime::now(),
+            })
+            .await
+            .map_err(|e| {
+                tracing::error!(error = %e, "force release not recorded in the audit trail");
+                Problem::new(
+                    ProblemKind::Internal,
+                    "the hold was force-released but the audit record failed",
+                )
+            })?;
+        released.push(ReleasedView {
+            session: h.lease.to_string(),
+            mode: h.mode,
+            token: h.token,
+            revision,
+        });
+    }
+    Ok(Json(ApproveView {
+        id,
+        requester: req.requester,
+        approver: caller.0.as_str().to_owned(),
+        class_was_fenced,
+        released,
+    }))
+}

@@ -1,0 +1,115 @@
+//! Sessions: open, keepalive, close.
+
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::extract::{Body, PathArgs};
+use super::{ms, owned_session, ApiResult, AppState, Expiry};
+use crate::service::identity::Caller;
+use crate::service::openapi::{CloseProblems, KeepaliveProblems, OpenProblems};
+use crate::service::problem::{Problem, ProblemKind};
+use crate::Revision;
+
+/// Opens a session.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct OpenSessionBody {
+    /// The lease TTL in ms: a whole number of seconds, from 1000 to the service's
+    /// maximum (default 1 h).
+    ttl_ms: u64,
+}
+
+/// A session: an etcd lease owned by one SPIFFE ID.
+#[derive(Serialize, ToSchema)]
+pub(super) struct SessionView {
+    /// The lease id, 16 lower-case hex digits.
+    #[schema(pattern = "^[0-9a-f]{16}$")]
+    session: String,
+    /// The owner.
+    spiffe_id: String,
+    /// The TTL etcd granted, in ms (can exceed the TTL asked for).
+    ttl_ms: u64,
+    /// The etcd revision at which the session was recorded.
+    #[schema(value_type = u64)]
+    opened_rev: Revision,
+}
+
+/// Opens a session for the caller.
+#[utoipa::path(post, path = "/v1/sessions", tag = "sessions",
+    request_body = OpenSessionBody,
+    responses((status = 201, description = "the session", body = SessionView), OpenProblems))]
+pub(super) async fn open_session(
+    State(state): State<AppState>,
+    caller: Caller,
+    Body(body): Body<OpenSessionBody>,
+) -> ApiResult<impl IntoResponse> {
+    let ttl = Duration::from_millis(body.ttl_ms);
+    if body.ttl_ms % 1000 != 0 || ttl < Duration::from_secs(1) || ttl > state.max_ttl {
+        return Err(Problem::new(
+            ProblemKind::InvalidInput,
+            format!(
+                "ttl_ms must be a whole number of seconds from 1000 to {}",
+                ms(state.max_ttl)
+            ),
+        ));
+    }
+    let record = state.locker.open_detached_session(caller.0, ttl).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(SessionView {
+            session: record.lease.to_string(),
+            spiffe_id: record.spiffe_id.as_str().to_owned(),
+            ttl_ms: ms(record.ttl),
+            opened_rev: record.opened_rev,
+        }),
+    ))
+}
+
+/// A renewed session.
+#[derive(Serialize, ToSchema)]
+pub(super) struct KeepaliveView {
+    /// The TTL the lease was renewed to, in ms.
+    ttl_ms: u64,
+}
+
+/// Renews the session's lease, and so every hold and wait of the session.
+#[utoipa::path(post, path = "/v1/sessions/{session}/keepalive", tag = "sessions",
+    params(("session" = String, Path, description = "the session id, 16 lower-case hex digits")),
+    responses((status = 200, description = "renewed", body = KeepaliveView), KeepaliveProblems))]
+pub(super) async fn keepalive(
+    State(state): State<AppState>,
+    caller: Caller,
+    PathArgs(session): PathArgs<String>,
+) -> ApiResult<Json<KeepaliveView>> {
+    let record = owned_session(&state, &caller, &session, Expiry::Session).await?;
+    let ttl = state
+        .locker
+        .keep_alive_once(record.lease)
+        .await
+        .inspect_err(|e| {
+            if e.is_session_lost() {
+                state.count_expiry(Expiry::Session);
+            }
+        })?;
+    Ok(Json(KeepaliveView { ttl_ms: ms(ttl) }))
+}
+
+/// Closes the session: revokes its lease, which ends every hold and wait of it.
+#[utoipa::path(delete, path = "/v1/sessions/{session}", tag = "sessions",
+    params(("session" = String, Path, description = "the session id, 16 lower-case hex digits")),
+    responses((status = 204, description = "closed; every hold of the session ended"), CloseProblems))]
+pub(super) async fn close_session(
+    State(state): State<AppState>,
+    caller: Caller,
+    PathArgs(session): PathArgs<String>,
+) -> ApiResult<StatusCode> {
+    let record = owned_session(&state, &caller, &session, Expiry::Uncounted).await?;
+    state.locker.revoke_session(record.lease).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
