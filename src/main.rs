@@ -41,6 +41,8 @@ enum Command {
     Epoch(cli::epoch::EpochArgs),
     /// Two-person force release of a lock key: one admin requests, another approves.
     ForceRelease(cli::force::ForceArgs),
+    /// Fault injection: real etcd, replicas, Postgres and workers under a seeded nemesis.
+    Chaos(cli::chaos::ChaosArgs),
 }
 
 /// The exit codes, as `palisade --help` shows them.
@@ -122,5 +124,6 @@ fn run(cli: Cli) -> Result<String, Box<dyn std::error::Error>> {
         Command::Class(args) => cli::config::run_class(args),
         Command::Epoch(args) => cli::epoch::run(args),
         Command::ForceRelease(args) => cli::force::run(args),
+        Command::Chaos(args) => cli::chaos::run(args),
     }
 }

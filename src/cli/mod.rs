@@ -2,6 +2,7 @@
 //! command group; `connect` (the connection flags) and `exit` (the exit codes) are
 //! shared.
 
+pub(crate) mod chaos;
 pub(crate) mod config;
 pub(crate) mod connect;
 pub(crate) mod epoch;

@@ -1,8 +1,45 @@
 //! Palisade's safety harness: a seeded nemesis, a workload of fenced writers, and a checker
 //! that reads the history they leave and fails on any stale write that landed.
 //!
-//! - [`history`]: the history format, one JSON object per line.
-//! - [`check`]: the checker, which reads a history and reports every rule it breaks.
+//! `palisade chaos --seed S --duration D` calls [`run`], which starts, on loopback:
+//!
+//! - a three-member etcd ([`palisade_testkit::EtcdCluster`]);
+//! - a private PostgreSQL ([`palisade_testkit::PgServer`]) holding the resources, the
+//!   fence's high-water marks and the audit trail;
+//! - two lock-service replicas (`palisade serve`, child processes sharing one epoch
+//!   record);
+//! - the HTTP resource service behind `FenceLayer` and the audit tailer, in the runner's
+//!   process (see [`resource`]);
+//! - N workers (`palisade chaos worker`, one process each, see [`worker`]).
+//!
+//! The nemesis ([`schedule`] plans, `nemesis` injects) then kills and restarts the etcd
+//! leader, pauses an etcd member, kills a replica, pauses a worker past its TTL, restarts
+//! PostgreSQL, and restores etcd from a snapshot and advances the epoch. Every step of
+//! the workers and every fault goes into the history ([`history`]); after the run, the
+//! holds in etcd's history and the rows of the audit trail are appended, and the
+//! [`Summary`] counts it all. The [`check`]er reads the history and reports every rule it
+//! breaks.
+//!
+//! Modules: [`history`] (the format), [`check`] (the checker), [`clock`] (one monotonic
+//! clock for every process), [`schedule`], [`worker`], [`resource`], and the runner
+//! ([`run`], [`RunOptions`], [`Summary`], [`ChaosError`]).
 
 pub mod check;
+pub mod clock;
 pub mod history;
+pub mod resource;
+pub mod schedule;
+pub mod worker;
+
+mod audit_rows;
+mod error;
+mod etcd_history;
+mod nemesis;
+mod procs;
+mod runner;
+mod summary;
+
+pub use error::ChaosError;
+pub use runner::{run, RunOptions};
+pub use summary::{Summary, WriteCounts};
+pub use worker::{run_worker, WorkerConfig};

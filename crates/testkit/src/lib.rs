@@ -1,6 +1,8 @@
 //! Test support for Palisade: the real parts, started by the tests themselves.
 //!
 //! - [`TestDb`]: a fresh PostgreSQL database per test, dropped afterwards.
+//! - [`PgServer`]: a private PostgreSQL server (its own `initdb` cluster on a free port)
+//!   that may be stopped, crashed and started again ([`StopMode`]).
 //! - [`EtcdCluster`]: one etcd member or a cluster of several, each a real `etcd` process in
 //!   a temp dir on free loopback ports; kill, restart, pause, leader, snapshot and restore.
 //!
@@ -8,7 +10,9 @@
 //! message that names `scripts/test`, which installs and starts what is missing.
 
 mod etcd;
+mod pg_server;
 mod postgres;
 
 pub use etcd::{EtcdCluster, MemberStatus, RestoreMode, Snapshot};
+pub use pg_server::{PgServer, PgServerError, StopMode};
 pub use postgres::TestDb;

@@ -1,0 +1,270 @@
+//! Holds as etcd's history shows them: every hold key's creation and deletion under
+//! `<root>locks/`, read with a watch from a start revision up to the revision etcd was at
+//! when the read began, and turned into [`Event::EtcdHold`] entries.
+//!
+//! How a hold ended is read the way the audit tailer reads it (the lock core's key
+//! layout): the hold key and its grant record deleted in one revision is a release; the
+//! grant record rewritten to `{"forced": …}` is a force; the hold key deleted alone is an
+//! expiry.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use etcd_client::{Client, EventType, GetOptions, WatchOptions};
+use serde::Deserialize;
+
+use crate::error::ChaosError;
+use crate::history::{Event, HoldEnd, LockName};
+
+/// How long one read may take in all.
+const READ_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// One key's change.
+#[derive(Debug, Clone)]
+pub(crate) struct Change {
+    revision: i64,
+    delete: bool,
+    key: String,
+    value: Vec<u8>,
+    version: i64,
+    create_revision: i64,
+}
+
+impl Change {
+    /// The revision of the change.
+    pub(crate) fn revision(&self) -> i64 {
+        self.revision
+    }
+}
+
+/// What one read returned.
+#[derive(Debug)]
+pub(crate) struct Read {
+    /// The etcd cluster id that answered.
+    pub(crate) cluster_id: u64,
+    pub(crate) changes: Vec<Change>,
+}
+
+/// How the read learns the revision to read up to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Head {
+    /// A linearizable read (the cluster has quorum).
+    Linearizable,
+    /// A serializable read of the member(s) given: for a leader whose followers are
+    /// stopped, so that nothing can commit while it is read.
+    Serializable,
+}
+
+/// Reads every change under `prefix` from `from` up to etcd's current revision.
+pub(crate) async fn read(endpoints: &[String], prefix: &str, from: i64, head: Head) -> Result<Read, ChaosError> {
+    tokio::time::timeout(READ_TIMEOUT, read_inner(endpoints, prefix, from, head))
+        .await
+        .map_err(|_| ChaosError::NotReady("etcd history".into()))?
+}
+
+async fn read_inner(endpoints: &[String], prefix: &str, from: i64, head: Head) -> Result<Read, ChaosError> {
+    let mut client = Client::connect(endpoints, None).await.map_err(ChaosError::etcd("connecting to etcd"))?;
+    let mut options = GetOptions::new().with_prefix().with_count_only();
+    if head == Head::Serializable {
+        options = options.with_serializable();
+    }
+    let head = client
+        .get(prefix, Some(options))
+        .await
+        .map_err(ChaosError::etcd("reading etcd's revision"))?;
+    let header = head.header().ok_or(ChaosError::NotReady("an etcd response header".into()))?;
+    let (cluster_id, through) = (header.cluster_id(), header.revision());
+    let mut changes = Vec::new();
+    if from > through {
+        return Ok(Read { cluster_id, changes });
+    }
+    let options = WatchOptions::new().with_prefix().with_start_revision(from);
+    let (mut watcher, mut stream) =
+        client.watch(prefix, Some(options)).await.map_err(ChaosError::etcd("watching etcd's history"))?;
+    loop {
+        let next = tokio::time::timeout(Duration::from_millis(300), stream.message()).await;
+        let Ok(message) = next else {
+            // Caught up with nothing more to send: ask where the watch stands.
+            watcher.request_progress().await.map_err(ChaosError::etcd("asking for watch progress"))?;
+            continue;
+        };
+        let Some(resp) = message.map_err(ChaosError::etcd("reading etcd's history"))? else {
+            return Err(ChaosError::NotReady("etcd's history (the watch ended)".into()));
+        };
+        if resp.canceled() {
+            return Err(ChaosError::NotReady(format!("etcd's history (watch canceled: {})", resp.cancel_reason())));
+        }
+        for e in resp.events() {
+            let Some(kv) = e.kv() else { continue };
+            changes.push(Change {
+                revision: kv.mod_revision(),
+                delete: e.event_type() == EventType::Delete,
+                key: String::from_utf8_lossy(kv.key()).into_owned(),
+                value: kv.value().to_vec(),
+                version: kv.version(),
+                create_revision: kv.create_revision(),
+            });
+        }
+        let last_event = changes.last().map_or(0, |c| c.revision);
+        let progress = !resp.created() && resp.events().is_empty();
+        let at = resp.header().map_or(0, |h| h.revision());
+        if last_event >= through || (progress && at >= through) {
+            let _ = watcher.cancel().await;
+            changes.retain(|c| c.revision <= through);
+            return Ok(Read { cluster_id, changes });
+        }
+    }
+}
+
+/// A hold or grant-record key: `<prefix><ns>/<class>/<key>/<h|g>/<x|s>/<lease>`.
+struct Path {
+    lock: LockName,
+    kind: String,
+    mode: String,
+    lease: String,
+}
+
+fn parse(prefix: &str, key: &str) -> Option<Path> {
+    let segs: Vec<&str> = key.strip_prefix(prefix)?.split('/').collect();
+    let [ns, class, escaped, kind, mode, lease] = segs.as_slice() else { return None };
+    if !matches!(*kind, "h" | "g") || !matches!(*mode, "x" | "s") {
+        return None;
+    }
+    let key = escaped.replace("%2F", "/").replace("%20", " ").replace("%25", "%");
+    Some(Path {
+        lock: LockName { ns: (*ns).to_owned(), class: (*class).to_owned(), key },
+        kind: (*kind).to_owned(),
+        mode: (*mode).to_owned(),
+        lease: (*lease).to_owned(),
+    })
+}
+
+#[derive(Deserialize)]
+struct Meta {
+    epoch: u16,
+}
+
+#[derive(Deserialize)]
+struct Forced {
+    #[allow(dead_code)]
+    forced: serde_json::Value,
+}
+
+/// The holds of one revision space.
+#[derive(Debug, Default)]
+pub(crate) struct Holds {
+    /// One [`Event::EtcdHold`] per hold created in the space.
+    pub(crate) holds: Vec<Event>,
+    /// Holds deleted in the space but created before it: holds a restored snapshot
+    /// brought back (already reported, with their end, from the space they were granted
+    /// in), which the restored cluster then deleted again.
+    pub(crate) restored_ends: u64,
+}
+
+/// Turns the changes of one revision space into holds. A hold carries the epoch written
+/// in its value (`epoch` when that cannot be read); holds still present at the end are
+/// [`HoldEnd::Open`] (for a space a restore ended: present when it was destroyed).
+pub(crate) fn holds(prefix: &str, read: &Read, epoch: u16) -> Holds {
+    let mut result = Holds::default();
+    let out = &mut result.holds;
+    let mut open: BTreeMap<String, (LockName, i64, bool, u16)> = BTreeMap::new();
+    for group in read.changes.chunk_by(|a, b| a.revision == b.revision) {
+        let grant_records: HashMap<&str, &Change> = group
+            .iter()
+            .filter(|c| parse(prefix, &c.key).is_some_and(|p| p.kind == "g"))
+            .map(|c| (c.key.as_str(), c))
+            .collect();
+        for c in group {
+            let Some(path) = parse(prefix, &c.key).filter(|p| p.kind == "h") else { continue };
+            let exclusive = path.mode == "x";
+            if !c.delete {
+                if c.version == 1 {
+                    let e = serde_json::from_slice::<Meta>(&c.value).map_or(epoch, |m| m.epoch);
+                    open.insert(c.key.clone(), (path.lock, c.create_revision, exclusive, e));
+                }
+                continue;
+            }
+            let record = format!("{prefix}{}/{}/{}/g/{}/{}", path.lock.ns, path.lock.class, escape(&path.lock.key), path.mode, path.lease);
+            let end = match grant_records.get(record.as_str()) {
+                Some(g) if g.delete => HoldEnd::Released,
+                Some(g) if serde_json::from_slice::<Forced>(&g.value).is_ok() => HoldEnd::Forced,
+                _ => HoldEnd::Expired,
+            };
+            let Some((lock, grant_rev, exclusive, hold_epoch)) = open.remove(&c.key) else {
+                result.restored_ends += 1;
+                continue;
+            };
+            out.push(Event::EtcdHold { lock, epoch: hold_epoch, grant_rev, end_rev: Some(c.revision), exclusive, end });
+        }
+    }
+    for (_, (lock, grant_rev, exclusive, hold_epoch)) in open {
+        out.push(Event::EtcdHold { lock, epoch: hold_epoch, grant_rev, end_rev: None, exclusive, end: HoldEnd::Open });
+    }
+    result
+}
+
+fn escape(key: &str) -> String {
+    key.replace('%', "%25").replace('/', "%2F").replace(' ', "%20")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn change(revision: i64, delete: bool, key: &str, value: &str, create: i64) -> Change {
+        Change {
+            revision,
+            delete,
+            key: key.into(),
+            value: value.as_bytes().to_vec(),
+            version: if delete { 0 } else { 1 },
+            create_revision: if delete { 0 } else { create },
+        }
+    }
+
+    #[test]
+    fn releases_expiries_forces_and_open_holds_are_told_apart() {
+        let p = "/palisade/locks/";
+        let h = |lease: &str| format!("{p}chaos/cells/key-1/h/x/{lease}");
+        let g = |lease: &str| format!("{p}chaos/cells/key-1/g/x/{lease}");
+        let meta = r#"{"spiffe_id":"spiffe://chaos/w","epoch":2}"#;
+        let read = Read {
+            cluster_id: 1,
+            changes: vec![
+                change(5, false, &h("00000000000000a1"), meta, 5),
+                change(5, false, &g("00000000000000a1"), "{}", 5),
+                change(7, true, &h("00000000000000a1"), "", 5),
+                change(7, true, &g("00000000000000a1"), "", 5),
+                change(9, false, &h("00000000000000a2"), meta, 9),
+                change(11, true, &h("00000000000000a2"), "", 9),
+                change(12, false, &h("00000000000000a3"), meta, 12),
+                change(14, true, &h("00000000000000a3"), "", 12),
+                change(14, false, &g("00000000000000a3"), r#"{"forced":{"by":"x"}}"#, 12),
+                change(15, true, &h("00000000000000a0"), "", 3),
+                change(16, false, &h("00000000000000a4"), meta, 16),
+                change(17, false, &format!("{p}chaos/cells/key-1/q/x/00000000000000a5"), "{}", 17),
+            ],
+        };
+        let lock = LockName { ns: "chaos".into(), class: "cells".into(), key: "key-1".into() };
+        let hold = |epoch, grant_rev, end_rev, end| Event::EtcdHold {
+            lock: lock.clone(),
+            epoch,
+            grant_rev,
+            end_rev,
+            exclusive: true,
+            end,
+        };
+        let found = holds(p, &read, 3);
+        assert_eq!(
+            found.holds,
+            vec![
+                hold(2, 5, Some(7), HoldEnd::Released),
+                hold(2, 9, Some(11), HoldEnd::Expired),
+                hold(2, 12, Some(14), HoldEnd::Forced),
+                hold(2, 16, None, HoldEnd::Open),
+            ]
+        );
+        // The hold created at 3, before the read began, came back with a restore.
+        assert_eq!(found.restored_ends, 1);
+    }
+}

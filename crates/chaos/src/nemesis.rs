@@ -1,0 +1,170 @@
+//! The nemesis: carries out one [`PlannedFault`] against the run's real parts and records
+//! its start and end.
+//!
+//! | kind | start | end |
+//! |---|---|---|
+//! | kill etcd leader | SIGKILL the member that leads | start it again (same data) |
+//! | pause etcd member | SIGSTOP member `pick % 3` | SIGCONT |
+//! | kill service replica | SIGKILL replica `pick % 2` | start it again (same port) |
+//! | pause worker | SIGSTOP a worker that holds a lock (`pick % holders`; any worker when none does) for the TTL plus `hold` | SIGCONT |
+//! | restart Postgres | immediate (crash) or fast stop | start (crash recovery) |
+//! | restore etcd | replicas and the leader's followers paused; history read to its end from the leader; every member restored in place from a snapshot taken before the gap, with a new cluster id | replicas resumed; epoch advanced through replica 0, and through each other replica that still refuses grants |
+
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use palisade_testkit::{RestoreMode, StopMode};
+use serde_json::json;
+
+use crate::audit_rows::{self, Replayed};
+use crate::error::ChaosError;
+use crate::etcd_history::{self, Head};
+use crate::history::{Event, FaultKind, Phase};
+use crate::procs;
+use crate::runner::{epoch_field, retry, Run, Space, REPLICAS, ROOT, TTL};
+use crate::schedule::PlannedFault;
+
+impl Run {
+    fn fault(&self, kind: FaultKind, phase: Phase, detail: String) {
+        self.record(Event::Fault { kind, phase, detail });
+    }
+
+    /// Waits the fault's gap, then injects and heals it.
+    pub(crate) async fn inject(&mut self, f: &PlannedFault, _next: Option<&PlannedFault>) -> Result<(), ChaosError> {
+        if f.kind == FaultKind::RestoreEtcdAndAdvanceEpoch && self.snapshot.is_none() {
+            // Taken before the gap, so the workers move etcd on before it is restored.
+            self.snapshot = Some(self.etcd.snapshot().await);
+        }
+        tokio::time::sleep(f.gap).await;
+        let kind = f.kind;
+        match kind {
+            FaultKind::KillEtcdLeader => {
+                let i = self.etcd.leader().await;
+                self.fault(kind, Phase::Start, format!("etcd member m{i}, the leader, killed"));
+                self.etcd.kill(i);
+                tokio::time::sleep(f.hold).await;
+                self.etcd.restart(i).await;
+                self.fault(kind, Phase::End, format!("etcd member m{i} restarted"));
+            }
+            FaultKind::PauseEtcdMember => {
+                let i = f.pick as usize % self.etcd.member_count();
+                self.fault(kind, Phase::Start, format!("etcd member m{i} stopped (SIGSTOP)"));
+                self.etcd.pause(i);
+                tokio::time::sleep(f.hold).await;
+                self.etcd.resume(i);
+                self.fault(kind, Phase::End, format!("etcd member m{i} continued (SIGCONT)"));
+            }
+            FaultKind::KillServiceReplica => {
+                let i = f.pick as usize % self.replicas.count();
+                self.fault(kind, Phase::Start, format!("lock-service replica {i} killed"));
+                self.replicas.kill(i).await;
+                tokio::time::sleep(f.hold).await;
+                self.replicas.start(i).await?;
+                self.fault(kind, Phase::End, format!("lock-service replica {i} started again"));
+            }
+            FaultKind::PauseWorker => {
+                let Some(workers) = self.workers.as_ref() else { return Ok(()) };
+                // A worker that holds a lock, when one does.
+                let i = self.holding.pick(f.pick).map_or(f.pick as usize % workers.count(), |w| w as usize);
+                let Some(pid) = workers.pid(i) else { return Ok(()) };
+                let pause = TTL + f.hold;
+                self.fault(kind, Phase::Start, format!("worker {i} stopped (SIGSTOP) for {} ms", pause.as_millis()));
+                procs::signal(pid, Signal::SIGSTOP);
+                tokio::time::sleep(pause).await;
+                procs::signal(pid, Signal::SIGCONT);
+                self.fault(kind, Phase::End, format!("worker {i} continued (SIGCONT)"));
+            }
+            FaultKind::RestartPostgres => {
+                let (mode, how) = if f.crash { (StopMode::Immediate, "crashed") } else { (StopMode::Fast, "shut down") };
+                self.fault(kind, Phase::Start, format!("PostgreSQL {how}"));
+                self.pg.stop(mode)?;
+                tokio::time::sleep(f.hold / 2).await;
+                self.pg.start_again().await?;
+                self.fault(kind, Phase::End, "PostgreSQL started again".into());
+            }
+            FaultKind::RestoreEtcdAndAdvanceEpoch => self.restore(f).await?,
+        }
+        Ok(())
+    }
+
+    async fn restore(&mut self, f: &PlannedFault) -> Result<(), ChaosError> {
+        let kind = f.kind;
+        let Some(snapshot) = self.snapshot.take() else { return Ok(()) };
+        self.fault(kind, Phase::Start, format!("etcd restored from the snapshot at revision {}", snapshot.revision()));
+        // The old cluster's history goes with it: read it to its very end. With the
+        // replicas stopped nothing is granted or released; with the leader's followers
+        // stopped nothing commits at all (not even a lease expiry), so what the leader
+        // has applied is final.
+        self.replicas.signal_all(Signal::SIGSTOP);
+        let prefix = format!("{ROOT}locks/");
+        // Let the audit tailer read the space first, while etcd still has quorum (after a
+        // restore its backoff can leave it seconds behind).
+        if let Ok(read) = etcd_history::read(&self.etcd.endpoints(), &prefix, self.space.from, Head::Linearizable).await {
+            let last = read.changes.last().map_or(0, etcd_history::Change::revision);
+            let _ = audit_rows::wait_for_tailer(&self.audit_pool, read.cluster_id, last, Duration::from_secs(15)).await;
+        }
+        let leader = self.etcd.leader().await;
+        let followers: Vec<usize> = (0..self.etcd.member_count()).filter(|i| *i != leader).collect();
+        for i in &followers {
+            self.etcd.pause(*i);
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let endpoint = [self.etcd.endpoint(leader)];
+        let read = etcd_history::read(&endpoint, &prefix, self.space.from, Head::Serializable).await;
+        let read = match read {
+            Ok(r) => r,
+            Err(e) => {
+                for i in &followers {
+                    self.etcd.resume(*i);
+                }
+                self.replicas.signal_all(Signal::SIGCONT);
+                return Err(e);
+            }
+        };
+        let found = etcd_history::holds(&prefix, &read, self.space.epoch);
+        self.holds.extend(found.holds);
+        self.restored_ends += found.restored_ends;
+        // The last few changes (lease expiries since the tailer caught up): the tailer may
+        // be watching a stopped follower, and then they are lost with the cluster, as in
+        // any restore.
+        let last = read.changes.last().map_or(0, etcd_history::Change::revision);
+        let _ = audit_rows::wait_for_tailer(&self.audit_pool, read.cluster_id, last, Duration::from_secs(3)).await;
+        self.etcd.restore_in_place(&snapshot, RestoreMode::NewClusterId).await;
+        let cluster_id = self.etcd.cluster_id().await;
+        self.replicas.signal_all(Signal::SIGCONT);
+
+        let mut epoch = self.advance(0).await?;
+        for i in 1..REPLICAS {
+            // A replica that saw the other cluster id refuses until it is advanced itself.
+            let serves = retry(Duration::from_millis(1500), || async {
+                match self.epoch_of(i).await? {
+                    (e, false) if e == epoch => Ok(()),
+                    _ => Err(ChaosError::NotReady(format!("replica {i} on the new epoch"))),
+                }
+            })
+            .await;
+            if serves.is_err() {
+                epoch = self.advance(i).await?;
+            }
+        }
+        self.replayed.push(Replayed { cluster_id, through: snapshot.revision(), epoch });
+        self.space = Space { epoch, from: snapshot.revision() + 1 };
+        self.fault(kind, Phase::End, format!("etcd cluster {cluster_id:x} serves epoch {epoch}"));
+        Ok(())
+    }
+
+    /// Advances the epoch through replica `i` (as an operator would after a restore).
+    async fn advance(&self, i: usize) -> Result<u16, ChaosError> {
+        let admin = self.admin(i)?;
+        let v = retry(Duration::from_secs(30), || async {
+            admin
+                .call_json("POST", "/v1/epoch/advance", Some(json!({ "reason": "restore" })))
+                .await
+                .map_err(ChaosError::service("advancing the epoch"))
+        })
+        .await?;
+        let epoch = epoch_field(&v);
+        self.record(Event::EpochAdvanced { epoch });
+        Ok(epoch)
+    }
+}

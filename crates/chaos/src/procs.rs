@@ -1,0 +1,208 @@
+//! Child processes of a run: lock-service replicas (`palisade serve`) and workers
+//! (`palisade chaos worker`), each started through util-linux `setpriv --pdeathsig KILL`
+//! so that none outlives the runner, with its stderr in a log file of the run directory.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::sync::mpsc;
+
+use crate::error::ChaosError;
+use crate::history::Entry;
+use crate::worker::WorkerConfig;
+
+/// How long a replica may take to listen.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn command(program: &Path) -> Command {
+    let mut c = Command::new("setpriv");
+    c.args(["--pdeathsig", "KILL", "--"]).arg(program).stdin(Stdio::null()).kill_on_drop(true);
+    c
+}
+
+fn log_file(dir: &Path, name: &str) -> Result<std::fs::File, ChaosError> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("{name}.log")))
+        .map_err(ChaosError::io(format!("opening {name}.log")))
+}
+
+/// Sends `signal` to `pid` (a child of this run).
+pub(crate) fn signal(pid: u32, signal: Signal) {
+    if let Ok(pid) = i32::try_from(pid) {
+        let _ = kill(Pid::from_raw(pid), signal);
+    }
+}
+
+/// The lock-service replicas: `palisade serve` in dev mode on fixed loopback ports,
+/// sharing one authorization file and one epoch record.
+pub(crate) struct Replicas {
+    exe: PathBuf,
+    dir: PathBuf,
+    etcd: String,
+    ports: Vec<u16>,
+    children: Vec<Option<Child>>,
+}
+
+impl Replicas {
+    pub(crate) fn new(exe: PathBuf, dir: PathBuf, etcd: &[String], count: usize) -> Result<Replicas, ChaosError> {
+        let ports = (0..count)
+            .map(|_| {
+                std::net::TcpListener::bind("127.0.0.1:0")
+                    .and_then(|l| l.local_addr())
+                    .map(|a| a.port())
+                    .map_err(ChaosError::io("picking a free port"))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Replicas { exe, dir, etcd: etcd.join(","), ports, children: (0..count).map(|_| None).collect() })
+    }
+
+    pub(crate) fn count(&self) -> usize {
+        self.ports.len()
+    }
+
+    pub(crate) fn urls(&self) -> Vec<String> {
+        self.ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect()
+    }
+
+    /// Starts replica `i` and waits until it listens.
+    pub(crate) async fn start(&mut self, i: usize) -> Result<(), ChaosError> {
+        let name = format!("replica-{i}");
+        let mut cmd = command(&self.exe);
+        cmd.args(["serve", "--etcd", &self.etcd, "--listen", &format!("127.0.0.1:{}", self.ports[i])])
+            .arg("--config")
+            .arg(self.dir.join("authz.toml"))
+            .arg("--epoch-file")
+            .arg(self.dir.join("epoch.json"))
+            .arg("--insecure-dev-identity")
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log_file(&self.dir, &name)?));
+        self.children[i] = Some(cmd.spawn().map_err(ChaosError::io(format!("starting {name}")))?);
+        let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+        while tokio::net::TcpStream::connect(("127.0.0.1", self.ports[i])).await.is_err() {
+            if let Some(Ok(Some(_))) = self.children[i].as_mut().map(Child::try_wait) {
+                return Err(ChaosError::NotReady(format!("{name} (it exited; see {name}.log)")));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(ChaosError::NotReady(name));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+
+    /// Kills replica `i` (SIGKILL) and reaps it.
+    pub(crate) async fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.children[i].take() {
+            let _ = child.kill().await;
+        }
+    }
+
+    /// SIGSTOP or SIGCONT to every replica.
+    pub(crate) fn signal_all(&self, sig: Signal) {
+        for child in self.children.iter().flatten() {
+            if let Some(pid) = child.id() {
+                signal(pid, sig);
+            }
+        }
+    }
+
+    /// Stops every replica (SIGTERM, then SIGKILL after 5 s).
+    pub(crate) async fn stop_all(&mut self) {
+        self.signal_all(Signal::SIGCONT);
+        for slot in &mut self.children {
+            if let Some(mut child) = slot.take() {
+                if let Some(pid) = child.id() {
+                    signal(pid, Signal::SIGTERM);
+                }
+                if tokio::time::timeout(Duration::from_secs(5), child.wait()).await.is_err() {
+                    let _ = child.kill().await;
+                }
+            }
+        }
+    }
+}
+
+/// The worker processes; their entries arrive on the channel given to [`Workers::spawn`].
+pub(crate) struct Workers {
+    children: Vec<(Child, Option<ChildStdin>)>,
+    readers: Vec<tokio::task::JoinHandle<Result<(), ChaosError>>>,
+}
+
+impl Workers {
+    /// Starts one `palisade chaos worker` per config.
+    pub(crate) fn spawn(
+        exe: &Path,
+        dir: &Path,
+        configs: Vec<WorkerConfig>,
+        entries: &mpsc::UnboundedSender<Entry>,
+    ) -> Result<Workers, ChaosError> {
+        let mut workers = Workers { children: Vec::new(), readers: Vec::new() };
+        for config in configs {
+            let name = format!("worker-{}", config.id);
+            let json = serde_json::to_string(&config).map_err(|source| ChaosError::WorkerOutput { worker: config.id, source })?;
+            let mut cmd = command(exe);
+            cmd.args(["chaos", "worker", "--config", &json])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::from(log_file(dir, &name)?));
+            let mut child = cmd.spawn().map_err(ChaosError::io(format!("starting {name}")))?;
+            let stdin = child.stdin.take();
+            let stdout = child.stdout.take().ok_or(ChaosError::NotReady(format!("{name}'s stdout")))?;
+            let tx = entries.clone();
+            let id = config.id;
+            workers.readers.push(tokio::spawn(async move {
+                let mut lines = BufReader::new(stdout).lines();
+                while let Some(line) = lines.next_line().await.map_err(ChaosError::io(format!("reading worker {id}")))? {
+                    let entry: Entry =
+                        serde_json::from_str(&line).map_err(|source| ChaosError::WorkerOutput { worker: id, source })?;
+                    let _ = tx.send(entry);
+                }
+                Ok(())
+            }));
+            workers.children.push((child, stdin));
+        }
+        Ok(workers)
+    }
+
+    pub(crate) fn count(&self) -> usize {
+        self.children.len()
+    }
+
+    pub(crate) fn pid(&self, i: usize) -> Option<u32> {
+        self.children.get(i).and_then(|(c, _)| c.id())
+    }
+
+    /// Closes every worker's stdin (each finishes its cycle and exits), waits up to
+    /// `grace`, kills what is left, and waits for their output to be read. Returns the
+    /// workers that had exited before they were told to stop, with their exit status.
+    pub(crate) async fn stop(mut self, grace: Duration) -> Result<Vec<String>, ChaosError> {
+        let mut early = Vec::new();
+        for (i, (child, _)) in self.children.iter_mut().enumerate() {
+            if let Ok(Some(status)) = child.try_wait() {
+                early.push(format!("worker {i} exited early ({status}; see worker-{i}.log)"));
+            }
+        }
+        for (child, stdin) in &mut self.children {
+            if let Some(pid) = child.id() {
+                signal(pid, Signal::SIGCONT);
+            }
+            stdin.take();
+        }
+        for (child, _) in &mut self.children {
+            if tokio::time::timeout(grace, child.wait()).await.is_err() {
+                let _ = child.kill().await;
+            }
+        }
+        for reader in self.readers {
+            reader.await.map_err(|e| ChaosError::NotReady(format!("a worker reader ({e})")))??;
+        }
+        Ok(early)
+    }
+}

@@ -1,0 +1,340 @@
+//! The run: start every part, let the workers work while the nemesis injects faults,
+//! stop, read etcd's history and the audit trail back, and summarize.
+
+use std::io::Write;
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use palisade_lock::client::Client;
+use palisade_testkit::{EtcdCluster, PgServer};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use crate::audit_rows::{self, Replayed};
+use crate::clock::RunClock;
+use crate::error::ChaosError;
+use crate::etcd_history;
+use crate::history::{self, Entry, Event};
+use crate::procs::{Replicas, Workers};
+use crate::resource::{self, ResourceService};
+use crate::schedule;
+use crate::summary::Summary;
+use crate::worker::{WorkerConfig, CLASS, NAMESPACE};
+
+/// The lock service's key space root (its default).
+pub(crate) const ROOT: &str = "/palisade/";
+/// Lock-service replicas.
+pub(crate) const REPLICAS: usize = 2;
+/// The workers' session TTL.
+pub(crate) const TTL: Duration = Duration::from_secs(3);
+/// The identity that administers the service.
+pub(crate) const ADMIN: &str = "spiffe://chaos/admin";
+/// The `worker` of entries the runner and the nemesis record.
+pub(crate) const RUNNER: u32 = u32::MAX;
+
+const AUTHZ: &str = "admins = [\"spiffe://chaos/admin\"]\n\n[[namespace]]\nid = \"chaos\"\n\n\
+    [[namespace.grant]]\nids = [\"spiffe://chaos/workers/\"]\nclasses = [\"cells\"]\n";
+
+/// What to run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunOptions {
+    /// Seeds the fault schedule and the workers' choices.
+    pub seed: u64,
+    /// How long the workers work. The first round of faults (one of each kind) always
+    /// completes, so a very short run lasts longer than this.
+    pub duration: Duration,
+    /// Worker processes (at least 1).
+    pub workers: u32,
+    /// Lock keys the workers share (at least 1); fewer keys, more contention.
+    pub keys: u32,
+    /// Where to write the history (JSON lines); it is replaced.
+    pub history: PathBuf,
+    /// The `palisade` binary, which serves the replicas and runs the workers.
+    pub exe: PathBuf,
+}
+
+/// One revision space of etcd: the cluster between two restores.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Space {
+    pub(crate) epoch: u16,
+    /// The first revision that belongs to this space (after a restore: the snapshot's + 1).
+    pub(crate) from: i64,
+}
+
+/// Everything a run holds while it runs.
+pub(crate) struct Run {
+    pub(crate) clock: RunClock,
+    pub(crate) etcd: EtcdCluster,
+    pub(crate) pg: PgServer,
+    pub(crate) replicas: Replicas,
+    pub(crate) workers: Option<Workers>,
+    pub(crate) entries: mpsc::UnboundedSender<Entry>,
+    pub(crate) audit_pool: deadpool_postgres::Pool,
+    pub(crate) space: Space,
+    /// Holds read from revision spaces a restore destroyed.
+    pub(crate) holds: Vec<Event>,
+    /// Holds a restore brought back and the restored cluster ended again.
+    pub(crate) restored_ends: u64,
+    pub(crate) replayed: Vec<Replayed>,
+    pub(crate) snapshot: Option<palisade_testkit::Snapshot>,
+    pub(crate) holding: Holding,
+}
+
+/// The workers that hold a lock right now, as their entries tell (so the nemesis can
+/// pause a holder, whose next write then carries a token that may have gone stale).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Holding(Arc<Mutex<BTreeSet<u32>>>);
+
+impl Holding {
+    fn observe(&self, entry: &Entry) {
+        let mut set = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match entry.event {
+            Event::Granted { .. } => {
+                set.insert(entry.worker);
+            }
+            Event::Released { .. } | Event::Lost { .. } => {
+                set.remove(&entry.worker);
+            }
+            _ => {}
+        }
+    }
+
+    /// Worker number `pick % holders` among the holders, if any.
+    pub(crate) fn pick(&self, pick: u32) -> Option<u32> {
+        let set = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let n = u32::try_from(set.len()).ok().filter(|n| *n > 0)?;
+        set.iter().nth((pick % n) as usize).copied()
+    }
+}
+
+impl Run {
+    /// Records a runner entry.
+    pub(crate) fn record(&self, event: Event) {
+        let _ = self.entries.send(Entry { at_ns: self.clock.at_ns(), worker: RUNNER, event });
+    }
+
+    /// The admin client of replica `i`.
+    pub(crate) fn admin(&self, i: usize) -> Result<Client, ChaosError> {
+        let url = self.replicas.urls()[i].clone();
+        Client::new(url).map(|c| c.with_dev_identity(ADMIN)).map_err(ChaosError::service("building the admin client"))
+    }
+
+    /// The epoch replica `i` serves, and whether it refuses grants.
+    pub(crate) async fn epoch_of(&self, i: usize) -> Result<(u16, bool), ChaosError> {
+        let v = self.admin(i)?.call_json("GET", "/v1/epoch", None).await.map_err(ChaosError::service("reading the epoch"))?;
+        Ok((epoch_field(&v), !v["grants_refused"].is_null()))
+    }
+}
+
+pub(crate) fn epoch_field(v: &Value) -> u16 {
+    v["epoch"].as_u64().and_then(|e| u16::try_from(e).ok()).unwrap_or(0)
+}
+
+/// Calls `f` until it succeeds or `limit` passes; returns the last error.
+pub(crate) async fn retry<T, F, Fut>(limit: Duration, mut f: F) -> Result<T, ChaosError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, ChaosError>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match f().await {
+            Ok(v) => return Ok(v),
+            Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// Runs the harness once; see the crate docs for what it starts and checks.
+///
+/// # Errors
+///
+/// [`ChaosError`] when a part cannot be started, driven or read back. Safety violations
+/// are not errors: they are in the returned summary.
+pub async fn run(options: RunOptions) -> Result<Summary, ChaosError> {
+    if options.workers == 0 || options.keys == 0 {
+        return Err(ChaosError::InvalidOptions("--workers and --keys must be at least 1"));
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("palisade-chaos-")
+        .tempdir()
+        .map_err(ChaosError::io("creating the run directory"))?;
+    let file = std::fs::File::create(&options.history)
+        .map_err(ChaosError::io(format!("creating {}", options.history.display())))?;
+    let (tx, mut rx) = mpsc::unbounded_channel::<Entry>();
+    let holding = Holding::default();
+    let seen = holding.clone();
+    let writer = tokio::spawn(async move {
+        let mut out = std::io::BufWriter::new(file);
+        while let Some(entry) = rx.recv().await {
+            seen.observe(&entry);
+            history::write_entry(&mut out, &entry)?;
+        }
+        out.flush()
+    });
+    let clock = RunClock::start();
+    let result = drive(&options, dir.path().to_owned(), clock, tx, holding).await;
+    let written = writer.await.map_err(|e| ChaosError::NotReady(format!("the history writer ({e})")))?;
+    written.map_err(ChaosError::io(format!("writing {}", options.history.display())))?;
+    let extra = match result {
+        Ok(extra) => extra,
+        Err(e) => {
+            // Keep the logs of a run that failed.
+            let kept = dir.keep();
+            tracing::error!(logs = %kept.display(), "the run failed; its logs are kept");
+            eprintln!("chaos: the run's logs are in {}", kept.display());
+            return Err(e);
+        }
+    };
+    let file = std::fs::File::open(&options.history)
+        .map_err(ChaosError::io(format!("reading {}", options.history.display())))?;
+    let entries = history::read_history(std::io::BufReader::new(file))?;
+    let report = crate::check::check(&entries);
+    let mut summary = Summary::of(&options, &entries, extra);
+    summary.violations = Some(report.violations.iter().map(ToString::to_string).collect());
+    Ok(summary)
+}
+
+/// What the run knows that the history does not say.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Extra {
+    pub(crate) audit_replayed: u64,
+    pub(crate) restored_ends: u64,
+    pub(crate) audit_gaps: u64,
+    pub(crate) sink_dropped: u64,
+    pub(crate) tailer_caught_up: bool,
+    /// Workers that exited before the end, as the reader should know them.
+    pub(crate) workers_failed: Vec<String>,
+}
+
+async fn drive(
+    options: &RunOptions,
+    dir: PathBuf,
+    clock: RunClock,
+    entries: mpsc::UnboundedSender<Entry>,
+    holding: Holding,
+) -> Result<Extra, ChaosError> {
+    // PostgreSQL of its own, so the nemesis may restart it.
+    let pg = PgServer::start().await?;
+    let admin_pool = palisade_audit::pool(&pg.connection_string("postgres"), 1)?;
+    admin_pool
+        .get()
+        .await
+        .map_err(|e| ChaosError::NotReady(format!("the private PostgreSQL ({e})")))?
+        .batch_execute("CREATE DATABASE chaos")
+        .await
+        .map_err(ChaosError::pg("creating the run's database"))?;
+    drop(admin_pool);
+    let database = pg.connection_string("chaos");
+    let pool = palisade_audit::pool(&database, 16)?;
+    resource::prepare(&pool, options.keys).await?;
+
+    let etcd = EtcdCluster::start(3).await;
+    std::fs::write(dir.join("authz.toml"), AUTHZ).map_err(ChaosError::io("writing authz.toml"))?;
+    let mut replicas = Replicas::new(options.exe.clone(), dir.clone(), &etcd.endpoints(), REPLICAS)?;
+    for i in 0..REPLICAS {
+        replicas.start(i).await?;
+    }
+    let mut run = Run {
+        clock,
+        etcd,
+        pg,
+        replicas,
+        workers: None,
+        entries,
+        audit_pool: pool.clone(),
+        space: Space { epoch: 0, from: 1 },
+        holds: Vec::new(),
+        restored_ends: 0,
+        replayed: Vec::new(),
+        snapshot: None,
+        holding,
+    };
+    let admin = run.admin(0)?;
+    retry(Duration::from_secs(30), || async {
+        admin
+            .call_json("PUT", &format!("/v1/namespaces/{NAMESPACE}"), Some(json!({ "tenant_id": "chaos" })))
+            .await
+            .map_err(ChaosError::service("creating the namespace"))?;
+        admin
+            .call_json(
+                "PUT",
+                &format!("/v1/namespaces/{NAMESPACE}/classes/{CLASS}"),
+                Some(json!({ "key_prefix": "", "ttl_min_ms": 1000, "ttl_max_ms": 60000 })),
+            )
+            .await
+            .map_err(ChaosError::service("creating the lock class"))
+    })
+    .await?;
+    run.space.epoch = run.epoch_of(0).await?.0;
+
+    // The audit tailer, in this process, into the private PostgreSQL.
+    let tailer = palisade_audit::Tailer::connect(&run.etcd.endpoints(), pool.clone()).await?.with_root(ROOT);
+    let tailer = tokio::spawn(async move {
+        let never = tailer.run().await;
+        match never {}
+    });
+    let service = ResourceService::start(pool.clone(), dir.join("audit-spool.jsonl")).await?;
+
+    let configs = (0..options.workers)
+        .map(|id| WorkerConfig {
+            id,
+            seed: options.seed,
+            start_ns: clock.start_ns(),
+            services: run.replicas.urls(),
+            resource_url: service.url.clone(),
+            database: database.clone(),
+            keys: options.keys,
+            ttl_ms: TTL.as_millis() as u64,
+        })
+        .collect();
+    run.workers = Some(Workers::spawn(&options.exe, &dir, configs, &run.entries)?);
+
+    // Faults until the time is up; the first round (one of each kind) always completes.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let plan = schedule::plan(options.seed, 10_000);
+    for (n, fault) in plan.iter().enumerate() {
+        let left = options.duration.saturating_sub(Duration::from_nanos(run.clock.at_ns()));
+        if n >= schedule::ALL_KINDS.len() && left < fault.gap + fault.hold + TTL * 2 {
+            break;
+        }
+        run.inject(fault, plan.get(n + 1)).await?;
+    }
+    let left = options.duration.saturating_sub(Duration::from_nanos(run.clock.at_ns()));
+    tokio::time::sleep(left).await;
+
+    // Stop the writers, then the replicas; wait until every session's lease is gone.
+    let mut workers_failed = Vec::new();
+    if let Some(workers) = run.workers.take() {
+        workers_failed = workers.stop(Duration::from_secs(15)).await?;
+    }
+    run.replicas.stop_all().await;
+    tokio::time::sleep(TTL + Duration::from_secs(1)).await;
+    let sink_dropped = service.stop().await;
+
+    // etcd's history of the last revision space.
+    let prefix = format!("{ROOT}locks/");
+    let read = etcd_history::read(&run.etcd.endpoints(), &prefix, run.space.from, etcd_history::Head::Linearizable).await?;
+    let mut holds = std::mem::take(&mut run.holds);
+    let found = etcd_history::holds(&prefix, &read, run.space.epoch);
+    holds.extend(found.holds);
+    let restored_ends = run.restored_ends + found.restored_ends;
+    let last_lock_rev = read.changes.last().map_or(0, etcd_history::Change::revision);
+    let caught_up = audit_rows::wait_for_tailer(&pool, read.cluster_id, last_lock_rev, Duration::from_secs(60)).await?;
+    tailer.abort();
+    let audit = audit_rows::read(&pool, &run.replayed).await?;
+    for e in holds.into_iter().chain(audit.rows) {
+        run.record(e);
+    }
+    Ok(Extra {
+        audit_replayed: audit.replayed,
+        restored_ends,
+        audit_gaps: audit.gaps,
+        sink_dropped,
+        tailer_caught_up: caught_up,
+        workers_failed,
+    })
+}

@@ -1,0 +1,210 @@
+//! The summary of a run, counted from its history: operations, writes by resource kind and
+//! outcome, faults by kind, and the checker's verdict.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::history::{Entry, Event, FaultKind, Phase, Target, WriteOutcome};
+use crate::runner::{Extra, RunOptions};
+use crate::schedule::ALL_KINDS;
+
+/// Write outcomes of one kind of resource.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct WriteCounts {
+    /// Committed by the resource.
+    pub committed: u64,
+    /// Refused as stale.
+    pub rejected: u64,
+    /// Outcome unknown to the writer.
+    pub indeterminate: u64,
+}
+
+/// What a run did, and what the checker found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Summary {
+    /// The run's seed.
+    pub seed: u64,
+    /// How long the run took, from the first to the last entry.
+    pub elapsed: Duration,
+    /// Worker processes.
+    pub workers: u32,
+    /// Lock keys.
+    pub keys: u32,
+    /// Acquire calls.
+    pub acquires: u64,
+    /// Grants (with a token).
+    pub grants: u64,
+    /// Acquires that failed or timed out.
+    pub acquire_failures: u64,
+    /// Holds released by their worker.
+    pub releases: u64,
+    /// Holds whose loss a worker was told of.
+    pub losses: u64,
+    /// Fenced writes straight to Postgres (`fenced_transaction`).
+    pub postgres: WriteCounts,
+    /// Fenced writes over HTTP (`FenceLayer`).
+    pub http: WriteCounts,
+    /// Token-less writes to the advisory resource.
+    pub advisory: WriteCounts,
+    /// Faults injected (started), by kind.
+    pub faults: BTreeMap<FaultKind, u64>,
+    /// Epoch advances.
+    pub epochs_advanced: u64,
+    /// Holds read from etcd's history.
+    pub etcd_holds: u64,
+    /// Holds a restore brought back that the restored cluster ended again (left out of
+    /// the history: each was reported from the cluster that granted it).
+    pub restored_holds_ended: u64,
+    /// Rows read from the audit trail.
+    pub audit_rows: u64,
+    /// Audit rows left out as restored history: copies of the old cluster's, and the
+    /// ends of holds a restore brought back.
+    pub audit_replayed: u64,
+    /// Audit `gap` rows.
+    pub audit_gaps: u64,
+    /// Write events the resource's audit sink dropped.
+    pub audit_dropped: u64,
+    /// Whether the audit tailer had stored etcd's history through the end of the run.
+    pub tailer_caught_up: bool,
+    /// Workers that exited before the run told them to stop (their history is cut short).
+    pub workers_failed: Vec<String>,
+    /// The checker's violations; `None` when the history was not checked.
+    pub violations: Option<Vec<String>>,
+    /// Where the history is.
+    pub history: PathBuf,
+}
+
+impl Summary {
+    pub(crate) fn of(options: &RunOptions, entries: &[Entry], extra: Extra) -> Summary {
+        let mut s = Summary {
+            seed: options.seed,
+            elapsed: Duration::from_nanos(entries.iter().map(|e| e.at_ns).max().unwrap_or(0)),
+            workers: options.workers,
+            keys: options.keys,
+            acquires: 0,
+            grants: 0,
+            acquire_failures: 0,
+            releases: 0,
+            losses: 0,
+            postgres: WriteCounts::default(),
+            http: WriteCounts::default(),
+            advisory: WriteCounts::default(),
+            faults: ALL_KINDS.iter().map(|k| (*k, 0)).collect(),
+            epochs_advanced: 0,
+            etcd_holds: 0,
+            restored_holds_ended: extra.restored_ends,
+            audit_rows: 0,
+            audit_replayed: extra.audit_replayed,
+            audit_gaps: extra.audit_gaps,
+            audit_dropped: extra.sink_dropped,
+            tailer_caught_up: extra.tailer_caught_up,
+            workers_failed: extra.workers_failed,
+            violations: None,
+            history: options.history.clone(),
+        };
+        for e in entries {
+            match &e.event {
+                Event::AcquireInvoked { .. } => s.acquires += 1,
+                Event::Granted { .. } => s.grants += 1,
+                Event::AcquireFailed { .. } => s.acquire_failures += 1,
+                Event::Released { .. } => s.releases += 1,
+                Event::Lost { .. } => s.losses += 1,
+                Event::WriteCompleted { target, token, outcome, .. } => {
+                    let counts = match (target, token) {
+                        (_, None) => &mut s.advisory,
+                        (Target::Postgres, Some(_)) => &mut s.postgres,
+                        (Target::Http, Some(_)) => &mut s.http,
+                    };
+                    match outcome {
+                        WriteOutcome::Committed { .. } => counts.committed += 1,
+                        WriteOutcome::Rejected { .. } => counts.rejected += 1,
+                        WriteOutcome::Indeterminate { .. } => counts.indeterminate += 1,
+                    }
+                }
+                Event::Fault { kind, phase: Phase::Start, .. } => *s.faults.entry(*kind).or_default() += 1,
+                Event::EpochAdvanced { .. } => s.epochs_advanced += 1,
+                Event::EtcdHold { .. } => s.etcd_holds += 1,
+                Event::AuditRow { .. } => s.audit_rows += 1,
+                _ => {}
+            }
+        }
+        s
+    }
+
+    /// Operations: acquires, releases and write attempts.
+    pub fn operations(&self) -> u64 {
+        let writes = |w: &WriteCounts| w.committed + w.rejected + w.indeterminate;
+        self.acquires + self.releases + writes(&self.postgres) + writes(&self.http) + writes(&self.advisory)
+    }
+
+    /// Stale writes the resources refused.
+    pub fn stale_rejected(&self) -> u64 {
+        self.postgres.rejected + self.http.rejected + self.advisory.rejected
+    }
+
+    /// Whether the run passed: every worker ran to the end, the audit tailer caught up,
+    /// and the checker found no violation.
+    pub fn passed(&self) -> bool {
+        self.workers_failed.is_empty() && self.tailer_caught_up && self.violations.as_ref().is_some_and(Vec::is_empty)
+    }
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "palisade chaos: seed {}, {:.1} s, {} workers, {} keys",
+            self.seed,
+            self.elapsed.as_secs_f64(),
+            self.workers,
+            self.keys
+        )?;
+        writeln!(f, "{:<34} {:>10}", "operations", self.operations())?;
+        for (name, n) in [
+            ("  acquires", self.acquires),
+            ("  grants", self.grants),
+            ("  acquires failed or timed out", self.acquire_failures),
+            ("  releases", self.releases),
+            ("  holds lost (loss signal)", self.losses),
+        ] {
+            writeln!(f, "{name:<34} {n:>10}")?;
+        }
+        writeln!(f, "{:<34} {:>10} {:>10} {:>13}", "writes", "committed", "stale", "indeterminate")?;
+        for (name, w) in [
+            ("  postgres, fenced_transaction", self.postgres),
+            ("  http, FenceLayer", self.http),
+            ("  http, advisory, no token", self.advisory),
+        ] {
+            writeln!(f, "{name:<34} {:>10} {:>10} {:>13}", w.committed, w.rejected, w.indeterminate)?;
+        }
+        writeln!(f, "{:<34} {:>10}", "stale writes rejected", self.stale_rejected())?;
+        writeln!(f, "{:<34} {:>10}", "faults injected", self.faults.values().sum::<u64>())?;
+        for (kind, n) in &self.faults {
+            let name = serde_json::to_value(kind).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+            writeln!(f, "  {name:<32} {n:>10}")?;
+        }
+        writeln!(f, "{:<34} {:>10}", "epochs advanced", self.epochs_advanced)?;
+        writeln!(f, "{:<34} {:>10}", "holds in etcd's history", self.etcd_holds)?;
+        writeln!(f, "{:<34} {:>10}", "  brought back by a restore, ended", self.restored_holds_ended)?;
+        writeln!(f, "{:<34} {:>10}", "audit rows", self.audit_rows)?;
+        writeln!(f, "{:<34} {:>10}", "  restored history, left out", self.audit_replayed)?;
+        writeln!(f, "{:<34} {:>10}", "  gaps", self.audit_gaps)?;
+        writeln!(f, "{:<34} {:>10}", "  write events dropped by the sink", self.audit_dropped)?;
+        writeln!(f, "{:<34} {:>10}", "  tailer caught up", if self.tailer_caught_up { "yes" } else { "NO" })?;
+        for w in &self.workers_failed {
+            writeln!(f, "{w}")?;
+        }
+        match &self.violations {
+            Some(v) => {
+                writeln!(f, "{:<34} {:>10}", "violations", v.len())?;
+                for line in v {
+                    writeln!(f, "  {line}")?;
+                }
+            }
+            None => writeln!(f, "{:<34} {:>10}", "violations", "not checked")?,
+        }
+        write!(f, "history: {}", self.history.display())
+    }
+}

@@ -1,0 +1,323 @@
+//! A worker: one process, one session at a time, a loop of acquire, fenced writes and
+//! release, each step recorded as a history entry on stdout (one JSON line each).
+//!
+//! It is its own process so that stopping it (SIGSTOP) also stops its session's
+//! keepalive, as a garbage-collection pause or a frozen VM would. It writes without
+//! looking at the lost signal, as a process that was paused mid-work does: the resources
+//! are what must refuse it. It stops after the cycle under way once its stdin closes.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use deadpool_postgres::Pool;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client as HttpClient;
+use hyper_util::rt::TokioExecutor;
+use palisade_fence::{fenced_transaction, FenceError, FencingToken, FencingTokenLayer};
+use palisade_lock::client::{Client, ClientSession, RemoteHold};
+use palisade_lock::Mode;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncReadExt;
+use tower::{Service, ServiceBuilder, ServiceExt};
+
+use crate::clock::RunClock;
+use crate::error::ChaosError;
+use crate::history::{write_entry, Entry, Event, LockName, Target, WriteOutcome};
+use crate::resource::key_name;
+
+/// The namespace the workers lock in.
+pub const NAMESPACE: &str = "chaos";
+/// The (fenced, exclusive) lock class the workers lock in.
+pub const CLASS: &str = "cells";
+/// How long one acquire waits for the lock.
+const ACQUIRE_WAIT: Duration = Duration::from_secs(3);
+/// How long one HTTP write may take before it counts as indeterminate.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What a worker process is told, as one JSON argument.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerConfig {
+    /// The worker's number (its `worker` in the history).
+    pub id: u32,
+    /// The run's seed; the worker's choices come from `seed` and `id`.
+    pub seed: u64,
+    /// The run's start on `CLOCK_MONOTONIC` ([`crate::clock::monotonic_ns`]).
+    pub start_ns: u64,
+    /// The lock-service replicas (`http://127.0.0.1:PORT`); sessions go round-robin.
+    pub services: Vec<String>,
+    /// The HTTP resource service.
+    pub resource_url: String,
+    /// The resource database (libpq key/value form).
+    pub database: String,
+    /// Keys to lock: `key-0` .. `key-{keys-1}`.
+    pub keys: u32,
+    /// Session TTL, milliseconds.
+    pub ttl_ms: u64,
+}
+
+/// Records entries on stdout.
+#[derive(Clone)]
+struct Recorder {
+    clock: RunClock,
+    worker: u32,
+}
+
+impl Recorder {
+    fn record(&self, event: Event) {
+        let entry = Entry { at_ns: self.clock.at_ns(), worker: self.worker, event };
+        let mut out = std::io::stdout().lock();
+        // A closed stdout means the runner is gone; nothing is left to record for.
+        if write_entry(&mut out, &entry).and_then(|()| std::io::Write::flush(&mut out)).is_err() {
+            std::process::exit(0);
+        }
+    }
+}
+
+/// The hold a worker has, for the lost-signal watcher: (session id, lock, token).
+type Current = Arc<Mutex<Option<(String, LockName, u64)>>>;
+
+type TokenCell = Arc<Mutex<Option<FencingToken>>>;
+
+/// Runs a worker until its stdin closes.
+///
+/// # Errors
+///
+/// [`ChaosError::InvalidOptions`] for a config without services or keys;
+/// [`ChaosError::Audit`] if the database pool cannot be built.
+pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
+    if config.services.is_empty() || config.keys == 0 {
+        return Err(ChaosError::InvalidOptions("a worker needs at least one service and one key"));
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopping = stop.clone();
+    tokio::spawn(async move {
+        let mut stdin = tokio::io::stdin();
+        let mut buf = [0_u8; 64];
+        while matches!(stdin.read(&mut buf).await, Ok(n) if n > 0) {}
+        stopping.store(true, Ordering::SeqCst);
+    });
+    let rec = Recorder { clock: RunClock::from_start(config.start_ns), worker: config.id };
+    let mut rng = StdRng::seed_from_u64(config.seed ^ (u64::from(config.id) + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let identity = format!("spiffe://chaos/workers/w{}", config.id);
+    let clients: Vec<Client> = config
+        .services
+        .iter()
+        .map(|url| Client::new(url.clone()).map(|c| c.with_dev_identity(identity.clone())))
+        .collect::<Result<_, _>>()
+        .map_err(ChaosError::service("building a lock-service client"))?;
+    let pool = palisade_audit::pool(&config.database, 1)?;
+    let token: TokenCell = Arc::default();
+    let source = token.clone();
+    let fenced_http = ServiceBuilder::new()
+        .layer(FencingTokenLayer::new(move || *source.lock().unwrap_or_else(|e| e.into_inner())))
+        .service(HttpClient::builder(TokioExecutor::new()).build_http::<Full<Bytes>>());
+    let plain_http = HttpClient::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let current: Current = Arc::default();
+    let mut session: Option<ClientSession> = None;
+    let mut opened = 0_usize;
+    let mut op = u64::from(config.id) << 40;
+    let ttl = Duration::from_millis(config.ttl_ms);
+
+    while !stop.load(Ordering::SeqCst) {
+        if session.as_ref().map_or(true, ClientSession::is_lost) {
+            let client = &clients[(config.id as usize + opened) % clients.len()];
+            opened += 1;
+            match tokio::time::timeout(WRITE_TIMEOUT, client.open_session(ttl)).await {
+                Ok(Ok(s)) => {
+                    watch_loss(&s, current.clone(), rec.clone());
+                    session = Some(s);
+                }
+                _ => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            }
+        }
+        let Some(s) = session.clone() else { continue };
+        let key = key_name(rng.gen_range(0..config.keys));
+        let lock = LockName { ns: NAMESPACE.into(), class: CLASS.into(), key: key.clone() };
+        rec.record(Event::AcquireInvoked { lock: lock.clone() });
+        let acquired =
+            tokio::time::timeout(ACQUIRE_WAIT + WRITE_TIMEOUT, s.acquire(NAMESPACE, CLASS, &key, Mode::Exclusive, ACQUIRE_WAIT))
+                .await;
+        let hold = match acquired {
+            Ok(Ok(hold)) => hold,
+            Ok(Err(e)) => {
+                rec.record(Event::AcquireFailed { lock, error: e.to_string() });
+                if e.is_session_lost() {
+                    session = None;
+                }
+                tokio::time::sleep(Duration::from_millis(rng.gen_range(50..250))).await;
+                continue;
+            }
+            Err(_) => {
+                rec.record(Event::AcquireFailed { lock, error: "no answer in time".into() });
+                abandon(&mut session, &current).await;
+                continue;
+            }
+        };
+        let (Some(t), Some(rev)) = (hold.token(), hold.grant_rev()) else {
+            rec.record(Event::AcquireFailed { lock, error: "granted without a fencing token".into() });
+            let _ = hold.release().await;
+            continue;
+        };
+        let lease = i64::from_str_radix(s.id(), 16).unwrap_or(-1);
+        *current.lock().unwrap_or_else(|e| e.into_inner()) = Some((s.id().to_owned(), lock.clone(), t.get()));
+        *token.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
+        rec.record(Event::Granted { lock: lock.clone(), token: t.get(), session: lease, grant_rev: rev.as_i64() });
+
+        // Rounds of writes with pauses between them: a pause here (SIGSTOP from the
+        // nemesis, or the occasional long one here) is followed by a write with a token
+        // that may have gone stale meanwhile.
+        for round in 0..rng.gen_range(2..=4) {
+            if round > 0 {
+                let pause = if rng.gen_bool(0.04) { ttl + ttl / 2 } else { Duration::from_millis(rng.gen_range(0..200)) };
+                tokio::time::sleep(pause).await;
+            }
+            op += 1;
+            write_pg(&rec, &pool, &key, t, op).await;
+            op += 1;
+            write_http(&rec, &fenced_http, &config.resource_url, &format!("/cells/{key}"), Some(t), op).await;
+        }
+        if rng.gen_bool(0.25) {
+            op += 1;
+            let path = format!("/advisory/{key}");
+            write_http(&rec, &plain_http, &config.resource_url, &path, None, op).await;
+        }
+        release(&rec, hold, &lock, t.get(), &current, &mut session).await;
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(0..100))).await;
+    }
+    if let Some(s) = session {
+        let _ = tokio::time::timeout(WRITE_TIMEOUT, s.close()).await;
+    }
+    Ok(())
+}
+
+/// Records `Lost` for the hold of `s` when its lost signal fires.
+fn watch_loss(s: &ClientSession, current: Current, rec: Recorder) {
+    let s = s.clone();
+    tokio::spawn(async move {
+        s.lost().await;
+        let mine = {
+            let mut cur = current.lock().unwrap_or_else(|e| e.into_inner());
+            if cur.as_ref().is_some_and(|(id, _, _)| id == s.id()) { cur.take() } else { None }
+        };
+        if let Some((_, lock, token)) = mine {
+            rec.record(Event::Lost { lock, token });
+        }
+    });
+}
+
+/// Gives up a session that does not answer: forgets its hold (it ends by expiry or by
+/// the close) and closes it.
+async fn abandon(session: &mut Option<ClientSession>, current: &Current) {
+    current.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(s) = session.take() {
+        let _ = tokio::time::timeout(WRITE_TIMEOUT, s.close()).await;
+    }
+}
+
+async fn release(
+    rec: &Recorder,
+    hold: RemoteHold,
+    lock: &LockName,
+    token: u64,
+    current: &Current,
+    session: &mut Option<ClientSession>,
+) {
+    match tokio::time::timeout(WRITE_TIMEOUT, hold.release()).await {
+        Ok(Ok(())) => {
+            current.lock().unwrap_or_else(|e| e.into_inner()).take();
+            rec.record(Event::Released { lock: lock.clone(), token, release_rev: None });
+        }
+        Ok(Err(e)) if e.is_not_held() || e.is_session_lost() => {
+            // The service says the hold is gone: that is the loss signal, unless the
+            // session's own signal told it first.
+            if current.lock().unwrap_or_else(|e| e.into_inner()).take().is_some() {
+                rec.record(Event::Lost { lock: lock.clone(), token });
+            }
+            if e.is_session_lost() {
+                *session = None;
+            }
+        }
+        _ => abandon(session, current).await,
+    }
+}
+
+async fn write_pg(rec: &Recorder, pool: &Pool, key: &str, token: FencingToken, op: u64) {
+    let resource = format!("pg/{key}");
+    rec.record(Event::WriteInvoked { resource: resource.clone(), target: Target::Postgres, token: Some(token.get()), op });
+    let outcome = match tokio::time::timeout(WRITE_TIMEOUT, pool.get()).await {
+        Ok(Ok(mut client)) => {
+            let id = key.to_owned();
+            let result = fenced_transaction(&mut **client, &resource, token, |tx| {
+                Box::pin(async move {
+                    let value: i64 =
+                        tx.query_one("SELECT value FROM chaos_pg_cell WHERE id = $1", &[&id]).await?.get(0);
+                    let version: i64 = tx
+                        .query_one(
+                            "UPDATE chaos_pg_cell SET value = $2, version = version + 1 WHERE id = $1 RETURNING version",
+                            &[&id, &(value + 1)],
+                        )
+                        .await?
+                        .get(0);
+                    Ok::<_, FenceError>(version)
+                })
+            });
+            match tokio::time::timeout(WRITE_TIMEOUT, result).await {
+                Ok(Ok(version)) => WriteOutcome::Committed { seq: version.max(0) as u64 },
+                Ok(Err(e)) if e.is_stale() => WriteOutcome::Rejected { highest: e.highest().map(FencingToken::get) },
+                Ok(Err(e)) => WriteOutcome::Indeterminate { reason: e.to_string() },
+                Err(_) => WriteOutcome::Indeterminate { reason: "no answer in time".into() },
+            }
+        }
+        Ok(Err(e)) => WriteOutcome::Indeterminate { reason: format!("no connection: {e}") },
+        Err(_) => WriteOutcome::Indeterminate { reason: "no connection in time".into() },
+    };
+    rec.record(Event::WriteCompleted { resource, target: Target::Postgres, token: Some(token.get()), op, outcome });
+}
+
+async fn write_http<S>(rec: &Recorder, http: &S, base: &str, path: &str, token: Option<FencingToken>, op: u64)
+where
+    S: Service<http::Request<Full<Bytes>>, Response = http::Response<hyper::body::Incoming>> + Clone,
+    S::Error: std::fmt::Display,
+{
+    let token = token.map(FencingToken::get);
+    rec.record(Event::WriteInvoked { resource: path.to_owned(), target: Target::Http, token, op });
+    let outcome = match tokio::time::timeout(WRITE_TIMEOUT, send(http, base, path, rec.worker)).await {
+        Ok(Ok((200, body))) => match body["seq"].as_u64() {
+            Some(seq) => WriteOutcome::Committed { seq },
+            None => WriteOutcome::Indeterminate { reason: format!("200 without a seq: {body}") },
+        },
+        Ok(Ok((409, body))) => WriteOutcome::Rejected { highest: number(&body["highest"]) },
+        Ok(Ok((status, body))) => WriteOutcome::Indeterminate { reason: format!("HTTP {status}: {body}") },
+        Ok(Err(e)) => WriteOutcome::Indeterminate { reason: e },
+        Err(_) => WriteOutcome::Indeterminate { reason: "no answer in time".into() },
+    };
+    rec.record(Event::WriteCompleted { resource: path.to_owned(), target: Target::Http, token, op, outcome });
+}
+
+/// A JSON number, or a decimal string (how problem+json carries tokens).
+fn number(v: &serde_json::Value) -> Option<u64> {
+    v.as_u64().or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+}
+
+async fn send<S>(http: &S, base: &str, path: &str, worker: u32) -> Result<(u16, serde_json::Value), String>
+where
+    S: Service<http::Request<Full<Bytes>>, Response = http::Response<hyper::body::Incoming>> + Clone,
+    S::Error: std::fmt::Display,
+{
+    let req = http::Request::put(format!("{base}{path}"))
+        .header("x-caller", format!("spiffe://chaos/workers/w{worker}"))
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| e.to_string())?;
+    let mut svc = http.clone();
+    let resp = svc.ready().await.map_err(|e| e.to_string())?.call(req).await.map_err(|e| e.to_string())?;
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+    Ok((status, serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null)))
+}
