@@ -94,10 +94,21 @@
 //! (reason 1 to 1024 bytes); a *different* admin approves it: the requester approving
 //! their own request is 403 `forbidden`, a second approval 409 `already-approved` (the
 //! approval is one conditional `UPDATE`, so only one replica wins). Only on approval
-//! is every current hold of the key deleted ([`Locker::force_release`], one Txn per hold,
-//! marked as forced), and each deletion recorded through the [`ForceReleaseAudit`] with
-//! the revision of its Txn, requester, approver, reason and whether the class was
+//! is every current hold of the key deleted ([`Locker::force_release_grant`], one Txn per
+//! hold, marked as forced), and each deletion recorded through the [`ForceReleaseAudit`]
+//! with the revision of its Txn, requester, approver, reason and whether the class was
 //! fenced. An approval that finds no holder deletes nothing and answers `released: []`.
+//!
+//! etcd calls of an approval go through the shared retry (a dead member is left for
+//! the others). If etcd or the database still fails after the approval is recorded, the
+//! answer is the failure (503, 502...) and the request stays approved but not executed:
+//! the holds it found are stored with it before any is deleted, and approving it again
+//! (the approver or another admin of the namespace, never the requester) deletes those
+//! that remain, each at most once (the delete compares the hold's grant revision, so a
+//! later holder of the key is never touched), and records each in the audit trail once.
+//! Only an executed request answers 409 `already-approved`. The request table is used
+//! through a connection pool (deadpool-postgres); a statement whose connection the
+//! server ended is run again on another connection.
 //!
 //! **The window after a force release.** The deleted holder's token is still the highest
 //! any resource has seen until the *next* holder writes with its (higher) token. Until
@@ -138,7 +149,9 @@ use axum::Router;
 use tokio::net::TcpListener;
 
 pub use authz::{Authz, AuthzConfig, AuthzError, Grant, NamespaceRules};
-pub use force::{ForceReleaseAudit, ForceReleases, ForcedRelease, FORCE_RELEASE_MIGRATION};
+pub use force::{
+    ForceDbError, ForceReleaseAudit, ForceReleases, ForcedRelease, FORCE_RELEASE_MIGRATION,
+};
 pub use identity::{PeerIdentity, DEV_IDENTITY_HEADER};
 pub use problem::{Problem, ProblemKind};
 #[cfg(feature = "tls")]
