@@ -23,6 +23,8 @@ mod holder_meta;
 mod observability;
 #[path = "service/openapi.rs"]
 mod openapi;
+#[path = "service/session_quota.rs"]
+mod session_quota;
 
 const OWNER: &str = "spiffe://test/billing/a";
 const OTHER: &str = "spiffe://test/billing/b";

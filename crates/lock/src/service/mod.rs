@@ -12,7 +12,7 @@
 //!
 //! | method and path | body | answer |
 //! |---|---|---|
-//! | `POST /v1/sessions` | `{"ttl_ms"}` | 201 `{"session","spiffe_id","ttl_ms","opened_rev"}` |
+//! | `POST /v1/sessions` | `{"ttl_ms","namespace"?}` | 201 `{"session","spiffe_id","ttl_ms","opened_rev","namespace"}` |
 //! | `POST /v1/sessions/{session}/keepalive` | none | 200 `{"ttl_ms"}` |
 //! | `DELETE /v1/sessions/{session}` | none | 204; every hold of the session ends |
 //! | `POST /v1/locks/acquire` | `{"session","namespace","class","key","mode","wait_ms","holder_meta"?}` | 200 `{"token","grant_rev",...}` |
@@ -68,15 +68,19 @@
 //!
 //! # Quotas (per namespace)
 //!
-//! `held_lease_quota` ([`Namespace`](crate::Namespace)): at most that many holds and
-//! waits of the namespace at once, across all replicas. Each acquire takes a slot (a key
+//! `held_lease_quota` ([`Namespace`](crate::Namespace)): at most that many sessions
+//! opened with the namespace, holds and waits of the namespace at once, across all
+//! replicas. A session opened with `"namespace"` takes a slot for as long as its lease
+//! lives (caller granted some class of the namespace, or its admin; over the quota: 429
+//! and the session is revoked at once). Each acquire takes a slot (a key
 //! `<root>quota/<ns>/...` on the session's lease) before it waits; the slot is deleted
 //! when the wait fails, when the hold is released, or with the session's lease (closed,
 //! or expired: it stops counting within one TTL). Taking a slot counts the namespace's
 //! slots at a revision and creates the new one in a Txn that compares the whole slot
 //! range against that revision, so concurrent acquires through any replicas never
 //! exceed the quota. Over the quota: 429 `quota-exceeded`, naming `held_lease_quota`.
-//! Sessions count through their holds and waits (a session names no namespace). A
+//! A session opened without a namespace counts only through its holds and waits (it
+//! may lock in several namespaces). A
 //! lowered quota refuses new slots until the count is below it; existing holds stay.
 //! A hold force-released keeps its slot until its session releases it or ends.
 //!
