@@ -328,17 +328,16 @@ async fn run(procs: &mut Procs, dir: &Path, admin: &str, dbname: &str, keep_runn
     wait_port(lock_port).await?;
     println!("    lock service {lock_url}");
     for admin_cmd in [
-        vec!["put-namespace", "orders", "--tenant", "acme"],
-        vec!["put-class", "orders", "invoices", "--ttl-max-ms", "60000"],
+        vec!["namespace", "create", "orders", "--tenant", "acme"],
+        vec!["class", "create", "orders", "invoices", "--ttl-max-ms", "60000"],
     ] {
         let out = tokio::process::Command::new(&palisade)
-            .args(["lock", "admin"])
             .args(&admin_cmd)
             .args(["--service", &lock_url, "--dev-identity", "spiffe://acme/admin"])
             .output()
             .await?;
         if !out.status.success() {
-            return Err(format!("lock admin {admin_cmd:?}: {}", String::from_utf8_lossy(&out.stderr)).into());
+            return Err(format!("palisade {admin_cmd:?}: {}", String::from_utf8_lossy(&out.stderr)).into());
         }
     }
 

@@ -8,6 +8,9 @@
 # examples/protected_service.rs. The job below runs only once the lock is held; if the hold
 # is lost (session expired, lock service unreachable for a TTL) `lock run` kills it and
 # exits with 76. Exit 75 means the lock was not acquired in time.
+#
+# Against a service on mTLS, name the SVID instead of --dev-identity (or export
+# PALISADE_CERT, PALISADE_KEY and PALISADE_CA): --cert svid.pem --key svid.key --ca ca.pem
 set -euo pipefail
 service=${1:?lock service URL}
 target=${2:?protected service URL}

@@ -1,4 +1,6 @@
 //! `palisade`: the command-line front end of the Palisade lock service.
+//!
+//! Exit codes: see `cli/exit.rs` (also in `palisade --help`).
 
 mod audit;
 
@@ -11,7 +13,7 @@ use palisade_fence::{Epoch, FencingToken, Revision};
 
 /// Palisade: a distributed lock service on etcd with fencing tokens.
 #[derive(Debug, Parser)]
-#[command(name = "palisade", version, about)]
+#[command(name = "palisade", version, about, after_help = EXIT_CODES)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -27,10 +29,39 @@ enum Command {
     Audit(audit::AuditCommand),
     /// Run the lock service.
     Serve(cli::serve::ServeArgs),
-    /// Hold locks through a running lock service.
-    #[command(subcommand)]
-    Lock(cli::lock::LockCommand),
+    /// Acquire, release, inspect locks, or run a command under one.
+    Lock(cli::lock::LockArgs),
+    /// Open, renew and close sessions (the etcd leases that holds live on).
+    Session(cli::session::SessionArgs),
+    /// Create, update and list namespaces.
+    Namespace(cli::config::NamespaceArgs),
+    /// Create, update and list lock classes.
+    Class(cli::config::ClassArgs),
+    /// Show or advance the epoch of fencing tokens.
+    Epoch(cli::epoch::EpochArgs),
+    /// Two-person force release of a lock key: one admin requests, another approves.
+    ForceRelease(cli::force::ForceArgs),
 }
+
+/// The exit codes, as `palisade --help` shows them.
+const EXIT_CODES: &str = "\
+Commands that talk to the lock service take --service URL and either --cert, --key and
+--ca (mTLS; or PALISADE_SERVICE, PALISADE_CERT, PALISADE_KEY, PALISADE_CA) or
+--dev-identity SPIFFE_ID (a service in dev mode; or PALISADE_DEV_IDENTITY).
+
+Exit codes:
+  0   done
+  1   any other failure (service unreachable or failing, local I/O)
+  2   bad input (usage, malformed argument or hold file, unusable certificates, invalid-input)
+  3   not found (namespace, class, session, force release request)
+  4   conflict (create of something that exists, already-approved, epoch-exhausted)
+  5   quota exceeded
+  6   unauthenticated (certificate refused or missing, 401)
+  7   forbidden (403)
+  75  not acquired: others held the lock for the whole wait
+  76  not held: the hold or its session is gone
+  130 interrupted (Ctrl-C) while lock acquire waited
+`lock run` exits with its command's code once the command ran.";
 
 #[derive(Debug, Subcommand)]
 enum TokenCommand {
@@ -61,15 +92,17 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             eprintln!("palisade: {e}");
-            ExitCode::from(2)
+            ExitCode::from(cli::exit::Exit::of(&*e).code())
         }
     }
 }
 
 fn run(cli: Cli) -> Result<String, Box<dyn std::error::Error>> {
+    use cli::exit::CliError;
+    let bad = |e: &dyn std::fmt::Display| CliError::bad_input(e.to_string());
     match cli.command {
         Command::Token(TokenCommand::Inspect { token }) => {
-            let t: FencingToken = token.parse()?;
+            let t: FencingToken = token.parse().map_err(|e| bad(&e))?;
             Ok(format!(
                 "token {t}\nepoch {}\nrevision {}",
                 t.epoch(),
@@ -77,11 +110,17 @@ fn run(cli: Cli) -> Result<String, Box<dyn std::error::Error>> {
             ))
         }
         Command::Token(TokenCommand::Compose { epoch, revision }) => {
-            let t = FencingToken::from_parts(Epoch::new(epoch)?, Revision::new(revision))?;
+            let epoch = Epoch::new(epoch).map_err(|e| bad(&e))?;
+            let t = FencingToken::from_parts(epoch, Revision::new(revision)).map_err(|e| bad(&e))?;
             Ok(t.to_string())
         }
         Command::Audit(command) => audit::run(command),
         Command::Serve(args) => cli::serve::run(args),
-        Command::Lock(cmd) => cli::lock::run(cmd),
+        Command::Lock(args) => cli::lock::run(args),
+        Command::Session(args) => cli::session::run(args),
+        Command::Namespace(args) => cli::config::run_namespace(args),
+        Command::Class(args) => cli::config::run_class(args),
+        Command::Epoch(args) => cli::epoch::run(args),
+        Command::ForceRelease(args) => cli::force::run(args),
     }
 }

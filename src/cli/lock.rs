@@ -1,293 +1,339 @@
-//! `palisade lock ...`: hold locks through a running lock service.
+//! `palisade lock ...`: acquire, release, status, and run a command under a lock.
+//!
+//! `lock acquire` keeps nothing running: it opens a session (an etcd lease of `--ttl`
+//! seconds), takes the lock on it, prints the hold as JSON and exits. The hold lasts
+//! until `lock release`, `session close`, or the session's lease lapses: renew it with
+//! `session keepalive` more often than once per TTL to keep the lock longer.
 
-use std::process::Stdio;
-use std::time::Duration;
+use std::io::Read;
+use std::path::PathBuf;
 
-use palisade_lock::client::Client;
-use palisade_lock::Mode;
+use palisade_lock::client::ClientErrorKind;
+use palisade_lock::{Enforcement, Mode};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
 
-/// Where the service is and who is calling (plain HTTP, dev mode).
+use super::connect::{block_on, Connection};
+use super::exit::{CliError, Exit, Result};
+
+/// `palisade lock` and the connection flags of its subcommands.
 #[derive(Debug, clap::Args)]
-pub(crate) struct Target {
-    /// Lock service URL (plain HTTP, dev mode).
-    #[arg(long)]
-    service: String,
-    /// The SPIFFE ID to act as (dev mode's identity header).
-    #[arg(long)]
-    dev_identity: String,
+pub(crate) struct LockArgs {
+    #[command(flatten)]
+    conn: Connection,
+    #[command(subcommand)]
+    cmd: LockCommand,
 }
 
 /// Lock subcommands.
 #[derive(Debug, clap::Subcommand)]
-pub(crate) enum LockCommand {
-    /// Print a lock's holders (with tokens), waiters in order, and class, as JSON.
-    Status {
-        /// The lock: namespace/class/key.
-        lock: String,
-        #[command(flatten)]
-        target: Target,
-    },
-    /// Administer namespaces, classes and the epoch (prints the service's JSON answer).
-    #[command(subcommand)]
-    Admin(AdminCommand),
-    /// Run COMMAND while holding NS/CLASS/KEY. The token is in FENCING_TOKEN; the command
-    /// is killed (SIGKILL) if the hold is lost. Exits with the command's exit code, 75 if
-    /// the lock was not acquired, 76 if the hold was lost.
-    Run {
+enum LockCommand {
+    /// Take a lock and print the hold as JSON; nothing keeps running.
+    ///
+    /// Prints the hold as a JSON object with `session`, `namespace`, `class`, `key`,
+    /// `mode`, `token`, `grant_rev`, `enforcement`, `ttl_ms` and `own_session`: the
+    /// handle that `lock release --hold` takes. Without `session keepalive SESSION` (more often than the TTL) the hold
+    /// ends when its session's TTL lapses. Exits 75 if others held the lock for the
+    /// whole wait, 130 if interrupted (Ctrl-C) while waiting; either way the session
+    /// opened for it is closed again.
+    Acquire {
         /// The lock: namespace/class/key (the key may contain `/`).
         lock: String,
-        /// Lock service URL (plain HTTP, dev mode).
-        #[arg(long)]
-        service: String,
-        /// The SPIFFE ID to act as (dev mode's identity header).
-        #[arg(long)]
-        dev_identity: String,
-        /// Session TTL in whole seconds.
-        #[arg(long, default_value_t = 10)]
+        /// TTL of the new session, in whole seconds (the class bounds it).
+        #[arg(long, default_value_t = 30, conflicts_with = "session")]
         ttl: u64,
+        /// Take the lock on this existing session (from `session open` or an earlier
+        /// acquire) instead of opening one; `lock release` then leaves it open.
+        #[arg(long)]
+        session: Option<String>,
         /// How long to wait for the lock, in milliseconds.
         #[arg(long, default_value_t = 10_000)]
         wait_ms: u64,
         /// Take the lock shared instead of exclusive.
         #[arg(long)]
         shared: bool,
-        /// The command and its arguments.
-        #[arg(last = true, required = true)]
-        command: Vec<String>,
     },
-}
-
-/// Admin subcommands.
-#[derive(Debug, clap::Subcommand)]
-pub(crate) enum AdminCommand {
-    /// List namespaces (those the caller administers).
-    Namespaces {
-        #[command(flatten)]
-        target: Target,
-    },
-    /// Create or update a namespace.
-    PutNamespace {
-        /// Namespace name.
-        ns: String,
-        /// Owning tenant.
+    /// Release a hold taken by `lock acquire`.
+    ///
+    /// Takes the JSON that `lock acquire` printed (`--hold FILE`, `-` for stdin), or
+    /// NS/CLASS/KEY with `--session` and `--grant-rev`. A session that `lock acquire`
+    /// opened for the hold is closed with it. Exits 76 if the hold had already ended.
+    Release {
+        /// The lock: namespace/class/key (with --session and --grant-rev).
+        #[arg(required_unless_present = "hold", conflicts_with = "hold", requires_all = ["session", "grant_rev"])]
+        lock: Option<String>,
+        /// A file holding what `lock acquire` printed; `-` reads stdin.
         #[arg(long)]
-        tenant: String,
-        #[command(flatten)]
-        target: Target,
-    },
-    /// List a namespace's classes.
-    Classes {
-        /// Namespace name.
-        ns: String,
-        #[command(flatten)]
-        target: Target,
-    },
-    /// Create or update a class (exclusive, fenced, fail-closed unless told otherwise).
-    PutClass {
-        /// Namespace name.
-        ns: String,
-        /// Class name.
-        class: String,
-        /// Key prefix of the class.
-        #[arg(long, default_value = "")]
-        prefix: String,
-        /// Longest session TTL, in milliseconds.
+        hold: Option<PathBuf>,
+        /// The session that holds the lock.
         #[arg(long)]
-        ttl_max_ms: Option<u64>,
-        /// Allow shared holds.
+        session: Option<String>,
+        /// The hold's grant revision.
+        #[arg(long)]
+        grant_rev: Option<u64>,
+        /// The hold is shared.
         #[arg(long)]
         shared: bool,
-        #[command(flatten)]
-        target: Target,
-    },
-    /// Show the epoch record.
-    Epoch {
-        #[command(flatten)]
-        target: Target,
-    },
-    /// Advance the epoch (after a restore from snapshot, or a rehome).
-    AdvanceEpoch {
-        /// `restore` or `rehome`.
+        /// Also close the session (every other hold of it ends too).
         #[arg(long)]
-        reason: String,
-        #[command(flatten)]
-        target: Target,
+        close_session: bool,
     },
+    /// Print a lock's holders (with tokens), waiters in order, and class, as JSON.
+    Status {
+        /// The lock: namespace/class/key.
+        lock: String,
+    },
+    /// Run a command while holding a lock, with its token in FENCING_TOKEN.
+    ///
+    /// The session is renewed while the command runs; the command is killed (SIGKILL)
+    /// if the hold is lost. Exits with the command's exit code, 75 if the lock was not
+    /// acquired within the wait, 76 if the hold was lost (other failures before the
+    /// command starts: the codes of `palisade --help`).
+    Run(super::run::RunArgs),
 }
 
-fn split_lock(lock: &str) -> Result<(&str, &str, &str), String> {
+/// Splits `ns/class/key`.
+pub(crate) fn split_lock(lock: &str) -> std::result::Result<(&str, &str, &str), CliError> {
     let mut parts = lock.splitn(3, '/');
     match (parts.next(), parts.next(), parts.next()) {
-        (Some(ns), Some(class), Some(key)) => Ok((ns, class, key)),
-        _ => Err(format!("{lock:?} is not NS/CLASS/KEY")),
+        (Some(ns), Some(class), Some(key)) if !ns.is_empty() && !class.is_empty() => {
+            Ok((ns, class, key))
+        }
+        _ => Err(CliError::bad_input(format!(
+            "{lock:?} is not NAMESPACE/CLASS/KEY"
+        ))),
     }
 }
 
-fn call(
-    target: Target,
-    method: &str,
-    path: String,
-    body: Option<serde_json::Value>,
-) -> Result<String, Box<dyn std::error::Error>> {
-    let rt = tokio::runtime::Runtime::new()?;
-    let value = rt.block_on(async move {
-        let client = Client::new(target.service)?.with_dev_identity(target.dev_identity);
-        client.call_json(method, &path, body).await
-    })?;
-    Ok(serde_json::to_string_pretty(&value)?)
+/// Percent-encodes a path segment or query value.
+pub(crate) fn enc(v: &str) -> String {
+    percent_encoding::utf8_percent_encode(v, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
-/// Percent-encodes a query value (everything but unreserved characters).
-fn query_value(v: &str) -> String {
-    v.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            b => format!("%{b:02X}"),
-        })
-        .collect()
+/// What `lock acquire` prints and `lock release --hold` reads.
+#[derive(Debug, Serialize, Deserialize)]
+struct HoldFile {
+    session: String,
+    namespace: String,
+    class: String,
+    key: String,
+    mode: Mode,
+    /// Decimal string; `null` for an unprotected grant.
+    token: Option<String>,
+    grant_rev: Option<u64>,
+    /// `fenced` or `advisory`: whether resources refuse writes without a current token.
+    #[serde(default)]
+    enforcement: Option<Enforcement>,
+    /// The session's TTL: renew it (`session keepalive`) within this to keep the hold.
+    #[serde(default)]
+    ttl_ms: Option<u64>,
+    /// Whether `lock acquire` opened the session for this hold (release closes it).
+    #[serde(default)]
+    own_session: bool,
 }
 
-pub(crate) fn run(cmd: LockCommand) -> Result<String, Box<dyn std::error::Error>> {
-    use serde_json::json;
-    let run = match cmd {
-        LockCommand::Status { lock, target } => {
+fn mode(shared: bool) -> Mode {
+    if shared {
+        Mode::Shared
+    } else {
+        Mode::Exclusive
+    }
+}
+
+pub(crate) fn run(args: LockArgs) -> Result<String> {
+    let LockArgs { conn, cmd } = args;
+    match cmd {
+        LockCommand::Acquire {
+            lock,
+            ttl,
+            session,
+            wait_ms,
+            shared,
+        } => acquire(&conn, &lock, ttl, session, wait_ms, mode(shared)),
+        LockCommand::Release {
+            lock,
+            hold,
+            session,
+            grant_rev,
+            shared,
+            close_session,
+        } => {
+            let mut h = match (lock, hold) {
+                (_, Some(path)) => read_hold(&path)?,
+                (Some(lock), None) => {
+                    let (ns, class, key) = split_lock(&lock)?;
+                    HoldFile {
+                        session: session.unwrap_or_default(),
+                        namespace: ns.into(),
+                        class: class.into(),
+                        key: key.into(),
+                        mode: mode(shared),
+                        token: None,
+                        grant_rev,
+                        enforcement: None,
+                        ttl_ms: None,
+                        own_session: false,
+                    }
+                }
+                (None, None) => unreachable!("clap requires LOCK or --hold"),
+            };
+            h.own_session |= close_session;
+            release(&conn, &h)
+        }
+        LockCommand::Status { lock } => {
             let (ns, class, key) = split_lock(&lock)?;
             let path = format!(
                 "/v1/locks/status?namespace={}&class={}&key={}",
-                query_value(ns),
-                query_value(class),
-                query_value(key)
+                enc(ns),
+                enc(class),
+                enc(key)
             );
-            return call(target, "GET", path, None);
+            call(&conn, "GET", path, None)
         }
-        LockCommand::Admin(admin) => {
-            return match admin {
-                AdminCommand::Namespaces { target } => {
-                    call(target, "GET", "/v1/namespaces".into(), None)
-                }
-                AdminCommand::PutNamespace { ns, tenant, target } => call(
-                    target,
-                    "PUT",
-                    format!("/v1/namespaces/{}", query_value(&ns)),
-                    Some(json!({ "tenant_id": tenant })),
-                ),
-                AdminCommand::Classes { ns, target } => call(
-                    target,
-                    "GET",
-                    format!("/v1/namespaces/{}/classes", query_value(&ns)),
-                    None,
-                ),
-                AdminCommand::PutClass {
-                    ns,
-                    class,
-                    prefix,
-                    ttl_max_ms,
-                    shared,
-                    target,
-                } => {
-                    let mut body = json!({ "key_prefix": prefix });
-                    if let Some(t) = ttl_max_ms {
-                        body["ttl_max_ms"] = json!(t);
-                    }
-                    if shared {
-                        body["mode"] = json!("shared");
-                    }
-                    call(
-                        target,
-                        "PUT",
-                        format!(
-                            "/v1/namespaces/{}/classes/{}",
-                            query_value(&ns),
-                            query_value(&class)
-                        ),
-                        Some(body),
-                    )
-                }
-                AdminCommand::Epoch { target } => call(target, "GET", "/v1/epoch".into(), None),
-                AdminCommand::AdvanceEpoch { reason, target } => call(
-                    target,
-                    "POST",
-                    "/v1/epoch/advance".into(),
-                    Some(json!({ "reason": reason })),
-                ),
-            };
-        }
-        LockCommand::Run {
-            lock,
-            service,
-            dev_identity,
-            ttl,
-            wait_ms,
-            shared,
-            command,
-        } => (
-            lock,
-            Target {
-                service,
-                dev_identity,
-            },
-            ttl,
-            wait_ms,
-            shared,
-            command,
-        ),
-    };
-    run_locked(run)
+        LockCommand::Run(args) => super::run::run(&conn, args),
+    }
 }
 
-/// `lock run`: exits the process with the command's exit code (or 75 / 76).
-fn run_locked(
-    (lock, target, ttl, wait_ms, shared, command): (String, Target, u64, u64, bool, Vec<String>),
-) -> Result<String, Box<dyn std::error::Error>> {
-    let Target {
-        service,
-        dev_identity,
-    } = target;
-    let (ns, class, key) = split_lock(&lock)?;
-    let rt = tokio::runtime::Runtime::new()?;
-    let code = rt.block_on(async move {
-        let client = Client::new(service)?.with_dev_identity(dev_identity);
-        let session = client.open_session(Duration::from_secs(ttl)).await?;
-        let mode = if shared {
-            Mode::Shared
-        } else {
-            Mode::Exclusive
+/// One API call; the answer as pretty JSON (empty for 204).
+pub(crate) fn call(
+    conn: &Connection,
+    method: &str,
+    path: String,
+    body: Option<serde_json::Value>,
+) -> Result<String> {
+    let client = conn.client()?;
+    let value = block_on(async move { Ok(client.call_json(method, &path, body).await?) })?;
+    if value.is_null() {
+        return Ok(String::new());
+    }
+    Ok(serde_json::to_string_pretty(&value)?)
+}
+
+fn acquire(
+    conn: &Connection,
+    lock: &str,
+    ttl: u64,
+    session: Option<String>,
+    wait_ms: u64,
+    mode: Mode,
+) -> Result<String> {
+    let (ns, class, key) = split_lock(lock)?;
+    let client = conn.client()?;
+    let hold = block_on(async move {
+        let (session, ttl_ms, own) = match session {
+            Some(s) => (s, None, false),
+            None => {
+                let ttl_ms = ttl
+                    .checked_mul(1000)
+                    .ok_or_else(|| CliError::bad_input(format!("--ttl {ttl} is too large")))?;
+                let opened = client
+                    .call_json("POST", "/v1/sessions", Some(json!({ "ttl_ms": ttl_ms })))
+                    .await?;
+                let id = opened["session"].as_str().ok_or_else(|| {
+                    CliError::new(Exit::Failure, "the service opened a session without an id")
+                })?;
+                (id.to_owned(), opened["ttl_ms"].as_u64(), true)
+            }
         };
-        let hold = match session
-            .acquire(ns, class, key, mode, Duration::from_millis(wait_ms))
-            .await
-        {
-            Ok(h) => h,
+        let body = json!({ "session": session, "namespace": ns, "class": class, "key": key,
+                           "mode": mode, "wait_ms": wait_ms });
+        let granted = tokio::select! {
+            r = client.call_json("POST", "/v1/locks/acquire", Some(body)) => r.map_err(Into::into),
+            _ = tokio::signal::ctrl_c() => Err(CliError::new(
+                Exit::Interrupted,
+                "interrupted while waiting for the lock",
+            )
+            .into()),
+        };
+        match granted {
+            Ok(granted) => {
+                let mut hold: HoldFile = serde_json::from_value(granted)?;
+                // What release needs to know besides the service's answer.
+                hold.ttl_ms = ttl_ms;
+                hold.own_session = own;
+                Ok(hold)
+            }
             Err(e) => {
-                eprintln!("palisade: lock not acquired: {e}");
-                let _ = session.close().await;
-                return Ok::<i32, Box<dyn std::error::Error>>(75);
-            }
-        };
-        let token = hold.token().map(|t| t.to_string()).unwrap_or_default();
-        let mut child = tokio::process::Command::new(&command[0])
-            .args(&command[1..])
-            .env("FENCING_TOKEN", &token)
-            .stdin(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()?;
-        let code = tokio::select! {
-            status = child.wait() => status?.code().unwrap_or(1),
-            () = hold.lost() => {
-                eprintln!("palisade: the hold was lost; killing the command");
-                child.kill().await?;
-                76
-            }
-        };
-        if code != 76 {
-            if let Err(e) = hold.release().await {
-                eprintln!("palisade: release failed: {e}");
+                if own {
+                    // Leave nothing behind: the session was opened for this hold only
+                    // (closing it also ends a wait that was interrupted).
+                    let path = format!("/v1/sessions/{}", enc(&session));
+                    let _ = client.call_json("DELETE", &path, None).await;
+                }
+                Err(e)
             }
         }
-        let _ = session.close().await;
-        Ok(code)
     })?;
-    std::process::exit(code)
+    Ok(serde_json::to_string_pretty(&hold)?)
+}
+
+fn read_hold(path: &std::path::Path) -> Result<HoldFile> {
+    let text = if path.as_os_str() == "-" {
+        let mut s = String::new();
+        std::io::stdin().read_to_string(&mut s)?;
+        s
+    } else {
+        std::fs::read_to_string(path).map_err(|e| {
+            CliError::bad_input(format!("cannot read the hold file {}: {e}", path.display()))
+        })?
+    };
+    serde_json::from_str(&text).map_err(|e| {
+        CliError::bad_input(format!(
+            "{} is not a hold printed by `lock acquire`: {e}",
+            path.display()
+        ))
+        .into()
+    })
+}
+
+fn release(conn: &Connection, h: &HoldFile) -> Result<String> {
+    let Some(grant_rev) = h.grant_rev else {
+        return Err(CliError::bad_input(
+            "the hold has no grant revision (an unprotected grant): close its session instead",
+        )
+        .into());
+    };
+    let client = conn.client()?;
+    block_on(async move {
+        let body = json!({ "session": h.session, "namespace": h.namespace, "class": h.class,
+                           "key": h.key, "mode": h.mode, "grant_rev": grant_rev });
+        let released = match client
+            .call_json("POST", "/v1/locks/release", Some(body))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_not_held() || e.kind() == &ClientErrorKind::SessionLost => {
+                Err(CliError::new(
+                    Exit::Lost,
+                    format!("the hold already ended ({})", e.detail()),
+                )
+                .into())
+            }
+            Err(e) if e.kind() == &ClientErrorKind::NotFound => {
+                // No live session, or no such namespace? Ask the session itself (one
+                // renewal if it lives).
+                let path = format!("/v1/sessions/{}/keepalive", enc(&h.session));
+                match client.call_json("POST", &path, None).await {
+                    Err(p) if p.is_session_lost() => Err(CliError::new(
+                        Exit::Lost,
+                        format!(
+                            "the hold already ended: its session is gone ({})",
+                            e.detail()
+                        ),
+                    )
+                    .into()),
+                    _ => Err(Box::<dyn std::error::Error>::from(e)),
+                }
+            }
+            Err(e) => Err(e.into()),
+        };
+        if h.own_session {
+            let path = format!("/v1/sessions/{}", enc(&h.session));
+            match client.call_json("DELETE", &path, None).await {
+                Err(e) if !e.is_session_lost() && released.is_ok() => return Err(e.into()),
+                _ => {}
+            }
+        }
+        released.map(|()| String::new())
+    })
 }

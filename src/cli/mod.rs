@@ -1,4 +1,13 @@
-//! Handlers of the subcommands that talk to etcd or to the lock service.
+//! Handlers of the subcommands that talk to etcd or to the lock service, one module per
+//! command group; `connect` (the connection flags) and `exit` (the exit codes) are
+//! shared.
 
+pub(crate) mod config;
+pub(crate) mod connect;
+pub(crate) mod epoch;
+pub(crate) mod exit;
+pub(crate) mod force;
 pub(crate) mod lock;
+pub(crate) mod run;
 pub(crate) mod serve;
+pub(crate) mod session;

@@ -261,6 +261,43 @@ pub fn read_history(input: impl BufRead) -> Result<Vec<Entry>, ReadError> {
     Ok(entries)
 }
 
+/// Reads a JSON-lines history one entry at a time, without holding it in memory; blank
+/// lines are skipped. After an error the iterator may go on with the next line.
+///
+/// # Errors
+///
+/// Each item is [`ReadError::Io`] if the input cannot be read, or [`ReadError::Parse`]
+/// naming the 1-based line that is not an [`Entry`].
+pub fn entries<R: BufRead>(input: R) -> Entries<R> {
+    Entries { lines: input.lines(), line: 0 }
+}
+
+/// The iterator of [`entries`].
+#[derive(Debug)]
+pub struct Entries<R> {
+    lines: io::Lines<R>,
+    line: usize,
+}
+
+impl<R: BufRead> Iterator for Entries<R> {
+    type Item = Result<Entry, ReadError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            let line = match self.lines.next()? {
+                Ok(line) => line,
+                Err(e) => return Some(Err(e.into())),
+            };
+            self.line += 1;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let line_no = self.line;
+            return Some(serde_json::from_str(&line).map_err(|source| ReadError::Parse { line: line_no, source }));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -294,5 +331,14 @@ mod tests {
             Err(ReadError::Parse { line, .. }) => assert_eq!(line, 3),
             other => panic!("expected a parse error on line 3, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn entries_stream_with_line_numbers() {
+        let text = "{\"at_ns\":1,\"worker\":0,\"type\":\"epoch_advanced\",\"epoch\":2}\n\n{\"at_ns\":2}\n";
+        let mut read = entries(text.as_bytes());
+        assert!(matches!(read.next(), Some(Ok(Entry { at_ns: 1, .. }))));
+        assert!(matches!(read.next(), Some(Err(ReadError::Parse { line: 3, .. }))));
+        assert!(read.next().is_none());
     }
 }

@@ -21,7 +21,7 @@
 //! - [`FenceLayer`]: a tower layer that refuses stale writes to an HTTP service
 //!   (428/400/409 as `application/problem+json`), or only reports them (advisory mode).
 //!   [`FencingTokenLayer`] is its client side.
-//! - [`fenced_transaction`], [`begin_fenced`], [`FencedUpdate`]: the token check and the
+//! - [`fenced_transaction`], [`begin_fenced`], [`fenced_execute`], [`FencedUpdate`]: the token check and the
 //!   write in one Postgres transaction, the only form that also orders the writes
 //!   themselves (see [ordering](crate::fence#ordering-what-the-layer-guarantees-and-what-needs-the-postgres-helper)).
 //!
@@ -55,7 +55,7 @@ pub use fence::{
 };
 #[cfg(feature = "postgres")]
 pub use postgres::{
-    begin_fenced, fenced_transaction, migrate, FenceError, FenceErrorKind, FencedUpdate, TxFuture,
+    begin_fenced, fenced_execute, fenced_transaction, migrate, FencedStatement, PreparedFence, PreparedFencedUpdate, FenceError, FenceErrorKind, FencedUpdate, TxFuture,
     MIGRATION,
 };
 #[cfg(feature = "memory")]

@@ -187,10 +187,10 @@
 //!   config and identities.
 //! - `tls` (implies `service`): mTLS with rustls; callers are the SPIFFE IDs of their
 //!   client certificates.
-//! - `client`: `client`, a Rust client of the lock service over HTTP. Without `core`
-//!   (`--no-default-features --features client`) the build has no etcd-client, tonic or
-//!   protoc; only the shared data types ([`Mode`], [`LeaseId`], [`FencingToken`],
-//!   [`Error`]...) come along.
+//! - `client`: `client`, a Rust client of the lock service over mTLS (rustls, `ring`)
+//!   or, for dev mode, plain HTTP. Without `core` (`--no-default-features --features
+//!   client`) the build has no etcd-client, tonic or protoc; only the shared data types
+//!   ([`Mode`], [`LeaseId`], [`FencingToken`], [`Error`]...) come along.
 //! - `postgres`: `PostgresEpochStore`, the durable epoch record in PostgreSQL, shared
 //!   by several lockers.
 

@@ -1,4 +1,9 @@
 //! CSV export of the filtered unprotected writes.
+//!
+//! Resources, callers and service names come from the requests that were audited, so an
+//! attacker chooses them. A cell that starts with `=`, `+`, `-`, `@`, a tab or a carriage
+//! return is read as a formula by spreadsheet programs; such cells get a leading `'`
+//! (OWASP's advice on CSV injection). The JSON API keeps the values verbatim.
 
 use axum::extract::{Query, State};
 use axum::http::header;
@@ -22,10 +27,10 @@ pub(super) async fn unprotected(
     let mut out = ::csv::Writer::from_writer(Vec::with_capacity(rows.len() * 160));
     out.write_record(HEADER)?;
     for r in &rows {
-        let opt = |v: &Option<String>| v.clone().unwrap_or_default();
+        let opt = |v: &Option<String>| inert(v.as_deref().unwrap_or_default());
         out.write_record([
             rfc3339(r.at),
-            r.service.clone(),
+            inert(&r.service),
             opt(&r.resource),
             opt(&r.method),
             r.token.map(|t| t.to_string()).unwrap_or_default(),
@@ -46,4 +51,27 @@ pub(super) async fn unprotected(
         ],
         body,
     ))
+}
+
+/// `cell` as a spreadsheet shows text: prefixed with `'` when it would start a formula.
+fn inert(cell: &str) -> String {
+    match cell.chars().next() {
+        Some('=' | '+' | '-' | '@' | '\t' | '\r') => format!("'{cell}"),
+        _ => cell.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::inert;
+
+    #[test]
+    fn formula_cells_are_made_inert_and_others_kept_verbatim() {
+        for bad in ["=HYPERLINK(\"http://x\")", "+1", "-2+3", "@SUM(A1)", "\tx", "\rx"] {
+            assert_eq!(inert(bad), format!("'{bad}"));
+        }
+        for good in ["", "/orders/=1", "spiffe://td/a", "<script>", "'quoted"] {
+            assert_eq!(inert(good), good);
+        }
+    }
 }

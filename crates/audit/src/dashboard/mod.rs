@@ -113,13 +113,7 @@ fn rfc3339(t: std::time::SystemTime) -> String {
 /// The caption naming the active filters.
 fn caption(filter: &query::Filter) -> String {
     let mut parts = Vec::new();
-    for (name, v) in [
-        ("namespace", &filter.namespace),
-        ("class", &filter.class),
-        ("resource", &filter.resource),
-        ("service", &filter.service),
-        ("caller", &filter.caller),
-    ] {
+    for (name, v) in filter.text_fields() {
         if let Some(v) = v {
             parts.push(format!("{name} {v}"));
         }

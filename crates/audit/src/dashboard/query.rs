@@ -55,6 +55,20 @@ pub(crate) struct Filter {
     pub(crate) to: Option<SystemTime>,
 }
 
+impl Filter {
+    /// The text filters as (column, value): each names a `write_event` column and its value
+    /// must match exactly.
+    pub(crate) fn text_fields(&self) -> [(&'static str, &Option<String>); 5] {
+        [
+            ("namespace", &self.namespace),
+            ("class", &self.class),
+            ("resource", &self.resource),
+            ("service", &self.service),
+            ("caller", &self.caller),
+        ]
+    }
+}
+
 /// Where a page starts: strictly older than this `(at, id)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Cursor {
@@ -172,13 +186,7 @@ impl Where {
 
     fn filter(filter: &Filter) -> Self {
         let mut w = Where::new("outcome = 'unprotected'");
-        for (col, v) in [
-            ("namespace", &filter.namespace),
-            ("class", &filter.class),
-            ("resource", &filter.resource),
-            ("service", &filter.service),
-            ("caller", &filter.caller),
-        ] {
+        for (col, v) in filter.text_fields() {
             if let Some(v) = v {
                 w.add(&format!("{col} = $?"), v.clone());
             }

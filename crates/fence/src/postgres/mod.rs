@@ -17,9 +17,14 @@
 //! committed mark). At `REPEATABLE READ` or `SERIALIZABLE` a concurrent raise shows up as
 //! a serialization failure instead: [`FenceError::is_retryable`].
 //!
-//! Two forms:
+//! Three forms:
 //! - [`fenced_transaction`] (or [`begin_fenced`] to drive the transaction yourself): any
-//!   statements, on any tables, guarded by the resource's high-water row.
+//!   statements, on any tables, guarded by the resource's high-water row. `BEGIN`, the
+//!   raise, each statement of the body and `COMMIT` are one round trip each: the body
+//!   only starts once the raise admitted the token.
+//! - [`fenced_execute`]: the same guard for prepared statements that do not depend on each
+//!   other's results, in one round trip (`BEGIN`, raise, statements, `COMMIT` pipelined;
+//!   a refused token makes the raise fail, which aborts the rest).
 //! - [`FencedUpdate`]: for a table that carries its own `fence_token` column, the check is
 //!   folded into the `UPDATE` itself (`… AND fence_token <= $token`), one statement and no
 //!   high-water row; zero rows is told apart as [`FenceErrorKind::RowMissing`] or
@@ -52,6 +57,7 @@
 //! ```
 
 mod error;
+mod pipeline;
 mod update;
 
 use std::future::Future;
@@ -62,7 +68,8 @@ use tokio_postgres::{GenericClient, Transaction};
 
 pub use error::{FenceError, FenceErrorKind};
 pub(crate) use error::is_retryable;
-pub use update::FencedUpdate;
+pub use pipeline::{fenced_execute, FencedStatement, PreparedFence};
+pub use update::{FencedUpdate, PreparedFencedUpdate};
 
 use crate::store::Raise;
 use crate::FencingToken;

@@ -1,7 +1,11 @@
 //! The folded form: the token check inside the `UPDATE` of a table with a token column.
 
-use tokio_postgres::types::ToSql;
-use tokio_postgres::GenericClient;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{GenericClient, Statement};
 
 use super::FenceError;
 use crate::FencingToken;
@@ -20,6 +24,16 @@ use crate::FencingToken;
 /// high-water row; the row lock of the `UPDATE` orders the writers of that row. When it
 /// updates nothing, one more query tells why: no row with the key, or a higher token.
 ///
+/// # Round trips
+///
+/// The first [`execute`](Self::execute) of each `set` prepares the statement to learn its
+/// parameter types (two round trips); the types are kept in the `FencedUpdate` (and its
+/// clones), and every later call sends parse, bind and execute in one message: one round
+/// trip, no named statement left on the connection, but the server plans the statement
+/// every time. The types are those of the first database it ran on: use one
+/// `FencedUpdate` per database schema. For an update run many times on one connection,
+/// [`prepare`](Self::prepare) it: the server then keeps the plan.
+///
 /// # Examples
 ///
 /// ```no_run
@@ -36,12 +50,34 @@ use crate::FencingToken;
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct FencedUpdate {
     table: String,
     key_column: String,
     token_column: String,
+    /// Parameter types of the statement of each `set`, learned by its first prepare.
+    types: Arc<Mutex<HashMap<String, Arc<[Type]>>>>,
 }
+
+impl std::fmt::Debug for FencedUpdate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FencedUpdate")
+            .field("table", &self.table)
+            .field("key_column", &self.key_column)
+            .field("token_column", &self.token_column)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Two updates are equal when they write the same table through the same columns (the
+/// learned parameter types are a cache, not part of the value).
+impl PartialEq for FencedUpdate {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.table, &self.key_column, &self.token_column) == (&other.table, &other.key_column, &other.token_column)
+    }
+}
+
+impl Eq for FencedUpdate {}
 
 impl FencedUpdate {
     /// An update of `table`, one row selected by `key_column = $2`.
@@ -57,6 +93,7 @@ impl FencedUpdate {
             table: identifier(table),
             key_column: identifier(key_column),
             token_column: "fence_token".to_owned(),
+            types: Arc::default(),
         }
     }
 
@@ -68,6 +105,7 @@ impl FencedUpdate {
     #[must_use]
     pub fn with_token_column(mut self, column: &str) -> Self {
         self.token_column = identifier(column);
+        self.types = Arc::default();
         self
     }
 
@@ -97,7 +135,49 @@ impl FencedUpdate {
         all.push(&token);
         all.push(key);
         all.extend_from_slice(params);
-        let n = client.execute(self.sql(set).as_str(), &all).await?;
+        let sql = self.sql(set);
+        let known = self.types.lock().unwrap_or_else(|e| e.into_inner()).get(set).cloned();
+        let n = match known {
+            Some(types) if types.len() == all.len() => {
+                let rows = client.query_typed_raw(&sql, all.iter().copied().zip(types.iter().cloned())).await?;
+                let mut rows = std::pin::pin!(rows);
+                // An UPDATE without RETURNING yields no rows; drain to reach the count.
+                while rows.next().await.transpose()?.is_some() {}
+                rows.rows_affected().unwrap_or(0)
+            }
+            _ => {
+                let statement = client.prepare(&sql).await?;
+                let n = client.execute(&statement, &all).await?;
+                self.types
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(set.to_owned(), statement.params().into());
+                n
+            }
+        };
+        self.outcome(client, n, key, token).await
+    }
+
+    /// Prepares the update for the assignments `set` on `client`'s connection: the fast
+    /// path for an update run many times on one connection (one round trip per call, and
+    /// the server keeps the plan instead of planning every call).
+    ///
+    /// # Errors
+    ///
+    /// The database error of the prepare (say, an unknown column in `set`).
+    pub async fn prepare<C: GenericClient + Sync>(&self, client: &C, set: &str) -> Result<PreparedFencedUpdate, FenceError> {
+        let statement = client.prepare(&self.sql(set)).await?;
+        Ok(PreparedFencedUpdate { update: self.clone(), statement })
+    }
+
+    /// `Ok(n)` for `n > 0` rows updated; otherwise one more query tells why none was.
+    async fn outcome<C: GenericClient + Sync>(
+        &self,
+        client: &C,
+        n: u64,
+        key: &(dyn ToSql + Sync),
+        token: FencingToken,
+    ) -> Result<u64, FenceError> {
         if n > 0 {
             return Ok(n);
         }
@@ -111,6 +191,45 @@ impl FencedUpdate {
                 Err(FenceError::stale(token, highest.unwrap_or(token)))
             }
         }
+    }
+}
+
+/// A [`FencedUpdate`] prepared on one connection ([`FencedUpdate::prepare`]).
+///
+/// Like a tokio-postgres `Statement`, it belongs to the connection it was prepared on:
+/// on another connection the server answers "prepared statement does not exist"
+/// (SQLSTATE `26000`, kind `Database`) and nothing is written.
+#[derive(Debug, Clone)]
+pub struct PreparedFencedUpdate {
+    update: FencedUpdate,
+    statement: Statement,
+}
+
+impl PreparedFencedUpdate {
+    /// Runs the update with `key` as `$2` and `params` from `$3`; one round trip. Returns
+    /// the number of rows updated (at least one).
+    ///
+    /// # Errors
+    ///
+    /// As [`FencedUpdate::execute`].
+    pub async fn execute<C: GenericClient + Sync>(
+        &self,
+        client: &C,
+        key: &(dyn ToSql + Sync),
+        params: &[&(dyn ToSql + Sync)],
+        token: FencingToken,
+    ) -> Result<u64, FenceError> {
+        let mut all: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(params.len() + 2);
+        all.push(&token);
+        all.push(key);
+        all.extend_from_slice(params);
+        let n = client.execute(&self.statement, &all).await?;
+        self.update.outcome(client, n, key, token).await
+    }
+
+    /// The prepared statement.
+    pub fn statement(&self) -> &Statement {
+        &self.statement
     }
 }
 

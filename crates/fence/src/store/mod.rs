@@ -8,7 +8,7 @@
 //! | store | scope | durability | where the atomicity comes from |
 //! |---|---|---|---|
 //! | [`MemoryStore`] (feature `memory`) | one process | lost on restart | per-key compute in moka, plus an eviction floor |
-//! | [`PostgresStore`] (feature `postgres`) | all replicas sharing a database | durable | one `INSERT … ON CONFLICT … DO UPDATE … WHERE` statement |
+//! | [`PostgresStore`] (feature `postgres`) | all replicas sharing a database | durable | one statement: read the mark, `INSERT … ON CONFLICT … DO UPDATE … WHERE` only for a newer token |
 
 use std::error::Error as StdError;
 use std::future::Future;

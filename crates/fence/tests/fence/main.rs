@@ -4,4 +4,5 @@
 mod common;
 mod http_layer;
 mod ordering;
+mod pipelined;
 mod postgres_helper;

@@ -278,3 +278,27 @@ async fn tokens_round_trip_through_bigint_and_negative_values_are_refused() {
     let wrong_type = client.query_one("SELECT 1::int4", &[]).await.unwrap();
     assert!(wrong_type.try_get::<_, FencingToken>(0).is_err(), "only BIGINT is accepted");
 }
+
+/// An equal token is admitted by the read alone: the row is not rewritten (its `xmin`,
+/// the transaction that last wrote it, stays); a newer token rewrites it; a lower one is
+/// refused naming the mark, also after a raise by another store.
+#[tokio::test]
+async fn postgres_store_admits_an_equal_token_without_writing() {
+    let (db, client) = fresh_db().await;
+    let store = PostgresStore::new(Arc::new(db.connect().await));
+    let other = PostgresStore::new(Arc::new(db.connect().await));
+    async fn xmin(client: &tokio_postgres::Client) -> String {
+        client.query_one("SELECT xmin::text FROM fence_high_water WHERE resource = 'r'", &[]).await.unwrap().get(0)
+    }
+    assert_eq!(store.raise("r", tok(10)).await.unwrap(), Raise::Admitted);
+    let first = xmin(&client).await;
+    for _ in 0..3 {
+        assert_eq!(store.raise("r", tok(10)).await.unwrap(), Raise::Admitted);
+    }
+    assert_eq!(xmin(&client).await, first, "an equal token rewrote the row");
+    assert_eq!(other.raise("r", tok(12)).await.unwrap(), Raise::Admitted);
+    assert_ne!(xmin(&client).await, first, "a newer token must write");
+    assert_eq!(store.raise("r", tok(10)).await.unwrap(), Raise::Stale { highest: tok(12) });
+    assert_eq!(store.raise("r", tok(12)).await.unwrap(), Raise::Admitted);
+    assert_eq!(mark(&client, "r").await, Some(tok(12)));
+}

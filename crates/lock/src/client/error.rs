@@ -9,7 +9,9 @@ use std::fmt;
 pub enum ClientErrorKind {
     /// `invalid-input` (400, 405, 413, 415, 422).
     InvalidInput,
-    /// `unauthenticated` (401).
+    /// `unauthenticated` (401: a certificate without exactly one SPIFFE ID, or no dev
+    /// identity); or, with no HTTP status, the service refused the mTLS handshake (no
+    /// client certificate, or one that does not chain to the service's client CAs).
     Unauthenticated,
     /// `forbidden` (403).
     Forbidden,
@@ -21,19 +23,58 @@ pub enum ClientErrorKind {
     DeadlineExceeded,
     /// `session-lost` (410).
     SessionLost,
+    /// `already-approved` (409): a force release request was approved before.
+    AlreadyApproved,
+    /// `quota-exceeded` (429): a quota of the namespace, named in the detail.
+    QuotaExceeded,
     /// `epoch-mismatch` (503).
     EpochMismatch,
+    /// `epoch-exhausted` (409): the epoch is at its maximum and cannot be advanced.
+    EpochExhausted,
     /// `quorum-lost` (503).
     QuorumLost,
+    /// `upstream` (502): etcd or the force release database failed.
+    Upstream,
+    /// `internal` (500).
+    Internal,
     /// Another problem type, by slug.
     Other(String),
-    /// The request did not get an answer (connection refused, reset...).
+    /// The request did not get an answer (connection refused, reset, the service's
+    /// certificate not trusted...).
     Transport,
+    /// The client's own settings are unusable (service URL, CA bundle, client
+    /// certificate or key); nothing was sent.
+    Config,
     /// The answer could not be decoded.
     Decode,
 }
 
 impl ClientErrorKind {
+    /// The problem type's slug (`forbidden`, `not-held`...); `transport`, `decode` and
+    /// `config` for failures without one.
+    pub fn slug(&self) -> &str {
+        match self {
+            ClientErrorKind::InvalidInput => "invalid-input",
+            ClientErrorKind::Unauthenticated => "unauthenticated",
+            ClientErrorKind::Forbidden => "forbidden",
+            ClientErrorKind::NotFound => "not-found",
+            ClientErrorKind::NotHeld => "not-held",
+            ClientErrorKind::DeadlineExceeded => "deadline-exceeded",
+            ClientErrorKind::SessionLost => "session-lost",
+            ClientErrorKind::AlreadyApproved => "already-approved",
+            ClientErrorKind::QuotaExceeded => "quota-exceeded",
+            ClientErrorKind::EpochMismatch => "epoch-mismatch",
+            ClientErrorKind::EpochExhausted => "epoch-exhausted",
+            ClientErrorKind::QuorumLost => "quorum-lost",
+            ClientErrorKind::Upstream => "upstream",
+            ClientErrorKind::Internal => "internal",
+            ClientErrorKind::Other(slug) => slug,
+            ClientErrorKind::Transport => "transport",
+            ClientErrorKind::Decode => "decode",
+            ClientErrorKind::Config => "config",
+        }
+    }
+
     pub(crate) fn from_type(uri: &str) -> Self {
         let slug = uri.strip_prefix("urn:palisade:problem:").unwrap_or(uri);
         match slug {
@@ -44,8 +85,13 @@ impl ClientErrorKind {
             "not-held" => ClientErrorKind::NotHeld,
             "deadline-exceeded" => ClientErrorKind::DeadlineExceeded,
             "session-lost" => ClientErrorKind::SessionLost,
+            "already-approved" => ClientErrorKind::AlreadyApproved,
+            "quota-exceeded" => ClientErrorKind::QuotaExceeded,
             "epoch-mismatch" => ClientErrorKind::EpochMismatch,
+            "epoch-exhausted" => ClientErrorKind::EpochExhausted,
             "quorum-lost" => ClientErrorKind::QuorumLost,
+            "upstream" => ClientErrorKind::Upstream,
+            "internal" => ClientErrorKind::Internal,
             other => ClientErrorKind::Other(other.to_owned()),
         }
     }
@@ -61,13 +107,41 @@ pub struct ClientError {
 }
 
 impl ClientError {
+    /// A request that got no answer; a TLS alert from the service that refuses the
+    /// client's certificate (or its absence) is [`ClientErrorKind::Unauthenticated`].
     pub(crate) fn transport(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        let e = e.into();
+        let (kind, detail) = match refusal_alert(&*e) {
+            Some(alert) => (
+                ClientErrorKind::Unauthenticated,
+                format!("the lock service refused the TLS handshake ({alert:?}): it needs a client certificate that chains to its client CAs"),
+            ),
+            None => (
+                ClientErrorKind::Transport,
+                format!("no answer from the lock service: {}", root_cause(&*e)),
+            ),
+        };
         ClientError {
-            kind: ClientErrorKind::Transport,
+            kind,
             status: None,
-            detail: "no answer from the lock service".into(),
-            source: Some(e.into()),
+            detail,
+            source: Some(e),
         }
+    }
+
+    pub(crate) fn config(detail: impl Into<String>) -> Self {
+        ClientError {
+            kind: ClientErrorKind::Config,
+            status: None,
+            detail: detail.into(),
+            source: None,
+        }
+    }
+
+    /// Prefixes the detail with the file it is about.
+    pub(crate) fn in_file(mut self, file: impl fmt::Display) -> Self {
+        self.detail = format!("{file}: {}", self.detail);
+        self
     }
 
     pub(crate) fn decode(status: u16, detail: impl Into<String>) -> Self {
@@ -77,6 +151,11 @@ impl ClientError {
             detail: detail.into(),
             source: None,
         }
+    }
+
+    /// The service's `detail` (or a description of the local failure).
+    pub fn detail(&self) -> &str {
+        &self.detail
     }
 
     /// The kind.
@@ -113,6 +192,43 @@ impl ClientError {
     }
 }
 
+/// The errors below `e`, `e` first; `io::Error` wrappers are looked into (their
+/// `source()` skips the wrapped error).
+fn chain<'a>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(Some(e), |e| match e.downcast_ref::<std::io::Error>() {
+        Some(io) => io
+            .get_ref()
+            .map(|inner| inner as &(dyn std::error::Error + 'static)),
+        None => e.source(),
+    })
+}
+
+/// A TLS alert by which the service refused the client's certificate.
+fn refusal_alert(e: &(dyn std::error::Error + 'static)) -> Option<rustls::AlertDescription> {
+    use rustls::AlertDescription as A;
+    chain(e).find_map(|e| match e.downcast_ref::<rustls::Error>() {
+        Some(rustls::Error::AlertReceived(
+            a @ (A::CertificateRequired
+            | A::BadCertificate
+            | A::UnknownCA
+            | A::CertificateUnknown
+            | A::UnsupportedCertificate
+            | A::CertificateRevoked
+            | A::CertificateExpired
+            | A::AccessDenied
+            | A::HandshakeFailure),
+        )) => Some(*a),
+        _ => None,
+    })
+}
+
+/// The message of the innermost error.
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    chain(e).last().map(ToString::to_string).unwrap_or_default()
+}
+
 impl fmt::Debug for ClientError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClientError")
@@ -129,8 +245,9 @@ impl fmt::Display for ClientError {
         match self.status {
             Some(s) => write!(
                 f,
-                "lock service answered {s} ({:?}): {}",
-                self.kind, self.detail
+                "lock service answered {s} {}: {}",
+                self.kind.slug(),
+                self.detail
             ),
             None => f.write_str(&self.detail),
         }
@@ -142,5 +259,76 @@ impl std::error::Error for ClientError {
         self.source
             .as_deref()
             .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ClientErrorKind as K;
+
+    #[test]
+    fn every_kind_round_trips_through_its_type_uri() {
+        for k in [
+            K::InvalidInput,
+            K::Unauthenticated,
+            K::Forbidden,
+            K::NotFound,
+            K::NotHeld,
+            K::DeadlineExceeded,
+            K::SessionLost,
+            K::AlreadyApproved,
+            K::QuotaExceeded,
+            K::EpochMismatch,
+            K::EpochExhausted,
+            K::QuorumLost,
+            K::Upstream,
+            K::Internal,
+            K::Other("brand-new".into()),
+        ] {
+            let uri = format!("urn:palisade:problem:{}", k.slug());
+            assert_eq!(K::from_type(&uri), k, "{uri}");
+        }
+    }
+
+    /// Each problem the service can answer with has its own client kind (an exhaustive
+    /// match: a new problem kind does not compile until it is mapped here).
+    #[cfg(feature = "service")]
+    #[test]
+    fn every_service_problem_has_its_client_kind() {
+        use crate::service::ProblemKind as P;
+        let expected = |p: P| match p {
+            P::InvalidInput => K::InvalidInput,
+            P::Unauthenticated => K::Unauthenticated,
+            P::Forbidden => K::Forbidden,
+            P::NotFound => K::NotFound,
+            P::NotHeld => K::NotHeld,
+            P::DeadlineExceeded => K::DeadlineExceeded,
+            P::SessionLost => K::SessionLost,
+            P::AlreadyApproved => K::AlreadyApproved,
+            P::QuotaExceeded => K::QuotaExceeded,
+            P::EpochMismatch => K::EpochMismatch,
+            P::EpochExhausted => K::EpochExhausted,
+            P::QuorumLost => K::QuorumLost,
+            P::Upstream => K::Upstream,
+            P::Internal => K::Internal,
+        };
+        for p in [
+            P::InvalidInput,
+            P::Unauthenticated,
+            P::Forbidden,
+            P::NotFound,
+            P::NotHeld,
+            P::DeadlineExceeded,
+            P::SessionLost,
+            P::AlreadyApproved,
+            P::QuotaExceeded,
+            P::EpochMismatch,
+            P::EpochExhausted,
+            P::QuorumLost,
+            P::Upstream,
+            P::Internal,
+        ] {
+            assert_eq!(K::from_type(&p.type_uri()), expected(p), "{p:?}");
+        }
     }
 }

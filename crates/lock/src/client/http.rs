@@ -2,6 +2,7 @@
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::rt::TokioExecutor;
@@ -9,15 +10,23 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
 use super::error::{ClientError, ClientErrorKind};
+use super::tls::ClientTls;
 
 /// The identity header of the service's dev mode.
 const DEV_IDENTITY_HEADER: &str = "x-palisade-dev-identity";
 
 #[derive(Clone)]
 pub(crate) struct Http {
-    client: HyperClient<HttpConnector, Full<Bytes>>,
+    transport: Transport,
     base: String,
     identity: Option<String>,
+}
+
+/// Plain HTTP (dev mode) or mTLS.
+#[derive(Clone)]
+enum Transport {
+    Plain(HyperClient<HttpConnector, Full<Bytes>>),
+    Tls(HyperClient<HttpsConnector<HttpConnector>, Full<Bytes>>),
 }
 
 #[derive(Deserialize)]
@@ -28,12 +37,27 @@ struct ProblemBody {
 }
 
 impl Http {
+    /// Plain HTTP to `base` (`http://...`).
     pub(crate) fn new(base: String) -> Self {
         Http {
-            client: HyperClient::builder(TokioExecutor::new()).build_http(),
+            transport: Transport::Plain(HyperClient::builder(TokioExecutor::new()).build_http()),
             base: base.trim_end_matches('/').to_owned(),
             identity: None,
         }
+    }
+
+    /// mTLS to `base` (`https://...`): HTTPS only, HTTP/1.1.
+    pub(crate) fn new_tls(base: String, tls: &ClientTls) -> Result<Self, ClientError> {
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls.config()?)
+            .https_only()
+            .enable_http1()
+            .build();
+        Ok(Http {
+            transport: Transport::Tls(HyperClient::builder(TokioExecutor::new()).build(connector)),
+            base: base.trim_end_matches('/').to_owned(),
+            identity: None,
+        })
     }
 
     pub(crate) fn set_identity(&mut self, id: String) {
@@ -95,11 +119,11 @@ impl Http {
         let req = req
             .body(Full::new(Bytes::from(bytes)))
             .map_err(ClientError::transport)?;
-        let resp = self
-            .client
-            .request(req)
-            .await
-            .map_err(ClientError::transport)?;
+        let resp = match &self.transport {
+            Transport::Plain(c) => c.request(req).await,
+            Transport::Tls(c) => c.request(req).await,
+        }
+        .map_err(ClientError::transport)?;
         let status = resp.status().as_u16();
         let body = resp
             .into_body()

@@ -25,12 +25,34 @@
 //! - [`RemoteHold`] carries the token; dropping it without [`RemoteHold::release`]
 //!   releases it in the background (best effort; the session's expiry is the backstop).
 //!
-//! Transport: plain HTTP (the service's dev mode, identity from a header). mTLS is not
-//! implemented in the client yet.
+//! Transport: mTLS ([`Client::new_mtls`] with a [`ClientTls`]: the service's CA bundle
+//! and the client's certificate and key, from PEM files or memory; rustls with the
+//! `ring` provider), where the caller is the SPIFFE ID in the client certificate's URI
+//! SAN; or plain HTTP to a service in dev mode ([`Client::new`] and
+//! [`Client::with_dev_identity`]). The service refuses a handshake without a client
+//! certificate, or with one from another CA: requests then fail with
+//! [`ClientErrorKind::Unauthenticated`] and no HTTP status; a certificate without a
+//! SPIFFE ID gets 401, the same kind.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), palisade_lock::client::ClientError> {
+//! use palisade_lock::client::{Client, ClientTls};
+//!
+//! let tls = ClientTls::from_ca_file("ca.pem")?.with_identity_files("svid.pem", "svid.key")?;
+//! let client = Client::new_mtls("https://locks.internal:8443", tls)?;
+//! # let _ = client; Ok(()) }
+//! ```
+//!
+//! Errors are [`ClientError`]s: the service's problem `type` as a [`ClientErrorKind`],
+//! the HTTP status and the problem's `detail`, or a transport or configuration failure.
 
 mod error;
 mod http;
 mod session;
+mod tls;
 
 pub use error::{ClientError, ClientErrorKind};
+/// The DER certificate and key types [`ClientTls`] takes (from `rustls`).
+pub use rustls::pki_types;
 pub use session::{Client, ClientSession, RemoteHold};
+pub use tls::ClientTls;

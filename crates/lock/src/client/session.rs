@@ -10,8 +10,11 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::error::{ClientError, ClientErrorKind};
+use super::error::ClientError;
+#[cfg(doc)]
+use super::error::ClientErrorKind;
 use super::http::Http;
+use super::tls::ClientTls;
 use crate::model::Mode;
 
 /// A handle on one lock service (any replica). Cheap to clone.
@@ -27,27 +30,46 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
-    /// A client of the service at `base_url` (`http://host:port`).
+    /// A client of a service in dev mode at `base_url` (`http://host:port`), over plain
+    /// HTTP; name the caller with [`Client::with_dev_identity`].
     ///
     /// # Errors
     ///
-    /// [`ClientErrorKind::InvalidInput`] if the URL is not `http://...`.
+    /// [`ClientErrorKind::Config`] if the URL is not `http://...` (use
+    /// [`Client::new_mtls`] for `https://`).
     pub fn new(base_url: impl Into<String>) -> Result<Client, ClientError> {
         let base = base_url.into();
         if !base.starts_with("http://") {
-            return Err(ClientError {
-                kind: ClientErrorKind::InvalidInput,
-                status: None,
-                detail: format!("the client speaks plain HTTP only (dev mode): {base:?}"),
-                source: None,
-            });
+            return Err(ClientError::config(format!(
+                "plain HTTP (dev mode) needs an http:// URL, not {base:?}; use mTLS for https://"
+            )));
         }
         Ok(Client {
             http: Http::new(base),
         })
     }
 
-    /// Sends `id` in the dev identity header (the service must run in dev mode).
+    /// A client of a service over mTLS at `base_url` (`https://host:port`): the caller
+    /// is the SPIFFE ID of the client certificate in `tls`.
+    ///
+    /// # Errors
+    ///
+    /// [`ClientErrorKind::Config`] if the URL is not `https://...` or rustls refuses the
+    /// roots, certificate or key.
+    pub fn new_mtls(base_url: impl Into<String>, tls: ClientTls) -> Result<Client, ClientError> {
+        let base = base_url.into();
+        if !base.starts_with("https://") {
+            return Err(ClientError::config(format!(
+                "mTLS needs an https:// URL, not {base:?}"
+            )));
+        }
+        Ok(Client {
+            http: Http::new_tls(base, &tls)?,
+        })
+    }
+
+    /// Sends `id` in the dev identity header (the service must run in dev mode; a
+    /// service on mTLS answers 401 to a request that carries it).
     #[must_use]
     pub fn with_dev_identity(mut self, id: impl Into<String>) -> Self {
         self.http.set_identity(id.into());

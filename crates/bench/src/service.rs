@@ -1,0 +1,237 @@
+//! The lock service over HTTP with mTLS against the core in process: what the service
+//! adds to an acquire.
+//!
+//! One etcd member, one `Locker`; the service (`serve_tls`, client certificates from a CA
+//! made here with rcgen, callers named by their SPIFFE URI SAN) runs in this process on
+//! loopback. Each client keeps one mTLS connection (keep-alive, so handshakes are not
+//! counted) and one session, and runs acquire + release cycles on random keys among
+//! 1,000 (uncontended). The table gives the acquire latency alone, and the cycle rate.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use palisade_lock::service::{serve_tls, server_config, Authz, AuthzConfig, ServiceOptions};
+use palisade_lock::{FileEpochStore, LockClass, LockName, Locker, LockerOptions, Mode, Namespace, Session, SpiffeId};
+use palisade_testkit::EtcdCluster;
+use rcgen::{BasicConstraints, Certificate, CertificateParams, IsCa, KeyPair, SanType};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use serde_json::{json, Value};
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+use crate::drive::{interleave, Op};
+use crate::error::{BenchError, Result};
+use crate::report::{f, histogram, ratio, record, Table};
+
+const AUTHZ: &str = r#"
+admins = ["spiffe://bench/ops"]
+[[namespace]]
+id = "bench"
+[[namespace.grant]]
+ids = ["spiffe://bench/"]
+classes = ["c"]
+"#;
+
+/// The variants, in the order they take turns.
+pub(crate) const VARIANTS: [&str; 2] = ["core in process", "service over HTTP + mTLS"];
+
+type Svid = (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
+
+struct Pki {
+    ca: Certificate,
+    ca_key: KeyPair,
+}
+
+impl Pki {
+    fn new() -> std::result::Result<Pki, rcgen::Error> {
+        let ca_key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(rcgen::DnType::CommonName, "palisade-bench CA");
+        let ca = params.self_signed(&ca_key)?;
+        Ok(Pki { ca, ca_key })
+    }
+
+    fn leaf(&self, uri: Option<&str>) -> std::result::Result<Svid, rcgen::Error> {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(vec!["localhost".to_owned()])?;
+        if let Some(u) = uri {
+            params.subject_alt_names.push(SanType::URI(u.try_into()?));
+        }
+        let cert = params.signed_by(&key, &self.ca, &self.ca_key)?;
+        Ok((vec![cert.der().clone()], PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()))))
+    }
+}
+
+fn setup(_: impl std::fmt::Debug) -> BenchError {
+    BenchError::Unexpected("the mTLS setup failed")
+}
+
+/// Runs the comparison at each client count.
+pub(crate) async fn run(clients: &[usize], secs: Duration, rounds: usize) -> Result<Table> {
+    let cluster = EtcdCluster::single().await;
+    let dir = tempfile::tempdir()?;
+    let options = LockerOptions::new(cluster.endpoints()).with_request_timeout(Duration::from_secs(2));
+    let locker = Locker::connect(options, FileEpochStore::new(dir.path().join("epoch.json"))).await?;
+    locker.config().put_namespace(&Namespace::new("bench", "bench")).await?;
+    locker.config().put_class(&LockClass::new("bench", "c", "")).await?;
+
+    let pki = Pki::new().map_err(setup)?;
+    let (chain, key) = pki.leaf(None).map_err(setup)?;
+    let tls = server_config(vec![pki.ca.der().clone()], chain, key).map_err(setup)?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let authz = Authz::fixed(AuthzConfig::from_toml(AUTHZ).map_err(setup)?);
+    let server = tokio::spawn(serve_tls(listener, tls, locker.clone(), ServiceOptions::new(authz)));
+
+    let mut table = Table::new(
+        format!(
+            "Lock service over HTTP with mTLS vs the core in process (1 etcd member, 1,000 keys, {} s x {rounds} rounds per cell; ratio = median of per-round ratios)",
+            secs.as_secs_f64()
+        ),
+        &["clients", "variant", "cycles/s", "acquire p50 ms", "acquire p99 ms", "added acquire p50 ms", "vs core"],
+    );
+    for &c in clients {
+        eprintln!("service: {c} clients");
+        let acquire: Vec<Arc<std::sync::Mutex<Histogram<u64>>>> =
+            VARIANTS.iter().map(|_| Arc::new(std::sync::Mutex::new(histogram()))).collect();
+        let mut core_ops: Vec<Op> = Vec::with_capacity(c);
+        let mut svc_ops: Vec<Op> = Vec::with_capacity(c);
+        let mut sessions = Vec::new();
+        for i in 0..c {
+            let seed = 0x2545_f491_4f6c_dd1d_u64 ^ ((i as u64 + 1) << 21);
+            let id = format!("spiffe://bench/w{i}");
+            let session = Arc::new(locker.open_session(SpiffeId::new(id.as_str())?, Duration::from_secs(30)).await?);
+            sessions.push(Arc::clone(&session));
+            core_ops.push(core_op(locker.clone(), session, seed, Arc::clone(&acquire[0])));
+            let svid = pki.leaf(Some(&id)).map_err(setup)?;
+            let conn = connect(addr, &pki.ca, svid).await?;
+            let conn = Arc::new(Mutex::new(conn));
+            let opened = call(&conn, "/v1/sessions", json!({ "ttl_ms": 30_000 })).await?;
+            let sid = opened["session"].as_str().ok_or(BenchError::Unexpected("no session id"))?.to_owned();
+            svc_ops.push(service_op(conn, sid, seed, Arc::clone(&acquire[1])));
+        }
+        let run = interleave(vec![core_ops, svc_ops], rounds, secs).await?;
+        let p = |v: usize, q: f64| {
+            acquire[v].lock().map(|h| h.value_at_quantile(q) as f64 / 1_000.0).unwrap_or(0.0)
+        };
+        for (v, s) in run.merged.iter().enumerate() {
+            table.row(vec![
+                c.to_string(),
+                VARIANTS[v].to_owned(),
+                f(s.rate(), 0),
+                f(p(v, 0.5), 2),
+                f(p(v, 0.99), 2),
+                if v == 0 { "-".to_owned() } else { f(p(v, 0.5) - p(0, 0.5), 2) },
+                ratio(run.ratio(v, 0)),
+            ]);
+        }
+        for s in sessions {
+            if let Ok(s) = Arc::try_unwrap(s) {
+                let _ = s.close().await;
+            }
+        }
+    }
+    server.abort();
+    Ok(table)
+}
+
+fn key(rng: &mut u64) -> String {
+    *rng ^= *rng << 13;
+    *rng ^= *rng >> 7;
+    *rng ^= *rng << 17;
+    format!("k{}", *rng % 1_000)
+}
+
+fn core_op(locker: Locker, session: Arc<Session>, mut rng: u64, hist: Arc<std::sync::Mutex<Histogram<u64>>>) -> Op {
+    Box::new(move || {
+        let name = LockName::new("bench", "c", key(&mut rng));
+        let (locker, session, hist) = (locker.clone(), Arc::clone(&session), Arc::clone(&hist));
+        Box::pin(async move {
+            let t = Instant::now();
+            let hold = locker.acquire(&session, &name, Mode::Exclusive, Instant::now() + Duration::from_secs(30)).await?;
+            if let Ok(mut h) = hist.lock() {
+                record(&mut h, t.elapsed());
+            }
+            hold.release().await?;
+            Ok(())
+        })
+    })
+}
+
+type Conn = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+fn service_op(conn: Arc<Mutex<Conn>>, session: String, mut rng: u64, hist: Arc<std::sync::Mutex<Histogram<u64>>>) -> Op {
+    Box::new(move || {
+        let k = key(&mut rng);
+        let (conn, session, hist) = (Arc::clone(&conn), session.clone(), Arc::clone(&hist));
+        Box::pin(async move {
+            let t = Instant::now();
+            let held = call(
+                &conn,
+                "/v1/locks/acquire",
+                json!({ "session": session, "namespace": "bench", "class": "c", "key": k, "mode": "exclusive", "wait_ms": 30_000 }),
+            )
+            .await?;
+            if let Ok(mut h) = hist.lock() {
+                record(&mut h, t.elapsed());
+            }
+            if held["token"].as_str().is_none() {
+                return Err(BenchError::Unexpected("an acquire over the service gave no token"));
+            }
+            call(
+                &conn,
+                "/v1/locks/release",
+                json!({ "session": session, "namespace": "bench", "class": "c", "key": k, "mode": "exclusive", "grant_rev": held["grant_rev"] }),
+            )
+            .await?;
+            Ok(())
+        })
+    })
+}
+
+async fn connect(addr: std::net::SocketAddr, ca: &Certificate, (chain, key): Svid) -> Result<Conn> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.der().clone()).map_err(setup)?;
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(setup)?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .map_err(setup)?;
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    tcp.set_nodelay(true)?;
+    let name = ServerName::try_from("localhost").map_err(setup)?;
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
+    tokio::spawn(conn);
+    Ok(sender)
+}
+
+/// `POST path` with a JSON body; the JSON answer (`null` for 204). Any status above 299
+/// is an error.
+async fn call(conn: &Mutex<Conn>, path: &str, body: Value) -> Result<Value> {
+    let bytes = serde_json::to_vec(&body).map_err(|_| BenchError::Unexpected("a body did not serialize"))?;
+    let req = http::Request::post(path)
+        .header(http::header::HOST, "localhost")
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(bytes)))
+        .map_err(|_| BenchError::Unexpected("request did not build"))?;
+    let mut c = conn.lock().await;
+    c.ready().await?;
+    let res = c.send_request(req).await?;
+    let status = res.status();
+    let body = res.into_body().collect().await?.to_bytes();
+    if !status.is_success() {
+        return Err(BenchError::Unexpected("the service refused a request"));
+    }
+    if body.is_empty() {
+        return Ok(Value::Null);
+    }
+    serde_json::from_slice(&body).map_err(|_| BenchError::Unexpected("the service answered no JSON"))
+}

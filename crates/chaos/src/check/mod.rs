@@ -1,0 +1,309 @@
+//! The checker: reads a history and reports every way it breaks the safety rules.
+//!
+//! [`check`] takes a history in memory; [`check_reader`] streams one from a JSON-lines file;
+//! [`Checker`] is the engine both drive, one entry at a time. The answer is a
+//! [`CheckReport`]: [`Counts`] of what the history contains, and every [`Violation`] with the
+//! entries ([`EntryIndex`]) that prove it. A report with no violation means the history is
+//! consistent with every rule below, not that the run could not have broken one unseen.
+//!
+//! # The rules
+//!
+//! A resource is one `(target, resource)` pair; a lock is one [`LockName`](crate::history::LockName).
+//!
+//! - **(a) Commit order.** The committed writes of a resource, taken in the resource's own
+//!   commit order (`seq`), carry non-decreasing tokens ([`Violation::CommitOrder`]). Two
+//!   commits at one `seq` mean a lost write ([`Violation::SeqReused`]); a commit whose `seq`
+//!   is not above that of a write which completed before it was invoked contradicts real
+//!   time ([`Violation::CommitBeforeInvocation`]).
+//! - **(b) No stale admission.** A write invoked after the resource's mark was known (a
+//!   write with that token had committed, or a refusal had reported that mark) must not be
+//!   committed with a token below it ([`Violation::StaleWriteAdmitted`]). Refusals must be
+//!   justified: a token at or above the reported mark is not stale
+//!   ([`Violation::UnjustifiedRejection`]).
+//! - **(c) Exclusion.** In etcd's history (`etcd_hold`), no two holds of one lock in one epoch
+//!   overlap as half-open revision intervals `[grant_rev, end_rev)` unless both are shared
+//!   ([`Violation::HoldsOverlap`]).
+//! - **(d) Tokens only grow.** Epochs advance to larger values
+//!   ([`Violation::EpochNotIncreasing`]). A grant whose acquire began after an epoch advance
+//!   carries that epoch or a later one ([`Violation::TokenFromOldEpoch`]), and a token above
+//!   every token granted before its acquire began, of any lock, since the revision is
+//!   cluster-wide and the epoch sits above it ([`Violation::TokenNotIncreasing`]). A token's
+//!   low 48 bits are its `grant_rev` ([`Violation::TokenNotFromGrant`]).
+//! - **(e) Audit.** Each grant, release, expiry and forced release of a hold in etcd's
+//!   history, and each write committed without a token, has exactly one audit row
+//!   ([`Violation::AuditMissing`], [`Violation::AuditDuplicate`],
+//!   [`Violation::AuditUnexpected`]); see the rules for holds only a worker saw and for
+//!   indeterminate writes below.
+//! - **The history itself.** Completions match open invocations with the same resource,
+//!   target and token; `op`s are not reused while in flight; every token written was granted
+//!   (by a `granted` or an `etcd_hold` entry); every `granted` follows its worker's
+//!   `acquire_invoked`; entries are well formed.
+//!
+//! # Order and real time
+//!
+//! Safety is decided from the orders the real parts define: `seq` for commits, etcd
+//! revisions for holds. Where a rule needs real time ("before it was invoked"), it compares
+//! `at_ns`: an entry recorded at `t` happened after everything recorded strictly before `t`;
+//! entries at the same nanosecond count as concurrent. This holds because an invocation is
+//! recorded before its request is sent and a completion after its answer arrives. The
+//! checker never calls concurrent operations ordered, so it never blames a correct system
+//! for a race it cannot see.
+//!
+//! What the rules assume of the run: a resource's `seq` is its real commit order, so an
+//! HTTP resource must commit through the Postgres helper (the fence layer alone orders
+//! admissions, not the handlers' effects: see `palisade_fence::fence`). Rules (c) and (e)
+//! cover the holds that `etcd_hold` entries list; a hold granted in revisions a snapshot
+//! restore took back is known only from its worker's `granted`, so list etcd's holds
+//! before each restore to have them all checked.
+//!
+//! # Writes without a token, and indeterminate writes
+//!
+//! A write carrying a token is held to rules (a) and (b). A write without one is
+//! *unprotected*: it is outside the token order, and the audit trail must record it (the
+//! workload sends tokenless writes to advisory resources only; a fenced resource refuses
+//! them). An indeterminate write may or may not have committed: it is left out of (a) and
+//! (b) (its `seq` is unknown), which cannot hide a violation among the writes that are
+//! known to have committed; when a resource reports a mark raised by such a write in a
+//! refusal, that mark counts for (b) from then on. For the audit, an indeterminate tokenless
+//! write may have one row or none.
+//!
+//! # Memory and speed
+//!
+//! The checker reads each entry once. Its memory grows with resources, locks and
+//! concurrent operations, not with the number of writes: per resource, its mark and a window
+//! of recent commits (folded once no later commit can precede them); per worker, its
+//! operations in flight. Three things grow with the run instead, because the after-run
+//! listings they join can come in any order: the hold intervals of etcd's history (32
+//! bytes a hold), the audit join (a tally per hold and per grant, the lock rows until the
+//! end), and the tokens granted and written (8 to 16 bytes a grant). A history of a million entries checks in
+//! seconds; the `check` benchmark of this crate measures it.
+//!
+//! [`check_reader`] sorts entries by `at_ns` within a window ([`REORDER_WINDOW`]), so
+//! entries written a little out of time order by concurrent writers are fine; an entry
+//! older than the window is reported as [`Violation::OutOfOrder`].
+//!
+//! # Examples
+//!
+//! ```
+//! use palisade_chaos::check::check;
+//! use palisade_chaos::history::{Entry, Event, Target, WriteOutcome};
+//!
+//! let write = |at_ns, event| Entry { at_ns, worker: 0, event };
+//! let history = [
+//!     write(1, Event::WriteInvoked { resource: "/legacy/1".into(), target: Target::Http, token: None, op: 1 }),
+//!     write(2, Event::WriteCompleted {
+//!         resource: "/legacy/1".into(),
+//!         target: Target::Http,
+//!         token: None,
+//!         op: 1,
+//!         outcome: WriteOutcome::Committed { seq: 1 },
+//!     }),
+//! ];
+//! let report = check(&history);
+//! // The unprotected write has no audit row.
+//! assert_eq!(report.violations.len(), 1);
+//! println!("{report}");
+//! ```
+
+mod audit;
+mod floor;
+mod grants;
+mod holds;
+mod reorder;
+mod report;
+mod violation;
+mod writes;
+
+use std::io::BufRead;
+use std::time::Duration;
+
+use crate::history::{entries, Entry, Event, HoldEnd, Phase, ReadError};
+
+pub use report::{CheckReport, Counts};
+pub use violation::{
+    AuditRecord, EntryIndex, EntryProblem, EpochRef, GrantRef, HoldRef, LockRecordKind, Mark, ResourceId, Violation,
+    ViolationKind, WriteRef,
+};
+
+/// How far out of `at_ns` order [`check_reader`] accepts entries: 10 s.
+pub const REORDER_WINDOW: Duration = Duration::from_secs(10);
+
+/// Checks a history held in memory.
+///
+/// Entries may come in any order: they are checked in `at_ns` order (ties in slice order).
+/// Violations name entries by their index in `entries`.
+pub fn check(entries: &[Entry]) -> CheckReport {
+    let mut order: Vec<usize> = (0..entries.len()).collect();
+    order.sort_by_key(|&i| entries[i].at_ns);
+    let mut checker = Checker::new();
+    for i in order {
+        checker.push(EntryIndex(i), &entries[i]);
+    }
+    checker.finish()
+}
+
+/// Checks a JSON-lines history as it streams in, with the [`REORDER_WINDOW`].
+///
+/// # Errors
+///
+/// [`ReadError`] if the input cannot be read or a line is not an [`Entry`]; nothing is
+/// reported for a history that cannot be read to its end.
+pub fn check_reader(input: impl BufRead) -> Result<CheckReport, ReadError> {
+    check_reader_with(input, REORDER_WINDOW)
+}
+
+/// [`check_reader`] with another reorder window.
+///
+/// # Errors
+///
+/// As [`check_reader`].
+pub fn check_reader_with(input: impl BufRead, window: Duration) -> Result<CheckReport, ReadError> {
+    let mut checker = Checker::new();
+    let mut buffer = reorder::Reorder::new(window);
+    for (i, entry) in entries(input).enumerate() {
+        buffer.push(EntryIndex(i), entry?, |index, entry| checker.push(index, &entry));
+    }
+    buffer.drain(|index, entry| checker.push(index, &entry));
+    Ok(checker.finish())
+}
+
+/// The checking engine: feed it entries in `at_ns` order with [`push`](Checker::push), then
+/// take the report with [`finish`](Checker::finish).
+///
+/// An entry recorded earlier than one already pushed is checked anyway and reported as
+/// [`Violation::OutOfOrder`].
+#[derive(Debug)]
+pub struct Checker {
+    last_at: u64,
+    counts: Counts,
+    violations: Vec<Violation>,
+    writes: writes::Writes,
+    grants: grants::Grants,
+    holds: holds::Holds,
+    audit: audit::Audit,
+}
+
+impl Default for Checker {
+    fn default() -> Self {
+        Checker::new()
+    }
+}
+
+impl Checker {
+    /// A checker that has seen nothing.
+    pub fn new() -> Self {
+        Checker {
+            last_at: 0,
+            counts: Counts::default(),
+            violations: Vec::new(),
+            writes: writes::Writes::default(),
+            grants: grants::Grants::new(),
+            holds: holds::Holds::default(),
+            audit: audit::Audit::default(),
+        }
+    }
+
+    /// Checks the next entry; `index` is how violations will name it.
+    pub fn push(&mut self, index: EntryIndex, entry: &Entry) {
+        let (at, worker, out) = (entry.at_ns, entry.worker, &mut self.violations);
+        if at < self.last_at {
+            out.push(Violation::OutOfOrder { entry: index, at_ns: at, after_ns: self.last_at });
+        }
+        self.last_at = self.last_at.max(at);
+        let c = &mut self.counts;
+        c.entries += 1;
+        match &entry.event {
+            Event::AcquireInvoked { lock } => {
+                c.acquires += 1;
+                self.grants.acquire(index, at, worker, lock);
+            }
+            Event::Granted { lock, token, session: _, grant_rev } => {
+                c.grants += 1;
+                self.grants.granted(index, at, worker, lock, *token, *grant_rev, out);
+                self.audit.worker_grant(lock, *token, *grant_rev);
+            }
+            Event::AcquireFailed { lock, error: _ } => {
+                c.acquire_failures += 1;
+                self.grants.failed(worker, lock);
+            }
+            Event::WriteInvoked { resource, target, token, op } => {
+                c.writes += 1;
+                self.writes.invoke(index, at, resource, *target, *token, *op, out);
+            }
+            Event::WriteCompleted { resource, target, token, op, outcome } => {
+                let completion = writes::Completion {
+                    index,
+                    at_ns: at,
+                    worker,
+                    resource,
+                    target: *target,
+                    token: *token,
+                    op: *op,
+                    outcome,
+                };
+                self.writes.complete(completion, c, out);
+                if token.is_none() {
+                    match outcome {
+                        crate::history::WriteOutcome::Committed { .. } => {
+                            self.audit.unprotected_write(index, resource, true);
+                        }
+                        crate::history::WriteOutcome::Indeterminate { .. } => {
+                            self.audit.unprotected_write(index, resource, false);
+                        }
+                        crate::history::WriteOutcome::Rejected { .. } => {}
+                    }
+                }
+            }
+            Event::Released { .. } => c.releases += 1,
+            Event::Lost { .. } => c.losses += 1,
+            Event::Fault { kind, phase, detail: _ } => {
+                if *phase == Phase::Start {
+                    *c.faults.entry(*kind).or_insert(0) += 1;
+                }
+            }
+            Event::EpochAdvanced { epoch } => {
+                c.epoch_advances += 1;
+                self.grants.epoch_advanced(index, at, *epoch, out);
+            }
+            Event::EtcdHold { lock, epoch, grant_rev, end_rev, exclusive, end } => {
+                c.etcd_holds += 1;
+                if *exclusive {
+                    c.exclusive_holds += 1;
+                }
+                let ended = *end != HoldEnd::Open;
+                if ended != end_rev.is_some() {
+                    let problem = EntryProblem::HoldEndMismatch { end: *end, end_rev: *end_rev };
+                    out.push(Violation::MalformedEntry { entry: index, problem });
+                }
+                if !(0..1 << 48).contains(grant_rev) {
+                    let problem = EntryProblem::RevisionOutOfRange(*grant_rev);
+                    out.push(Violation::MalformedEntry { entry: index, problem });
+                    return;
+                }
+                if end_rev.is_some_and(|e| e <= *grant_rev) {
+                    out.push(Violation::MalformedEntry { entry: index, problem: EntryProblem::HoldEndsBeforeGrant });
+                }
+                let token = (u64::from(*epoch) << 48) | *grant_rev as u64;
+                let hold = HoldRef { entry: index, grant_rev: *grant_rev, end_rev: *end_rev, exclusive: *exclusive };
+                self.holds.add(lock, *epoch, hold);
+                self.grants.etcd_token(token);
+                self.audit.etcd_hold(index, lock, token, *grant_rev, *end_rev, *end);
+            }
+            Event::AuditRow { kind, lock, resource, token, revision } => {
+                c.audit_rows += 1;
+                self.audit.row(index, kind, lock.as_ref(), resource.as_deref(), *token, *revision, out);
+            }
+        }
+    }
+
+    /// Runs the checks that need the whole history and returns the report.
+    pub fn finish(mut self) -> CheckReport {
+        let out = &mut self.violations;
+        self.holds.finish(out);
+        let mut unknown: Vec<_> = self.writes.tokens().filter(|(t, _)| !self.grants.was_granted(*t)).collect();
+        unknown.sort_by_key(|(_, i)| *i);
+        out.extend(unknown.into_iter().map(|(token, write)| Violation::UnknownToken { write, token }));
+        self.audit.finish(out);
+        CheckReport { counts: self.counts, violations: self.violations }
+    }
+}

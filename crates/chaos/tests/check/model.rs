@@ -1,0 +1,399 @@
+//! A sequential model of the system that writes valid histories: an etcd revision counter
+//! and epoch, locks with holders, and fenced resources with a mark and a commit counter.
+//! Every history it writes is one a correct system could produce, so the checker must
+//! pass it; tests then break it in one place.
+
+#![allow(dead_code)] // Each test binary uses a part.
+
+use std::collections::HashMap;
+
+use palisade_chaos::history::{Entry, Event, FaultKind, HoldEnd, LockName, Phase, Target, WriteOutcome};
+
+/// The worker number of the nemesis and the runner.
+pub(crate) const RUNNER: u32 = u32::MAX;
+
+pub(crate) fn lock(key: &str) -> LockName {
+    LockName { ns: "orders".into(), class: "jobs".into(), key: key.into() }
+}
+
+pub(crate) fn token(epoch: u16, rev: i64) -> u64 {
+    (u64::from(epoch) << 48) | rev as u64
+}
+
+/// A hold a worker was granted.
+#[derive(Debug, Clone)]
+pub(crate) struct Hold {
+    pub(crate) lock: LockName,
+    pub(crate) token: u64,
+    pub(crate) worker: u32,
+    record: usize,
+}
+
+/// A write invoked and not yet completed.
+#[derive(Debug, Clone)]
+pub(crate) struct Pending {
+    pub(crate) op: u64,
+    pub(crate) worker: u32,
+    pub(crate) resource: String,
+    pub(crate) target: Target,
+    pub(crate) token: Option<u64>,
+}
+
+#[derive(Debug)]
+struct HoldRecord {
+    lock: LockName,
+    epoch: u16,
+    grant_rev: i64,
+    end_rev: Option<i64>,
+    exclusive: bool,
+    end: HoldEnd,
+}
+
+#[derive(Debug, Default)]
+struct Resource {
+    mark: Option<u64>,
+    seq: u64,
+}
+
+#[derive(Debug)]
+pub(crate) struct Sim {
+    pub(crate) entries: Vec<Entry>,
+    at: u64,
+    rev: i64,
+    epoch: u16,
+    next_op: u64,
+    next_session: i64,
+    holds: Vec<HoldRecord>,
+    resources: HashMap<(Target, String), Resource>,
+    unprotected: Vec<String>,
+}
+
+impl Default for Sim {
+    fn default() -> Self {
+        Sim::new()
+    }
+}
+
+impl Sim {
+    /// Starts at epoch 1, revision 100, with the runner recording the epoch.
+    pub(crate) fn new() -> Self {
+        let mut sim = Sim {
+            entries: Vec::new(),
+            at: 0,
+            rev: 100,
+            epoch: 1,
+            next_op: 1,
+            next_session: 0x1000,
+            holds: Vec::new(),
+            resources: HashMap::new(),
+            unprotected: Vec::new(),
+        };
+        sim.record(RUNNER, Event::EpochAdvanced { epoch: 1 });
+        sim
+    }
+
+    /// Records an entry 10 ns after the previous one (room to insert entries between).
+    pub(crate) fn record(&mut self, worker: u32, event: Event) -> usize {
+        self.at += 10;
+        self.entries.push(Entry { at_ns: self.at, worker, event });
+        self.entries.len() - 1
+    }
+
+    pub(crate) fn epoch(&self) -> u16 {
+        self.epoch
+    }
+
+    pub(crate) fn rev(&self) -> i64 {
+        self.rev
+    }
+
+    fn open_holders<'a>(&'a self, lock: &'a LockName) -> impl Iterator<Item = &'a HoldRecord> + 'a {
+        self.holds.iter().filter(move |h| h.lock == *lock && h.end == HoldEnd::Open)
+    }
+
+    /// Whether `lock` can be granted in this mode now.
+    pub(crate) fn can_grant(&self, lock: &LockName, exclusive: bool) -> bool {
+        let mut open = self.open_holders(lock).peekable();
+        if exclusive {
+            open.peek().is_none()
+        } else {
+            self.open_holders(lock).all(|h| !h.exclusive)
+        }
+    }
+
+    /// Acquire and grant at once (the lock must be free for this mode).
+    pub(crate) fn acquire(&mut self, worker: u32, lock: &LockName, exclusive: bool) -> Hold {
+        assert!(self.can_grant(lock, exclusive), "the model grants only free locks");
+        self.record(worker, Event::AcquireInvoked { lock: lock.clone() });
+        self.rev += 1;
+        let token = token(self.epoch, self.rev);
+        self.next_session += 1;
+        let session = self.next_session;
+        self.record(worker, Event::Granted { lock: lock.clone(), token, session, grant_rev: self.rev });
+        self.holds.push(HoldRecord {
+            lock: lock.clone(),
+            epoch: self.epoch,
+            grant_rev: self.rev,
+            end_rev: None,
+            exclusive,
+            end: HoldEnd::Open,
+        });
+        Hold { lock: lock.clone(), token, worker, record: self.holds.len() - 1 }
+    }
+
+    pub(crate) fn fail_acquire(&mut self, worker: u32, lock: &LockName) {
+        self.record(worker, Event::AcquireInvoked { lock: lock.clone() });
+        self.record(worker, Event::AcquireFailed { lock: lock.clone(), error: "deadline passed".into() });
+    }
+
+    fn end(&mut self, hold: &Hold, end: HoldEnd) {
+        let record = &mut self.holds[hold.record];
+        assert_eq!(record.end, HoldEnd::Open, "a hold ends once");
+        self.rev += 1;
+        record.end = end;
+        record.end_rev = Some(self.rev);
+    }
+
+    pub(crate) fn release(&mut self, hold: &Hold) {
+        self.end(hold, HoldEnd::Released);
+        let release_rev = Some(self.rev);
+        self.record(hold.worker, Event::Released { lock: hold.lock.clone(), token: hold.token, release_rev });
+    }
+
+    /// The hold's lease expires; its worker is told.
+    pub(crate) fn expire(&mut self, hold: &Hold) {
+        self.end(hold, HoldEnd::Expired);
+        self.record(hold.worker, Event::Lost { lock: hold.lock.clone(), token: hold.token });
+    }
+
+    pub(crate) fn force(&mut self, hold: &Hold) {
+        self.end(hold, HoldEnd::Forced);
+        self.record(hold.worker, Event::Lost { lock: hold.lock.clone(), token: hold.token });
+    }
+
+    pub(crate) fn fault(&mut self, kind: FaultKind, phase: Phase) {
+        self.record(RUNNER, Event::Fault { kind, phase, detail: "model".into() });
+    }
+
+    /// Restores etcd to a snapshot `back` revisions ago and advances the epoch. No hold may
+    /// be open (the model does not carry holds across a restore).
+    pub(crate) fn restore_and_advance(&mut self, back: i64) {
+        assert!(self.holds.iter().all(|h| h.end != HoldEnd::Open));
+        self.fault(FaultKind::RestoreEtcdAndAdvanceEpoch, Phase::Start);
+        self.rev -= back;
+        self.epoch += 1;
+        self.record(RUNNER, Event::EpochAdvanced { epoch: self.epoch });
+        self.fault(FaultKind::RestoreEtcdAndAdvanceEpoch, Phase::End);
+    }
+
+    pub(crate) fn begin_write(&mut self, worker: u32, resource: &str, target: Target, token: Option<u64>) -> Pending {
+        let op = self.next_op;
+        self.next_op += 1;
+        self.record(worker, Event::WriteInvoked { resource: resource.into(), target, token, op });
+        Pending { op, worker, resource: resource.into(), target, token }
+    }
+
+    /// What the resource does with the write now: refuse it, or commit it.
+    fn apply(&mut self, w: &Pending) -> WriteOutcome {
+        let advisory = w.resource.starts_with("/legacy/");
+        let state = self.resources.entry((w.target, w.resource.clone())).or_default();
+        match w.token {
+            None if advisory => {
+                state.seq += 1;
+                self.unprotected.push(w.resource.clone());
+                WriteOutcome::Committed { seq: state.seq }
+            }
+            None => WriteOutcome::Rejected { highest: None },
+            Some(t) if state.mark.is_some_and(|m| t < m) => WriteOutcome::Rejected { highest: state.mark },
+            Some(t) => {
+                state.mark = Some(t);
+                state.seq += 1;
+                WriteOutcome::Committed { seq: state.seq }
+            }
+        }
+    }
+
+    /// The write reaches the resource now and its writer learns the outcome.
+    pub(crate) fn finish_write(&mut self, w: &Pending) -> WriteOutcome {
+        let outcome = self.apply(w);
+        self.complete(w, outcome.clone());
+        outcome
+    }
+
+    /// The writer gives up; the write reached the resource (`applied`) or not.
+    pub(crate) fn finish_indeterminate(&mut self, w: &Pending, applied: bool) {
+        if applied {
+            self.apply(w);
+        }
+        self.complete(w, WriteOutcome::Indeterminate { reason: "timed out".into() });
+    }
+
+    fn complete(&mut self, w: &Pending, outcome: WriteOutcome) -> usize {
+        let event = Event::WriteCompleted {
+            resource: w.resource.clone(),
+            target: w.target,
+            token: w.token,
+            op: w.op,
+            outcome,
+        };
+        self.record(w.worker, event)
+    }
+
+    pub(crate) fn write(&mut self, worker: u32, resource: &str, target: Target, token: Option<u64>) -> WriteOutcome {
+        let w = self.begin_write(worker, resource, target, token);
+        self.finish_write(&w)
+    }
+
+    /// Appends what is read after the run: etcd's holds, then the audit trail.
+    pub(crate) fn finish(mut self) -> Vec<Entry> {
+        let holds = std::mem::take(&mut self.holds);
+        for h in &holds {
+            self.record(
+                RUNNER,
+                Event::EtcdHold {
+                    lock: h.lock.clone(),
+                    epoch: h.epoch,
+                    grant_rev: h.grant_rev,
+                    end_rev: h.end_rev,
+                    exclusive: h.exclusive,
+                    end: h.end,
+                },
+            );
+        }
+        for h in &holds {
+            let token = Some(token(h.epoch, h.grant_rev));
+            let row = |kind: &str, revision| Event::AuditRow {
+                kind: kind.into(),
+                lock: Some(h.lock.clone()),
+                resource: None,
+                token,
+                revision,
+            };
+            self.record(RUNNER, row("grant", Some(h.grant_rev)));
+            let end = match h.end {
+                HoldEnd::Released => "release",
+                HoldEnd::Expired => "expire",
+                HoldEnd::Forced => "force",
+                HoldEnd::Open => continue,
+            };
+            self.record(RUNNER, row(end, h.end_rev));
+        }
+        for resource in std::mem::take(&mut self.unprotected) {
+            let row = Event::AuditRow {
+                kind: "unprotected_write".into(),
+                lock: None,
+                resource: Some(resource),
+                token: None,
+                revision: None,
+            };
+            self.record(RUNNER, row);
+        }
+        self.entries
+    }
+}
+
+/// A small deterministic generator (splitmix64).
+#[derive(Debug, Clone)]
+pub(crate) struct Rng(pub u64);
+
+impl Rng {
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    pub(crate) fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    pub(crate) fn chance(&mut self, percent: u64) -> bool {
+        self.next() % 100 < percent
+    }
+}
+
+/// A random valid history of about `steps` operations by `workers` workers over `locks`
+/// locks: grants, expiries that let stale holders write on, releases, concurrent and
+/// indeterminate writes, unprotected writes, faults and epoch advances.
+pub(crate) fn random_history(seed: u64, workers: u32, locks: usize, steps: usize) -> Vec<Entry> {
+    let mut rng = Rng(seed);
+    let mut sim = Sim::new();
+    let names: Vec<LockName> = (0..locks).map(|i| lock(&format!("k{i}"))).collect();
+    // Per worker: the holds it was granted (current or not).
+    let mut held: Vec<Vec<Hold>> = vec![Vec::new(); workers as usize];
+    let mut open: Vec<Hold> = Vec::new();
+    let mut pending: Vec<Pending> = Vec::new();
+    for _ in 0..steps {
+        let worker = rng.below(workers as usize) as u32;
+        match rng.below(100) {
+            0..=14 => {
+                let i = rng.below(locks);
+                let exclusive = i != 0; // lock k0 is shared
+                if sim.can_grant(&names[i], exclusive) {
+                    let hold = sim.acquire(worker, &names[i], exclusive);
+                    held[worker as usize].push(hold.clone());
+                    open.push(hold);
+                } else if rng.chance(30) {
+                    sim.fail_acquire(worker, &names[i]);
+                }
+            }
+            15..=21 if !open.is_empty() => {
+                let hold = open.swap_remove(rng.below(open.len()));
+                match rng.below(10) {
+                    0..=5 => sim.release(&hold),
+                    6..=8 => {
+                        sim.fault(FaultKind::PauseWorker, Phase::Start);
+                        sim.expire(&hold);
+                        sim.fault(FaultKind::PauseWorker, Phase::End);
+                    }
+                    _ => sim.force(&hold),
+                }
+            }
+            22..=61 if !held[worker as usize].is_empty() => {
+                // A write with this worker's latest token, or an older one (a stale writer).
+                let mine = &held[worker as usize];
+                let hold = if rng.chance(80) { mine[mine.len() - 1].clone() } else { mine[rng.below(mine.len())].clone() };
+                let index = hold.lock.key[1..].parse::<usize>().unwrap();
+                let (resource, target) =
+                    if rng.chance(50) { (format!("row-{index}"), Target::Postgres) } else { (format!("/r/{index}"), Target::Http) };
+                pending.push(sim.begin_write(worker, &resource, target, Some(hold.token)));
+            }
+            62..=64 => {
+                let resource = format!("/legacy/{}", rng.below(3));
+                pending.push(sim.begin_write(worker, &resource, Target::Http, None));
+            }
+            65..=94 if !pending.is_empty() => {
+                let w = pending.swap_remove(rng.below(pending.len()));
+                if rng.chance(5) {
+                    let applied = rng.chance(50);
+                    sim.finish_indeterminate(&w, applied);
+                } else {
+                    sim.finish_write(&w);
+                }
+            }
+            95 => {
+                let kind = [FaultKind::KillEtcdLeader, FaultKind::PauseEtcdMember, FaultKind::RestartPostgres]
+                    [rng.below(3)];
+                sim.fault(kind, Phase::Start);
+                sim.fault(kind, Phase::End);
+            }
+            96 if rng.chance(20) => {
+                for w in std::mem::take(&mut pending) {
+                    sim.finish_write(&w);
+                }
+                for hold in std::mem::take(&mut open) {
+                    sim.release(&hold);
+                }
+                let back = 1 + rng.below(15) as i64;
+                sim.restore_and_advance(back);
+            }
+            _ => {}
+        }
+    }
+    for w in std::mem::take(&mut pending) {
+        sim.finish_write(&w);
+    }
+    sim.finish()
+}

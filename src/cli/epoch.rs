@@ -1,0 +1,56 @@
+//! `palisade epoch ...`: show the epoch record, advance it after a restore or rehome.
+
+use serde_json::json;
+
+use super::connect::Connection;
+use super::exit::Result;
+use super::lock::call;
+
+/// `palisade epoch` and the connection flags of its subcommands.
+#[derive(Debug, clap::Args)]
+pub(crate) struct EpochArgs {
+    #[command(flatten)]
+    conn: Connection,
+    #[command(subcommand)]
+    cmd: EpochCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum EpochCommand {
+    /// Print the epoch record, and why grants are refused if they are (service admins).
+    Show,
+    /// Advance the epoch after etcd was restored from a snapshot or the service was
+    /// rehomed to another etcd cluster; prints the new record (service admins).
+    Advance {
+        /// Why.
+        #[arg(long, value_enum)]
+        reason: Reason,
+    },
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum Reason {
+    /// etcd was restored from a snapshot: revisions may go backwards.
+    Restore,
+    /// The namespace moved to another etcd cluster: another revision counter.
+    Rehome,
+}
+
+pub(crate) fn run(args: EpochArgs) -> Result<String> {
+    let EpochArgs { conn, cmd } = args;
+    match cmd {
+        EpochCommand::Show => call(&conn, "GET", "/v1/epoch".into(), None),
+        EpochCommand::Advance { reason } => {
+            let reason = match reason {
+                Reason::Restore => "restore",
+                Reason::Rehome => "rehome",
+            };
+            call(
+                &conn,
+                "POST",
+                "/v1/epoch/advance".into(),
+                Some(json!({ "reason": reason })),
+            )
+        }
+    }
+}

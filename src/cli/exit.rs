@@ -1,0 +1,90 @@
+//! The exit codes of `palisade`, and the error that carries one.
+//!
+//! | code | meaning |
+//! |---|---|
+//! | 0 | done |
+//! | 1 | any other failure: the service unreachable or failing (`quorum-lost`, `epoch-mismatch`, `upstream`, `internal`), a local I/O error |
+//! | 2 | bad input: a usage error, a malformed argument or hold file, unusable certificates, or the service's `invalid-input` |
+//! | 3 | not found: namespace, class, session or force release request (`not-found`) |
+//! | 4 | conflict: `create` of something that exists, `already-approved`, `epoch-exhausted` |
+//! | 5 | a quota of the namespace is reached (`quota-exceeded`) |
+//! | 6 | unauthenticated: the service refused the certificate (or its absence), or answered 401 |
+//! | 7 | forbidden: the caller may not do this (403) |
+//! | 75 | not acquired: the wait ended while others held the lock (`deadline-exceeded`) |
+//! | 76 | not held: the hold or its session is gone (`not-held`, `session-lost`) |
+//! | 130 | interrupted (SIGINT) while `lock acquire` waited |
+//!
+//! `lock run` exits with its command's code once the command ran.
+
+use palisade_lock::client::{ClientError, ClientErrorKind};
+
+/// One of the documented exit codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Exit {
+    Failure = 1,
+    BadInput = 2,
+    NotFound = 3,
+    Conflict = 4,
+    Quota = 5,
+    Unauthenticated = 6,
+    Forbidden = 7,
+    NotAcquired = 75,
+    Lost = 76,
+    Interrupted = 130,
+}
+
+impl Exit {
+    /// The code of a client error, by its kind.
+    pub(crate) fn of_client(e: &ClientError) -> Exit {
+        match e.kind() {
+            ClientErrorKind::InvalidInput | ClientErrorKind::Config => Exit::BadInput,
+            ClientErrorKind::NotFound => Exit::NotFound,
+            ClientErrorKind::AlreadyApproved | ClientErrorKind::EpochExhausted => Exit::Conflict,
+            ClientErrorKind::QuotaExceeded => Exit::Quota,
+            ClientErrorKind::Unauthenticated => Exit::Unauthenticated,
+            ClientErrorKind::Forbidden => Exit::Forbidden,
+            ClientErrorKind::DeadlineExceeded => Exit::NotAcquired,
+            ClientErrorKind::NotHeld | ClientErrorKind::SessionLost => Exit::Lost,
+            _ => Exit::Failure,
+        }
+    }
+
+    /// The code for any error a command returned.
+    pub(crate) fn of(e: &(dyn std::error::Error + 'static)) -> Exit {
+        if let Some(e) = e.downcast_ref::<CliError>() {
+            e.exit
+        } else if let Some(e) = e.downcast_ref::<ClientError>() {
+            Exit::of_client(e)
+        } else {
+            Exit::Failure
+        }
+    }
+
+    pub(crate) fn code(self) -> u8 {
+        self as u8
+    }
+}
+
+/// A failure with its exit code and a message for the user.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub(crate) struct CliError {
+    pub(crate) exit: Exit,
+    message: String,
+}
+
+impl CliError {
+    pub(crate) fn new(exit: Exit, message: impl Into<String>) -> Self {
+        CliError {
+            exit,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn bad_input(message: impl Into<String>) -> Self {
+        CliError::new(Exit::BadInput, message)
+    }
+}
+
+/// Boxed errors of the command handlers.
+pub(crate) type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
