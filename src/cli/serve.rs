@@ -101,22 +101,13 @@ pub(crate) fn run(args: ServeArgs) -> Result<String, Box<dyn std::error::Error>>
     })
 }
 
-/// Force release over `database`: the lock service's request table on one connection,
-/// and the audit trail's `force_release` table through the audit crate's pool (the lock
-/// crate cannot depend on the audit crate, which depends on it, so the binary joins them).
+/// Force release over `database`: the lock service's request table and the audit
+/// trail's `force_release` table, both through the audit crate's pool (the lock crate
+/// cannot depend on the audit crate, which depends on it, so the binary joins them).
 async fn force_releases(database: &str) -> Result<ForceReleases, Box<dyn std::error::Error>> {
     let pool = palisade_audit::pool(database, 4)?;
     palisade_audit::migrate(&pool).await?;
-    let (client, connection) = database
-        .parse::<tokio_postgres::Config>()?
-        .connect(tokio_postgres::NoTls)
-        .await?;
-    tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::error!(error = %e, "force release database connection lost; force release fails until restart");
-        }
-    });
-    let force = ForceReleases::new(Arc::new(client), Arc::new(AuditTrail(pool)));
+    let force = ForceReleases::new(pool.clone(), Arc::new(AuditTrail(pool)));
     force.migrate().await?;
     Ok(force)
 }

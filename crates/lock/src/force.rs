@@ -48,6 +48,37 @@ impl Locker {
         mode: Mode,
         marker: &ForceMarker,
     ) -> Result<Revision> {
+        self.force_release_at(lock, holder, mode, None, marker)
+            .await
+    }
+
+    /// [`force_release`](Locker::force_release) of exactly the hold granted at
+    /// `grant_rev`: a later hold of the same lease on the lock is [`ErrorKind::NotHeld`],
+    /// so repeating the call never deletes another hold.
+    ///
+    /// # Errors
+    ///
+    /// As [`force_release`](Locker::force_release).
+    pub async fn force_release_grant(
+        &self,
+        lock: &LockName,
+        holder: LeaseId,
+        mode: Mode,
+        grant_rev: Revision,
+        marker: &ForceMarker,
+    ) -> Result<Revision> {
+        self.force_release_at(lock, holder, mode, Some(grant_rev), marker)
+            .await
+    }
+
+    async fn force_release_at(
+        &self,
+        lock: &LockName,
+        holder: LeaseId,
+        mode: Mode,
+        grant_rev: Option<Revision>,
+        marker: &ForceMarker,
+    ) -> Result<Revision> {
         validate_name(&lock.ns)?;
         validate_name(&lock.class)?;
         validate_key(&lock.key)?;
@@ -57,11 +88,14 @@ impl Locker {
         let value = serde_json::to_vec(&Forced { forced: marker })
             .map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
         let txn = Txn::new()
-            .when([Compare::create_revision(
-                hold.clone(),
-                CompareOp::Greater,
-                0,
-            )])
+            .when([match grant_rev {
+                Some(rev) => Compare::create_revision(
+                    hold.clone(),
+                    CompareOp::Equal,
+                    i64::try_from(rev.get()).unwrap_or(i64::MAX),
+                ),
+                None => Compare::create_revision(hold.clone(), CompareOp::Greater, 0),
+            }])
             .and_then([
                 TxnOp::delete(hold, None),
                 TxnOp::put(keys.grant(mode, holder), value, None),

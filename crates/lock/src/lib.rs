@@ -31,6 +31,7 @@
 //! | `config/epoch` | [`EpochRecord`] JSON | none | bootstrap, [`Locker::advance_epoch`] |
 //! | `sessions/<lease>` | [`SessionRecord`] JSON | session | [`Locker::open_detached_session`] |
 //! | `quota/<ns>/<lease>/<m>/<class>/<esc-key>` | empty | session | the service, per hold or wait (`held_lease_quota`) |
+//! | `quota/<ns>/<lease>/session` | empty | session | the service, per session opened with the namespace (`held_lease_quota`) |
 //! | `locks/<ns>/<class>/<k>/q/<x\|s>/<lease>` | holder meta | session | a waiter |
 //! | `locks/<ns>/<class>/<k>/h/<x\|s>/<lease>` | holder meta | session | a grant |
 //! | `locks/<ns>/<class>/<k>/g/<x\|s>/<lease>` | holder meta | none | a grant (grant record) |

@@ -15,12 +15,16 @@ use serde_json::{json, Value};
 
 #[path = "service/class_update.rs"]
 mod class_update;
+#[path = "service/force_retry.rs"]
+mod force_retry;
 #[path = "service/holder_meta.rs"]
 mod holder_meta;
 #[path = "service/observability.rs"]
 mod observability;
 #[path = "service/openapi.rs"]
 mod openapi;
+#[path = "service/session_quota.rs"]
+mod session_quota;
 
 const OWNER: &str = "spiffe://test/billing/a";
 const OTHER: &str = "spiffe://test/billing/b";
@@ -979,6 +983,22 @@ impl service::ForceReleaseAudit for Recorded {
 
 const ADMIN2: &str = "spiffe://test/ops2";
 
+/// A connection pool to `db`, as `palisade serve --database` builds one.
+fn pool_of(db: &palisade_testkit::TestDb) -> deadpool_postgres::Pool {
+    let manager = deadpool_postgres::Manager::from_config(
+        db.config(),
+        tokio_postgres::NoTls,
+        deadpool_postgres::ManagerConfig {
+            recycling_method: deadpool_postgres::RecyclingMethod::Fast,
+        },
+    );
+    deadpool_postgres::Pool::builder(manager)
+        .max_size(4)
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .build()
+        .unwrap()
+}
+
 #[tokio::test]
 async fn etcd_force_release_needs_a_second_admin_and_lock_delay_holds_the_next_grant() {
     use palisade_fence::{MemoryStore, Raise};
@@ -994,7 +1014,7 @@ async fn etcd_force_release_needs_a_second_admin_and_lock_delay_holds_the_next_g
     let db = palisade_testkit::TestDb::create().await;
     let pg = Arc::new(db.connect().await);
     let recorded = Recorded::default();
-    let force = service::ForceReleases::new(pg.clone(), Arc::new(recorded.clone()));
+    let force = service::ForceReleases::new(pool_of(&db), Arc::new(recorded.clone()));
     force.migrate().await.unwrap();
     force.migrate().await.unwrap(); // idempotent
     let authz = format!(

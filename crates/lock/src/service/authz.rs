@@ -141,6 +141,18 @@ impl AuthzConfig {
                     && g.ids.iter().any(|p| matches(p, id))
             })
     }
+
+    /// Whether `id` may lock some class of `ns`, or administers it: who may open a
+    /// session that counts against `ns`'s `held_lease_quota`.
+    pub fn may_use_namespace(&self, ns: &str, id: &SpiffeId) -> bool {
+        self.is_ns_admin(ns, id)
+            || self
+                .namespace
+                .iter()
+                .filter(|n| n.id == ns)
+                .flat_map(|n| n.grant.iter())
+                .any(|g| g.ids.iter().any(|p| matches(p, id)))
+    }
 }
 
 /// The live config: read by every request, replaced whole by [`Authz::reload`].

@@ -1,21 +1,38 @@
 //! Two-person force release: requests in PostgreSQL, approval by a second admin, the
 //! record handed to a [`ForceReleaseAudit`].
+//!
+//! An approval goes through three recorded steps, so that an etcd or database failure
+//! in between leaves the request approved but not executed, and approving it again
+//! finishes it without deleting anything twice:
+//!
+//! 1. claim: `approver` is set (one conditional `UPDATE`; one replica wins);
+//! 2. targets: the holds of the key, read from etcd, are stored with the request before
+//!    any is deleted (the first stored list wins);
+//! 3. each target is deleted by a Txn that compares its exact grant revision, so a
+//!    target already deleted (by an earlier attempt) or ended is skipped and a later
+//!    holder of the key is never touched; then `executed_at` is set.
 
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::epoch::BoxFuture;
-use crate::Revision;
+use deadpool_postgres::Pool;
+use serde::{Deserialize, Serialize};
 
-/// The migration that creates the `force_release_request` table; idempotent.
-pub const FORCE_RELEASE_MIGRATION: &str =
-    include_str!("../../migrations/0002_force_release_request.sql");
+use crate::epoch::BoxFuture;
+use crate::model::{LeaseId, Mode};
+use crate::{FencingToken, Revision};
+
+/// The migrations of the `force_release_request` table; idempotent.
+pub const FORCE_RELEASE_MIGRATION: &str = concat!(
+    include_str!("../../migrations/0002_force_release_request.sql"),
+    include_str!("../../migrations/0003_force_release_execution.sql")
+);
 
 /// One hold deleted by an approved force release, as the audit trail records it.
 ///
 /// A request that deletes several holds (a shared lock) yields one record per hold:
-/// the first hold's record has the request's id, the n-th (n ≥ 1) `<id>.<n>`, so
-/// `request_id` stays unique.
+/// the hold at index 0 of the request's targets has the request's id, the one at index
+/// n ≥ 1 `<id>.<n>`, so `request_id` stays unique, also across retried approvals.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ForcedRelease {
@@ -51,10 +68,25 @@ pub trait ForceReleaseAudit: Send + Sync + 'static {
     ) -> BoxFuture<'_, Result<(), Box<dyn std::error::Error + Send + Sync>>>;
 }
 
+/// A failure of the force release request table.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ForceDbError {
+    /// No connection could be had from the pool.
+    #[error("no database connection")]
+    Pool(#[from] deadpool_postgres::PoolError),
+    /// The database answered with an error.
+    #[error("database error")]
+    Postgres(#[from] tokio_postgres::Error),
+    /// A stored target list could not be read.
+    #[error("corrupt force release targets")]
+    CorruptTargets(#[from] serde_json::Error),
+}
+
 /// The two-person force release of a service: the request table and the audit sink.
 #[derive(Clone)]
 pub struct ForceReleases {
-    pub(super) client: Arc<tokio_postgres::Client>,
+    pool: Pool,
     pub(super) audit: Arc<dyn ForceReleaseAudit>,
 }
 
@@ -65,20 +97,33 @@ impl std::fmt::Debug for ForceReleases {
 }
 
 impl ForceReleases {
-    /// Requests kept in the `force_release_request` table through `client` (whose
-    /// connection the caller drives); approved releases recorded in `audit`.
-    pub fn new(client: Arc<tokio_postgres::Client>, audit: Arc<dyn ForceReleaseAudit>) -> Self {
-        ForceReleases { client, audit }
+    /// Requests kept in the `force_release_request` table, through connections of
+    /// `pool`; approved releases recorded in `audit`. A statement that fails because its
+    /// connection was closed or ended by the server is run again on another connection,
+    /// up to three times in all (a statement the server ended was not committed).
+    pub fn new(pool: Pool, audit: Arc<dyn ForceReleaseAudit>) -> Self {
+        ForceReleases { pool, audit }
     }
 
-    /// Creates the request table if it does not exist ([`FORCE_RELEASE_MIGRATION`]).
+    /// Creates or completes the request table ([`FORCE_RELEASE_MIGRATION`]).
     ///
     /// # Errors
     ///
-    /// The database's error.
-    pub async fn migrate(&self) -> Result<(), tokio_postgres::Error> {
-        self.client.batch_execute(FORCE_RELEASE_MIGRATION).await
+    /// [`ForceDbError`].
+    pub async fn migrate(&self) -> Result<(), ForceDbError> {
+        let client = self.pool.get().await?;
+        client.batch_execute(FORCE_RELEASE_MIGRATION).await?;
+        Ok(())
     }
+}
+
+/// One hold an approval found, to be deleted.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct Target {
+    pub(super) lease: LeaseId,
+    pub(super) mode: Mode,
+    pub(super) grant_rev: Revision,
+    pub(super) token: FencingToken,
 }
 
 /// A stored request.
@@ -89,6 +134,45 @@ pub(super) struct StoredRequest {
     pub(super) requester: String,
     pub(super) reason: String,
     pub(super) approver: Option<String>,
+    pub(super) targets: Option<Vec<Target>>,
+    pub(super) executed: bool,
+}
+
+/// Whether `e` says the connection, not the statement, failed: closed, or ended by the
+/// server (`pg_terminate_backend`, a restart: SQLSTATE 57P01..57P03). Classified by
+/// SQLSTATE, never by message text.
+fn connection_gone(e: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    e.is_closed()
+        || e.code().is_some_and(|c| {
+            [
+                SqlState::ADMIN_SHUTDOWN,
+                SqlState::CRASH_SHUTDOWN,
+                SqlState::CANNOT_CONNECT_NOW,
+            ]
+            .contains(c)
+        })
+}
+
+/// Runs `$body` with a pooled client bound to `$c`; up to twice more, each time on
+/// another connection, while the connection turns out gone (the pool may still hold
+/// other connections the server ended at the same time).
+macro_rules! with_client {
+    ($self:ident, |$c:ident| $body:expr) => {{
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let $c = $self.pool.get().await?;
+            match $body.await {
+                Err(e) if attempt < 3 && connection_gone(&e) => {
+                    tracing::warn!(error = %e, "force release database connection closed; retrying");
+                    // Not returned to the pool: it is dead.
+                    let _ = deadpool_postgres::Object::take($c);
+                }
+                other => break other.map_err(ForceDbError::from),
+            }
+        }
+    }};
 }
 
 impl ForceReleases {
@@ -99,55 +183,69 @@ impl ForceReleases {
         key: &str,
         requester: &str,
         reason: &str,
-    ) -> Result<String, tokio_postgres::Error> {
-        let row = self
-            .client
-            .query_one(
-                "INSERT INTO force_release_request (id, namespace, class, key, requester, reason) \
-                 VALUES (gen_random_uuid()::text, $1, $2, $3, $4, $5) RETURNING id",
-                &[&ns, &class, &key, &requester, &reason],
-            )
-            .await?;
+    ) -> Result<String, ForceDbError> {
+        let row = with_client!(self, |c| c.query_one(
+            "INSERT INTO force_release_request (id, namespace, class, key, requester, reason) \
+             VALUES (gen_random_uuid()::text, $1, $2, $3, $4, $5) RETURNING id",
+            &[&ns, &class, &key, &requester, &reason],
+        ))?;
         Ok(row.get(0))
     }
 
-    pub(super) async fn get(
-        &self,
-        id: &str,
-    ) -> Result<Option<StoredRequest>, tokio_postgres::Error> {
-        let row = self
-            .client
-            .query_opt(
-                "SELECT namespace, class, key, requester, reason, approver \
-                 FROM force_release_request WHERE id = $1",
-                &[&id],
-            )
-            .await?;
-        Ok(row.map(|r| StoredRequest {
+    pub(super) async fn get(&self, id: &str) -> Result<Option<StoredRequest>, ForceDbError> {
+        let row = with_client!(self, |c| c.query_opt(
+            "SELECT namespace, class, key, requester, reason, approver, targets, \
+             executed_at IS NOT NULL FROM force_release_request WHERE id = $1",
+            &[&id],
+        ))?;
+        let Some(r) = row else { return Ok(None) };
+        let targets: Option<String> = r.get(6);
+        Ok(Some(StoredRequest {
             namespace: r.get(0),
             class: r.get(1),
             key: r.get(2),
             requester: r.get(3),
             reason: r.get(4),
             approver: r.get(5),
+            targets: targets.map(|t| serde_json::from_str(&t)).transpose()?,
+            executed: r.get(7),
         }))
     }
 
     /// Marks the request approved by `approver` if it is still pending and `approver` is
     /// not its requester; whether this call did it (one approval wins across replicas).
-    pub(super) async fn claim(
+    pub(super) async fn claim(&self, id: &str, approver: &str) -> Result<bool, ForceDbError> {
+        let n = with_client!(self, |c| c.execute(
+            "UPDATE force_release_request SET approver = $2, approved_at = now() \
+             WHERE id = $1 AND approver IS NULL AND requester <> $2",
+            &[&id, &approver],
+        ))?;
+        Ok(n == 1)
+    }
+
+    /// Stores `targets` unless the request already has a list; the stored list.
+    pub(super) async fn fix_targets(
         &self,
         id: &str,
-        approver: &str,
-    ) -> Result<bool, tokio_postgres::Error> {
-        let n = self
-            .client
-            .execute(
-                "UPDATE force_release_request SET approver = $2, approved_at = now() \
-                 WHERE id = $1 AND approver IS NULL AND requester <> $2",
-                &[&id, &approver],
-            )
-            .await?;
-        Ok(n == 1)
+        targets: &[Target],
+    ) -> Result<Vec<Target>, ForceDbError> {
+        let json = serde_json::to_string(targets)?;
+        let row = with_client!(self, |c| c.query_one(
+            "UPDATE force_release_request SET targets = COALESCE(targets, $2) \
+             WHERE id = $1 RETURNING targets",
+            &[&id, &json],
+        ))?;
+        let stored: String = row.get(0);
+        Ok(serde_json::from_str(&stored)?)
+    }
+
+    /// Records that every target was handled.
+    pub(super) async fn mark_executed(&self, id: &str) -> Result<(), ForceDbError> {
+        with_client!(self, |c| c.execute(
+            "UPDATE force_release_request SET executed_at = COALESCE(executed_at, now()) \
+             WHERE id = $1",
+            &[&id],
+        ))?;
+        Ok(())
     }
 }

@@ -12,7 +12,7 @@
 //!
 //! | method and path | body | answer |
 //! |---|---|---|
-//! | `POST /v1/sessions` | `{"ttl_ms"}` | 201 `{"session","spiffe_id","ttl_ms","opened_rev"}` |
+//! | `POST /v1/sessions` | `{"ttl_ms","namespace"?}` | 201 `{"session","spiffe_id","ttl_ms","opened_rev","namespace"}` |
 //! | `POST /v1/sessions/{session}/keepalive` | none | 200 `{"ttl_ms"}` |
 //! | `DELETE /v1/sessions/{session}` | none | 204; every hold of the session ends |
 //! | `POST /v1/locks/acquire` | `{"session","namespace","class","key","mode","wait_ms","holder_meta"?}` | 200 `{"token","grant_rev",...}` |
@@ -68,15 +68,19 @@
 //!
 //! # Quotas (per namespace)
 //!
-//! `held_lease_quota` ([`Namespace`](crate::Namespace)): at most that many holds and
-//! waits of the namespace at once, across all replicas. Each acquire takes a slot (a key
+//! `held_lease_quota` ([`Namespace`](crate::Namespace)): at most that many sessions
+//! opened with the namespace, holds and waits of the namespace at once, across all
+//! replicas. A session opened with `"namespace"` takes a slot for as long as its lease
+//! lives (caller granted some class of the namespace, or its admin; over the quota: 429
+//! and the session is revoked at once). Each acquire takes a slot (a key
 //! `<root>quota/<ns>/...` on the session's lease) before it waits; the slot is deleted
 //! when the wait fails, when the hold is released, or with the session's lease (closed,
 //! or expired: it stops counting within one TTL). Taking a slot counts the namespace's
 //! slots at a revision and creates the new one in a Txn that compares the whole slot
 //! range against that revision, so concurrent acquires through any replicas never
 //! exceed the quota. Over the quota: 429 `quota-exceeded`, naming `held_lease_quota`.
-//! Sessions count through their holds and waits (a session names no namespace). A
+//! A session opened without a namespace counts only through its holds and waits (it
+//! may lock in several namespaces). A
 //! lowered quota refuses new slots until the count is below it; existing holds stay.
 //! A hold force-released keeps its slot until its session releases it or ends.
 //!
@@ -94,10 +98,21 @@
 //! (reason 1 to 1024 bytes); a *different* admin approves it: the requester approving
 //! their own request is 403 `forbidden`, a second approval 409 `already-approved` (the
 //! approval is one conditional `UPDATE`, so only one replica wins). Only on approval
-//! is every current hold of the key deleted ([`Locker::force_release`], one Txn per hold,
-//! marked as forced), and each deletion recorded through the [`ForceReleaseAudit`] with
-//! the revision of its Txn, requester, approver, reason and whether the class was
+//! is every current hold of the key deleted ([`Locker::force_release_grant`], one Txn per
+//! hold, marked as forced), and each deletion recorded through the [`ForceReleaseAudit`]
+//! with the revision of its Txn, requester, approver, reason and whether the class was
 //! fenced. An approval that finds no holder deletes nothing and answers `released: []`.
+//!
+//! etcd calls of an approval go through the shared retry (a dead member is left for
+//! the others). If etcd or the database still fails after the approval is recorded, the
+//! answer is the failure (503, 502...) and the request stays approved but not executed:
+//! the holds it found are stored with it before any is deleted, and approving it again
+//! (the approver or another admin of the namespace, never the requester) deletes those
+//! that remain, each at most once (the delete compares the hold's grant revision, so a
+//! later holder of the key is never touched), and records each in the audit trail once.
+//! Only an executed request answers 409 `already-approved`. The request table is used
+//! through a connection pool (deadpool-postgres); a statement whose connection the
+//! server ended is run again on another connection.
 //!
 //! **The window after a force release.** The deleted holder's token is still the highest
 //! any resource has seen until the *next* holder writes with its (higher) token. Until
@@ -138,7 +153,9 @@ use axum::Router;
 use tokio::net::TcpListener;
 
 pub use authz::{Authz, AuthzConfig, AuthzError, Grant, NamespaceRules};
-pub use force::{ForceReleaseAudit, ForceReleases, ForcedRelease, FORCE_RELEASE_MIGRATION};
+pub use force::{
+    ForceDbError, ForceReleaseAudit, ForceReleases, ForcedRelease, FORCE_RELEASE_MIGRATION,
+};
 pub use identity::{PeerIdentity, DEV_IDENTITY_HEADER};
 pub use problem::{Problem, ProblemKind};
 #[cfg(feature = "tls")]

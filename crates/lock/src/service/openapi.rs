@@ -88,7 +88,8 @@ macro_rules! problems {
 
 problems! {
     /// `POST /v1/sessions`.
-    OpenProblems { body: true, kinds: [InvalidInput, Unauthenticated, QuorumLost, Upstream, Internal] }
+    OpenProblems { body: true, kinds: [InvalidInput, Unauthenticated, Forbidden, NotFound,
+        QuotaExceeded, QuorumLost, Upstream, Internal] }
     /// `POST /v1/sessions/{session}/keepalive`.
     KeepaliveProblems { body: false, kinds: [InvalidInput, Unauthenticated, Forbidden, NotFound,
         SessionLost, QuorumLost, Upstream, Internal] }

@@ -1,7 +1,9 @@
-//! `held_lease_quota`: slots in etcd, one per hold or wait of a namespace.
+//! `held_lease_quota`: slots in etcd, one per session opened with the namespace and one
+//! per hold or wait of the namespace.
 //!
-//! A slot is the key `<root>quota/<ns>/<session>/<mode>/<class>/<escaped key>`, put on
-//! the session's lease. It is taken before an acquire starts waiting and deleted when
+//! A hold's or wait's slot is the key `<root>quota/<ns>/<session>/<mode>/<class>/<escaped
+//! key>`, a session's `<root>quota/<ns>/<session>/session`, both put on the session's
+//! lease. It is taken before an acquire starts waiting and deleted when
 //! the wait fails, when the hold is released (whatever the release answers), or, with
 //! the lease, when the session is closed or expires. Taking one is optimistic and
 //! atomic across replicas: count the namespace's slots at revision R; if fewer than the
@@ -101,9 +103,43 @@ pub(super) async fn take(
     quota: u32,
     deadline: Instant,
 ) -> Result<Slot, Problem> {
-    let prefix = locker.inner.keys.quota(&name.ns);
-    let end = prefix_end(&prefix);
     let key = slot_key(locker, name, lease, mode);
+    take_key(locker, &name.ns, key, lease, quota, deadline).await
+}
+
+/// The slot of a session opened with a namespace:
+/// `<root>quota/<ns>/<session>/session`.
+pub(super) fn session_slot_key(locker: &Locker, ns: &str, lease: LeaseId) -> String {
+    format!("{}{lease}/session", locker.inner.keys.quota(ns))
+}
+
+/// Takes the slot of a session opened with namespace `ns` (it lives as long as the
+/// session's lease), if fewer than `quota` slots of `ns` are taken.
+///
+/// # Errors
+///
+/// As [`take`].
+pub(super) async fn take_session(
+    locker: &Locker,
+    ns: &str,
+    lease: LeaseId,
+    quota: u32,
+    deadline: Instant,
+) -> Result<Slot, Problem> {
+    let key = session_slot_key(locker, ns, lease);
+    take_key(locker, ns, key, lease, quota, deadline).await
+}
+
+async fn take_key(
+    locker: &Locker,
+    ns: &str,
+    key: String,
+    lease: LeaseId,
+    quota: u32,
+    deadline: Instant,
+) -> Result<Slot, Problem> {
+    let prefix = locker.inner.keys.quota(ns);
+    let end = prefix_end(&prefix);
     // Every etcd call goes through the shared retry, which moves a request off a dead
     // member (etcd-client keeps sending some requests to it) until the deadline.
     let per_request = locker.inner.request_timeout;
@@ -126,8 +162,7 @@ pub(super) async fn take(
             return Err(Problem::new(
                 ProblemKind::QuotaExceeded,
                 format!(
-                    "held_lease_quota of namespace {} reached: {quota} holds and waits",
-                    name.ns
+                    "held_lease_quota of namespace {ns} reached: {quota} sessions, holds and waits"
                 ),
             ));
         }

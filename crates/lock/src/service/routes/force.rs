@@ -11,7 +11,7 @@ use super::extract::{Body, PathArgs};
 use super::{forbidden, ApiResult, AppState};
 use crate::locker::LockName;
 use crate::model::{Enforcement, Mode};
-use crate::service::force::{ForceReleases, ForcedRelease};
+use crate::service::force::{ForceDbError, ForceReleases, ForcedRelease, Target};
 use crate::service::identity::Caller;
 use crate::service::openapi::{ApproveForceProblems, RequestForceProblems};
 use crate::service::problem::{Problem, ProblemKind};
@@ -26,8 +26,8 @@ fn force_of(state: &AppState) -> ApiResult<&ForceReleases> {
     })
 }
 
-fn db_problem(e: &tokio_postgres::Error) -> Problem {
-    tracing::error!(error = %e, "force release database error");
+fn db_problem(e: &ForceDbError) -> Problem {
+    tracing::error!(error = ?e, "force release database error");
     Problem::new(ProblemKind::Upstream, "the force release database failed")
 }
 
@@ -139,11 +139,14 @@ pub(super) struct ApproveView {
 }
 
 /// Approves a force release (a different admin of the namespace): every current hold
-/// of the key is deleted and recorded in the audit trail.
+/// of the key is deleted and recorded in the audit trail. If that fails part way (etcd
+/// or the database unavailable), the request stays approved but not executed, and
+/// approving it again (any admin of the namespace but the requester) finishes it,
+/// deleting each hold the first approval found at most once.
 #[utoipa::path(post, path = "/v1/force-releases/{id}/approve", tag = "force release",
     params(("id" = String, Path, description = "the request id")),
-    responses((status = 200, description = "approved and executed", body = ApproveView),
-        ApproveForceProblems))]
+    responses((status = 200, description = "approved and executed (`released`: the holds this call deleted)",
+        body = ApproveView), ApproveForceProblems))]
 pub(super) async fn approve_force_release(
     State(state): State<AppState>,
     caller: Caller,
@@ -156,14 +159,17 @@ pub(super) async fn approve_force_release(
             "no force release request with this id",
         )
     };
+    let already = || {
+        Problem::new(
+            ProblemKind::AlreadyApproved,
+            "this request was already approved and executed",
+        )
+    };
     if id.is_empty() || id.len() > 64 {
         return Err(not_found());
     }
-    let req = force
-        .get(&id)
-        .await
-        .map_err(|e| db_problem(&e))?
-        .ok_or_else(not_found)?;
+    let db = |e: ForceDbError| db_problem(&e);
+    let mut req = force.get(&id).await.map_err(db)?.ok_or_else(not_found)?;
     if !state.authz.current().is_ns_admin(&req.namespace, &caller.0) {
         return Err(forbidden(
             "only admins of the namespace approve force releases",
@@ -174,17 +180,17 @@ pub(super) async fn approve_force_release(
             "a force release needs a second admin: the requester cannot approve it",
         ));
     }
-    if req.approver.is_some()
-        || !force
-            .claim(&id, caller.0.as_str())
-            .await
-            .map_err(|e| db_problem(&e))?
-    {
-        return Err(Problem::new(
-            ProblemKind::AlreadyApproved,
-            "this request was already approved",
-        ));
+    if req.approver.is_none() && !force.claim(&id, caller.0.as_str()).await.map_err(db)? {
+        // Another approval won the race: go on with what it recorded.
+        req = force.get(&id).await.map_err(db)?.ok_or_else(not_found)?;
     }
+    if req.executed {
+        return Err(already());
+    }
+    let approver = req
+        .approver
+        .clone()
+        .unwrap_or_else(|| caller.0.as_str().to_owned());
     let class = state
         .locker
         .config()
@@ -192,7 +198,23 @@ pub(super) async fn approve_force_release(
         .await?;
     let class_was_fenced = class.enforcement == Enforcement::Fenced;
     let name = LockName::new(req.namespace, req.class, req.key);
-    let lock = state.locker.lock_state(&name).await?;
+    let targets = match req.targets {
+        Some(t) => t,
+        None => {
+            let lock = state.locker.lock_state(&name).await?;
+            let found: Vec<Target> = lock
+                .holders
+                .into_iter()
+                .map(|h| Target {
+                    lease: h.lease,
+                    mode: h.mode,
+                    grant_rev: h.grant_rev,
+                    token: h.token,
+                })
+                .collect();
+            force.fix_targets(&id, &found).await.map_err(db)?
+        }
+    };
     let marker = crate::force::ForceMarker {
         request_id: id.clone(),
         requester: req.requester.clone(),
@@ -200,23 +222,23 @@ pub(super) async fn approve_force_release(
     };
     let cluster_id = state.locker.epoch().0.cluster_id;
     let mut released = Vec::new();
-    for h in lock.holders {
+    for (i, t) in targets.iter().enumerate() {
         let revision = match state
             .locker
-            .force_release(&name, h.lease, h.mode, &marker)
+            .force_release_grant(&name, t.lease, t.mode, t.grant_rev, &marker)
             .await
         {
             Ok(rev) => rev,
-            // Released or expired since the read: nothing to force.
+            // Deleted by an earlier attempt, or released or expired since: nothing to do.
             Err(e) if e.kind() == &crate::error::ErrorKind::NotHeld => continue,
             Err(e) => return Err(e.into()),
         };
-        let request_id = if released.is_empty() {
+        let request_id = if i == 0 {
             id.clone()
         } else {
-            format!("{id}.{}", released.len())
+            format!("{id}.{i}")
         };
-        tracing::warn!(%request_id, %revision, requester = %req.requester, approver = caller.0.as_str(), "hold force-released");
+        tracing::warn!(%request_id, %revision, requester = %req.requester, approver = %approver, "hold force-released");
         force
             .audit
             .record(ForcedRelease {
@@ -225,7 +247,7 @@ pub(super) async fn approve_force_release(
                 revision,
                 lock_key: name.key.clone(),
                 requester: req.requester.clone(),
-                approver: caller.0.as_str().to_owned(),
+                approver: approver.clone(),
                 reason: req.reason.clone(),
                 class_was_fenced,
                 at: std::time::SystemTime::now(),
@@ -239,16 +261,17 @@ pub(super) async fn approve_force_release(
                 )
             })?;
         released.push(ReleasedView {
-            session: h.lease.to_string(),
-            mode: h.mode,
-            token: h.token,
+            session: t.lease.to_string(),
+            mode: t.mode,
+            token: t.token,
             revision,
         });
     }
+    force.mark_executed(&id).await.map_err(db)?;
     Ok(Json(ApproveView {
         id,
         requester: req.requester,
-        approver: caller.0.as_str().to_owned(),
+        approver,
         class_was_fenced,
         released,
     }))

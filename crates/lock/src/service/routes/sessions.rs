@@ -10,10 +10,11 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::extract::{Body, PathArgs};
-use super::{ms, owned_session, ApiResult, AppState, Expiry};
+use super::{forbidden, ms, not_a_namespace, owned_session, ApiResult, AppState, Expiry};
 use crate::service::identity::Caller;
 use crate::service::openapi::{CloseProblems, KeepaliveProblems, OpenProblems};
 use crate::service::problem::{Problem, ProblemKind};
+use crate::service::quota;
 use crate::Revision;
 
 /// Opens a session.
@@ -23,6 +24,12 @@ pub(super) struct OpenSessionBody {
     /// The lease TTL in ms: a whole number of seconds, from 1000 to the service's
     /// maximum (default 1 h).
     ttl_ms: u64,
+    /// If given, the session counts against this namespace's `held_lease_quota` for as
+    /// long as its lease lives (the caller must be granted some class of it, or
+    /// administer it). Without it the session counts through its holds and waits only.
+    #[serde(default)]
+    #[schema(pattern = "^[a-z0-9][a-z0-9_-]{0,62}$")]
+    namespace: Option<String>,
 }
 
 /// A session: an etcd lease owned by one SPIFFE ID.
@@ -38,6 +45,8 @@ pub(super) struct SessionView {
     /// The etcd revision at which the session was recorded.
     #[schema(value_type = u64)]
     opened_rev: Revision,
+    /// The namespace whose quota the session counts against, if any.
+    namespace: Option<String>,
 }
 
 /// Opens a session for the caller.
@@ -59,7 +68,36 @@ pub(super) async fn open_session(
             ),
         ));
     }
+    let quota = match &body.namespace {
+        Some(ns) => {
+            crate::model::validate_name(ns)?;
+            if !state.authz.current().may_use_namespace(ns, &caller.0) {
+                return Err(forbidden("not allowed to use this namespace"));
+            }
+            let namespace = state
+                .locker
+                .config()
+                .namespace(ns)
+                .await?
+                .ok_or_else(not_a_namespace)?;
+            Some(namespace.held_lease_quota)
+        }
+        None => None,
+    };
     let record = state.locker.open_detached_session(caller.0, ttl).await?;
+    if let (Some(ns), Some(quota)) = (&body.namespace, quota) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        match quota::take_session(&state.locker, ns, record.lease, quota, deadline).await {
+            Ok(slot) => slot.keep(),
+            Err(problem) => {
+                // No slot, no session: nothing of it stays.
+                if let Err(e) = state.locker.revoke_session(record.lease).await {
+                    tracing::warn!(error = %e, "session over quota not revoked; it expires");
+                }
+                return Err(problem);
+            }
+        }
+    }
     Ok((
         StatusCode::CREATED,
         Json(SessionView {
@@ -67,6 +105,7 @@ pub(super) async fn open_session(
             spiffe_id: record.spiffe_id.as_str().to_owned(),
             ttl_ms: ms(record.ttl),
             opened_rev: record.opened_rev,
+            namespace: body.namespace,
         }),
     ))
 }
