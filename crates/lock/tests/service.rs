@@ -865,17 +865,14 @@ mod mtls {
             .unwrap();
             assert_problem(&r, 401, "unauthenticated");
         }
-        // No client certificate, or one from another CA: the handshake is refused.
-        assert!(tls_call(
-            addr,
-            &pki.ca,
-            None,
-            "POST",
-            "/v1/sessions",
-            json!({ "ttl_ms": 5000 })
-        )
-        .await
-        .is_err());
+        // No client certificate: 401 on every route, metrics included.
+        let r = tls_call(addr, &pki.ca, None, "POST", "/v1/sessions", json!({ "ttl_ms": 5000 }))
+            .await
+            .unwrap();
+        assert_problem(&r, 401, "unauthenticated");
+        let r = tls_call(addr, &pki.ca, None, "GET", "/metrics", json!(null)).await.unwrap();
+        assert_problem(&r, 401, "unauthenticated");
+        // A certificate from another CA: the handshake is refused.
         let rogue = Pki::new("rogue CA").leaf(&[OWNER]);
         assert!(tls_call(
             addr,

@@ -9,9 +9,9 @@ use std::fmt;
 pub enum ClientErrorKind {
     /// `invalid-input` (400, 405, 413, 415, 422).
     InvalidInput,
-    /// `unauthenticated` (401: a certificate without exactly one SPIFFE ID, or no dev
-    /// identity); or, with no HTTP status, the service refused the mTLS handshake (no
-    /// client certificate, or one that does not chain to the service's client CAs).
+    /// `unauthenticated` (401: no client certificate, a certificate without exactly one
+    /// SPIFFE ID, or no dev identity); or, with no HTTP status, the service refused the
+    /// mTLS handshake (a client certificate that does not chain to its client CAs).
     Unauthenticated,
     /// `forbidden` (403).
     Forbidden,

@@ -29,10 +29,10 @@
 //! and the client's certificate and key, from PEM files or memory; rustls with the
 //! `ring` provider), where the caller is the SPIFFE ID in the client certificate's URI
 //! SAN; or plain HTTP to a service in dev mode ([`Client::new`] and
-//! [`Client::with_dev_identity`]). The service refuses a handshake without a client
-//! certificate, or with one from another CA: requests then fail with
-//! [`ClientErrorKind::Unauthenticated`] and no HTTP status; a certificate without a
-//! SPIFFE ID gets 401, the same kind.
+//! [`Client::with_dev_identity`]). The service refuses a handshake with a client
+//! certificate from another CA: requests then fail with
+//! [`ClientErrorKind::Unauthenticated`] and no HTTP status; no client certificate, or
+//! one without a SPIFFE ID, gets 401, the same kind.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), palisade_lock::client::ClientError> {

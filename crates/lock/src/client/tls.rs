@@ -18,7 +18,7 @@ use super::error::{ClientError, ClientErrorKind};
 /// address SAN), as for any HTTPS server.
 ///
 /// Without a client certificate ([`ClientTls::with_identity`] not called) the service
-/// refuses the handshake; requests then fail with
+/// answers every request with 401; requests then fail with
 /// [`ClientErrorKind::Unauthenticated`].
 ///
 /// ```no_run

@@ -60,8 +60,9 @@
 //! # Identity and authorization
 //!
 //! The caller is a SPIFFE ID from the transport ([`PeerIdentity`], set by the mTLS
-//! acceptor of `serve_tls`, feature `tls`: no client certificate -> the handshake is
-//! refused; a certificate without exactly one SPIFFE URI SAN -> 401), or, only with [`ServiceOptions::insecure_dev_identity`], from the
+//! acceptor of `serve_tls`, feature `tls`: no client certificate, or a certificate
+//! without exactly one SPIFFE URI SAN -> 401 on every route; a certificate that does not
+//! chain to the client CAs -> the handshake is refused), or, only with [`ServiceOptions::insecure_dev_identity`], from the
 //! [`DEV_IDENTITY_HEADER`]. No identity, or the dev header without dev mode: 401. What a
 //! caller may do comes from [`Authz`] (TOML, reloadable). Sessions belong to the identity
 //! that opened them: keepalive, acquire, release and close by anyone else are 403.

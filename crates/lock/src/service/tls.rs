@@ -1,10 +1,14 @@
 //! mTLS (feature `tls`): rustls with the `ring` provider, client certificates required.
 //!
-//! - The handshake requires a client certificate that chains to one of the configured
-//!   roots: a client without one, or with one from another CA, is refused **in the TLS
-//!   handshake** (no HTTP response at all).
+//! - A client certificate that does not chain to one of the configured roots (another
+//!   CA, expired, not for client auth) is refused **in the TLS handshake** (no HTTP
+//!   response at all).
+//! - A client that presents no certificate completes the handshake and gets **401**
+//!   `unauthenticated` on every request, whatever the route (`/metrics` and the OpenAPI
+//!   document included): the rule "no certificate -> 401", with a problem body
+//!   that says what is missing instead of a bare TLS alert.
 //! - A verified certificate whose URI SAN is not a SPIFFE ID (or that has none, or more
-//!   than one) gets **401** `unauthenticated` on every request.
+//!   than one) gets the same **401** on every request.
 //! - Otherwise the caller is the SPIFFE ID of the URI SAN ([`PeerIdentity`]).
 
 use std::sync::Arc;
@@ -19,6 +23,7 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use super::identity::PeerIdentity;
+use super::problem::{Problem, ProblemKind};
 use super::{router, ServeError, ServiceOptions};
 use crate::locker::Locker;
 use crate::model::SpiffeId;
@@ -35,8 +40,9 @@ pub enum TlsConfigError {
     Verifier(#[from] rustls::server::VerifierBuilderError),
 }
 
-/// A rustls server config that requires client certificates chaining to `client_roots`,
-/// and presents `chain` / `key`.
+/// A rustls server config that verifies client certificates against `client_roots`
+/// (a connection without one is accepted, and [`serve_tls`] answers its requests with
+/// 401), and presents `chain` / `key`.
 ///
 /// # Errors
 ///
@@ -52,7 +58,9 @@ pub fn server_config(
         roots.add(root)?;
     }
     let verifier =
-        WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone()).build()?;
+        WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+            .allow_unauthenticated()
+            .build()?;
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .with_client_cert_verifier(verifier)
@@ -75,6 +83,17 @@ pub fn spiffe_id_of(cert: &CertificateDer<'_>) -> Option<SpiffeId> {
         return None;
     }
     SpiffeId::new(first).ok()
+}
+
+/// The whole service as a connection without a usable client certificate sees it: 401
+/// `unauthenticated` on every route.
+fn unauthenticated() -> Router {
+    Router::new().fallback(|| async {
+        Problem::new(
+            ProblemKind::Unauthenticated,
+            "no caller identity: a client certificate with a SPIFFE ID URI SAN is required",
+        )
+    })
 }
 
 /// Serves the API over mTLS on `listener` until accepting fails. Each connection's
@@ -110,7 +129,7 @@ pub async fn serve_tls(
                 .and_then(spiffe_id_of);
             let app: Router = match id {
                 Some(id) => app.layer(Extension(PeerIdentity(id))),
-                None => app,
+                None => unauthenticated(),
             };
             let service = TowerToHyperService::new(app);
             if let Err(e) = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
