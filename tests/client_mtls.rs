@@ -254,3 +254,28 @@ fn client_tls_settings_errors_are_typed_config() {
     let e = Client::new("https://127.0.0.1:1").unwrap_err();
     assert_eq!(e.kind(), &ClientErrorKind::Config);
 }
+
+#[tokio::test]
+async fn etcd_client_sessions_opened_in_a_namespace_count_against_its_quota() {
+    let f = fixture().await;
+    let mut ns = Namespace::new("ns", "t");
+    ns.held_lease_quota = 2;
+    f.locker.config().put_namespace(&ns).await.unwrap();
+    let client = client_with(&f, &[OWNER]);
+    let ttl = Duration::from_secs(5);
+    let first = client.open_session_in("ns", ttl).await.unwrap();
+    let second = client.open_session_in("ns", ttl).await.unwrap();
+    let e = client.open_session_in("ns", ttl).await.unwrap_err();
+    assert_eq!((e.kind(), e.status()), (&ClientErrorKind::QuotaExceeded, Some(429)), "{e}");
+    // A session without a namespace takes no slot of its own.
+    let free = client.open_session(ttl).await.unwrap();
+    // Closing one frees its slot at once.
+    first.close().await.unwrap();
+    let third = client.open_session_in("ns", ttl).await.unwrap();
+    // A namespace the caller has no grant in: 403, no session.
+    let e = client.open_session_in("nope", ttl).await.unwrap_err();
+    assert_eq!((e.kind(), e.status()), (&ClientErrorKind::Forbidden, Some(403)), "{e}");
+    for s in [second, third, free] {
+        s.close().await.unwrap();
+    }
+}

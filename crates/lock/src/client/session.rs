@@ -92,11 +92,30 @@ impl Client {
     }
 
     /// Opens a session with a lease of `ttl` (whole seconds) and starts its keepalive.
+    /// The session names no namespace: it counts against a namespace's
+    /// `held_lease_quota` only through its holds and waits (see [`Client::open_session_in`]).
     ///
     /// # Errors
     ///
     /// [`ClientError`] with the service's problem kind, or a transport error.
     pub async fn open_session(&self, ttl: Duration) -> Result<ClientSession, ClientError> {
+        self.open(ttl, None).await
+    }
+
+    /// Opens a session in `namespace`: the session itself takes one slot of that
+    /// namespace's `held_lease_quota` for as long as it lives (the service's rule), and
+    /// starts its keepalive.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::open_session`]; also [`ClientErrorKind::QuotaExceeded`](super::ClientErrorKind::QuotaExceeded)
+    /// when the namespace's quota is full, `Forbidden` when the caller may not use the
+    /// namespace, `NotFound` when it does not exist.
+    pub async fn open_session_in(&self, namespace: &str, ttl: Duration) -> Result<ClientSession, ClientError> {
+        self.open(ttl, Some(namespace)).await
+    }
+
+    async fn open(&self, ttl: Duration, namespace: Option<&str>) -> Result<ClientSession, ClientError> {
         #[derive(Deserialize)]
         struct Opened {
             session: String,
@@ -108,7 +127,13 @@ impl Client {
             .send(
                 "POST",
                 "/v1/sessions",
-                Some(json!({ "ttl_ms": u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX) })),
+                Some(match namespace {
+                    None => json!({ "ttl_ms": u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX) }),
+                    Some(ns) => json!({
+                        "ttl_ms": u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+                        "namespace": ns,
+                    }),
+                }),
             )
             .await?;
         let ttl = Duration::from_millis(opened.ttl_ms);
