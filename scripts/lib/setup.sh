@@ -21,6 +21,9 @@ palisade_install_deps() {
     command -v pg_isready >/dev/null || missing+=(postgresql-client)
     # The audit dashboard's browser test runs Debian's headless Chromium.
     command -v chromium >/dev/null || missing+=(chromium)
+    # The chaos harness runs a private PostgreSQL cluster of its own (initdb, pg_ctl):
+    # the server binaries are needed even when a PostgreSQL already answers on 5432.
+    compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing+=(postgresql)
     if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
     # The etcd-server package starts a system etcd on the default ports; tests and the demo
     # run their own members on free ports, so a system one is only in the way.
