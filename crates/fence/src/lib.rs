@@ -33,7 +33,7 @@
 //! | feature | default | gives |
 //! |---|---|---|
 //! | *(none)* | | [`FencingToken`] and its parts, [`HighWaterStore`] |
-//! | `memory` | yes | [`MemoryStore`] (moka) |
+//! | `memory` | yes | [`MemoryStore`] (std only) |
 //! | `tower` | yes | [`FenceLayer`], [`FencingTokenLayer`] (tower, http) |
 //! | `postgres` | no | [`PostgresStore`], the conditional-write helper, `ToSql`/`FromSql` for tokens (tokio-postgres, moka) |
 

@@ -107,22 +107,39 @@ where
     ResBody: From<Bytes>,
 {
     let Pending { mut inner, mut request, resource, token, enforcement, config } = p;
+    match verdict(&config, &mut request, resource, token, enforcement, outcome) {
+        Some(response) => State::Rejected { response: Some(response) },
+        None => State::Inner { future: inner.call(request) },
+    }
+}
+
+/// Applies the store's answer to a request: reports it, and either returns the refusal
+/// or (admitted, or advisory) marks the request with [`VerifiedToken`] when admitted and
+/// returns `None` to let it through.
+pub(crate) fn verdict<ReqBody, ResBody: From<Bytes>>(
+    config: &Config,
+    request: &mut Request<ReqBody>,
+    resource: String,
+    token: FencingToken,
+    enforcement: Enforcement,
+    outcome: Result<Raise, crate::StoreError>,
+) -> Option<Response<ResBody>> {
     let (refusal, outcome, highest) = match outcome {
         Ok(Raise::Admitted) => (None, WriteOutcome::Admitted, None),
         Ok(Raise::Stale { highest }) => (Some(RejectionKind::StaleToken), WriteOutcome::Stale, Some(highest)),
         Err(_) => (Some(RejectionKind::StoreUnavailable), WriteOutcome::StoreUnavailable, None),
     };
-    config.observe(&request, &resource, Some(token), highest, outcome, enforcement);
+    config.observe(request, &resource, Some(token), highest, outcome, enforcement);
     match (enforcement, refusal) {
         (Enforcement::Fenced, Some(kind)) => {
             let rejection = Rejection { kind, resource, token: Some(token), highest };
-            State::Rejected { response: Some(rejection.into_response(config.respond.as_deref())) }
+            Some(rejection.into_response(config.respond.as_deref()))
         }
         (_, _) => {
             if outcome == WriteOutcome::Admitted {
                 request.extensions_mut().insert(VerifiedToken { token, resource });
             }
-            State::Inner { future: inner.call(request) }
+            None
         }
     }
 }

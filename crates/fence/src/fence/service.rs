@@ -6,7 +6,7 @@ use bytes::Bytes;
 use http::{HeaderMap, Request, Response};
 use tower::Service;
 
-use super::future::ResponseFuture;
+use super::future::{verdict, ResponseFuture};
 use super::layer::Config;
 use super::observer::{WriteEvent, WriteOutcome};
 use super::policy::Enforcement;
@@ -84,6 +84,15 @@ where
         let enforcement = (config.enforcement)(&resource);
         let unchecked = match read_token(req.headers()) {
             Ok(Some(token)) => {
+                // A store that decides at once (in process): no boxed future, no clone of
+                // the inner service; the readied service is called right here.
+                if let Some(outcome) = config.store.raise_ready(&resource, token) {
+                    let mut req = req;
+                    return match verdict(config, &mut req, resource, token, enforcement, outcome) {
+                        Some(refusal) => ResponseFuture::rejected(refusal),
+                        None => ResponseFuture::inner(self.inner.call(req)),
+                    };
+                }
                 let check = config.store.raise(&resource, token);
                 // The readied service goes into the future; a clone stays for the next call.
                 let clone = self.inner.clone();

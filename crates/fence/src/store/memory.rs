@@ -1,158 +1,272 @@
-//! An in-process high-water store on moka, bounded by entry count, with an eviction floor.
+//! An in-process high-water store: marks keyed by a keyed 64-bit hash of the resource, in
+//! locked shards, bounded by entry count, with an eviction floor.
 
+use std::collections::hash_map::RandomState;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 
-use moka::notification::RemovalCause;
-use moka::ops::compute::Op;
-use moka::sync::Cache;
-
-use super::{HighWaterStore, Raise, RaiseFuture};
+use super::{HighWaterStore, Raise, RaiseFuture, StoreError};
 use crate::FencingToken;
 
-/// A cached mark. `provisional` marks an entry inserted on a miss whose admission is not
-/// decided yet (see [`MemoryStore::raise_now`]); nobody admits against it alone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Mark {
-    token: u64,
-    provisional: bool,
-}
+/// Shards of a store of at least `SHARD_SPAN · SHARDS_MAX` resources; smaller stores get
+/// fewer (one per `SHARD_SPAN` resources, a power of two), so a small capacity is not
+/// spread thin.
+const SHARDS_MAX: usize = 64;
+const SHARD_SPAN: u64 = 1024;
+/// How many of a shard's oldest entries an eviction looks at; it evicts the lowest mark.
+const SAMPLE: usize = 4;
 
-/// High-water marks for one process, in a moka cache bounded by entry count.
+/// High-water marks for one process, bounded by entry count.
 ///
 /// Use it when one process is the only writer of its resources. Marks are lost on
 /// restart; after a restart every resource starts with no mark (pair it with a durable
 /// store, or accept that the first write after a restart is unchecked).
 ///
+/// # Layout and cost
+///
+/// A resource is kept as its 64-bit hash under SipHash-1-3 with keys drawn at random for
+/// each store (`std`'s `RandomState`), mapped to its mark: 16 bytes of entry in a
+/// `HashMap` plus 8 in an insertion-order queue, in one of up to 64 shards each behind
+/// its own `RwLock`. At 1 million resources that is about 40–60 bytes per resource
+/// (`palisade-bench memory-store`; the name itself is never stored). A raise hashes the
+/// name once and takes its shard's lock once: a read lock when the token is at or below
+/// the mark (a holder writing again, or a stale token), a write lock to raise or insert.
+/// Nothing is locked across shards.
+///
+/// # Hash collisions can only refuse
+///
+/// Two resources whose hashes are equal share one entry, whose mark is the larger of
+/// their admitted tokens. A raise then compares against a mark at least as high as its
+/// own resource's: every token that separate marks would refuse is still refused, and a
+/// token may be refused that separate marks would have admitted (a 409 for a valid
+/// holder), never the reverse. The chance that any two of `n` resources collide is at
+/// most `n(n-1)/2 / 2^64`: about 2.7 · 10^-8 at 1 million resources, 2.7 · 10^-6 at 10
+/// million. The hash keys are secret and random per store, so a caller cannot pick names
+/// that collide on purpose.
+///
 /// # The eviction floor
 ///
-/// A bounded cache forgets resources. Forgetting a mark must not let a stale token in, so
+/// A bounded store forgets resources. Forgetting a mark must not let a stale token in, so
 /// the store keeps a **floor**: the largest mark it ever evicted. A resource not in the
-/// cache is treated as having the floor as its mark. The trade-off: a holder of an old
+/// store is treated as having the floor as its mark. The trade-off: a holder of an old
 /// but still valid token for a resource that was evicted is refused (409) when some other
 /// evicted resource had a higher mark. That is safe (a refusal, never a wrong admit), and
 /// rare when the capacity covers the working set; size the capacity to the number of
 /// resources written in a lock's lifetime.
 ///
-/// The floor is raised by moka's eviction listener, which runs *after* the entry left
-/// the map. A miss is therefore never trusted on its own: the miss path inserts a
-/// provisional entry (moka holds the key's lock while it notifies an eviction of that
-/// key, and an insert of the key waits for it), then reads the floor again and admits only
-/// if the token is still at least the floor. Entries found in the map admit without
-/// touching the floor.
-///
-/// # Cost
-///
-/// A hit costs one moka `get`; an insert happens only when the token is newer than the
-/// mark. A miss costs two compute calls.
+/// The capacity is split between the shards; a shard that is full evicts before it
+/// inserts. It looks at its four oldest entries (in insertion order) and evicts the one
+/// with the lowest mark (tokens grow with time, so that is roughly the least recently
+/// raised, and it keeps the floor as low as it can); the other three go to the back of
+/// the queue. The floor is raised to the evicted mark under the shard's write lock, before
+/// the lock is released, and a raise of a resource not in its shard reads the floor under
+/// that same lock: so a raise after an eviction always sees a floor at or above the mark
+/// it forgot. A shard whose share of the capacity is zero keeps nothing: every admitted
+/// token goes straight to the floor. The store never holds more than `capacity` marks.
 #[derive(Clone)]
 pub struct MemoryStore {
-    cache: Cache<String, Mark>,
-    floor: Arc<AtomicU64>,
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    shards: Box<[RwLock<Shard>]>,
+    floor: AtomicU64,
+    keyer: Keyer,
+    capacity: u64,
+}
+
+/// How a resource name becomes its key.
+enum Keyer {
+    Random(RandomState),
+    /// Tests choose keys to force collisions.
+    #[cfg(test)]
+    Fixed(fn(&str) -> u64),
+}
+
+/// One shard: marks by key, and the keys in insertion order (each key once).
+struct Shard {
+    marks: HashMap<u64, u64, BuildHasherDefault<Mix>>,
+    order: VecDeque<u64>,
+    capacity: usize,
+}
+
+/// The shard maps' hasher. Keys are already uniform 64-bit hashes, but every key of a
+/// shard shares the bits that chose the shard; one multiplication spreads all bits into
+/// the high bits the map's probe tags use.
+#[derive(Default)]
+struct Mix(u64);
+
+impl Hasher for Mix {
+    fn finish(&self) -> u64 {
+        self.0.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used (the keys are `u64`); fold anything else in.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, key: u64) {
+        self.0 = key;
+    }
 }
 
 impl std::fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryStore")
-            .field("capacity", &self.cache.policy().max_capacity())
+            .field("capacity", &self.inner.capacity)
+            .field("shards", &self.inner.shards.len())
             .field("floor", &self.floor())
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
 impl MemoryStore {
     /// A store that keeps at most `capacity` resources' marks.
     pub fn new(capacity: u64) -> Self {
-        let floor = Arc::new(AtomicU64::new(0));
-        let listener_floor = Arc::clone(&floor);
-        let cache = Cache::builder()
-            .max_capacity(capacity)
-            .eviction_listener(move |_key, mark: Mark, cause| {
-                // Replaced and Explicit removals keep or drop nothing a later raise needs;
-                // an evicted (Size) or expired mark is forgotten, so the floor takes it.
-                if matches!(cause, RemovalCause::Size | RemovalCause::Expired) {
-                    listener_floor.fetch_max(mark.token, Ordering::SeqCst);
-                }
+        Self::build(capacity, Keyer::Random(RandomState::new()))
+    }
+
+    fn build(capacity: u64, keyer: Keyer) -> Self {
+        let wanted = (capacity / SHARD_SPAN).clamp(1, SHARDS_MAX as u64) as usize;
+        // A power of two, so a key's shard is a mask of its bits.
+        let shards = if wanted.is_power_of_two() { wanted } else { wanted.next_power_of_two() / 2 };
+        let base = capacity / shards as u64;
+        let extra = capacity % shards as u64;
+        let shards = (0..shards as u64)
+            .map(|i| {
+                let cap = usize::try_from(base + u64::from(i < extra)).unwrap_or(usize::MAX);
+                RwLock::new(Shard { marks: HashMap::default(), order: VecDeque::new(), capacity: cap })
             })
-            .build();
-        MemoryStore { cache, floor }
+            .collect();
+        MemoryStore { inner: Arc::new(Inner { shards, floor: AtomicU64::new(0), keyer, capacity }) }
     }
 
-    /// The floor: the largest mark evicted so far (the mark of every resource not cached).
+    /// A store whose keys come from `key` instead of a random hash (to force collisions).
+    #[cfg(test)]
+    fn with_keys(capacity: u64, key: fn(&str) -> u64) -> Self {
+        Self::build(capacity, Keyer::Fixed(key))
+    }
+
+    /// The floor: the largest mark evicted so far (the mark of every resource not kept).
     pub fn floor(&self) -> FencingToken {
-        FencingToken::from_u64(self.floor.load(Ordering::SeqCst)).unwrap_or(FencingToken::MAX)
+        token(self.inner.floor.load(Ordering::SeqCst))
     }
 
-    /// The mark a raise would compare against now: the cached mark, or the floor.
+    /// The number of marks kept now (at most the capacity).
+    pub fn len(&self) -> usize {
+        self.inner.shards.iter().map(|s| read(s).marks.len()).sum()
+    }
+
+    /// Whether no mark is kept (every resource is at the floor).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The mark a raise would compare against now: the kept mark, or the floor.
     pub fn mark(&self, resource: &str) -> FencingToken {
-        match self.cache.get(resource) {
-            Some(m) if !m.provisional => token(m.token),
-            Some(m) => token(m.token.max(self.floor.load(Ordering::SeqCst))),
+        let (key, shard) = self.locate(resource);
+        match read(shard).marks.get(&key) {
+            Some(&m) => token(m),
             None => self.floor(),
         }
     }
 
-    /// Runs moka's pending maintenance (evictions and their listener) now.
-    pub fn run_pending_tasks(&self) {
-        self.cache.run_pending_tasks();
+    fn locate(&self, resource: &str) -> (u64, &RwLock<Shard>) {
+        let key = match &self.inner.keyer {
+            Keyer::Random(state) => state.hash_one(resource),
+            #[cfg(test)]
+            Keyer::Fixed(f) => f(resource),
+        };
+        let shards = &self.inner.shards;
+        // The map inside the shard spreads the low bits; the shard takes bits 32 and up.
+        (key, &shards[(key >> 32) as usize & (shards.len() - 1)])
     }
 
-    /// The synchronous raise behind [`HighWaterStore::raise`].
+    /// The synchronous raise behind [`HighWaterStore::raise`]: linearizable per resource
+    /// (all of a resource's raises take its shard's lock).
     pub fn raise_now(&self, resource: &str, t: FencingToken) -> Raise {
         let t = t.get();
-        // Fast path: one get; a hit decides unless the token is newer than the mark.
-        if let Some(m) = self.cache.get(resource) {
-            if !m.provisional {
-                if t < m.token {
-                    return Raise::Stale { highest: token(m.token) };
-                }
-                if t == m.token {
-                    return Raise::Admitted;
-                }
+        let (key, shard) = self.locate(resource);
+        // Read lock: decides a token at or below the mark (no change to make).
+        if let Some(&m) = read(shard).marks.get(&key) {
+            if t < m {
+                return Raise::Stale { highest: token(m) };
+            }
+            if t == m {
+                return Raise::Admitted;
             }
         }
-        // Slow path: computes on one key are serialized by moka.
-        let mut decided = None;
-        self.cache.entry_by_ref(resource).and_compute_with(|entry| match entry {
-            Some(entry) => {
-                let m = entry.into_value();
-                // A provisional entry was inserted after every earlier eviction of this
-                // key was notified, so the floor read now covers them.
-                let current =
-                    if m.provisional { m.token.max(self.floor.load(Ordering::SeqCst)) } else { m.token };
-                if t < current {
-                    decided = Some(Raise::Stale { highest: token(current) });
-                    Op::Nop
-                } else {
-                    decided = Some(Raise::Admitted);
-                    Op::Put(Mark { token: t, provisional: false })
-                }
+        let mut guard = shard.write().unwrap_or_else(PoisonError::into_inner);
+        let s = &mut *guard;
+        if let Some(m) = s.marks.get_mut(&key) {
+            if t < *m {
+                return Raise::Stale { highest: token(*m) };
             }
-            None => Op::Put(Mark { token: t, provisional: true }),
-        });
-        if let Some(decided) = decided {
-            return decided;
+            *m = t;
+            return Raise::Admitted;
         }
-        // The provisional insert waited for any eviction of this key to be notified, so
-        // the floor now covers the mark this resource had before the miss.
-        let floor = self.floor.load(Ordering::SeqCst);
-        let admitted = t >= floor;
-        let settled = Mark { token: if admitted { t } else { floor }, provisional: false };
-        self.cache.entry_by_ref(resource).and_compute_with(|entry| match entry {
-            Some(entry) if entry.value() == &(Mark { token: t, provisional: true }) => Op::Put(settled),
-            _ => Op::Nop,
-        });
-        if admitted {
-            Raise::Admitted
-        } else {
-            Raise::Stale { highest: token(floor) }
+        // Not kept: the floor stands for its mark. Every eviction from this shard raised
+        // the floor under this lock, so this read covers them.
+        let floor = self.inner.floor.load(Ordering::SeqCst);
+        if t < floor {
+            return Raise::Stale { highest: token(floor) };
+        }
+        if s.capacity == 0 {
+            self.inner.floor.fetch_max(t, Ordering::SeqCst);
+            return Raise::Admitted;
+        }
+        while s.marks.len() >= s.capacity {
+            s.evict_one(&self.inner.floor);
+        }
+        s.marks.insert(key, t);
+        s.order.push_back(key);
+        Raise::Admitted
+    }
+}
+
+impl Shard {
+    /// Evicts the lowest mark among the oldest [`SAMPLE`] entries into `floor`.
+    fn evict_one(&mut self, floor: &AtomicU64) {
+        let mut seen = [0u64; SAMPLE];
+        let mut n = 0;
+        while n < SAMPLE {
+            let Some(key) = self.order.pop_front() else { break };
+            seen[n] = key;
+            n += 1;
+        }
+        let mark = |key: &u64| self.marks.get(key).copied().unwrap_or(0);
+        let Some(victim) = seen[..n].iter().copied().min_by_key(mark) else {
+            // The queue holds every kept key; empty means the map is empty too.
+            self.marks.clear();
+            return;
+        };
+        for &key in &seen[..n] {
+            if key != victim {
+                self.order.push_back(key);
+            }
+        }
+        if let Some(m) = self.marks.remove(&victim) {
+            floor.fetch_max(m, Ordering::SeqCst);
         }
     }
+}
+
+fn read(shard: &RwLock<Shard>) -> std::sync::RwLockReadGuard<'_, Shard> {
+    shard.read().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl HighWaterStore for MemoryStore {
     fn raise(&self, resource: &str, token: FencingToken) -> RaiseFuture {
         Box::pin(std::future::ready(Ok(self.raise_now(resource, token))))
+    }
+
+    fn raise_ready(&self, resource: &str, token: FencingToken) -> Option<Result<Raise, StoreError>> {
+        Some(Ok(self.raise_now(resource, token)))
     }
 }
 
@@ -186,11 +300,9 @@ mod tests {
     fn an_evicted_mark_becomes_the_floor_of_every_unknown_resource() {
         let store = MemoryStore::new(1);
         assert_eq!(store.raise_now("a", t(50)), Raise::Admitted);
-        store.run_pending_tasks();
         for i in 0..64 {
             store.raise_now(&format!("other{i}"), t(60 + i));
-            store.run_pending_tasks();
-        }
+            }
         assert!(store.floor() >= t(50), "floor {} after evicting a's mark 50", store.floor());
         // "a" may be gone; a token below its old mark must still be refused...
         assert!(matches!(store.raise_now("a", t(49)), Raise::Stale { highest } if highest >= t(50)));
@@ -262,8 +374,7 @@ mod tests {
         let (replays, fresh_refused) = run(0, 1, 10_000, &mut vec![0u64; RESOURCES]);
         assert_eq!(fresh_refused, 0, "a token above every earlier one was refused");
         assert!(replays > 1_000, "replays were refused: {replays}");
-        store.run_pending_tasks();
-        assert!(store.cache.entry_count() <= 100, "bounded: {}", store.cache.entry_count());
+        assert!(store.len() <= 100, "bounded: {}", store.len());
     }
 
     proptest::proptest! {
@@ -294,10 +405,101 @@ mod tests {
                     }
                     Raise::Stale { highest } => proptest::prop_assert!(highest > t(v)),
                 }
-                if v % 7 == 0 {
-                    tight.run_pending_tasks();
+            }
+        }
+    }
+
+    /// At capacity 4 (one shard) the fifth resource evicts the lowest of the four oldest
+    /// marks into the floor, exactly; the evicted resource is then judged by the floor.
+    #[test]
+    fn a_full_store_evicts_its_lowest_old_mark_into_the_floor() {
+        let store = MemoryStore::new(4);
+        for (r, v) in [("a", 30), ("b", 10), ("c", 40), ("d", 20)] {
+            assert_eq!(store.raise_now(r, t(v)), Raise::Admitted);
+        }
+        assert_eq!((store.len(), store.floor()), (4, t(0)));
+        assert_eq!(store.raise_now("e", t(50)), Raise::Admitted);
+        assert_eq!(store.len(), 4, "bounded");
+        assert_eq!(store.floor(), t(10), "b (10) was the lowest mark");
+        assert_eq!(store.mark("b"), t(10));
+        assert_eq!(store.mark("a"), t(30), "a is kept");
+        assert_eq!(store.raise_now("b", t(9)), Raise::Stale { highest: t(10) });
+        // An unknown resource below the floor is refused (the documented cost)...
+        assert_eq!(store.raise_now("never-seen", t(5)), Raise::Stale { highest: t(10) });
+        // ...and at the floor admitted again, which evicts d (20, the lowest left).
+        assert_eq!(store.raise_now("b", t(10)), Raise::Admitted);
+        assert_eq!((store.len(), store.floor()), (4, t(20)));
+        assert_eq!(store.raise_now("d", t(19)), Raise::Stale { highest: t(20) });
+        assert_eq!(store.raise_now("a", t(29)), Raise::Stale { highest: t(30) }, "kept marks still decide");
+    }
+
+    /// Capacity 0: nothing is kept, every admitted token goes to the floor.
+    #[test]
+    fn capacity_zero_keeps_only_the_floor() {
+        let store = MemoryStore::new(0);
+        assert_eq!(store.raise_now("a", t(7)), Raise::Admitted);
+        assert!(store.is_empty());
+        assert_eq!(store.floor(), t(7));
+        assert_eq!(store.raise_now("b", t(6)), Raise::Stale { highest: t(7) });
+        assert_eq!(store.raise_now("b", t(7)), Raise::Admitted);
+    }
+
+    /// A large store is sharded and still never holds more than its capacity.
+    #[test]
+    fn a_sharded_store_stays_within_its_capacity() {
+        let store = MemoryStore::new(100_000);
+        assert_eq!(store.inner.shards.len(), 64);
+        for i in 0..150_000u64 {
+            assert_eq!(store.raise_now(&format!("r{i}"), t(1_000_000 + i)), Raise::Admitted);
+        }
+        assert_eq!(store.len(), 100_000);
+        // 50,000 evictions of old, low marks: the floor is one of them.
+        assert!(store.floor() >= t(1_000_000) && store.floor() < t(1_150_000), "{}", store.floor());
+        let n = MemoryStore::new(3_000).inner.shards.len();
+        assert_eq!(n, 2, "3,000 resources: the largest power of two at or below 3,000 / 1,024");
+    }
+
+    proptest::proptest! {
+        /// Resources `r0`..`r7` hashed into four keys (pairs collide): every token an
+        /// exact map of marks would refuse is refused, a refusal names a mark above the
+        /// token, and an admitted token is never below its own resource's last admitted
+        /// one. (The store may refuse more: the merged mark.)
+        #[test]
+        fn collisions_can_only_refuse(ops in proptest::collection::vec((0u8..8, 0u64..40), 1..200)) {
+            use std::collections::HashMap;
+            fn pair(r: &str) -> u64 {
+                r[1..].parse::<u64>().unwrap() / 2
+            }
+            let store = MemoryStore::with_keys(1_000, pair);
+            let mut exact: HashMap<u8, u64> = HashMap::new();
+            for (r, v) in ops {
+                let key = format!("r{r}");
+                let exact_admits = exact.get(&r).map_or(true, |&m| v >= m);
+                match store.raise_now(&key, t(v)) {
+                    Raise::Admitted => {
+                        proptest::prop_assert!(exact_admits, "{} admitted {} below its mark {:?}", key, v, exact.get(&r));
+                        exact.insert(r, v);
+                    }
+                    Raise::Stale { highest } => {
+                        proptest::prop_assert!(highest > t(v));
+                        if exact_admits {
+                            // Refused only because the other resource of the pair is higher.
+                            let other = exact.get(&(r ^ 1)).copied().unwrap_or(0);
+                            proptest::prop_assert!(other > v, "{} refused {} with no higher mark in its pair", key, v);
+                        }
+                    }
                 }
             }
         }
+    }
+
+    #[test]
+    fn colliding_resources_share_the_higher_mark() {
+        let store = MemoryStore::with_keys(10, |_| 42);
+        assert_eq!(store.raise_now("a", t(10)), Raise::Admitted);
+        assert_eq!(store.raise_now("b", t(5)), Raise::Stale { highest: t(10) }, "b shares a's mark");
+        assert_eq!(store.raise_now("b", t(12)), Raise::Admitted);
+        assert_eq!(store.raise_now("a", t(11)), Raise::Stale { highest: t(12) });
+        assert_eq!(store.len(), 1);
     }
 }

@@ -7,7 +7,7 @@
 //!
 //! | store | scope | durability | where the atomicity comes from |
 //! |---|---|---|---|
-//! | [`MemoryStore`] (feature `memory`) | one process | lost on restart | per-key compute in moka, plus an eviction floor |
+//! | [`MemoryStore`] (feature `memory`) | one process | lost on restart | the resource's shard lock, plus an eviction floor |
 //! | [`PostgresStore`] (feature `postgres`) | all replicas sharing a database | durable | one statement: read the mark, `INSERT … ON CONFLICT … DO UPDATE … WHERE` only for a newer token |
 
 use std::error::Error as StdError;
@@ -45,11 +45,30 @@ pub trait HighWaterStore: Send + Sync + 'static {
     /// [`StoreError`] when the store cannot answer (for example the database is down).
     /// Nothing was decided then: the caller must not treat it as an admit.
     fn raise(&self, resource: &str, token: FencingToken) -> RaiseFuture;
+
+    /// Decides the raise at once if this store can without waiting (an in-process store
+    /// such as [`MemoryStore`]); `None` means "call [`raise`](Self::raise)". The answer
+    /// must be exactly what `raise` would give: callers use it to skip the boxed future
+    /// (the [`FenceLayer`](crate::FenceLayer) does).
+    ///
+    /// The default returns `None`.
+    ///
+    /// # Errors
+    ///
+    /// As [`raise`](Self::raise), inside the `Some`.
+    fn raise_ready(&self, resource: &str, token: FencingToken) -> Option<Result<Raise, StoreError>> {
+        let _ = (resource, token);
+        None
+    }
 }
 
 impl<T: HighWaterStore + ?Sized> HighWaterStore for std::sync::Arc<T> {
     fn raise(&self, resource: &str, token: FencingToken) -> RaiseFuture {
         (**self).raise(resource, token)
+    }
+
+    fn raise_ready(&self, resource: &str, token: FencingToken) -> Option<Result<Raise, StoreError>> {
+        (**self).raise_ready(resource, token)
     }
 }
 
