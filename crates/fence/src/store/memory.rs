@@ -4,7 +4,7 @@
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use super::{HighWaterStore, Raise, RaiseFuture, StoreError};
@@ -56,15 +56,17 @@ const SAMPLE: usize = 4;
 /// rare when the capacity covers the working set; size the capacity to the number of
 /// resources written in a lock's lifetime.
 ///
-/// The capacity is split between the shards; a shard that is full evicts before it
-/// inserts. It looks at its four oldest entries (in insertion order) and evicts the one
+/// The store counts its marks; an insert that would pass the capacity first evicts from
+/// the shard it is in (so no lock is ever taken across shards). The shard looks at its
+/// four oldest entries (in insertion order) and evicts the one
 /// with the lowest mark (tokens grow with time, so that is roughly the least recently
 /// raised, and it keeps the floor as low as it can); the other three go to the back of
 /// the queue. The floor is raised to the evicted mark under the shard's write lock, before
 /// the lock is released, and a raise of a resource not in its shard reads the floor under
 /// that same lock: so a raise after an eviction always sees a floor at or above the mark
-/// it forgot. A shard whose share of the capacity is zero keeps nothing: every admitted
-/// token goes straight to the floor. The store never holds more than `capacity` marks.
+/// it forgot. A full store whose shard holds nothing to evict keeps nothing: the admitted
+/// token goes straight to the floor (so does every token of a store of capacity 0). The
+/// store never holds more than `capacity` marks.
 #[derive(Clone)]
 pub struct MemoryStore {
     inner: Arc<Inner>,
@@ -75,6 +77,9 @@ struct Inner {
     floor: AtomicU64,
     keyer: Keyer,
     capacity: u64,
+    /// Marks kept, counted before each insert; at most `capacity` once every insert in
+    /// flight has finished its eviction.
+    kept: AtomicUsize,
 }
 
 /// How a resource name becomes its key.
@@ -89,7 +94,6 @@ enum Keyer {
 struct Shard {
     marks: HashMap<u64, u64, BuildHasherDefault<Mix>>,
     order: VecDeque<u64>,
-    capacity: usize,
 }
 
 /// The shard maps' hasher. Keys are already uniform 64-bit hashes, but every key of a
@@ -135,15 +139,10 @@ impl MemoryStore {
         let wanted = (capacity / SHARD_SPAN).clamp(1, SHARDS_MAX as u64) as usize;
         // A power of two, so a key's shard is a mask of its bits.
         let shards = if wanted.is_power_of_two() { wanted } else { wanted.next_power_of_two() / 2 };
-        let base = capacity / shards as u64;
-        let extra = capacity % shards as u64;
-        let shards = (0..shards as u64)
-            .map(|i| {
-                let cap = usize::try_from(base + u64::from(i < extra)).unwrap_or(usize::MAX);
-                RwLock::new(Shard { marks: HashMap::default(), order: VecDeque::new(), capacity: cap })
-            })
-            .collect();
-        MemoryStore { inner: Arc::new(Inner { shards, floor: AtomicU64::new(0), keyer, capacity }) }
+        let shards =
+            (0..shards).map(|_| RwLock::new(Shard { marks: HashMap::default(), order: VecDeque::new() })).collect();
+        let inner = Inner { shards, floor: AtomicU64::new(0), keyer, capacity, kept: AtomicUsize::new(0) };
+        MemoryStore { inner: Arc::new(inner) }
     }
 
     /// A store whose keys come from `key` instead of a random hash (to force collisions).
@@ -216,12 +215,15 @@ impl MemoryStore {
         if t < floor {
             return Raise::Stale { highest: token(floor) };
         }
-        if s.capacity == 0 {
-            self.inner.floor.fetch_max(t, Ordering::SeqCst);
-            return Raise::Admitted;
-        }
-        while s.marks.len() >= s.capacity {
-            s.evict_one(&self.inner.floor);
+        // Count the insert first: if that passes the capacity, this shard makes room
+        // (one out, one in), or, holding nothing to evict, keeps nothing.
+        let capacity = usize::try_from(self.inner.capacity).unwrap_or(usize::MAX);
+        if self.inner.kept.fetch_add(1, Ordering::SeqCst) >= capacity {
+            self.inner.kept.fetch_sub(1, Ordering::SeqCst);
+            if !s.evict_one(&self.inner.floor) {
+                self.inner.floor.fetch_max(t, Ordering::SeqCst);
+                return Raise::Admitted;
+            }
         }
         s.marks.insert(key, t);
         s.order.push_back(key);
@@ -230,8 +232,9 @@ impl MemoryStore {
 }
 
 impl Shard {
-    /// Evicts the lowest mark among the oldest [`SAMPLE`] entries into `floor`.
-    fn evict_one(&mut self, floor: &AtomicU64) {
+    /// Evicts the lowest mark among the oldest [`SAMPLE`] entries into `floor`; false if
+    /// the shard holds nothing.
+    fn evict_one(&mut self, floor: &AtomicU64) -> bool {
         let mut seen = [0u64; SAMPLE];
         let mut n = 0;
         while n < SAMPLE {
@@ -242,8 +245,7 @@ impl Shard {
         let mark = |key: &u64| self.marks.get(key).copied().unwrap_or(0);
         let Some(victim) = seen[..n].iter().copied().min_by_key(mark) else {
             // The queue holds every kept key; empty means the map is empty too.
-            self.marks.clear();
-            return;
+            return false;
         };
         for &key in &seen[..n] {
             if key != victim {
@@ -253,6 +255,7 @@ impl Shard {
         if let Some(m) = self.marks.remove(&victim) {
             floor.fetch_max(m, Ordering::SeqCst);
         }
+        true
     }
 }
 
@@ -449,7 +452,15 @@ mod tests {
     fn a_sharded_store_stays_within_its_capacity() {
         let store = MemoryStore::new(100_000);
         assert_eq!(store.inner.shards.len(), 64);
-        for i in 0..150_000u64 {
+        for i in 0..100_000u64 {
+            assert_eq!(store.raise_now(&format!("r{i}"), t(1_000_000 + i)), Raise::Admitted);
+        }
+        // Shards fill unevenly; the capacity is the store's, so nothing was evicted yet.
+        assert_eq!((store.len(), store.floor()), (100_000, t(0)));
+        for i in 0..100_000u64 {
+            assert_eq!(store.raise_now(&format!("r{i}"), t(1_000_000 + i)), Raise::Admitted, "r{i} kept");
+        }
+        for i in 100_000..150_000u64 {
             assert_eq!(store.raise_now(&format!("r{i}"), t(1_000_000 + i)), Raise::Admitted);
         }
         assert_eq!(store.len(), 100_000);
