@@ -61,6 +61,9 @@ enum Command {
         /// its WAL flush; `off`: CPU and round trips are the cost).
         #[arg(long, default_value = "on", value_parser = ["on", "off"])]
         synchronous_commit: String,
+        /// Writes per variant for the server-CPU table (one client); 0 skips it.
+        #[arg(long, default_value_t = 3_000)]
+        cpu_writes: usize,
         #[command(flatten)]
         timing: Timing,
     },
@@ -149,15 +152,18 @@ fn main() -> std::process::ExitCode {
 
 async fn run(command: Command) -> error::Result<()> {
     match command {
-        Command::Pg { clients, rows, synchronous_commit, timing } => {
+        Command::Pg { clients, rows, synchronous_commit, cpu_writes, timing } => {
             let args = pg::PgArgs {
                 clients,
                 rows,
                 secs: timing.secs(),
                 rounds: timing.rounds,
                 synchronous_commit: synchronous_commit == "on",
+                cpu_writes,
             };
-            pg::run(&args).await?.print();
+            for table in pg::run(&args).await? {
+                table.print();
+            }
         }
         Command::FenceLayer { connections, resources, timing } => {
             let args = http::HttpArgs {

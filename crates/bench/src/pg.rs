@@ -29,6 +29,9 @@ pub(crate) struct PgArgs {
     /// `synchronous_commit` of the bench's sessions: `on` waits for the WAL flush of every
     /// commit (durable, the default); `off` leaves CPU and round trips as the cost.
     pub(crate) synchronous_commit: bool,
+    /// Writes per variant in the server-CPU table (one client, one after another); 0
+    /// skips the table.
+    pub(crate) cpu_writes: usize,
 }
 
 const VARIANTS: [&str; 6] = [
@@ -42,8 +45,9 @@ const VARIANTS: [&str; 6] = [
 const TARGETS: [&str; 6] = ["", ">= 0.85x", ">= 0.85x", ">= 0.85x", ">= 0.95x", ">= 0.95x"];
 const PLAIN: &str = "UPDATE bench_account SET balance = balance + 1 WHERE id = $1";
 
-/// Runs the comparison on a fresh database and returns its table.
-pub(crate) async fn run(args: &PgArgs) -> Result<Table> {
+/// Runs the comparison on a fresh database and returns its tables: the interleaved
+/// rates, then (unless `cpu_writes` is 0) the server's CPU time per write.
+pub(crate) async fn run(args: &PgArgs) -> Result<Vec<Table>> {
     let db = TestDb::create().await;
     let mut setup = db.connect().await;
     migrate(&mut setup).await?;
@@ -74,14 +78,7 @@ pub(crate) async fn run(args: &PgArgs) -> Result<Table> {
         // One connection per client, shared by the variants (they never run at once).
         let mut conns = Vec::with_capacity(c);
         for _ in 0..c {
-            let client = db.connect().await;
-            if !args.synchronous_commit {
-                client.batch_execute("SET synchronous_commit = off").await?;
-            }
-            let plain = client.prepare(PLAIN).await?;
-            let fence = PreparedFence::prepare(&client).await?;
-            let prepared = folded.prepare(&client, "balance = balance + 1").await?;
-            conns.push((Arc::new(Mutex::new(client)), Prepared { plain, fence, folded: prepared }));
+            conns.push(connect(&db, args, &folded).await?);
         }
         let mut variants: Vec<Vec<Op>> = Vec::new();
         for v in 0..VARIANTS.len() {
@@ -107,6 +104,75 @@ pub(crate) async fn run(args: &PgArgs) -> Result<Table> {
                 TARGETS[v].to_owned(),
             ]);
         }
+    }
+    let mut tables = vec![table];
+    if args.cpu_writes > 0 {
+        tables.push(server_cpu(&db, args, &folded, &clock).await?);
+    }
+    Ok(tables)
+}
+
+/// One client's connection with its prepared statements.
+async fn connect(
+    db: &TestDb,
+    args: &PgArgs,
+    folded: &FencedUpdate,
+) -> Result<(Arc<Mutex<tokio_postgres::Client>>, Prepared)> {
+    let client = db.connect().await;
+    if !args.synchronous_commit {
+        client.batch_execute("SET synchronous_commit = off").await?;
+    }
+    let plain = client.prepare(PLAIN).await?;
+    let fence = PreparedFence::prepare(&client).await?;
+    let prepared = folded.prepare(&client, "balance = balance + 1").await?;
+    Ok((Arc::new(Mutex::new(client)), Prepared { plain, fence, folded: prepared }))
+}
+
+/// CPU time (user + system) of process `pid` in microseconds, from `/proc/<pid>/stat`
+/// (10 ms ticks).
+fn process_cpu_us(pid: i32) -> Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok());
+    match (ticks(11), ticks(12)) {
+        (Some(u), Some(s)) => Ok((u + s) * 10_000),
+        _ => Err(BenchError::Unexpected("no CPU times in /proc/<pid>/stat")),
+    }
+}
+
+/// The server's side of each variant: one client writes `cpu_writes` times, one write
+/// after another, and the CPU time its backend process used (from `/proc`, so only a
+/// server on this machine) is divided by the writes. Round trips cost the server
+/// nothing while it waits, so this is the work of the statements themselves.
+async fn server_cpu(db: &TestDb, args: &PgArgs, folded: &FencedUpdate, clock: &Arc<AtomicU64>) -> Result<Table> {
+    let (client, prepared) = connect(db, args, folded).await?;
+    let pid: i32 = client.lock().await.query_one("SELECT pg_backend_pid()", &[]).await?.get(0);
+    let ids: Vec<i64> = (1..=args.rows).collect();
+    let mut table = Table::new(
+        format!(
+            "Postgres: server CPU per write, one client, {} writes per variant (backend's CPU time from /proc, 10 ms ticks; synchronous_commit {})",
+            args.cpu_writes,
+            if args.synchronous_commit { "on" } else { "off" },
+        ),
+        &["variant", "server CPU µs/write", "vs plain"],
+    );
+    let mut base = 0.0;
+    for (v, name) in VARIANTS.iter().enumerate() {
+        let mut op = worker(v, Arc::clone(&client), prepared.clone(), ids.clone(), Arc::clone(clock), folded.clone());
+        // Warm up (plans, caches), then measure.
+        for _ in 0..args.cpu_writes.min(200) {
+            op().await?;
+        }
+        let before = process_cpu_us(pid)?;
+        for _ in 0..args.cpu_writes {
+            op().await?;
+        }
+        let us = process_cpu_us(pid)?.saturating_sub(before) as f64 / args.cpu_writes as f64;
+        if v == 0 {
+            base = us;
+        }
+        table.row(vec![(*name).to_owned(), f(us, 1), ratio(if base > 0.0 { us / base } else { 0.0 })]);
     }
     Ok(table)
 }

@@ -32,8 +32,9 @@ fn num(cell: &str) -> f64 {
 
 #[test]
 fn pg_bench_prints_every_variant_at_every_client_count() {
-    let tables = bench(&["pg", "--clients", "1,2", "--rows", "20", "--secs", "0.1", "--rounds", "2"]);
-    assert_eq!(tables.len(), 1);
+    let tables =
+        bench(&["pg", "--clients", "1,2", "--rows", "20", "--secs", "0.1", "--rounds", "2", "--cpu-writes", "50"]);
+    assert_eq!(tables.len(), 2);
     let rows = &tables[0].1;
     let variants = [
         "plain UPDATE",
@@ -51,6 +52,14 @@ fn pg_bench_prints_every_variant_at_every_client_count() {
         assert!(num(&r[3]) <= num(&r[4]), "p50 above p99: {r:?}");
     }
     assert_eq!(rows[0][5], "1.00x", "plain is its own base");
+    // The server-CPU table: every variant, a number each (10 ms ticks: 50 writes may
+    // read as 0).
+    let cpu = &tables[1].1;
+    let names: Vec<&str> = cpu.iter().map(|r| r[0].as_str()).collect();
+    assert_eq!(names, variants);
+    for r in cpu {
+        assert!(num(&r[1]) >= 0.0, "{r:?}");
+    }
 }
 
 #[test]
