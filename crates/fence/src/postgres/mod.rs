@@ -18,12 +18,10 @@
 //! a serialization failure instead: [`FenceError::is_retryable`].
 //!
 //! Three forms:
-//! - [`fenced_transaction`]: any statements, on any tables, guarded by the resource's
-//!   high-water row. `BEGIN`, then the raise and the body's statements in one flight
-//!   (a stale token fails the raise, which aborts everything after it), then `COMMIT`
-//!   once the verdict is in: three round trips for a body of one statement.
-//!   [`begin_fenced`] drives the transaction yourself: it waits for the verdict before
-//!   it returns (`BEGIN` and the raise, two round trips, then yours).
+//! - [`fenced_transaction`] (or [`begin_fenced`] to drive the transaction yourself): any
+//!   statements, on any tables, guarded by the resource's high-water row. `BEGIN`, the
+//!   raise, each statement of the body and `COMMIT` are one round trip each: the body
+//!   only starts once the raise admitted the token.
 //! - [`fenced_execute`]: the same guard for prepared statements that do not depend on each
 //!   other's results, in one round trip (`BEGIN`, raise, statements, `COMMIT` pipelined;
 //!   a refused token makes the raise fail, which aborts the rest).
@@ -65,13 +63,11 @@ mod update;
 use std::future::Future;
 use std::pin::Pin;
 
-use tokio_postgres::error::SqlState;
-use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::types::Type;
 use tokio_postgres::{GenericClient, Transaction};
 
 pub use error::{FenceError, FenceErrorKind};
 pub(crate) use error::is_retryable;
-use pipeline::RAISE_OR_ABORT;
 pub use pipeline::{fenced_execute, FencedStatement, PreparedFence};
 pub use update::{FencedUpdate, PreparedFencedUpdate};
 
@@ -150,29 +146,15 @@ pub type TxFuture<'t, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send +
 /// Runs `body` in a transaction that first raises `resource`'s high-water row to `token`,
 /// then commits.
 ///
-/// Three round trips for a body of one statement: `BEGIN`; then the raise and the
-/// body's statements in one flight (the raise is sent first, and the body is started
-/// without waiting for its answer: tokio-postgres pipelines the requests of one
-/// connection); then `COMMIT`, sent only once the raise's verdict is in. The server runs
-/// the statements in the order sent, so the raise takes the resource's row lock before
-/// any statement of the body runs and the lock is held until commit: the bodies of one
-/// resource's writers commit one at a time with non-decreasing tokens (see the
-/// [module docs](crate::postgres)).
-///
-/// A stale token makes the raise fail (a division by zero in the statement, SQLSTATE
-/// `22012`), which aborts the transaction on the server: every statement the body sends
-/// after it fails (SQLSTATE `25P02`) without effect, the transaction is rolled back,
-/// and the caller gets [`Stale`](FenceErrorKind::Stale) naming the mark, whatever the
-/// body returned. So the body may *start* for a stale token, but none of its statements
-/// takes effect; a body must not act outside the transaction (call another service,
-/// write a file) before its statements have answered. If the body fails, the
-/// transaction is rolled back and its error returned.
+/// The body runs only if the token is admitted, while the transaction holds the row lock;
+/// so the bodies of one resource's writers commit one at a time with non-decreasing
+/// tokens (see the [module docs](crate::postgres)). If the body fails, the transaction is rolled
+/// back and its error returned.
 ///
 /// # Errors
 ///
-/// - `E::from(FenceError)` of kind [`Stale`](FenceErrorKind::Stale) if `token` is below
-///   the mark (nothing was written), or a database error from `BEGIN`, the raise or
-///   `COMMIT`.
+/// - `E::from(FenceError)` of kind [`Stale`](FenceErrorKind::Stale) if `token` is below the
+///   mark (the body never ran), or a database error from `BEGIN`, the raise or `COMMIT`.
 /// - The body's own error.
 pub async fn fenced_transaction<C, T, E, F>(
     client: &mut C,
@@ -185,24 +167,8 @@ where
     F: for<'t> FnOnce(&'t Transaction<'t>) -> TxFuture<'t, T, E>,
     E: From<FenceError>,
 {
-    let tx = client.transaction().await.map_err(FenceError::from)?;
-    let (raised, outcome) = {
-        // `join` polls the raise first, so its request goes out before the body's.
-        let params: [(&(dyn ToSql + Sync), Type); 2] = [(&resource, Type::TEXT), (&token, Type::INT8)];
-        let raise = tx.query_typed(RAISE_OR_ABORT, &params);
-        futures::future::join(raise, body(&tx)).await
-    };
-    if let Err(e) = raised {
-        // The transaction is aborted; the body's statements did nothing.
-        let _ = tx.rollback().await;
-        if e.code() == Some(&SqlState::DIVISION_BY_ZERO) {
-            let row = client.query_typed_opt(MARK, &[(&resource, Type::TEXT)]).await.map_err(FenceError::from)?;
-            let highest = row.map(|r| r.get::<_, FencingToken>(0)).unwrap_or(token);
-            return Err(FenceError::stale(token, highest).into());
-        }
-        return Err(FenceError::from(e).into());
-    }
-    match outcome {
+    let tx = begin_fenced(client, resource, token).await?;
+    match body(&tx).await {
         Ok(value) => {
             tx.commit().await.map_err(FenceError::from)?;
             Ok(value)

@@ -12,12 +12,12 @@ use tokio_postgres::{Client, Statement};
 use super::{FenceError, MARK};
 use crate::FencingToken;
 
-/// The raise of [`fenced_execute`] and [`fenced_transaction`]: the upsert of
-/// [`begin_fenced`](super::begin_fenced), but a refused token fails the statement (`1 / 0`, SQLSTATE `22012`), which aborts the
+/// The raise of [`fenced_execute`]: the same upsert as [`fenced_transaction`]'s, but a
+/// refused token fails the statement (`1 / 0`, SQLSTATE `22012`), which aborts the
 /// transaction, so the statements sent after it in the same round trip do nothing.
 ///
 /// [`fenced_transaction`]: super::fenced_transaction
-pub(super) const RAISE_OR_ABORT: &str = "WITH raised AS (INSERT INTO fence_high_water (resource, token, updated_at) \
+const RAISE_OR_ABORT: &str = "WITH raised AS (INSERT INTO fence_high_water (resource, token, updated_at) \
      VALUES ($1, $2, now()) ON CONFLICT (resource) DO UPDATE SET token = EXCLUDED.token, updated_at = now() \
      WHERE fence_high_water.token <= EXCLUDED.token RETURNING token) \
      SELECT 1 / count(*) FROM raised";
@@ -42,7 +42,7 @@ type Step<'a> = Pin<Box<dyn Future<Output = Result<u64, tokio_postgres::Error>> 
 ///
 /// Use it when the statements do not depend on each other's results (an `UPDATE`, an
 /// `INSERT` into a log...); for logic between statements use `fenced_transaction`, which
-/// costs `BEGIN` and `COMMIT` as round trips of their own, plus the body's.
+/// costs a round trip per statement plus three.
 ///
 /// # Requirements
 ///
