@@ -42,6 +42,8 @@ pub struct Counts {
     pub etcd_holds: u64,
     /// Of them, exclusive.
     pub exclusive_holds: u64,
+    /// Holds a snapshot restore brought back (`restored_hold` entries).
+    pub restored_holds: u64,
     /// `audit_row` entries.
     pub audit_rows: u64,
 }
@@ -76,7 +78,7 @@ impl fmt::Display for CheckReport {
     /// A summary table, then one line per violation.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let c = &self.counts;
-        let rows: [(&str, u64); 16] = [
+        let rows: [(&str, u64); 17] = [
             ("entries", c.entries),
             ("acquires", c.acquires),
             ("grants", c.grants),
@@ -92,6 +94,7 @@ impl fmt::Display for CheckReport {
             ("epoch advances", c.epoch_advances),
             ("etcd holds", c.etcd_holds),
             ("  exclusive", c.exclusive_holds),
+            ("restored holds", c.restored_holds),
             ("audit rows", c.audit_rows),
         ];
         for (name, n) in rows {
