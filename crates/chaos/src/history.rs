@@ -227,6 +227,16 @@ pub enum Event {
         /// How it ended in that space.
         end: HoldEnd,
     },
+    /// How far the audit tailer had read a revision space when a snapshot restore
+    /// destroyed it: it had stored the space's lock events through revision `through`.
+    /// Events above it went with the cluster before the tailer could read them (the
+    /// restored cluster never had them), so the audit trail may lack their rows.
+    AuditCut {
+        /// The revision space the restore destroyed.
+        space: u32,
+        /// The last revision of the space the tailer had stored.
+        through: i64,
+    },
     /// A row of the audit log, read after the run.
     AuditRow {
         /// `grant`, `release`, `expire`, `force` or `unprotected_write`.

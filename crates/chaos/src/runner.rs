@@ -197,6 +197,7 @@ pub async fn run(options: RunOptions) -> Result<Summary, ChaosError> {
     let report = crate::check::check(&entries);
     let mut summary = Summary::of(&options, &entries, extra);
     summary.violations = Some(report.violations.iter().map(ToString::to_string).collect());
+    summary.audit_lost_with_cluster = report.counts.audit_lost_with_cluster;
     Ok(summary)
 }
 

@@ -69,6 +69,9 @@ pub struct Summary {
     pub audit_replayed: u64,
     /// Audit `gap` rows.
     pub audit_gaps: u64,
+    /// Lock events that went with a cluster a restore destroyed before the tailer read
+    /// them, and have no audit row (the checker's count).
+    pub audit_lost_with_cluster: u64,
     /// Write events the resource's audit sink dropped.
     pub audit_dropped: u64,
     /// Whether the audit tailer had stored etcd's history through the end of the run.
@@ -105,6 +108,7 @@ impl Summary {
             audit_rows: 0,
             audit_replayed: extra.audit_replayed,
             audit_gaps: extra.audit_gaps,
+            audit_lost_with_cluster: 0,
             audit_dropped: extra.sink_dropped,
             tailer_caught_up: extra.tailer_caught_up,
             workers_failed: extra.workers_failed,
@@ -208,6 +212,7 @@ impl fmt::Display for Summary {
         writeln!(f, "{:<34} {:>10}", "audit rows", self.audit_rows)?;
         writeln!(f, "{:<34} {:>10}", "  restored history, left out", self.audit_replayed)?;
         writeln!(f, "{:<34} {:>10}", "  gaps", self.audit_gaps)?;
+        writeln!(f, "{:<34} {:>10}", "  lost with a restored cluster", self.audit_lost_with_cluster)?;
         writeln!(f, "{:<34} {:>10}", "  write events dropped by the sink", self.audit_dropped)?;
         writeln!(f, "{:<34} {:>10}", "  tailer caught up", if self.tailer_caught_up { "yes" } else { "NO" })?;
         for w in &self.workers_failed {

@@ -33,7 +33,9 @@
 //!   history, and each write committed without a token, has exactly one audit row
 //!   ([`Violation::AuditMissing`], [`Violation::AuditDuplicate`],
 //!   [`Violation::AuditUnexpected`]); see the rules for holds only a worker saw and for
-//!   indeterminate writes below.
+//!   indeterminate writes below. The events of a revision space above its `audit_cut` (the
+//!   last revision the tailer had stored when a restore destroyed the space) went with
+//!   the cluster and may have no row; the report counts those without one.
 //! - **(f) Restored holds.** A snapshot restore brings back the holds in the snapshot
 //!   (`restored_hold`, one per hold key present when the restored cluster starts, in
 //!   revision space `n` after the `n`-th restore). In the space's revision order a restored
@@ -305,7 +307,7 @@ impl Checker {
                 self.restored.granted(lock, *space, *epoch, hold.clone());
                 self.holds.add(lock, *epoch, hold);
                 self.grants.etcd_token(token);
-                self.audit.etcd_hold(index, lock, token, *grant_rev, *end_rev, *end);
+                self.audit.etcd_hold(index, lock, token, *grant_rev, *end_rev, *end, *space);
             }
             Event::RestoredHold { lock, epoch, grant_rev, restored_rev, space, end_rev, exclusive, end } => {
                 c.restored_holds += 1;
@@ -331,6 +333,7 @@ impl Checker {
                 self.restored.restored(lock, *space, *epoch, *restored_rev, hold);
                 self.grants.etcd_token((u64::from(*epoch) << 48) | *grant_rev as u64);
             }
+            Event::AuditCut { space, through } => self.audit.cut(*space, *through),
             Event::AuditRow { kind, lock, resource, token, revision } => {
                 c.audit_rows += 1;
                 self.audit.row(index, kind, lock.as_ref(), resource.as_deref(), *token, *revision, out);
@@ -346,7 +349,7 @@ impl Checker {
         let mut unknown: Vec<_> = self.writes.tokens().filter(|(t, _)| !self.grants.was_granted(*t)).collect();
         unknown.sort_by_key(|(_, i)| *i);
         out.extend(unknown.into_iter().map(|(token, write)| Violation::UnknownToken { write, token }));
-        self.audit.finish(out);
+        self.counts.audit_lost_with_cluster = self.audit.finish(out);
         CheckReport { counts: self.counts, violations: self.violations }
     }
 }

@@ -514,3 +514,30 @@ fn malformed_entry_a_restored_hold_granted_after_its_snapshot() {
     assert_only(&report, ViolationKind::MalformedEntry, &[restored]);
     assert!(report.to_string().contains("granted above the revision of the snapshot"), "{report}");
 }
+
+#[test]
+fn audit_rows_above_the_cut_of_a_destroyed_space_may_be_missing_not_below() {
+    // The forced release of h3 is the last event of space 0. With the tailer's cut just
+    // below it, its row may be missing (counted as lost); with the cut at it, it must be
+    // there.
+    let mut h = scenario();
+    let row = find(&h, |e| matches!(e, Event::AuditRow { kind, .. } if kind == "force"));
+    let Event::AuditRow { revision: Some(rev), .. } = h[row].event else { unreachable!() };
+    let cut = find(&h, |e| matches!(e, Event::AuditCut { space: 0, .. }));
+    let Event::AuditCut { through, .. } = &mut h[cut].event else { unreachable!() };
+    assert_eq!(*through, rev, "the scenario's tailer read space 0 to its end");
+    *through = rev - 1;
+    let mut lost = h.clone();
+    lost.remove(row);
+    let report = check(&lost);
+    assert!(report.is_ok(), "{report}");
+    assert_eq!(report.counts.audit_lost_with_cluster, 1);
+    // With the row there, nothing is lost.
+    assert_eq!(check(&h).counts.audit_lost_with_cluster, 0);
+    assert!(check(&h).is_ok());
+    // The cut back at the force's revision: the missing row is a violation.
+    let Event::AuditCut { through, .. } = &mut lost[cut].event else { unreachable!() };
+    *through = rev;
+    let hold = find(&lost, |e| matches!(e, Event::EtcdHold { end: HoldEnd::Forced, .. }));
+    assert_only(&check(&lost), ViolationKind::AuditMissing, &[hold]);
+}

@@ -79,6 +79,8 @@ pub(crate) struct Sim {
     space: u32,
     /// The first revision of the space, less one (the snapshot's revision after a restore).
     space_from: i64,
+    /// Per destroyed space, the last revision the audit tailer had read.
+    cuts: HashMap<u32, i64>,
 }
 
 impl Default for Sim {
@@ -102,6 +104,7 @@ impl Sim {
             unprotected: Vec::new(),
             space: 0,
             space_from: 0,
+            cuts: HashMap::new(),
         };
         sim.record(RUNNER, Event::EpochAdvanced { epoch: 1 });
         sim
@@ -217,9 +220,14 @@ impl Sim {
     /// at or before it and not ended by then. Each is held again in the new space, by the
     /// same worker with the same token, until it ends there; the handles of these
     /// restored holds are returned. Holds open when the space is destroyed stay open in
-    /// it (as etcd's history of a destroyed space lists them).
-    pub(crate) fn restore_and_advance(&mut self, back: i64) -> Vec<Hold> {
+    /// it (as etcd's history of a destroyed space lists them). The audit tailer had read
+    /// the space up to `unaudited` revisions before its end: the events of those last
+    /// revisions have no audit row, and an `audit_cut` says so.
+    pub(crate) fn restore_and_advance(&mut self, back: i64, unaudited: i64) -> Vec<Hold> {
         self.fault(FaultKind::RestoreEtcdAndAdvanceEpoch, Phase::Start);
+        let through = self.rev - unaudited;
+        self.cuts.insert(self.space, through);
+        self.record(RUNNER, Event::AuditCut { space: self.space, through });
         let snapshot = (self.rev - back).max(self.space_from);
         let (space, next) = (self.space, self.space + 1);
         let mut restored = Vec::new();
@@ -348,6 +356,7 @@ impl Sim {
         // The audit trail records each hold from the space that granted it; its rows
         // about restored history are left out by the harness.
         for h in holds.iter().filter(|h| h.restored_rev.is_none()) {
+            let cut = self.cuts.get(&h.space).copied().unwrap_or(i64::MAX);
             let token = Some(token(h.epoch, h.grant_rev));
             let row = |kind: &str, revision| Event::AuditRow {
                 kind: kind.into(),
@@ -356,14 +365,18 @@ impl Sim {
                 token,
                 revision,
             };
-            self.record(RUNNER, row("grant", Some(h.grant_rev)));
+            if h.grant_rev <= cut {
+                self.record(RUNNER, row("grant", Some(h.grant_rev)));
+            }
             let end = match h.end {
                 HoldEnd::Released => "release",
                 HoldEnd::Expired => "expire",
                 HoldEnd::Forced => "force",
                 HoldEnd::Open => continue,
             };
-            self.record(RUNNER, row(end, h.end_rev));
+            if h.end_rev.is_some_and(|e| e <= cut) {
+                self.record(RUNNER, row(end, h.end_rev));
+            }
         }
         for resource in std::mem::take(&mut self.unprotected) {
             let row = Event::AuditRow {
@@ -479,7 +492,8 @@ pub(crate) fn random_history(seed: u64, workers: u32, locks: usize, steps: usize
                     }
                 }
                 let back = rng.below(15) as i64;
-                open = sim.restore_and_advance(back);
+                let unaudited = rng.below(3) as i64;
+                open = sim.restore_and_advance(back, unaudited);
             }
             _ => {}
         }

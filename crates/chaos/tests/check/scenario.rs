@@ -82,7 +82,7 @@ pub(crate) fn scenario() -> Vec<Entry> {
     // h3's grant and force are undone, h6 comes back, the epoch advances.
     sim.fault(FaultKind::RestartPostgres, Phase::Start);
     sim.fault(FaultKind::RestartPostgres, Phase::End);
-    let restored = sim.restore_and_advance(2);
+    let restored = sim.restore_and_advance(2, 0);
     assert_eq!(restored.len(), 1);
     assert_eq!(restored[0].token, h6.token);
     let h4 = sim.acquire(0, &a, true);
