@@ -1,15 +1,62 @@
 //! `palisade chaos` for 60 seconds with a fixed seed: the real binary, on its own
 //! three-member etcd, private PostgreSQL, lock-service replicas and worker processes
 //! (the test starts etcd: `etcd` in its name, so nextest runs it alone).
+//!
+//! The run's summary is printed whether it passes or not (see it with `--no-capture`).
+//! When the test fails, its history is kept in `<target>/test-artifacts/` and the failure
+//! names it, with the seed, the summary, the run's stderr, and every violation followed by
+//! the history entries it names.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use palisade_chaos::history::{read_history, Event, FaultKind, Phase, WriteOutcome};
+use palisade_chaos::check::{CheckReport, EntryIndex};
+use palisade_chaos::history::{read_history, Entry, Event, FaultKind, Phase, WriteOutcome};
 use palisade_chaos::schedule::ALL_KINDS;
 
 /// The seed of the CI run.
 const SEED: &str = "20261130";
+
+/// Violations listed with their entries in a failure message, at most.
+const SHOWN: usize = 20;
+
+/// Where a failed run's history is kept: `test-artifacts/` in the target directory.
+fn artifacts() -> PathBuf {
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    tmp.parent().expect("the target directory").join("test-artifacts")
+}
+
+/// Copies the history to the artifacts directory; returns where it is, or why not.
+fn keep(history: &Path) -> String {
+    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let dir = artifacts();
+    let kept = dir.join(format!("chaos-{SEED}-{stamp}.jsonl"));
+    match std::fs::create_dir_all(&dir).and_then(|()| std::fs::copy(history, &kept)) {
+        Ok(_) => kept.display().to_string(),
+        Err(e) => format!("(not kept: copying {} failed: {e})", history.display()),
+    }
+}
+
+/// Every violation (the first [`SHOWN`]) with the entries it names, one JSON line each.
+fn violations(report: &CheckReport, entries: &[Entry]) -> String {
+    let mut text = String::new();
+    for v in report.violations.iter().take(SHOWN) {
+        let _ = writeln!(text, "- {v}");
+        let mut named = v.entries();
+        named.sort();
+        named.dedup();
+        for EntryIndex(i) in named {
+            let line = entries.get(i).and_then(|e| serde_json::to_string(e).ok()).unwrap_or_default();
+            let _ = writeln!(text, "    #{i}: {line}");
+        }
+    }
+    if report.violations.len() > SHOWN {
+        let _ = writeln!(text, "({} more; run `palisade chaos check` on the history)", report.violations.len() - SHOWN);
+    }
+    text
+}
 
 #[test]
 fn chaos_etcd_sixty_seconds_no_stale_write_lands() {
@@ -22,16 +69,37 @@ fn chaos_etcd_sixty_seconds_no_stale_write_lands() {
         .expect("running palisade chaos");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "palisade chaos failed ({}):\n{stdout}\n{stderr}", out.status);
-    assert!(stdout.contains(&format!("history: {}", history.display())), "{stdout}");
-
-    let entries = read_history(std::io::BufReader::new(std::fs::File::open(&history).unwrap())).unwrap();
-    let report = palisade_chaos::check::check(&entries);
-    assert!(report.violations.is_empty(), "violations: {:#?}\n{stdout}", report.violations);
+    eprintln!("{stdout}");
+    let entries = std::fs::File::open(&history)
+        .map_err(|e| e.to_string())
+        .and_then(|f| read_history(std::io::BufReader::new(f)).map_err(|e| e.to_string()));
+    let report = entries.as_ref().ok().map(|e| palisade_chaos::check::check(e));
+    let fail = |what: String| -> ! {
+        let kept = if history.exists() { keep(&history) } else { "(none was written)".to_owned() };
+        let found = match (&report, &entries) {
+            (Some(r), Ok(e)) if !r.is_ok() => violations(r, e),
+            (Some(_), Ok(_)) => "none\n".to_owned(),
+            (_, Err(e)) => format!("the history could not be read: {e}\n"),
+            (None, Ok(_)) => unreachable!("a read history is checked"),
+        };
+        panic!(
+            "{what}\nseed {SEED}; history: {kept}\nviolations:\n{found}--- summary (stdout)\n{stdout}\n--- stderr\n{stderr}"
+        );
+    };
+    if !out.status.success() {
+        fail(format!("palisade chaos failed ({})", out.status));
+    }
+    if !stdout.contains(&format!("history: {}", history.display())) {
+        fail("the summary does not name the history".into());
+    }
+    let (Some(report), Ok(entries)) = (&report, &entries) else { fail("the history was not checked".into()) };
+    if !report.is_ok() {
+        fail(format!("{} violation(s) in the history", report.violations.len()));
+    }
 
     let mut faults: BTreeMap<FaultKind, u32> = BTreeMap::new();
     let (mut grants, mut stale, mut committed, mut holds, mut audit) = (0, 0, 0, 0, 0);
-    for e in &entries {
+    for e in entries {
         match &e.event {
             Event::Fault { kind, phase: Phase::Start, .. } => *faults.entry(*kind).or_default() += 1,
             Event::Granted { .. } => grants += 1,
@@ -43,11 +111,21 @@ fn chaos_etcd_sixty_seconds_no_stale_write_lands() {
         }
     }
     for kind in ALL_KINDS {
-        assert!(faults.get(&kind).copied().unwrap_or(0) >= 1, "{kind:?} was never injected: {faults:?}\n{stdout}");
+        if faults.get(&kind).copied().unwrap_or(0) == 0 {
+            fail(format!("{kind:?} was never injected: {faults:?}"));
+        }
     }
-    assert!(stale >= 1, "no stale write was rejected\n{stdout}");
-    assert!(grants > 0 && committed > 0, "grants {grants}, committed writes {committed}\n{stdout}");
-    assert!(holds > 0 && audit > 0, "etcd holds {holds}, audit rows {audit}\n{stdout}");
+    if stale == 0 {
+        fail("no stale write was rejected".into());
+    }
+    if grants == 0 || committed == 0 {
+        fail(format!("grants {grants}, committed writes {committed}"));
+    }
+    if holds == 0 || audit == 0 {
+        fail(format!("etcd holds {holds}, audit rows {audit}"));
+    }
     let summary_violations = stdout.lines().find(|l| l.starts_with("violations")).and_then(|l| l.split_whitespace().last());
-    assert_eq!(summary_violations, Some("0"), "{stdout}");
+    if summary_violations != Some("0") {
+        fail(format!("the summary's violations line says {summary_violations:?}"));
+    }
 }

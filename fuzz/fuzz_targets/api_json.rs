@@ -1,17 +1,19 @@
-//! The lock service's JSON: the public serde types its request bodies and stored records
-//! are made of, from arbitrary bytes.
+//! The lock service's JSON, from arbitrary bytes: the request body of every route with
+//! one, parsed as its handler parses it, and the public serde types its bodies and stored
+//! records are made of.
 //!
-//! The request body structs themselves are private to the service, and its router cannot
-//! be built without etcd (`Locker::connect` reads the epoch record from etcd), so this
-//! target reads the parts they are built from: `Mode`, `Enforcement`, `QuorumPolicy`,
-//! `Revision` and `FencingToken` (fields of the acquire, release and class bodies),
-//! `LeaseId` and `SpiffeId`, and the `Namespace` and `LockClass` records the service
-//! stores in etcd as JSON (with their millisecond durations).
+//! The service's router cannot be built without etcd (`Locker::connect` reads the epoch
+//! record), so the bodies go through `palisade_lock::service::parse_body` (feature
+//! `fuzzing`): the handler's own extractor and body type, then the handler's checks of
+//! the body. Every body must be accepted or refused with an `invalid-input` problem.
+//! The public types are `Mode`, `Enforcement`, `QuorumPolicy`, `Revision` and
+//! `FencingToken` (fields of the bodies), `LeaseId` and `SpiffeId`, and the `Namespace`
+//! and `LockClass` records the service stores in etcd as JSON (with their millisecond
+//! durations): whatever parses serializes and parses back to the same value.
 //!
-//! The input is either raw bytes, or a valid record (a namespace, a class, an acquire or a
-//! release body) with some fields replaced, dropped or added, so that whole records parse
-//! often enough to fuzz what comes after the first error.
-//! Never panics; whatever parses serializes and parses back to the same value.
+//! The input is either raw bytes, or a valid body or record with some fields replaced,
+//! dropped or added, so that whole bodies parse often enough to fuzz the checks after the
+//! parse; it is sent with one of a few content types. Never panics.
 
 #![no_main]
 
@@ -20,6 +22,7 @@ use std::fmt::Debug;
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use palisade_fence::{FencingToken, Revision};
+use palisade_lock::service::{parse_body, BodyRoute, ProblemKind};
 use palisade_lock::{Enforcement, LeaseId, LockClass, Mode, Namespace, QuorumPolicy, SpiffeId};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -27,6 +30,19 @@ use serde_json::{Map, Value};
 
 const WORDS: [&str; 10] =
     ["exclusive", "shared", "fenced", "advisory", "closed", "open", "restore", "rehome", "spiffe://acme/w", ""];
+
+/// Content types a body is sent with: JSON, JSON with a parameter, another type, none.
+const CONTENT_TYPES: [Option<&str>; 4] =
+    [Some("application/json"), Some("application/json; charset=utf-8"), Some("text/plain"), None];
+
+#[derive(Debug, Arbitrary)]
+struct Request<'a> {
+    /// Which of [`CONTENT_TYPES`].
+    content_type: u8,
+    /// The path's namespace and class, for the admin routes: a valid name, or these bytes.
+    path: Option<(&'a str, &'a str)>,
+    input: Input<'a>,
+}
 
 #[derive(Debug, Arbitrary)]
 enum Input<'a> {
@@ -56,20 +72,26 @@ enum Json {
     Object(Vec<(String, Json)>),
 }
 
-/// Valid records: a namespace and a class as stored, an acquire and a release body.
+/// Valid records: a namespace and a class as stored, then a valid body of each route.
 fn template(which: u8) -> Vec<(&'static str, Value)> {
-    let text = match which % 4 {
+    let text = match which % 9 {
         0 => r#"{"id":"orders","tenant_id":"acme","held_lease_quota":10,"op_rate_quota":100,"cluster_tier":"default"}"#,
         1 => r#"{"id":"jobs","ns_id":"orders","key_prefix":"nightly/","ttl_min":1000,"ttl_max":60000,"mode":"exclusive","enforcement":"fenced","on_quorum_loss":"closed","lock_delay":0}"#,
-        2 => r#"{"session":"00000000000000ab","namespace":"orders","class":"jobs","key":"nightly/1","mode":"shared","wait_ms":1000,"token":"281474976710757"}"#,
-        _ => r#"{"session":"00000000000000ab","namespace":"orders","class":"jobs","key":"nightly/1","mode":"exclusive","grant_rev":4242}"#,
+        2 => r#"{"session":"00000000000000ab","namespace":"orders","class":"jobs","key":"nightly/1","mode":"shared","wait_ms":1000,"holder_meta":{"job":"n1"}}"#,
+        3 => r#"{"session":"00000000000000ab","namespace":"orders","class":"jobs","key":"nightly/1","mode":"exclusive","grant_rev":4242}"#,
+        4 => r#"{"ttl_ms":3000,"namespace":"orders"}"#,
+        5 => r#"{"tenant_id":"acme","held_lease_quota":10,"op_rate_quota":100,"cluster_tier":"default"}"#,
+        6 => r#"{"key_prefix":"nightly/","ttl_min_ms":1000,"ttl_max_ms":60000,"mode":"exclusive","enforcement":"fenced","on_quorum_loss":"closed","lock_delay_ms":0}"#,
+        7 => r#"{"reason":"restore"}"#,
+        _ => r#"{"namespace":"orders","class":"jobs","key":"nightly/1","reason":"stuck after a crash"}"#,
     };
     let Value::Object(map) = serde_json::from_str(text).unwrap() else { unreachable!() };
     // Field names of the templates above, in order, as `'static` keys.
-    const NAMES: [&str; 22] = [
+    const NAMES: [&str; 26] = [
         "id", "ns_id", "tenant_id", "held_lease_quota", "op_rate_quota", "cluster_tier", "key_prefix", "ttl_min",
         "ttl_max", "mode", "enforcement", "on_quorum_loss", "lock_delay", "session", "namespace", "class", "key",
-        "wait_ms", "grant_rev", "token", "reason", "ttl_ms",
+        "wait_ms", "grant_rev", "token", "reason", "ttl_ms", "ttl_min_ms", "ttl_max_ms", "lock_delay_ms",
+        "holder_meta",
     ];
     map.into_iter().map(|(k, v)| (*NAMES.iter().find(|n| **n == k).unwrap(), v)).collect()
 }
@@ -103,9 +125,11 @@ fn round_trip<T: Serialize + DeserializeOwned + PartialEq + Debug>(data: &[u8]) 
     Some(value)
 }
 
-fuzz_target!(|input: Input<'_>| {
+fuzz_target!(|request: Request<'_>| {
+    let content_type = CONTENT_TYPES[usize::from(request.content_type) % CONTENT_TYPES.len()];
+    let (ns, class) = request.path.unwrap_or(("orders", "jobs"));
     let built;
-    let data = match input {
+    let data = match request.input {
         Input::Raw(bytes) => bytes,
         Input::Record { template: which, changes, drop, extra } => {
             let mut fields = template(which);
@@ -128,6 +152,11 @@ fuzz_target!(|input: Input<'_>| {
         }
     };
     check(data);
+    for route in BodyRoute::ALL {
+        if let Err(problem) = parse_body(route, ns, class, content_type, data) {
+            assert_eq!(problem.kind(), ProblemKind::InvalidInput, "{route:?}: {problem:?}");
+        }
+    }
 });
 
 fn check(data: &[u8]) {

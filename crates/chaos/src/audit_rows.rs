@@ -71,6 +71,13 @@ pub(crate) async fn wait_for_tailer(
     }
 }
 
+/// The last revision of cluster `cluster_id` the tailer has stored (0: none).
+pub(crate) async fn tailer_through(pool: &Pool, cluster_id: u64) -> Result<i64, ChaosError> {
+    let client = pool.get().await.map_err(|e| ChaosError::NotReady(format!("the audit database ({e})")))?;
+    let at = palisade_audit::tailer_position(&**client, palisade_audit::ClusterId(cluster_id)).await?;
+    Ok(at.map_or(0, |r| r.as_i64()))
+}
+
 /// Reads lock events (without copies of restored history) and unprotected writes.
 pub(crate) async fn read(pool: &Pool, replayed: &[Replayed]) -> Result<AuditRead, ChaosError> {
     let client = pool.get().await.map_err(|e| ChaosError::NotReady(format!("the audit database ({e})")))?;

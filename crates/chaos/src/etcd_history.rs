@@ -1,6 +1,8 @@
 //! Holds as etcd's history shows them: every hold key's creation and deletion under
 //! `<root>locks/`, read with a watch from a start revision up to the revision etcd was at
-//! when the read began, and turned into [`Event::EtcdHold`] entries.
+//! when the read began, and turned into [`Event::EtcdHold`] entries. For a space a
+//! snapshot restore made, the hold keys present at its start (the snapshot's revision)
+//! are read too, and become [`Event::RestoredHold`] entries.
 //!
 //! How a hold ended is read the way the audit tailer reads it (the lock core's key
 //! layout): the hold key and its grant record deleted in one revision is a release; the
@@ -15,6 +17,7 @@ use serde::Deserialize;
 
 use crate::error::ChaosError;
 use crate::history::{Event, HoldEnd, LockName};
+use crate::runner::Space;
 
 /// How long one read may take in all.
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
@@ -42,6 +45,9 @@ impl Change {
 pub(crate) struct Read {
     /// The etcd cluster id that answered.
     pub(crate) cluster_id: u64,
+    /// The keys present at the revision before the first change read (for a restored
+    /// space: what the snapshot held), when asked for.
+    pub(crate) initial: Vec<Change>,
     pub(crate) changes: Vec<Change>,
 }
 
@@ -55,28 +61,53 @@ pub(crate) enum Head {
     Serializable,
 }
 
-/// Reads every change under `prefix` from `from` up to etcd's current revision.
-pub(crate) async fn read(endpoints: &[String], prefix: &str, from: i64, head: Head) -> Result<Read, ChaosError> {
-    tokio::time::timeout(READ_TIMEOUT, read_inner(endpoints, prefix, from, head))
+/// Reads every change under `prefix` from `from` up to etcd's current revision, and with
+/// `initial`, the keys under `prefix` present at revision `from - 1` as well.
+pub(crate) async fn read(
+    endpoints: &[String],
+    prefix: &str,
+    from: i64,
+    head: Head,
+    initial: bool,
+) -> Result<Read, ChaosError> {
+    tokio::time::timeout(READ_TIMEOUT, read_inner(endpoints, prefix, from, head, initial))
         .await
         .map_err(|_| ChaosError::NotReady("etcd history".into()))?
 }
 
-async fn read_inner(endpoints: &[String], prefix: &str, from: i64, head: Head) -> Result<Read, ChaosError> {
+async fn read_inner(endpoints: &[String], prefix: &str, from: i64, head: Head, initial: bool) -> Result<Read, ChaosError> {
     let mut client = Client::connect(endpoints, None).await.map_err(ChaosError::etcd("connecting to etcd"))?;
     let mut options = GetOptions::new().with_prefix().with_count_only();
     if head == Head::Serializable {
         options = options.with_serializable();
     }
-    let head = client
+    let now = client
         .get(prefix, Some(options))
         .await
         .map_err(ChaosError::etcd("reading etcd's revision"))?;
-    let header = head.header().ok_or(ChaosError::NotReady("an etcd response header".into()))?;
+    let header = now.header().ok_or(ChaosError::NotReady("an etcd response header".into()))?;
     let (cluster_id, through) = (header.cluster_id(), header.revision());
+    let mut start = Vec::new();
+    if initial && from > 1 {
+        let mut options = GetOptions::new().with_prefix().with_revision(from - 1);
+        if head == Head::Serializable {
+            options = options.with_serializable();
+        }
+        let resp = client.get(prefix, Some(options)).await.map_err(ChaosError::etcd("reading the keys a restore brought back"))?;
+        for kv in resp.kvs() {
+            start.push(Change {
+                revision: kv.mod_revision(),
+                delete: false,
+                key: String::from_utf8_lossy(kv.key()).into_owned(),
+                value: kv.value().to_vec(),
+                version: kv.version(),
+                create_revision: kv.create_revision(),
+            });
+        }
+    }
     let mut changes = Vec::new();
     if from > through {
-        return Ok(Read { cluster_id, changes });
+        return Ok(Read { cluster_id, initial: start, changes });
     }
     let options = WatchOptions::new().with_prefix().with_start_revision(from);
     let (mut watcher, mut stream) =
@@ -111,7 +142,7 @@ async fn read_inner(endpoints: &[String], prefix: &str, from: i64, head: Head) -
         if last_event >= through || (progress && at >= through) {
             let _ = watcher.cancel().await;
             changes.retain(|c| c.revision <= through);
-            return Ok(Read { cluster_id, changes });
+            return Ok(Read { cluster_id, initial: start, changes });
         }
     }
 }
@@ -153,21 +184,34 @@ struct Forced {
 /// The holds of one revision space.
 #[derive(Debug, Default)]
 pub(crate) struct Holds {
-    /// One [`Event::EtcdHold`] per hold created in the space.
+    /// One [`Event::EtcdHold`] per hold created in the space, and one
+    /// [`Event::RestoredHold`] per hold key present at its start.
     pub(crate) holds: Vec<Event>,
-    /// Holds deleted in the space but created before it: holds a restored snapshot
-    /// brought back (already reported, with their end, from the space they were granted
-    /// in), which the restored cluster then deleted again.
-    pub(crate) restored_ends: u64,
+    /// Hold keys deleted in the space that were neither created in it nor present at its
+    /// start: the read missed part of the space (never seen on a whole read).
+    pub(crate) unmatched_ends: u64,
 }
 
 /// Turns the changes of one revision space into holds. A hold carries the epoch written
-/// in its value (`epoch` when that cannot be read); holds still present at the end are
-/// [`HoldEnd::Open`] (for a space a restore ended: present when it was destroyed).
-pub(crate) fn holds(prefix: &str, read: &Read, epoch: u16) -> Holds {
+/// in its value (the space's epoch when that cannot be read); holds still present at the
+/// end are [`HoldEnd::Open`] (for a space a restore ended: present when it was
+/// destroyed). Hold keys in `read.initial` (the space began with them: a restore brought
+/// them back) become [`Event::RestoredHold`]s, ended by their delete in the space.
+pub(crate) fn holds(prefix: &str, read: &Read, space: Space) -> Holds {
+    let epoch = space.epoch;
     let mut result = Holds::default();
     let out = &mut result.holds;
     let mut open: BTreeMap<String, (LockName, i64, bool, u16)> = BTreeMap::new();
+    let mut restored: BTreeMap<String, (LockName, i64, bool, u16)> = BTreeMap::new();
+    for c in &read.initial {
+        let Some(path) = parse(prefix, &c.key).filter(|p| p.kind == "h") else { continue };
+        let e = serde_json::from_slice::<Meta>(&c.value).map_or(epoch, |m| m.epoch);
+        restored.insert(c.key.clone(), (path.lock, c.create_revision, path.mode == "x", e));
+    }
+    let restored_rev = space.from - 1;
+    let restored_hold = |(lock, grant_rev, exclusive, hold_epoch): (LockName, i64, bool, u16), end_rev, end| {
+        Event::RestoredHold { lock, epoch: hold_epoch, grant_rev, restored_rev, space: space.number, end_rev, exclusive, end }
+    };
     for group in read.changes.chunk_by(|a, b| a.revision == b.revision) {
         let grant_records: HashMap<&str, &Change> = group
             .iter()
@@ -191,14 +235,22 @@ pub(crate) fn holds(prefix: &str, read: &Read, epoch: u16) -> Holds {
                 _ => HoldEnd::Expired,
             };
             let Some((lock, grant_rev, exclusive, hold_epoch)) = open.remove(&c.key) else {
-                result.restored_ends += 1;
+                match restored.remove(&c.key) {
+                    Some(hold) => out.push(restored_hold(hold, Some(c.revision), end)),
+                    None => result.unmatched_ends += 1,
+                }
                 continue;
             };
-            out.push(Event::EtcdHold { lock, epoch: hold_epoch, grant_rev, end_rev: Some(c.revision), exclusive, end });
+            let space = space.number;
+            out.push(Event::EtcdHold { lock, epoch: hold_epoch, grant_rev, end_rev: Some(c.revision), exclusive, end, space });
         }
     }
     for (_, (lock, grant_rev, exclusive, hold_epoch)) in open {
-        out.push(Event::EtcdHold { lock, epoch: hold_epoch, grant_rev, end_rev: None, exclusive, end: HoldEnd::Open });
+        let space = space.number;
+        out.push(Event::EtcdHold { lock, epoch: hold_epoch, grant_rev, end_rev: None, exclusive, end: HoldEnd::Open, space });
+    }
+    for (_, hold) in restored {
+        out.push(restored_hold(hold, None, HoldEnd::Open));
     }
     result
 }
@@ -230,6 +282,10 @@ mod tests {
         let meta = r#"{"spiffe_id":"spiffe://chaos/w","epoch":2}"#;
         let read = Read {
             cluster_id: 1,
+            initial: vec![
+                change(3, false, &h("00000000000000a0"), meta, 3),
+                change(4, false, &format!("{p}chaos/cells/key-2/h/s/00000000000000b0"), meta, 4),
+            ],
             changes: vec![
                 change(5, false, &h("00000000000000a1"), meta, 5),
                 change(5, false, &g("00000000000000a1"), "{}", 5),
@@ -241,6 +297,7 @@ mod tests {
                 change(14, true, &h("00000000000000a3"), "", 12),
                 change(14, false, &g("00000000000000a3"), r#"{"forced":{"by":"x"}}"#, 12),
                 change(15, true, &h("00000000000000a0"), "", 3),
+                change(15, true, &h("000000000000009f"), "", 2),
                 change(16, false, &h("00000000000000a4"), meta, 16),
                 change(17, false, &format!("{p}chaos/cells/key-1/q/x/00000000000000a5"), "{}", 17),
             ],
@@ -253,18 +310,41 @@ mod tests {
             end_rev,
             exclusive: true,
             end,
+            space: 1,
         };
-        let found = holds(p, &read, 3);
+        let found = holds(p, &read, Space { epoch: 3, from: 5, number: 1 });
         assert_eq!(
             found.holds,
             vec![
                 hold(2, 5, Some(7), HoldEnd::Released),
                 hold(2, 9, Some(11), HoldEnd::Expired),
                 hold(2, 12, Some(14), HoldEnd::Forced),
+                // The hold created at 3 was in the snapshot (revision 4) the space began
+                // from: it came back, and expired at 15.
+                Event::RestoredHold {
+                    lock: lock.clone(),
+                    epoch: 2,
+                    grant_rev: 3,
+                    restored_rev: 4,
+                    space: 1,
+                    end_rev: Some(15),
+                    exclusive: true,
+                    end: HoldEnd::Expired,
+                },
                 hold(2, 16, None, HoldEnd::Open),
+                Event::RestoredHold {
+                    lock: LockName { key: "key-2".into(), ..lock.clone() },
+                    epoch: 2,
+                    grant_rev: 4,
+                    restored_rev: 4,
+                    space: 1,
+                    end_rev: None,
+                    exclusive: false,
+                    end: HoldEnd::Open,
+                },
             ]
         );
-        // The hold created at 3, before the read began, came back with a restore.
-        assert_eq!(found.restored_ends, 1);
+        // The delete of a key the space neither created nor began with.
+        assert_eq!(found.unmatched_ends, 1);
     }
 }

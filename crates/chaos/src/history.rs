@@ -196,6 +196,46 @@ pub enum Event {
         exclusive: bool,
         /// How it ended.
         end: HoldEnd,
+        /// The revision space it was granted in: 0 for the cluster the run started with,
+        /// `n` for the cluster the `n`-th snapshot restore made (0 when absent).
+        #[serde(default)]
+        space: u32,
+    },
+    /// A hold a snapshot restore brought back: its key was in the snapshot, so it is
+    /// present again when the restored cluster starts, granted in an earlier epoch at a
+    /// revision at or below the snapshot's. Read after the run from the restored
+    /// cluster's history, one per hold key present at its start. (The hold's own grant,
+    /// and how it ended in the cluster that granted it, is an [`Event::EtcdHold`] of an
+    /// earlier space.)
+    RestoredHold {
+        /// The lock.
+        lock: LockName,
+        /// The epoch the hold was granted in (an earlier one than the space serves).
+        epoch: u16,
+        /// The hold key's create revision (at or below `restored_rev`).
+        grant_rev: i64,
+        /// The snapshot's revision: the restored cluster starts there, and every
+        /// revision of its space is above it.
+        restored_rev: i64,
+        /// The revision space the restore made (1 for the first restore).
+        space: u32,
+        /// The revision of the delete that ended it in that space; `None` when still
+        /// present when the space was read.
+        end_rev: Option<i64>,
+        /// Exclusive (`true`) or shared.
+        exclusive: bool,
+        /// How it ended in that space.
+        end: HoldEnd,
+    },
+    /// How far the audit tailer had read a revision space when a snapshot restore
+    /// destroyed it: it had stored the space's lock events through revision `through`.
+    /// Events above it went with the cluster before the tailer could read them (the
+    /// restored cluster never had them), so the audit trail may lack their rows.
+    AuditCut {
+        /// The revision space the restore destroyed.
+        space: u32,
+        /// The last revision of the space the tailer had stored.
+        through: i64,
     },
     /// A row of the audit log, read after the run.
     AuditRow {

@@ -99,7 +99,7 @@ impl Run {
         let prefix = format!("{ROOT}locks/");
         // Let the audit tailer read the space first, while etcd still has quorum (after a
         // restore its backoff can leave it seconds behind).
-        if let Ok(read) = etcd_history::read(&self.etcd.endpoints(), &prefix, self.space.from, Head::Linearizable).await {
+        if let Ok(read) = etcd_history::read(&self.etcd.endpoints(), &prefix, self.space.from, Head::Linearizable, false).await {
             let last = read.changes.last().map_or(0, etcd_history::Change::revision);
             let _ = audit_rows::wait_for_tailer(&self.audit_pool, read.cluster_id, last, Duration::from_secs(15)).await;
         }
@@ -110,7 +110,7 @@ impl Run {
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
         let endpoint = [self.etcd.endpoint(leader)];
-        let read = etcd_history::read(&endpoint, &prefix, self.space.from, Head::Serializable).await;
+        let read = etcd_history::read(&endpoint, &prefix, self.space.from, Head::Serializable, true).await;
         let read = match read {
             Ok(r) => r,
             Err(e) => {
@@ -121,14 +121,20 @@ impl Run {
                 return Err(e);
             }
         };
-        let found = etcd_history::holds(&prefix, &read, self.space.epoch);
+        let found = etcd_history::holds(&prefix, &read, self.space);
         self.holds.extend(found.holds);
-        self.restored_ends += found.restored_ends;
+        self.unmatched_ends += found.unmatched_ends;
         // The last few changes (lease expiries since the tailer caught up): the tailer may
         // be watching a stopped follower, and then they are lost with the cluster, as in
-        // any restore.
+        // any restore. The history says how far it got, so that the checker expects rows
+        // only of what it could read.
         let last = read.changes.last().map_or(0, etcd_history::Change::revision);
         let _ = audit_rows::wait_for_tailer(&self.audit_pool, read.cluster_id, last, Duration::from_secs(3)).await;
+        match audit_rows::tailer_through(&self.audit_pool, read.cluster_id).await {
+            Ok(through) => self.record(Event::AuditCut { space: self.space.number, through: through.min(last) }),
+            // Without it every event of the space must have its row.
+            Err(e) => tracing::warn!(error = %e, "the audit position before the restore is unknown"),
+        }
         self.etcd.restore_in_place(&snapshot, RestoreMode::NewClusterId).await;
         let cluster_id = self.etcd.cluster_id().await;
         self.replicas.signal_all(Signal::SIGCONT);
@@ -148,7 +154,7 @@ impl Run {
             }
         }
         self.replayed.push(Replayed { cluster_id, through: snapshot.revision(), epoch });
-        self.space = Space { epoch, from: snapshot.revision() + 1 };
+        self.space = Space { epoch, from: snapshot.revision() + 1, number: self.space.number + 1 };
         self.fault(kind, Phase::End, format!("etcd cluster {cluster_id:x} serves epoch {epoch}"));
         Ok(())
     }

@@ -61,6 +61,8 @@ pub(crate) struct Space {
     pub(crate) epoch: u16,
     /// The first revision that belongs to this space (after a restore: the snapshot's + 1).
     pub(crate) from: i64,
+    /// 0 for the cluster the run started with, `n` after the `n`-th restore.
+    pub(crate) number: u32,
 }
 
 /// Everything a run holds while it runs.
@@ -75,8 +77,8 @@ pub(crate) struct Run {
     pub(crate) space: Space,
     /// Holds read from revision spaces a restore destroyed.
     pub(crate) holds: Vec<Event>,
-    /// Holds a restore brought back and the restored cluster ended again.
-    pub(crate) restored_ends: u64,
+    /// Hold ends read that matched no hold of their space (see `etcd_history::Holds`).
+    pub(crate) unmatched_ends: u64,
     pub(crate) replayed: Vec<Replayed>,
     pub(crate) snapshot: Option<palisade_testkit::Snapshot>,
     pub(crate) holding: Holding,
@@ -195,6 +197,7 @@ pub async fn run(options: RunOptions) -> Result<Summary, ChaosError> {
     let report = crate::check::check(&entries);
     let mut summary = Summary::of(&options, &entries, extra);
     summary.violations = Some(report.violations.iter().map(ToString::to_string).collect());
+    summary.audit_lost_with_cluster = report.counts.audit_lost_with_cluster;
     Ok(summary)
 }
 
@@ -202,7 +205,7 @@ pub async fn run(options: RunOptions) -> Result<Summary, ChaosError> {
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Extra {
     pub(crate) audit_replayed: u64,
-    pub(crate) restored_ends: u64,
+    pub(crate) unmatched_ends: u64,
     pub(crate) audit_gaps: u64,
     pub(crate) sink_dropped: u64,
     pub(crate) tailer_caught_up: bool,
@@ -246,9 +249,9 @@ async fn drive(
         workers: None,
         entries,
         audit_pool: pool.clone(),
-        space: Space { epoch: 0, from: 1 },
+        space: Space { epoch: 0, from: 1, number: 0 },
         holds: Vec::new(),
-        restored_ends: 0,
+        unmatched_ends: 0,
         replayed: Vec::new(),
         snapshot: None,
         holding,
@@ -317,11 +320,12 @@ async fn drive(
 
     // etcd's history of the last revision space.
     let prefix = format!("{ROOT}locks/");
-    let read = etcd_history::read(&run.etcd.endpoints(), &prefix, run.space.from, etcd_history::Head::Linearizable).await?;
+    let read =
+        etcd_history::read(&run.etcd.endpoints(), &prefix, run.space.from, etcd_history::Head::Linearizable, true).await?;
     let mut holds = std::mem::take(&mut run.holds);
-    let found = etcd_history::holds(&prefix, &read, run.space.epoch);
+    let found = etcd_history::holds(&prefix, &read, run.space);
     holds.extend(found.holds);
-    let restored_ends = run.restored_ends + found.restored_ends;
+    let unmatched_ends = run.unmatched_ends + found.unmatched_ends;
     let last_lock_rev = read.changes.last().map_or(0, etcd_history::Change::revision);
     let caught_up = audit_rows::wait_for_tailer(&pool, read.cluster_id, last_lock_rev, Duration::from_secs(60)).await?;
     tailer.abort();
@@ -331,7 +335,7 @@ async fn drive(
     }
     Ok(Extra {
         audit_replayed: audit.replayed,
-        restored_ends,
+        unmatched_ends,
         audit_gaps: audit.gaps,
         sink_dropped,
         tailer_caught_up: caught_up,

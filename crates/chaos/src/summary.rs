@@ -6,7 +6,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::history::{Entry, Event, FaultKind, Phase, Target, WriteOutcome};
+use crate::history::{Entry, Event, FaultKind, HoldEnd, Phase, Target, WriteOutcome};
 use crate::runner::{Extra, RunOptions};
 use crate::schedule::ALL_KINDS;
 
@@ -54,9 +54,14 @@ pub struct Summary {
     pub epochs_advanced: u64,
     /// Holds read from etcd's history.
     pub etcd_holds: u64,
-    /// Holds a restore brought back that the restored cluster ended again (left out of
-    /// the history: each was reported from the cluster that granted it).
+    /// Holds a restore brought back (`restored_hold` entries; each is also reported,
+    /// with its first end, from the cluster that granted it).
+    pub restored_holds: u64,
+    /// Of them, those the restored cluster ended again before the history was read.
     pub restored_holds_ended: u64,
+    /// Hold keys deleted in a revision space that was read, which neither were created in
+    /// it nor were present at its start (0 unless a read missed part of a space).
+    pub unmatched_hold_ends: u64,
     /// Rows read from the audit trail.
     pub audit_rows: u64,
     /// Audit rows left out as restored history: copies of the old cluster's, and the
@@ -64,6 +69,9 @@ pub struct Summary {
     pub audit_replayed: u64,
     /// Audit `gap` rows.
     pub audit_gaps: u64,
+    /// Lock events that went with a cluster a restore destroyed before the tailer read
+    /// them, and have no audit row (the checker's count).
+    pub audit_lost_with_cluster: u64,
     /// Write events the resource's audit sink dropped.
     pub audit_dropped: u64,
     /// Whether the audit tailer had stored etcd's history through the end of the run.
@@ -94,10 +102,13 @@ impl Summary {
             faults: ALL_KINDS.iter().map(|k| (*k, 0)).collect(),
             epochs_advanced: 0,
             etcd_holds: 0,
-            restored_holds_ended: extra.restored_ends,
+            restored_holds: 0,
+            restored_holds_ended: 0,
+            unmatched_hold_ends: extra.unmatched_ends,
             audit_rows: 0,
             audit_replayed: extra.audit_replayed,
             audit_gaps: extra.audit_gaps,
+            audit_lost_with_cluster: 0,
             audit_dropped: extra.sink_dropped,
             tailer_caught_up: extra.tailer_caught_up,
             workers_failed: extra.workers_failed,
@@ -126,6 +137,12 @@ impl Summary {
                 Event::Fault { kind, phase: Phase::Start, .. } => *s.faults.entry(*kind).or_default() += 1,
                 Event::EpochAdvanced { .. } => s.epochs_advanced += 1,
                 Event::EtcdHold { .. } => s.etcd_holds += 1,
+                Event::RestoredHold { end, .. } => {
+                    s.restored_holds += 1;
+                    if *end != HoldEnd::Open {
+                        s.restored_holds_ended += 1;
+                    }
+                }
                 Event::AuditRow { .. } => s.audit_rows += 1,
                 _ => {}
             }
@@ -187,10 +204,15 @@ impl fmt::Display for Summary {
         }
         writeln!(f, "{:<34} {:>10}", "epochs advanced", self.epochs_advanced)?;
         writeln!(f, "{:<34} {:>10}", "holds in etcd's history", self.etcd_holds)?;
-        writeln!(f, "{:<34} {:>10}", "  brought back by a restore, ended", self.restored_holds_ended)?;
+        writeln!(f, "{:<34} {:>10}", "holds brought back by a restore", self.restored_holds)?;
+        writeln!(f, "{:<34} {:>10}", "  ended by the restored cluster", self.restored_holds_ended)?;
+        if self.unmatched_hold_ends > 0 {
+            writeln!(f, "{:<34} {:>10}", "  hold ends matching no hold (!)", self.unmatched_hold_ends)?;
+        }
         writeln!(f, "{:<34} {:>10}", "audit rows", self.audit_rows)?;
         writeln!(f, "{:<34} {:>10}", "  restored history, left out", self.audit_replayed)?;
         writeln!(f, "{:<34} {:>10}", "  gaps", self.audit_gaps)?;
+        writeln!(f, "{:<34} {:>10}", "  lost with a restored cluster", self.audit_lost_with_cluster)?;
         writeln!(f, "{:<34} {:>10}", "  write events dropped by the sink", self.audit_dropped)?;
         writeln!(f, "{:<34} {:>10}", "  tailer caught up", if self.tailer_caught_up { "yes" } else { "NO" })?;
         for w in &self.workers_failed {

@@ -2,7 +2,9 @@
 //!
 //! What must be recorded, and how often:
 //! - every hold etcd's history shows (`etcd_hold`): one `grant` row, and one row of its end
-//!   (`release`, `expire` or `force`) unless it is still open;
+//!   (`release`, `expire` or `force`) unless it is still open; where an `audit_cut` says
+//!   the tailer had read the hold's revision space only through a revision when a restore
+//!   destroyed it, an event above that revision may have no row (at most one);
 //! - a hold only a worker saw (`granted`, absent from etcd's history, for example granted in
 //!   revisions a snapshot restore took back): at most one row of each kind, since the audit
 //!   trail may or may not have seen it;
@@ -51,9 +53,25 @@ struct LockRow {
     revision: Option<i64>,
 }
 
+/// A hold of etcd's history, kept until every `audit_cut` is known.
+#[derive(Debug)]
+struct EtcdHold {
+    entry: EntryIndex,
+    lock: LockName,
+    token: u64,
+    grant_rev: i64,
+    end_rev: Option<i64>,
+    end: HoldEnd,
+    space: u32,
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct Audit {
     tallies: HashMap<AuditRecord, Tally>,
+    /// The holds of etcd's history, turned into tallies at the end.
+    pending: Vec<EtcdHold>,
+    /// Per revision space a restore destroyed: the last revision the tailer stored.
+    cuts: HashMap<u32, i64>,
     /// Holds etcd's history shows: `(lock, token)` -> `(grant_rev, end_rev)`.
     etcd_holds: HashMap<(LockName, u64), (i64, Option<i64>)>,
     /// Holds workers saw: `(lock, grant_rev)` -> token.
@@ -62,7 +80,8 @@ pub(crate) struct Audit {
 }
 
 impl Audit {
-    /// A hold from etcd's history.
+    /// A hold from etcd's history, granted in revision space `space`.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn etcd_hold(
         &mut self,
         entry: EntryIndex,
@@ -71,13 +90,31 @@ impl Audit {
         grant_rev: i64,
         end_rev: Option<i64>,
         end: HoldEnd,
+        space: u32,
     ) {
-        let record = |kind| AuditRecord::Lock { kind, lock: lock.clone(), token };
-        self.tallies.entry(record(LockRecordKind::Grant)).or_default().expect(entry, 1, 1);
-        if let Some(kind) = LockRecordKind::of_end(end) {
-            self.tallies.entry(record(kind)).or_default().expect(entry, 1, 1);
-        }
+        self.pending.push(EtcdHold { entry, lock: lock.clone(), token, grant_rev, end_rev, end, space });
         self.etcd_holds.insert((lock.clone(), token), (grant_rev, end_rev));
+    }
+
+    /// An `audit_cut`: the tailer had stored `space` through `through` when it was
+    /// destroyed. The lowest wins if a space is cut twice.
+    pub(crate) fn cut(&mut self, space: u32, through: i64) {
+        let at = self.cuts.entry(space).or_insert(through);
+        *at = (*at).min(through);
+    }
+
+    /// Turns the holds of etcd's history into tallies: one row of each event, or at most
+    /// one for an event above its space's cut.
+    fn expect_holds(&mut self) {
+        for h in std::mem::take(&mut self.pending) {
+            let cut = self.cuts.get(&h.space).copied().unwrap_or(i64::MAX);
+            let needed = |rev: i64| usize::from(rev <= cut);
+            let record = |kind| AuditRecord::Lock { kind, lock: h.lock.clone(), token: h.token };
+            self.tallies.entry(record(LockRecordKind::Grant)).or_default().expect(h.entry, needed(h.grant_rev), 1);
+            if let (Some(kind), Some(end_rev)) = (LockRecordKind::of_end(h.end), h.end_rev) {
+                self.tallies.entry(record(kind)).or_default().expect(h.entry, needed(end_rev), 1);
+            }
+        }
     }
 
     /// A grant a worker saw.
@@ -132,7 +169,10 @@ impl Audit {
         }
     }
 
-    pub(crate) fn finish(mut self, out: &mut Vec<Violation>) {
+    /// Checks every row and tally; returns how many events above a cut have no row.
+    pub(crate) fn finish(mut self, out: &mut Vec<Violation>) -> u64 {
+        self.expect_holds();
+        let mut lost = 0;
         let mut found = Vec::new();
         // Rows without a token name a revision: the grant's or the end's.
         let mut by_grant_rev: HashMap<(&LockName, i64), u64> = HashMap::new();
@@ -184,6 +224,9 @@ impl Audit {
             tally.rows.push(entry);
         }
         for (record, tally) in self.tallies {
+            if tally.rows.is_empty() && tally.expected == 0 && matches!(record, AuditRecord::Lock { .. }) {
+                lost += 1;
+            }
             if tally.rows.len() < tally.expected {
                 found.push(Violation::AuditMissing {
                     evidence: tally.evidence.expect("an expected record has its evidence"),
@@ -203,5 +246,6 @@ impl Audit {
         }
         found.sort_by_key(|v| v.entries().into_iter().min());
         out.extend(found);
+        lost
     }
 }

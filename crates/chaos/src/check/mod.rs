@@ -33,7 +33,21 @@
 //!   history, and each write committed without a token, has exactly one audit row
 //!   ([`Violation::AuditMissing`], [`Violation::AuditDuplicate`],
 //!   [`Violation::AuditUnexpected`]); see the rules for holds only a worker saw and for
-//!   indeterminate writes below.
+//!   indeterminate writes below. The events of a revision space above its `audit_cut` (the
+//!   last revision the tailer had stored when a restore destroyed the space) went with
+//!   the cluster and may have no row; the report counts those without one.
+//! - **(f) Restored holds.** A snapshot restore brings back the holds in the snapshot
+//!   (`restored_hold`, one per hold key present when the restored cluster starts, in
+//!   revision space `n` after the `n`-th restore). In the space's revision order a restored
+//!   hold is present from the snapshot's revision until the restored cluster deletes it:
+//!   no hold of its lock granted in the space, and no other restored hold of it, overlaps
+//!   that unless both are shared ([`Violation::RestoredHoldOverlap`]); and every hold
+//!   granted in the space (`etcd_hold` with that `space`) carries an epoch above every
+//!   restored hold's ([`Violation::RestoredHoldNotOlder`]). A write carrying a restored
+//!   hold's token is held to (b) like any other: once a newer-epoch token was admitted, it
+//!   must be refused. Restored holds are outside (e): their grant and first end are
+//!   audited from the space that granted them, and the harness leaves the audit trail's
+//!   rows about restored history out.
 //! - **The history itself.** Completions match open invocations with the same resource,
 //!   target and token; `op`s are not reused while in flight; every token written was granted
 //!   (by a `granted` or an `etcd_hold` entry); every `granted` follows its worker's
@@ -54,7 +68,9 @@
 //! admissions, not the handlers' effects: see `palisade_fence::fence`). Rules (c) and (e)
 //! cover the holds that `etcd_hold` entries list; a hold granted in revisions a snapshot
 //! restore took back is known only from its worker's `granted`, so list etcd's holds
-//! before each restore to have them all checked.
+//! before each restore to have them all checked. Rule (f) needs each `etcd_hold` to name
+//! its revision space (a history without `space` counts every hold in space 0, where
+//! nothing was restored).
 //!
 //! # Writes without a token, and indeterminate writes
 //!
@@ -111,6 +127,7 @@ mod grants;
 mod holds;
 mod reorder;
 mod report;
+mod restored;
 mod violation;
 mod writes;
 
@@ -180,6 +197,7 @@ pub struct Checker {
     writes: writes::Writes,
     grants: grants::Grants,
     holds: holds::Holds,
+    restored: restored::Restored,
     audit: audit::Audit,
 }
 
@@ -199,6 +217,7 @@ impl Checker {
             writes: writes::Writes::default(),
             grants: grants::Grants::new(),
             holds: holds::Holds::default(),
+            restored: restored::Restored::default(),
             audit: audit::Audit::default(),
         }
     }
@@ -265,7 +284,7 @@ impl Checker {
                 c.epoch_advances += 1;
                 self.grants.epoch_advanced(index, at, *epoch, out);
             }
-            Event::EtcdHold { lock, epoch, grant_rev, end_rev, exclusive, end } => {
+            Event::EtcdHold { lock, epoch, grant_rev, end_rev, exclusive, end, space } => {
                 c.etcd_holds += 1;
                 if *exclusive {
                     c.exclusive_holds += 1;
@@ -285,10 +304,36 @@ impl Checker {
                 }
                 let token = (u64::from(*epoch) << 48) | *grant_rev as u64;
                 let hold = HoldRef { entry: index, grant_rev: *grant_rev, end_rev: *end_rev, exclusive: *exclusive };
+                self.restored.granted(lock, *space, *epoch, hold.clone());
                 self.holds.add(lock, *epoch, hold);
                 self.grants.etcd_token(token);
-                self.audit.etcd_hold(index, lock, token, *grant_rev, *end_rev, *end);
+                self.audit.etcd_hold(index, lock, token, *grant_rev, *end_rev, *end, *space);
             }
+            Event::RestoredHold { lock, epoch, grant_rev, restored_rev, space, end_rev, exclusive, end } => {
+                c.restored_holds += 1;
+                let ended = *end != HoldEnd::Open;
+                if ended != end_rev.is_some() {
+                    let problem = EntryProblem::HoldEndMismatch { end: *end, end_rev: *end_rev };
+                    out.push(Violation::MalformedEntry { entry: index, problem });
+                }
+                for rev in [*grant_rev, *restored_rev] {
+                    if !(0..1 << 48).contains(&rev) {
+                        let problem = EntryProblem::RevisionOutOfRange(rev);
+                        out.push(Violation::MalformedEntry { entry: index, problem });
+                        return;
+                    }
+                }
+                if grant_rev > restored_rev {
+                    out.push(Violation::MalformedEntry { entry: index, problem: EntryProblem::RestoredAfterSnapshot });
+                }
+                if end_rev.is_some_and(|e| e <= *restored_rev) {
+                    out.push(Violation::MalformedEntry { entry: index, problem: EntryProblem::HoldEndsBeforeRestore });
+                }
+                let hold = HoldRef { entry: index, grant_rev: *grant_rev, end_rev: *end_rev, exclusive: *exclusive };
+                self.restored.restored(lock, *space, *epoch, *restored_rev, hold);
+                self.grants.etcd_token((u64::from(*epoch) << 48) | *grant_rev as u64);
+            }
+            Event::AuditCut { space, through } => self.audit.cut(*space, *through),
             Event::AuditRow { kind, lock, resource, token, revision } => {
                 c.audit_rows += 1;
                 self.audit.row(index, kind, lock.as_ref(), resource.as_deref(), *token, *revision, out);
@@ -300,10 +345,11 @@ impl Checker {
     pub fn finish(mut self) -> CheckReport {
         let out = &mut self.violations;
         self.holds.finish(out);
+        self.restored.finish(out);
         let mut unknown: Vec<_> = self.writes.tokens().filter(|(t, _)| !self.grants.was_granted(*t)).collect();
         unknown.sort_by_key(|(_, i)| *i);
         out.extend(unknown.into_iter().map(|(token, write)| Violation::UnknownToken { write, token }));
-        self.audit.finish(out);
+        self.counts.audit_lost_with_cluster = self.audit.finish(out);
         CheckReport { counts: self.counts, violations: self.violations }
     }
 }

@@ -42,8 +42,13 @@ pub struct Counts {
     pub etcd_holds: u64,
     /// Of them, exclusive.
     pub exclusive_holds: u64,
+    /// Holds a snapshot restore brought back (`restored_hold` entries).
+    pub restored_holds: u64,
     /// `audit_row` entries.
     pub audit_rows: u64,
+    /// Lock events above an `audit_cut` (read by no tailer before a restore destroyed
+    /// their cluster) that have no audit row.
+    pub audit_lost_with_cluster: u64,
 }
 
 /// What [`check`](super::check) found: counts, and every violation with its evidence.
@@ -76,7 +81,7 @@ impl fmt::Display for CheckReport {
     /// A summary table, then one line per violation.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let c = &self.counts;
-        let rows: [(&str, u64); 16] = [
+        let rows: [(&str, u64); 18] = [
             ("entries", c.entries),
             ("acquires", c.acquires),
             ("grants", c.grants),
@@ -92,7 +97,9 @@ impl fmt::Display for CheckReport {
             ("epoch advances", c.epoch_advances),
             ("etcd holds", c.etcd_holds),
             ("  exclusive", c.exclusive_holds),
+            ("restored holds", c.restored_holds),
             ("audit rows", c.audit_rows),
+            ("  events lost with a cluster", c.audit_lost_with_cluster),
         ];
         for (name, n) in rows {
             writeln!(f, "{name:<24}{n:>12}")?;

@@ -240,6 +240,11 @@ pub enum EntryProblem {
     AuditRowWithoutLock,
     /// An `unprotected_write` `audit_row` without its resource.
     AuditRowWithoutResource,
+    /// A `restored_hold` granted above the revision of the snapshot it came back from.
+    RestoredAfterSnapshot,
+    /// A `restored_hold` that ends at or before the snapshot's revision, before the
+    /// restored cluster started.
+    HoldEndsBeforeRestore,
 }
 
 impl fmt::Display for EntryProblem {
@@ -255,14 +260,21 @@ impl fmt::Display for EntryProblem {
                 write!(f, "lock audit row without its lock, or without both token and revision")
             }
             EntryProblem::AuditRowWithoutResource => write!(f, "unprotected-write audit row without its resource"),
+            EntryProblem::RestoredAfterSnapshot => {
+                write!(f, "restored hold granted above the revision of the snapshot it came back from")
+            }
+            EntryProblem::HoldEndsBeforeRestore => {
+                write!(f, "restored hold ends at or before the revision of the snapshot it came back from")
+            }
         }
     }
 }
 
 /// One way a history breaks the rules; each names the entries that prove it.
 ///
-/// The first group are the safety rules of the design (issue 7's checks a–e); the rest say
-/// that the history contradicts itself, which a correct system and harness never produce.
+/// The first group are the safety rules of the design (issue 7's checks a–e, and f for
+/// holds a snapshot restore brought back); the rest say that the history contradicts
+/// itself, which a correct system and harness never produce.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Violation {
@@ -322,6 +334,40 @@ pub enum Violation {
         first: HoldRef,
         /// The hold granted while `first` was still held.
         second: HoldRef,
+    },
+    /// (f) A hold granted in a restored cluster's revision space while a hold the restore
+    /// brought back of the same lock was still present there (or two restored holds of
+    /// one lock), where at least one is exclusive.
+    RestoredHoldOverlap {
+        /// The lock.
+        lock: LockName,
+        /// The revision space (the `n`-th restore made it).
+        space: u32,
+        /// The restored hold (its own grant and end revisions).
+        restored: HoldRef,
+        /// The snapshot's revision, from which the restored hold was present.
+        restored_rev: i64,
+        /// The hold granted in the space while `restored` was present (or another
+        /// restored hold).
+        hold: HoldRef,
+    },
+    /// (f) A hold granted in a restored cluster's revision space whose epoch is not above
+    /// the epoch of a hold the restore brought back: the epoch was not advanced past it.
+    RestoredHoldNotOlder {
+        /// The revision space.
+        space: u32,
+        /// The restored hold's lock.
+        restored_lock: LockName,
+        /// The restored hold of the highest epoch in the space.
+        restored: HoldRef,
+        /// Its epoch.
+        restored_epoch: u16,
+        /// The lock of the hold granted in the space.
+        lock: LockName,
+        /// The hold granted in the space.
+        hold: HoldRef,
+        /// Its epoch.
+        epoch: u16,
     },
     /// (d) An epoch advanced to a value not above the epoch before it.
     EpochNotIncreasing {
@@ -470,6 +516,8 @@ pub enum ViolationKind {
     CommitBeforeInvocation,
     StaleWriteAdmitted,
     HoldsOverlap,
+    RestoredHoldOverlap,
+    RestoredHoldNotOlder,
     EpochNotIncreasing,
     TokenFromOldEpoch,
     TokenNotIncreasing,
@@ -496,6 +544,8 @@ impl Violation {
             Violation::CommitBeforeInvocation { .. } => ViolationKind::CommitBeforeInvocation,
             Violation::StaleWriteAdmitted { .. } => ViolationKind::StaleWriteAdmitted,
             Violation::HoldsOverlap { .. } => ViolationKind::HoldsOverlap,
+            Violation::RestoredHoldOverlap { .. } => ViolationKind::RestoredHoldOverlap,
+            Violation::RestoredHoldNotOlder { .. } => ViolationKind::RestoredHoldNotOlder,
             Violation::EpochNotIncreasing { .. } => ViolationKind::EpochNotIncreasing,
             Violation::TokenFromOldEpoch { .. } => ViolationKind::TokenFromOldEpoch,
             Violation::TokenNotIncreasing { .. } => ViolationKind::TokenNotIncreasing,
@@ -530,6 +580,9 @@ impl Violation {
                 vec![write.entry, *invoked, mark]
             }
             Violation::HoldsOverlap { first, second, .. } => vec![first.entry, second.entry],
+            Violation::RestoredHoldOverlap { restored, hold, .. } | Violation::RestoredHoldNotOlder { restored, hold, .. } => {
+                vec![restored.entry, hold.entry]
+            }
             Violation::EpochNotIncreasing { previous, next } => vec![previous.entry, next.entry],
             Violation::TokenFromOldEpoch { grant, acquire, advanced, .. } => {
                 vec![grant.entry, *acquire, advanced.entry]
@@ -584,6 +637,21 @@ impl fmt::Display for Violation {
                 "{}: holds overlap in epoch {epoch}: {second} was granted while {first} was held",
                 LockDisplay(lock)
             ),
+            Violation::RestoredHoldOverlap { lock, space, restored, restored_rev, hold } => write!(
+                f,
+                "{}: in revision space {space}, {hold} overlaps the {restored} that the restore from \
+                 revision {restored_rev} brought back",
+                LockDisplay(lock)
+            ),
+            Violation::RestoredHoldNotOlder { space, restored_lock, restored, restored_epoch, lock, hold, epoch } => {
+                write!(
+                    f,
+                    "{}: in revision space {space}, {hold} was granted in epoch {epoch}, not above epoch \
+                     {restored_epoch} of the {restored} of {} that the restore brought back",
+                    LockDisplay(lock),
+                    LockDisplay(restored_lock)
+                )
+            }
             Violation::EpochNotIncreasing { previous, next } => write!(
                 f,
                 "epoch advanced to {} ({}) after {} ({}): epochs must increase",

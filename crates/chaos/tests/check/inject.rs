@@ -1,7 +1,7 @@
 //! One violation of each kind, injected into the valid scenario.
 
 use palisade_chaos::check::{check, Violation, ViolationKind};
-use palisade_chaos::history::{Entry, Event, Target, WriteOutcome};
+use palisade_chaos::history::{Entry, Event, HoldEnd, Target, WriteOutcome};
 
 use crate::model::{lock, RUNNER};
 use crate::scenario::scenario;
@@ -56,21 +56,23 @@ fn the_valid_scenario_passes_with_every_count_right() {
     assert!(report.is_ok(), "{report}");
     let c = &report.counts;
     assert_eq!(c.entries as usize, h.len());
-    assert_eq!(c.grants, 8);
-    assert_eq!(c.etcd_holds, 8);
-    assert_eq!(c.exclusive_holds, 6);
+    assert_eq!(c.grants, 9);
+    assert_eq!(c.etcd_holds, 9);
+    assert_eq!(c.exclusive_holds, 7);
+    assert_eq!(c.restored_holds, 1);
     assert_eq!(c.acquire_failures, 1);
-    assert_eq!(c.releases, 5);
+    assert_eq!(c.releases, 6);
     assert_eq!(c.losses, 2);
-    assert_eq!(c.writes_rejected, 4);
-    assert_eq!(c.stale_writes_rejected, 3);
+    assert_eq!(c.writes_rejected, 5);
+    assert_eq!(c.stale_writes_rejected, 4);
     assert_eq!(c.writes_indeterminate, 4);
     assert_eq!(c.unprotected_writes, 2);
     assert_eq!(c.writes, c.writes_committed + c.writes_rejected + c.writes_indeterminate);
     assert_eq!(c.epoch_advances, 2);
     assert_eq!(c.faults.values().sum::<u64>(), 4);
-    // grant rows for every hold, end rows for all but the open one, unprotected rows.
-    assert_eq!(c.audit_rows, 8 + 7 + 3);
+    // grant rows for every hold, end rows for all but the two open ones (h4, and h6 when
+    // the restore destroyed its space), unprotected rows.
+    assert_eq!(c.audit_rows, 9 + 7 + 3);
 }
 
 #[test]
@@ -392,4 +394,150 @@ fn malformed_entry_an_open_hold_with_an_end_revision() {
     let Event::EtcdHold { end_rev, grant_rev, .. } = &mut h[open].event else { unreachable!() };
     *end_rev = Some(*grant_rev + 10);
     assert_only(&check(&h), ViolationKind::MalformedEntry, &[open]);
+}
+
+/// The scenario's restored hold (worker 2's hold of lock b, brought back by the restore).
+fn restored_hold(h: &[Entry]) -> usize {
+    find(h, |e| matches!(e, Event::RestoredHold { .. }))
+}
+
+#[test]
+fn restored_hold_overlap_when_a_new_epoch_hold_is_granted_while_it_is_present() {
+    // The restored hold of b ends after worker 1's hold of b was granted in the restored
+    // cluster: two exclusive holds of one lock at once in the space's revision order.
+    let mut h = scenario();
+    let restored = restored_hold(&h);
+    let Event::RestoredHold { space, .. } = h[restored].event.clone() else { unreachable!() };
+    let next = find(&h, |e| matches!(e, Event::EtcdHold { lock, space: s, .. } if lock.key == "b" && *s == space));
+    let Event::EtcdHold { grant_rev, .. } = h[next].event else { unreachable!() };
+    let Event::RestoredHold { end_rev, .. } = &mut h[restored].event else { unreachable!() };
+    *end_rev = Some(grant_rev + 1);
+    let report = check(&h);
+    assert_only(&report, ViolationKind::RestoredHoldOverlap, &[restored, next]);
+    assert_eq!(report.violations.len(), 1, "{report}");
+}
+
+#[test]
+fn restored_hold_overlap_when_it_never_ends() {
+    let mut h = scenario();
+    let restored = restored_hold(&h);
+    let Event::RestoredHold { end_rev, end, .. } = &mut h[restored].event else { unreachable!() };
+    *end_rev = None;
+    *end = HoldEnd::Open;
+    let next = find(&h, |e| matches!(e, Event::EtcdHold { lock, space: 1, .. } if lock.key == "b"));
+    assert_only(&check(&h), ViolationKind::RestoredHoldOverlap, &[restored, next]);
+}
+
+#[test]
+fn restored_hold_overlap_of_two_restored_exclusive_holds() {
+    let mut h = scenario();
+    let restored = restored_hold(&h);
+    let Event::RestoredHold { epoch, grant_rev, restored_rev, space, end_rev, .. } = h[restored].event.clone() else {
+        unreachable!()
+    };
+    // Another exclusive hold of b in the snapshot (its own grant is listed from space 0).
+    let other = Event::RestoredHold {
+        lock: lock("b"),
+        epoch,
+        grant_rev: grant_rev - 1,
+        restored_rev,
+        space,
+        end_rev,
+        exclusive: true,
+        end: HoldEnd::Expired,
+    };
+    let second = append(&mut h, RUNNER, other);
+    let report = check(&h);
+    assert_only(&report, ViolationKind::RestoredHoldOverlap, &[restored, second]);
+}
+
+#[test]
+fn restored_hold_not_older_than_the_holds_granted_after_the_restore() {
+    // The restored hold claims the epoch the restored cluster grants in: the epoch was
+    // not advanced past it.
+    let mut h = scenario();
+    let restored = restored_hold(&h);
+    let new_epoch = h
+        .iter()
+        .filter_map(|e| match e.event {
+            Event::EpochAdvanced { epoch } => Some(epoch),
+            _ => None,
+        })
+        .max()
+        .unwrap();
+    let Event::RestoredHold { epoch, .. } = &mut h[restored].event else { unreachable!() };
+    *epoch = new_epoch;
+    let granted: Vec<usize> = (0..h.len())
+        .filter(|&i| matches!(h[i].event, Event::EtcdHold { space: 1, .. }))
+        .collect();
+    assert_eq!(granted.len(), 2, "h4 and h5 are granted after the restore");
+    let mut named = granted.clone();
+    named.push(restored);
+    let report = check(&h);
+    assert_only(&report, ViolationKind::RestoredHoldNotOlder, &named);
+    assert_eq!(report.violations.len(), 2, "{report}");
+}
+
+#[test]
+fn a_restored_token_admitted_after_a_newer_epoch_token_is_a_stale_write() {
+    // Worker 2's restored hold ended and worker 1 wrote row-b with a newer-epoch token;
+    // worker 2's next write with the restored token is committed instead of refused.
+    let mut h = scenario();
+    let Event::RestoredHold { epoch, grant_rev, .. } = h[restored_hold(&h)].event.clone() else { unreachable!() };
+    let old = (u64::from(epoch) << 48) | grant_rev as u64;
+    let last_seq = h
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::WriteCompleted { resource, outcome: WriteOutcome::Committed { seq }, .. } if resource == "row-b" => Some(*seq),
+            _ => None,
+        })
+        .max()
+        .unwrap();
+    let at = h.iter().rposition(|e| matches!(&e.event, Event::WriteCompleted { resource, .. } if resource == "row-b")).unwrap();
+    let t = h[at].at_ns;
+    let invoked = add_at(&mut h, t + 1, 2, invoke("row-b", Some(old), 950));
+    let committed_at = add_at(&mut h, t + 2, 2, complete("row-b", Some(old), 950, committed(last_seq + 1)));
+    let report = check(&h);
+    assert_eq!(kinds(&report), [ViolationKind::CommitOrder, ViolationKind::StaleWriteAdmitted].into(), "{report}");
+    let stale = report.violations.iter().find(|v| v.kind() == ViolationKind::StaleWriteAdmitted).unwrap();
+    assert!(stale.entries().contains(&palisade_chaos::check::EntryIndex(invoked)), "{report}");
+    assert!(stale.entries().contains(&palisade_chaos::check::EntryIndex(committed_at)), "{report}");
+}
+
+#[test]
+fn malformed_entry_a_restored_hold_granted_after_its_snapshot() {
+    let mut h = scenario();
+    let restored = restored_hold(&h);
+    let Event::RestoredHold { grant_rev, restored_rev, .. } = &mut h[restored].event else { unreachable!() };
+    *grant_rev = *restored_rev + 1;
+    let report = check(&h);
+    assert_only(&report, ViolationKind::MalformedEntry, &[restored]);
+    assert!(report.to_string().contains("granted above the revision of the snapshot"), "{report}");
+}
+
+#[test]
+fn audit_rows_above_the_cut_of_a_destroyed_space_may_be_missing_not_below() {
+    // The forced release of h3 is the last event of space 0. With the tailer's cut just
+    // below it, its row may be missing (counted as lost); with the cut at it, it must be
+    // there.
+    let mut h = scenario();
+    let row = find(&h, |e| matches!(e, Event::AuditRow { kind, .. } if kind == "force"));
+    let Event::AuditRow { revision: Some(rev), .. } = h[row].event else { unreachable!() };
+    let cut = find(&h, |e| matches!(e, Event::AuditCut { space: 0, .. }));
+    let Event::AuditCut { through, .. } = &mut h[cut].event else { unreachable!() };
+    assert_eq!(*through, rev, "the scenario's tailer read space 0 to its end");
+    *through = rev - 1;
+    let mut lost = h.clone();
+    lost.remove(row);
+    let report = check(&lost);
+    assert!(report.is_ok(), "{report}");
+    assert_eq!(report.counts.audit_lost_with_cluster, 1);
+    // With the row there, nothing is lost.
+    assert_eq!(check(&h).counts.audit_lost_with_cluster, 0);
+    assert!(check(&h).is_ok());
+    // The cut back at the force's revision: the missing row is a violation.
+    let Event::AuditCut { through, .. } = &mut lost[cut].event else { unreachable!() };
+    *through = rev;
+    let hold = find(&lost, |e| matches!(e, Event::EtcdHold { end: HoldEnd::Forced, .. }));
+    assert_only(&check(&lost), ViolationKind::AuditMissing, &[hold]);
 }

@@ -42,11 +42,20 @@ pub(crate) struct Pending {
 #[derive(Debug)]
 struct HoldRecord {
     lock: LockName,
+    worker: u32,
     epoch: u16,
     grant_rev: i64,
     end_rev: Option<i64>,
     exclusive: bool,
     end: HoldEnd,
+    /// The revision space the record is of.
+    space: u32,
+    /// For a hold a restore brought back: the snapshot's revision.
+    restored_rev: Option<i64>,
+    /// `false` once a restore destroyed its space while it was open (it stays open there).
+    live: bool,
+    /// The record a restore made of this hold in the next space.
+    moved_to: Option<usize>,
 }
 
 #[derive(Debug, Default)]
@@ -66,6 +75,12 @@ pub(crate) struct Sim {
     holds: Vec<HoldRecord>,
     resources: HashMap<(Target, String), Resource>,
     unprotected: Vec<String>,
+    /// The revision space: 0, then `n` after the `n`-th restore.
+    space: u32,
+    /// The first revision of the space, less one (the snapshot's revision after a restore).
+    space_from: i64,
+    /// Per destroyed space, the last revision the audit tailer had read.
+    cuts: HashMap<u32, i64>,
 }
 
 impl Default for Sim {
@@ -87,6 +102,9 @@ impl Sim {
             holds: Vec::new(),
             resources: HashMap::new(),
             unprotected: Vec::new(),
+            space: 0,
+            space_from: 0,
+            cuts: HashMap::new(),
         };
         sim.record(RUNNER, Event::EpochAdvanced { epoch: 1 });
         sim
@@ -108,7 +126,7 @@ impl Sim {
     }
 
     fn open_holders<'a>(&'a self, lock: &'a LockName) -> impl Iterator<Item = &'a HoldRecord> + 'a {
-        self.holds.iter().filter(move |h| h.lock == *lock && h.end == HoldEnd::Open)
+        self.holds.iter().filter(move |h| h.lock == *lock && h.end == HoldEnd::Open && h.live)
     }
 
     /// Whether `lock` can be granted in this mode now.
@@ -132,11 +150,16 @@ impl Sim {
         self.record(worker, Event::Granted { lock: lock.clone(), token, session, grant_rev: self.rev });
         self.holds.push(HoldRecord {
             lock: lock.clone(),
+            worker,
             epoch: self.epoch,
             grant_rev: self.rev,
             end_rev: None,
             exclusive,
             end: HoldEnd::Open,
+            space: self.space,
+            restored_rev: None,
+            live: true,
+            moved_to: None,
         });
         Hold { lock: lock.clone(), token, worker, record: self.holds.len() - 1 }
     }
@@ -146,8 +169,25 @@ impl Sim {
         self.record(worker, Event::AcquireFailed { lock: lock.clone(), error: "deadline passed".into() });
     }
 
+    /// The record of `hold` in the current space (following restores).
+    fn current(&self, hold: &Hold) -> usize {
+        let mut at = hold.record;
+        while let Some(next) = self.holds[at].moved_to {
+            at = next;
+        }
+        at
+    }
+
+    /// Whether `hold` is held now: open, and in the current space.
+    pub(crate) fn is_held(&self, hold: &Hold) -> bool {
+        let record = &self.holds[self.current(hold)];
+        record.live && record.end == HoldEnd::Open
+    }
+
     fn end(&mut self, hold: &Hold, end: HoldEnd) {
-        let record = &mut self.holds[hold.record];
+        let at = self.current(hold);
+        let record = &mut self.holds[at];
+        assert!(record.live, "only a hold of the current space ends");
         assert_eq!(record.end, HoldEnd::Open, "a hold ends once");
         self.rev += 1;
         record.end = end;
@@ -175,15 +215,57 @@ impl Sim {
         self.record(RUNNER, Event::Fault { kind, phase, detail: "model".into() });
     }
 
-    /// Restores etcd to a snapshot `back` revisions ago and advances the epoch. No hold may
-    /// be open (the model does not carry holds across a restore).
-    pub(crate) fn restore_and_advance(&mut self, back: i64) {
-        assert!(self.holds.iter().all(|h| h.end != HoldEnd::Open));
+    /// Restores etcd to a snapshot `back` revisions ago (not before the space began) and
+    /// advances the epoch. The holds whose keys were in the snapshot come back: granted
+    /// at or before it and not ended by then. Each is held again in the new space, by the
+    /// same worker with the same token, until it ends there; the handles of these
+    /// restored holds are returned. Holds open when the space is destroyed stay open in
+    /// it (as etcd's history of a destroyed space lists them). The audit tailer had read
+    /// the space up to `unaudited` revisions before its end: the events of those last
+    /// revisions have no audit row, and an `audit_cut` says so.
+    pub(crate) fn restore_and_advance(&mut self, back: i64, unaudited: i64) -> Vec<Hold> {
         self.fault(FaultKind::RestoreEtcdAndAdvanceEpoch, Phase::Start);
-        self.rev -= back;
+        let through = self.rev - unaudited;
+        self.cuts.insert(self.space, through);
+        self.record(RUNNER, Event::AuditCut { space: self.space, through });
+        let snapshot = (self.rev - back).max(self.space_from);
+        let (space, next) = (self.space, self.space + 1);
+        let mut restored = Vec::new();
+        for at in 0..self.holds.len() {
+            let h = &self.holds[at];
+            if h.space != space || !h.live {
+                continue;
+            }
+            let in_snapshot = (h.restored_rev.is_some() || h.grant_rev <= snapshot)
+                && h.end_rev.map_or(true, |e| e > snapshot);
+            if in_snapshot {
+                let record = HoldRecord {
+                    lock: h.lock.clone(),
+                    worker: h.worker,
+                    epoch: h.epoch,
+                    grant_rev: h.grant_rev,
+                    end_rev: None,
+                    exclusive: h.exclusive,
+                    end: HoldEnd::Open,
+                    space: next,
+                    restored_rev: Some(snapshot),
+                    live: true,
+                    moved_to: None,
+                };
+                let token = token(record.epoch, record.grant_rev);
+                restored.push(Hold { lock: record.lock.clone(), token, worker: record.worker, record: self.holds.len() });
+                self.holds[at].moved_to = Some(self.holds.len());
+                self.holds.push(record);
+            }
+            self.holds[at].live = false;
+        }
+        self.rev = snapshot;
+        self.space = next;
+        self.space_from = snapshot;
         self.epoch += 1;
         self.record(RUNNER, Event::EpochAdvanced { epoch: self.epoch });
         self.fault(FaultKind::RestoreEtcdAndAdvanceEpoch, Phase::End);
+        restored
     }
 
     pub(crate) fn begin_write(&mut self, worker: u32, resource: &str, target: Target, token: Option<u64>) -> Pending {
@@ -248,19 +330,33 @@ impl Sim {
     pub(crate) fn finish(mut self) -> Vec<Entry> {
         let holds = std::mem::take(&mut self.holds);
         for h in &holds {
-            self.record(
-                RUNNER,
-                Event::EtcdHold {
+            let event = match h.restored_rev {
+                None => Event::EtcdHold {
                     lock: h.lock.clone(),
                     epoch: h.epoch,
                     grant_rev: h.grant_rev,
                     end_rev: h.end_rev,
                     exclusive: h.exclusive,
                     end: h.end,
+                    space: h.space,
                 },
-            );
+                Some(restored_rev) => Event::RestoredHold {
+                    lock: h.lock.clone(),
+                    epoch: h.epoch,
+                    grant_rev: h.grant_rev,
+                    restored_rev,
+                    space: h.space,
+                    end_rev: h.end_rev,
+                    exclusive: h.exclusive,
+                    end: h.end,
+                },
+            };
+            self.record(RUNNER, event);
         }
-        for h in &holds {
+        // The audit trail records each hold from the space that granted it; its rows
+        // about restored history are left out by the harness.
+        for h in holds.iter().filter(|h| h.restored_rev.is_none()) {
+            let cut = self.cuts.get(&h.space).copied().unwrap_or(i64::MAX);
             let token = Some(token(h.epoch, h.grant_rev));
             let row = |kind: &str, revision| Event::AuditRow {
                 kind: kind.into(),
@@ -269,14 +365,18 @@ impl Sim {
                 token,
                 revision,
             };
-            self.record(RUNNER, row("grant", Some(h.grant_rev)));
+            if h.grant_rev <= cut {
+                self.record(RUNNER, row("grant", Some(h.grant_rev)));
+            }
             let end = match h.end {
                 HoldEnd::Released => "release",
                 HoldEnd::Expired => "expire",
                 HoldEnd::Forced => "force",
                 HoldEnd::Open => continue,
             };
-            self.record(RUNNER, row(end, h.end_rev));
+            if h.end_rev.is_some_and(|e| e <= cut) {
+                self.record(RUNNER, row(end, h.end_rev));
+            }
         }
         for resource in std::mem::take(&mut self.unprotected) {
             let row = Event::AuditRow {
@@ -341,6 +441,7 @@ pub(crate) fn random_history(seed: u64, workers: u32, locks: usize, steps: usize
             }
             15..=21 if !open.is_empty() => {
                 let hold = open.swap_remove(rng.below(open.len()));
+                assert!(sim.is_held(&hold));
                 match rng.below(10) {
                     0..=5 => sim.release(&hold),
                     6..=8 => {
@@ -383,11 +484,16 @@ pub(crate) fn random_history(seed: u64, workers: u32, locks: usize, steps: usize
                 for w in std::mem::take(&mut pending) {
                     sim.finish_write(&w);
                 }
+                // Some holds are released first; the others stay open across the restore,
+                // and those in the snapshot come back.
                 for hold in std::mem::take(&mut open) {
-                    sim.release(&hold);
+                    if rng.chance(50) {
+                        sim.release(&hold);
+                    }
                 }
-                let back = 1 + rng.below(15) as i64;
-                sim.restore_and_advance(back);
+                let back = rng.below(15) as i64;
+                let unaudited = rng.below(3) as i64;
+                open = sim.restore_and_advance(back, unaudited);
             }
             _ => {}
         }

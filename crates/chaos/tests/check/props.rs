@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use palisade_chaos::check::{check, ViolationKind};
-use palisade_chaos::history::{Entry, Event, WriteOutcome};
+use palisade_chaos::history::{Entry, Event, HoldEnd, WriteOutcome};
 use proptest::prelude::*;
 
 use crate::model::random_history;
@@ -20,12 +20,14 @@ proptest! {
     fn every_history_of_the_model_passes(h in history()) {
         let report = check(&h);
         prop_assert!(report.is_ok(), "{}", report);
+        let restored = h.iter().filter(|e| matches!(e.event, Event::RestoredHold { .. })).count();
+        prop_assert_eq!(report.counts.restored_holds, restored as u64);
         let c = &report.counts;
         prop_assert_eq!(c.writes, c.writes_committed + c.writes_rejected + c.writes_indeterminate);
     }
 
     #[test]
-    fn every_mutation_fails(h in history(), which in 0usize..6, pick in any::<prop::sample::Index>()) {
+    fn every_mutation_fails(h in history(), which in 0usize..7, pick in any::<prop::sample::Index>()) {
         let mut h = h;
         let expected = mutate(&mut h, which, pick);
         prop_assume!(expected.is_some());
@@ -152,6 +154,32 @@ fn mutate(h: &mut Vec<Entry>, which: usize, pick: prop::sample::Index) -> Option
             }
             Some(vec![ViolationKind::SeqReused, ViolationKind::CommitBeforeInvocation])
         }
+        // A restored hold lasts past the grant of its lock that followed it in its space.
+        6 => {
+            let mut candidates = Vec::new();
+            for (i, e) in h.iter().enumerate() {
+                let Event::RestoredHold { lock, space, exclusive, .. } = &e.event else { continue };
+                let next = h.iter().filter_map(|n| match &n.event {
+                    Event::EtcdHold { lock: l, space: s, grant_rev, exclusive: x, .. }
+                        if l == lock && s == space && (*x || *exclusive) => Some(*grant_rev),
+                    _ => None,
+                });
+                if let Some(rev) = next.min() {
+                    candidates.push((i, rev));
+                }
+            }
+            if candidates.is_empty() {
+                return None;
+            }
+            let (i, rev) = *pick.get(&candidates);
+            if let Event::RestoredHold { end_rev, end, .. } = &mut h[i].event {
+                *end_rev = Some(rev + 1);
+                if *end == HoldEnd::Open {
+                    *end = HoldEnd::Expired;
+                }
+            }
+            Some(vec![ViolationKind::RestoredHoldOverlap])
+        }
         // A grant loses its acquire.
         _ => {
             let acquires: Vec<usize> = h
@@ -178,4 +206,18 @@ fn lock_rows(h: &[Entry]) -> Vec<usize> {
         .filter(|(_, e)| matches!(&e.event, Event::AuditRow { lock: Some(_), .. }))
         .map(|(i, _)| i)
         .collect()
+}
+
+#[test]
+fn the_model_brings_holds_back_with_its_restores() {
+    // The property tests above see restored holds: some histories hold locks across a
+    // restore, in the snapshot, and those come back.
+    let mut restored = 0;
+    for seed in 0..40 {
+        let h = random_history(seed, 4, 3, 800);
+        let report = check(&h);
+        assert!(report.is_ok(), "seed {seed}: {report}");
+        restored += report.counts.restored_holds;
+    }
+    assert!(restored >= 5, "only {restored} restored holds in 40 histories");
 }

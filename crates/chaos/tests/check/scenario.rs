@@ -1,7 +1,8 @@
 //! One valid history that uses every kind of entry: four workers, two exclusive locks and a
 //! shared one, a worker paused past its TTL whose stale writes are refused, concurrent and
 //! indeterminate writes, unprotected writes, a forced release, faults, and a snapshot
-//! restore that sends revisions back and advances the epoch.
+//! restore that sends revisions back, brings back a hold that was in the snapshot, and
+//! advances the epoch.
 
 use palisade_chaos::history::{Entry, FaultKind, Phase, Target, WriteOutcome};
 
@@ -68,23 +69,36 @@ pub(crate) fn scenario() -> Vec<Entry> {
     sim.release(&h1);
     sim.fail_acquire(3, &b);
 
+    // Worker 2 takes lock b and holds it across the restore below.
+    let h6 = sim.acquire(2, &b, true);
+    sim.write(2, "row-b", Target::Postgres, Some(h6.token));
+
     // An admin forces a release.
     let h3 = sim.acquire(3, &a, true);
     sim.write(3, "row-a", Target::Postgres, Some(h3.token));
     sim.force(&h3);
 
-    // etcd is restored from a snapshot: revisions go back, the epoch advances.
+    // etcd is restored from the snapshot taken just after h6's grant: revisions go back,
+    // h3's grant and force are undone, h6 comes back, the epoch advances.
     sim.fault(FaultKind::RestartPostgres, Phase::Start);
     sim.fault(FaultKind::RestartPostgres, Phase::End);
-    sim.restore_and_advance(6);
+    let restored = sim.restore_and_advance(2, 0);
+    assert_eq!(restored.len(), 1);
+    assert_eq!(restored[0].token, h6.token);
     let h4 = sim.acquire(0, &a, true);
-    assert!(h4.token > h3.token && (h4.token & 0xffff_ffff_ffff) < (h3.token & 0xffff_ffff_ffff));
+    assert!(h4.token > h3.token && (h4.token & 0xffff_ffff_ffff) <= (h3.token & 0xffff_ffff_ffff));
     sim.write(0, "row-a", Target::Postgres, Some(h4.token));
     // The forced holder writes on: refused.
     assert!(matches!(sim.write(3, "row-a", Target::Postgres, Some(h3.token)), WriteOutcome::Rejected { .. }));
+    // Worker 2 still holds b (the restored hold): its old-epoch token is still the
+    // newest on row-b. It releases b in the restored cluster; then worker 1 takes it.
+    assert!(matches!(sim.write(2, "row-b", Target::Postgres, Some(h6.token)), WriteOutcome::Committed { .. }));
+    sim.release(&restored[0]);
     let h5 = sim.acquire(1, &b, true);
     sim.write(1, "row-b", Target::Postgres, Some(h5.token));
     sim.release(&h5);
+    // After a newer-epoch token on row-b, the restored hold's token is refused.
+    assert!(matches!(sim.write(2, "row-b", Target::Postgres, Some(h6.token)), WriteOutcome::Rejected { .. }));
     // h4 is still held when the run ends.
     sim.finish()
 }

@@ -159,6 +159,9 @@ pub use force::{
 };
 pub use identity::{PeerIdentity, DEV_IDENTITY_HEADER};
 pub use problem::{Problem, ProblemKind};
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub use routes::fuzzing::{parse_body, BodyRoute};
 #[cfg(feature = "tls")]
 pub use tls::{serve_tls, server_config, spiffe_id_of, TlsConfigError};
 

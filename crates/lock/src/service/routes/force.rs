@@ -49,6 +49,17 @@ pub(super) struct ForceRequestBody {
     reason: String,
 }
 
+/// The `reason` of a [`ForceRequestBody`]: 1 to [`MAX_REASON_LEN`] bytes, not blank.
+pub(super) fn check_reason(reason: &str) -> ApiResult<()> {
+    if reason.trim().is_empty() || reason.len() > MAX_REASON_LEN {
+        return Err(Problem::new(
+            ProblemKind::InvalidInput,
+            format!("reason must be 1 to {MAX_REASON_LEN} bytes, not blank"),
+        ));
+    }
+    Ok(())
+}
+
 /// A pending force release request.
 #[derive(Serialize, ToSchema)]
 pub(super) struct ForceRequestView {
@@ -75,12 +86,7 @@ pub(super) async fn request_force_release(
     crate::model::validate_name(&body.namespace)?;
     crate::model::validate_name(&body.class)?;
     crate::keys::validate_key(&body.key)?;
-    if body.reason.trim().is_empty() || body.reason.len() > MAX_REASON_LEN {
-        return Err(Problem::new(
-            ProblemKind::InvalidInput,
-            format!("reason must be 1 to {MAX_REASON_LEN} bytes, not blank"),
-        ));
-    }
+    check_reason(&body.reason)?;
     if !state
         .authz
         .current()

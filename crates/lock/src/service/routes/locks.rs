@@ -78,13 +78,7 @@ pub(super) async fn acquire(
     caller: Caller,
     Body(body): Body<AcquireBody>,
 ) -> ApiResult<Json<HoldView>> {
-    let wait = Duration::from_millis(body.wait_ms);
-    if wait.is_zero() || wait > state.max_wait {
-        return Err(Problem::new(
-            ProblemKind::InvalidInput,
-            format!("wait_ms must be from 1 to {}", ms(state.max_wait)),
-        ));
-    }
+    let wait = acquire_wait(body.wait_ms, state.max_wait)?;
     let holder_meta = body.holder_meta.map(HolderMeta::new).transpose()?;
     if !state
         .authz
@@ -140,6 +134,18 @@ pub(super) async fn acquire(
     };
     hold.forget();
     Ok(Json(view))
+}
+
+/// `wait_ms` of an [`AcquireBody`] as a wait: from 1 ms to `max_wait`.
+pub(super) fn acquire_wait(wait_ms: u64, max_wait: Duration) -> ApiResult<Duration> {
+    let wait = Duration::from_millis(wait_ms);
+    if wait.is_zero() || wait > max_wait {
+        return Err(Problem::new(
+            ProblemKind::InvalidInput,
+            format!("wait_ms must be from 1 to {}", ms(max_wait)),
+        ));
+    }
+    Ok(wait)
 }
 
 /// Releases one hold, named as the acquire answer named it.

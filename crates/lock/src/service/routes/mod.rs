@@ -5,6 +5,8 @@
 mod admin;
 mod extract;
 mod force;
+#[cfg(feature = "fuzzing")]
+pub(super) mod fuzzing;
 mod locks;
 mod sessions;
 

@@ -58,16 +58,7 @@ pub(super) async fn open_session(
     caller: Caller,
     Body(body): Body<OpenSessionBody>,
 ) -> ApiResult<impl IntoResponse> {
-    let ttl = Duration::from_millis(body.ttl_ms);
-    if body.ttl_ms % 1000 != 0 || ttl < Duration::from_secs(1) || ttl > state.max_ttl {
-        return Err(Problem::new(
-            ProblemKind::InvalidInput,
-            format!(
-                "ttl_ms must be a whole number of seconds from 1000 to {}",
-                ms(state.max_ttl)
-            ),
-        ));
-    }
+    let ttl = session_ttl(body.ttl_ms, state.max_ttl)?;
     let quota = match &body.namespace {
         Some(ns) => {
             crate::model::validate_name(ns)?;
@@ -108,6 +99,22 @@ pub(super) async fn open_session(
             namespace: body.namespace,
         }),
     ))
+}
+
+/// `ttl_ms` of an [`OpenSessionBody`] as a TTL: a whole number of seconds from 1 s to
+/// `max_ttl`.
+pub(super) fn session_ttl(ttl_ms: u64, max_ttl: Duration) -> ApiResult<Duration> {
+    let ttl = Duration::from_millis(ttl_ms);
+    if ttl_ms % 1000 != 0 || ttl < Duration::from_secs(1) || ttl > max_ttl {
+        return Err(Problem::new(
+            ProblemKind::InvalidInput,
+            format!(
+                "ttl_ms must be a whole number of seconds from 1000 to {}",
+                ms(max_ttl)
+            ),
+        ));
+    }
+    Ok(ttl)
 }
 
 /// A renewed session.
