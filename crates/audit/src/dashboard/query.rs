@@ -297,22 +297,61 @@ pub(crate) async fn unprotected_all<C: GenericClient>(
 
 /// Unprotected writes per hour over `[from, to)`, `from` rounded down to the hour; every
 /// hour is present, zero or not. Returns `(hour start, count)`.
+///
+/// Whole hours are read from `write_event_hourly` (the counts that migration 3's
+/// triggers keep with the rows), the partial hours at either end from `write_event`.
+/// A `resource` filter is not rolled up: then every hour is counted from `write_event`
+/// through its `(resource, at)` index.
 pub(crate) async fn hourly<C: GenericClient>(
     client: &C,
     filter: &Filter,
     from: SystemTime,
     to: SystemTime,
 ) -> Result<Vec<(SystemTime, i64)>, AuditError> {
-    let mut f = filter.clone();
-    f.from = Some(from);
-    f.to = Some(to);
-    let w = Where::filter(&f);
-    let sql = format!(
-        "SELECT date_trunc('hour', at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS hour, count(*) \
-         FROM write_event WHERE {} GROUP BY 1 ORDER BY 1",
-        w.sql()
-    );
-    let rows = client.query(&sql, &w.params()).await?;
+    let whole_from = hour_ceil(from);
+    let whole_to = hour_floor(to);
+    let rows = if filter.resource.is_some() || whole_from >= whole_to {
+        let mut f = filter.clone();
+        f.from = Some(from);
+        f.to = Some(to);
+        let w = Where::filter(&f);
+        let sql = format!(
+            "SELECT date_trunc('hour', at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS hour, count(*) \
+             FROM write_event WHERE {} GROUP BY 1 ORDER BY 1",
+            w.sql()
+        );
+        client.query(&sql, &w.params()).await?
+    } else {
+        // $1..$k: the text filters; then from, whole_from, whole_to, to.
+        let mut params: Vec<&(dyn ToSql + Sync)> = Vec::new();
+        let mut text = String::new();
+        for (col, v) in filter.text_fields() {
+            if let Some(v) = v {
+                params.push(v);
+                text.push_str(&format!(" AND {col} = ${}", params.len()));
+            }
+        }
+        let k = params.len();
+        for t in [&from, &whole_from, &whole_to, &to] {
+            params.push(t);
+        }
+        let (p_from, p_whole_from, p_whole_to, p_to) = (k + 1, k + 2, k + 3, k + 4);
+        let base = |lo: usize, hi: usize| {
+            format!(
+                "SELECT date_trunc('hour', at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC', count(*) FROM write_event \
+                 WHERE outcome = 'unprotected'{text} AND at >= ${lo} AND at < ${hi} GROUP BY 1"
+            )
+        };
+        let sql = format!(
+            "SELECT hour, sum(n)::bigint FROM ( \
+                SELECT hour, n FROM write_event_hourly WHERE hour >= ${p_whole_from} AND hour < ${p_whole_to}{text} \
+                UNION ALL {} UNION ALL {} \
+             ) c (hour, n) GROUP BY hour ORDER BY hour",
+            base(p_from, p_whole_from),
+            base(p_whole_to, p_to)
+        );
+        client.query(&sql, &params).await?
+    };
     let counts: Vec<(SystemTime, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
     let start = hour_floor(from);
     let mut out = Vec::new();
@@ -323,6 +362,16 @@ pub(crate) async fn hourly<C: GenericClient>(
         hour += Duration::from_secs(3600);
     }
     Ok(out)
+}
+
+/// The first hour start at or after `t`.
+fn hour_ceil(t: SystemTime) -> SystemTime {
+    let floor = hour_floor(t);
+    if floor == t {
+        t
+    } else {
+        floor + Duration::from_secs(3600)
+    }
 }
 
 pub(crate) fn hour_floor(t: SystemTime) -> SystemTime {
