@@ -28,6 +28,7 @@ mod event;
 mod identity;
 mod lock;
 mod pool;
+mod restored;
 mod schema;
 pub mod sink;
 mod spool;
