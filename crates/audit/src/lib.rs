@@ -5,7 +5,9 @@
 //!   idempotently, under an advisory lock. Tables: `audit_event` (grants, releases,
 //!   expiries, forced releases and compaction gaps, keyed by `(cluster_id, revision, seq)`),
 //!   `force_release` (who, who approved, why), `write_event` (one row per checked write),
-//!   `audit_cursor` (how far the tailer has read each etcd cluster's history).
+//!   `write_event_hourly` (unprotected writes per hour, kept by triggers with the rows),
+//!   `audit_cursor` (how far the tailer has read each etcd cluster's history),
+//!   `audit_history` (a digest per revision read, to recognise restored history).
 //! - **Write events**: [`AuditSink`] is a bounded, non-blocking
 //!   [`WriteObserver`](palisade_fence::WriteObserver) for the fence layer. It batches rows
 //!   into Postgres and spools them to a local file while Postgres is down; see [`sink`].
@@ -28,6 +30,7 @@ mod event;
 mod identity;
 mod lock;
 mod pool;
+mod restored;
 mod schema;
 pub mod sink;
 mod spool;

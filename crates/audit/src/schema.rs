@@ -10,6 +10,8 @@ use crate::AuditError;
 pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     (1, "audit", include_str!("../migrations/0001_audit.sql")),
     (2, "tailer_cursor", include_str!("../migrations/0002_tailer_cursor.sql")),
+    (3, "unprotected_hourly", include_str!("../migrations/0003_unprotected_hourly.sql")),
+    (4, "audit_history", include_str!("../migrations/0004_audit_history.sql")),
 ];
 
 /// The advisory lock key that serializes migrations across processes ("paud").

@@ -19,11 +19,38 @@
 //! Rows and the position (`audit_cursor`) are written in one transaction per watch
 //! response, and rows are keyed `(cluster_id, revision, seq)`: a crash anywhere loses
 //! nothing and stores nothing twice. When etcd compacted past the position, the tailer
-//! records a `gap` row for the revisions it can no longer read and goes on from the
-//! compaction revision (the position moves only with lock-key events, so a gap can also
-//! span revisions that held none). Any failure (etcd or Postgres) ends the watch; the tailer backs
-//! off and starts again from the stored position, so a database outage only makes it
-//! fall behind. It never writes to etcd.
+//! records a `gap` row for the revisions it can no longer read, the compaction revision
+//! included (compaction drops that revision's deletions, so it can only be read in part),
+//! and goes on after it (the position moves only with lock-key events, so a gap can also
+//! span revisions that held none). Any failure (etcd or Postgres) ends the watch; the
+//! tailer backs off and starts again from the stored position, so a database outage only
+//! makes it fall behind. It never writes to etcd.
+//!
+//! # Restored clusters
+//!
+//! etcd restored from a snapshot under a new cluster id serves the snapshot's history
+//! again, up to the snapshot's revision, and the tailer, having no position for the new
+//! id, reads it from the start. So that those grants and releases are not stored a second
+//! time, the tailer keeps, for every revision that changed the lock key space, a SHA-256
+//! digest of that revision's changes (kind, key, value, create and mod revision, version
+//! and lease of each, in etcd's order) in `audit_history`, in the same transaction as the
+//! revision's rows. Reading a cluster, it compares each revision with the audited
+//! clusters' digests; revision `r` *repeats* cluster `A` when every revision with
+//! lock-key changes the new cluster showed from where reading began (its first revision,
+//! or the revision after a compaction) through `r` has the same digest in `A`, `A` has no
+//! other revision with changes in that range, and `A` was read past `r`. Such a revision's
+//! events are `A`'s, stored under `A` already, and are not stored again. The first
+//! revision that repeats no audited cluster ends the repeat for good
+//! (`audit_cursor.repeats` becomes empty): everything after it is the new cluster's own
+//! history, stored under its id, even at revision numbers another cluster used for other
+//! events. Identical history means identical events (same revisions, keys, tokens and
+//! holders), and one different revision, even of a key that yields no event, means the
+//! histories diverged, which is why every change is digested, not only the events.
+//!
+//! Limits: history audited before schema version 4 has no digests, so a restore of it is
+//! stored again; a cluster is compared with what was audited when it is read, so tail the
+//! old cluster to its end before the restored one (history the old cluster's tailer never
+//! read is stored under the new id, once).
 //!
 //! Known limit: after a restore of etcd from an older snapshot with the same cluster id,
 //! the tailer waits until etcd's revision passes its position; revisions reused by the
@@ -39,7 +66,7 @@ use palisade_fence::{Epoch, FencingToken, Revision};
 use serde::Deserialize;
 use tokio_postgres::GenericClient;
 
-use crate::{insert_lock_events, AuditError, ClusterId, LockEvent, LockEventKind};
+use crate::{insert_lock_events, restored, AuditError, ClusterId, LockEvent, LockEventKind};
 
 /// How long one database step (taking a connection, or one batch's transaction) may take
 /// before it counts as the database being unavailable.
@@ -48,9 +75,13 @@ const DB_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long one etcd request (not the watch itself) may take.
 const ETCD_TIMEOUT: Duration = Duration::from_secs(5);
 
-const UPSERT_CURSOR: &str = "INSERT INTO audit_cursor (cluster_id, revision) VALUES ($1, $2) \
+const UPSERT_CURSOR: &str = "INSERT INTO audit_cursor (cluster_id, revision, repeats) VALUES ($1, $2, $3) \
     ON CONFLICT (cluster_id) DO UPDATE SET revision = GREATEST(audit_cursor.revision, EXCLUDED.revision), \
-    updated_at = now()";
+    repeats = EXCLUDED.repeats, updated_at = now()";
+
+/// One statement for a batch's revision digests (a replay of a stored one is skipped).
+const INSERT_HISTORY: &str = "INSERT INTO audit_history (cluster_id, revision, digest) \
+    SELECT $1, * FROM unnest($2::bigint[], $3::bytea[]) ON CONFLICT (cluster_id, revision) DO NOTHING";
 
 /// The highest revision of `cluster` the tailer has stored: every revision up to it has
 /// been read (`None` before the first batch).
@@ -176,12 +207,17 @@ impl Tailer {
         .await
         .map_err(|_| AuditError::Timeout(ETCD_TIMEOUT))??;
         let cluster = ClusterId(resp.header().map_or(0, |h| h.cluster_id()));
-        let mut position = db(async {
+        let (position, mut repeats) = db(async {
             let client = self.pool.get().await?;
-            tailer_position(&**client, cluster).await
+            let position = tailer_position(&**client, cluster).await?;
+            let repeats: Option<Vec<i64>> = client
+                .query_opt("SELECT repeats FROM audit_cursor WHERE cluster_id = $1", &[&cluster.to_sql()])
+                .await?
+                .and_then(|r| r.get(0));
+            Ok((position, repeats))
         })
-        .await?
-        .map_or(0, Revision::as_i64);
+        .await?;
+        let mut position = position.map_or(0, Revision::as_i64);
         loop {
             let start = position + 1;
             let options = WatchOptions::new().with_prefix().with_prev_key().with_start_revision(start);
@@ -200,11 +236,13 @@ impl Tailer {
                     if compacted <= start {
                         return Err(watch_error("watch canceled for compaction below its start"));
                     }
-                    // Revisions start..compacted are gone: say so, then go on from there.
-                    let (from, to) = (revision(start)?, revision(compacted - 1)?);
-                    tracing::warn!(%cluster, from = start, to = compacted - 1, "etcd compacted past the audit position");
-                    self.store(cluster, &[LockEvent::gap(cluster, from, to)], compacted - 1).await?;
-                    position = compacted - 1;
+                    // Revisions start..compacted are gone, the compaction revision itself
+                    // in part (compaction drops its deletions): say so, go on after it.
+                    let (from, to) = (revision(start)?, revision(compacted)?);
+                    tracing::warn!(%cluster, from = start, to = compacted, "etcd compacted past the audit position");
+                    let gap = [LockEvent::gap(cluster, from, to)];
+                    self.store(cluster, &gap, &[], position, compacted, &mut repeats).await?;
+                    position = compacted;
                     *progressed = true;
                     break;
                 }
@@ -216,24 +254,55 @@ impl Tailer {
                     continue;
                 };
                 let events = classify(cluster, &prefix, &changes);
-                self.store(cluster, &events, last).await?;
+                let digests = restored::digests(&changes);
+                self.store(cluster, &events, &digests, position, last, &mut repeats).await?;
                 position = position.max(last);
                 *progressed = true;
             }
         }
     }
 
-    /// Stores `events` and moves the position to `through`, in one transaction.
-    async fn store(&self, cluster: ClusterId, events: &[LockEvent], through: i64) -> Result<(), AuditError> {
-        db(async {
+    /// In one transaction: compares the revisions of `digests` (those after `after`) with
+    /// audited history (see [`restored`]), stores `events` but those of repeated
+    /// revisions, stores the digests, and moves the position to `through` with the
+    /// clusters still repeated. `repeats` is updated once the transaction committed.
+    async fn store(
+        &self,
+        cluster: ClusterId,
+        events: &[LockEvent],
+        digests: &[(i64, Vec<u8>)],
+        after: i64,
+        through: i64,
+        repeats: &mut Option<Vec<i64>>,
+    ) -> Result<(), AuditError> {
+        let still = db(async {
             let mut client = self.pool.get().await?;
             let tx = client.transaction().await?;
-            insert_lock_events(&*tx, events).await?;
-            tx.execute(UPSERT_CURSOR, &[&cluster.to_sql(), &through]).await?;
+            let compared = restored::compare(&*tx, cluster, after, repeats.as_deref(), digests).await?;
+            if compared.repeated.is_empty() {
+                insert_lock_events(&*tx, events).await?;
+            } else {
+                let new: Vec<LockEvent> =
+                    events.iter().filter(|e| !compared.repeated.contains(&e.revision.as_i64())).cloned().collect();
+                insert_lock_events(&*tx, &new).await?;
+                tracing::info!(
+                    %cluster,
+                    from = compared.repeated.first(),
+                    to = compared.repeated.last(),
+                    "etcd history repeats an audited cluster's: its events are stored already"
+                );
+            }
+            if !digests.is_empty() {
+                let (revs, sums): (Vec<i64>, Vec<&[u8]>) = digests.iter().map(|(r, d)| (*r, d.as_slice())).unzip();
+                tx.execute(INSERT_HISTORY, &[&cluster.to_sql(), &revs, &sums]).await?;
+            }
+            tx.execute(UPSERT_CURSOR, &[&cluster.to_sql(), &through, &compared.repeats]).await?;
             tx.commit().await?;
-            Ok(())
+            Ok(compared.repeats)
         })
-        .await
+        .await?;
+        *repeats = still;
+        Ok(())
     }
 }
 
@@ -252,14 +321,15 @@ fn revision(r: i64) -> Result<Revision, AuditError> {
 /// One key's change, as much of a watch event as the classification needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Change {
-    revision: i64,
-    delete: bool,
-    key: Vec<u8>,
-    value: Vec<u8>,
-    version: i64,
-    create_revision: i64,
+    pub(crate) revision: i64,
+    pub(crate) delete: bool,
+    pub(crate) key: Vec<u8>,
+    pub(crate) value: Vec<u8>,
+    pub(crate) version: i64,
+    pub(crate) create_revision: i64,
+    pub(crate) lease: i64,
     /// The value and create revision before the change (deletes carry it with `prev_kv`).
-    prev: Option<(Vec<u8>, i64)>,
+    pub(crate) prev: Option<(Vec<u8>, i64)>,
 }
 
 impl Change {
@@ -272,6 +342,7 @@ impl Change {
             value: kv.value().to_vec(),
             version: kv.version(),
             create_revision: kv.create_revision(),
+            lease: kv.lease(),
             prev: e.prev_kv().map(|p| (p.value().to_vec(), p.create_revision())),
         })
     }
@@ -450,11 +521,11 @@ mod tests {
     }
 
     fn put(rev: i64, key: &str, value: Vec<u8>, version: i64, create: i64) -> Change {
-        Change { revision: rev, delete: false, key: key.into(), value, version, create_revision: create, prev: None }
+        Change { revision: rev, delete: false, key: key.into(), value, version, create_revision: create, lease: 0, prev: None }
     }
 
     fn del(rev: i64, key: &str, prev: Option<(Vec<u8>, i64)>) -> Change {
-        Change { revision: rev, delete: true, key: key.into(), value: vec![], version: 0, create_revision: 0, prev }
+        Change { revision: rev, delete: true, key: key.into(), value: vec![], version: 0, create_revision: 0, lease: 0, prev }
     }
 
     fn kinds(events: &[LockEvent]) -> Vec<(u64, u32, LockEventKind)> {

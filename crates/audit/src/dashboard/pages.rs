@@ -81,9 +81,12 @@ pub(super) async fn unprotected(
 ) -> Result<Html<String>, DashError> {
     let (filter, cursor, limit) = params.parse()?;
     let client = pool.get().await?;
-    let (rows, next) = query::unprotected_page(&**client, &filter, cursor, limit).await?;
     let (from, to) = chart_window(&filter);
-    let hours = query::hourly(&**client, &filter, from, to).await?;
+    // Both queries go out together on the one connection (pipelined: one round trip).
+    let ((rows, next), hours) = tokio::try_join!(
+        query::unprotected_page(&**client, &filter, cursor, limit),
+        query::hourly(&**client, &filter, from, to)
+    )?;
     let filters = params.filter_query();
     let field = |name: &str, label: &str, value: &Option<String>| {
         let hint = if name == "from" || name == "to" { "2026-11-30T10:00" } else { "any" };

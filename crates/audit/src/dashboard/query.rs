@@ -4,7 +4,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use palisade_fence::{FencingToken, Revision};
 use serde::Deserialize;
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{GenericClient, Row};
 use uuid::Uuid;
 
@@ -167,10 +167,11 @@ pub(crate) fn encode(s: &str) -> String {
     out
 }
 
-/// A WHERE clause with numbered parameters.
+/// A WHERE clause with numbered parameters and their types (so a query goes out with
+/// `query_typed`: parse, bind and execute in one round trip, no separate prepare).
 struct Where {
     clauses: Vec<String>,
-    params: Vec<Box<dyn ToSql + Sync + Send>>,
+    params: Vec<(Box<dyn ToSql + Sync + Send>, Type)>,
 }
 
 impl Where {
@@ -179,8 +180,8 @@ impl Where {
     }
 
     /// Adds `clause`, where each `$?` is the next parameter (all the same value).
-    fn add(&mut self, clause: &str, value: impl ToSql + Sync + Send + 'static) {
-        self.params.push(Box::new(value));
+    fn add(&mut self, clause: &str, value: impl ToSql + Sync + Send + 'static, ty: Type) {
+        self.params.push((Box::new(value), ty));
         self.clauses.push(clause.replace("$?", &format!("${}", self.params.len())));
     }
 
@@ -188,14 +189,14 @@ impl Where {
         let mut w = Where::new("outcome = 'unprotected'");
         for (col, v) in filter.text_fields() {
             if let Some(v) = v {
-                w.add(&format!("{col} = $?"), v.clone());
+                w.add(&format!("{col} = $?"), v.clone(), Type::TEXT);
             }
         }
         if let Some(from) = filter.from {
-            w.add("at >= $?", from);
+            w.add("at >= $?", from, Type::TIMESTAMPTZ);
         }
         if let Some(to) = filter.to {
-            w.add("at < $?", to);
+            w.add("at < $?", to, Type::TIMESTAMPTZ);
         }
         w
     }
@@ -204,8 +205,8 @@ impl Where {
         self.clauses.join(" AND ")
     }
 
-    fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
-        self.params.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)).collect()
+    fn params(&self) -> Vec<(&(dyn ToSql + Sync), Type)> {
+        self.params.iter().map(|(p, t)| (p.as_ref() as &(dyn ToSql + Sync), t.clone())).collect()
     }
 }
 
@@ -256,8 +257,8 @@ pub(crate) async fn unprotected_page<C: GenericClient>(
 ) -> Result<(Vec<WriteRecord>, Option<Cursor>), AuditError> {
     let mut w = Where::filter(filter);
     if let Some(c) = cursor {
-        w.params.push(Box::new(c.at));
-        w.params.push(Box::new(c.id));
+        w.params.push((Box::new(c.at), Type::TIMESTAMPTZ));
+        w.params.push((Box::new(c.id), Type::UUID));
         let n = w.params.len();
         w.clauses.push(format!("(at, id) < (${}, ${n})", n - 1));
     }
@@ -266,7 +267,7 @@ pub(crate) async fn unprotected_page<C: GenericClient>(
         w.sql(),
         limit + 1
     );
-    let rows = client.query(&sql, &w.params()).await?;
+    let rows = client.query_typed(&sql, &w.params()).await?;
     let mut records: Vec<WriteRecord> = rows.iter().map(write_record).collect();
     let next = if records.len() > limit {
         records.truncate(limit);
@@ -297,22 +298,61 @@ pub(crate) async fn unprotected_all<C: GenericClient>(
 
 /// Unprotected writes per hour over `[from, to)`, `from` rounded down to the hour; every
 /// hour is present, zero or not. Returns `(hour start, count)`.
+///
+/// Whole hours are read from `write_event_hourly` (the counts that migration 3's
+/// triggers keep with the rows), the partial hours at either end from `write_event`.
+/// A `resource` filter is not rolled up: then every hour is counted from `write_event`
+/// through its `(resource, at)` index.
 pub(crate) async fn hourly<C: GenericClient>(
     client: &C,
     filter: &Filter,
     from: SystemTime,
     to: SystemTime,
 ) -> Result<Vec<(SystemTime, i64)>, AuditError> {
-    let mut f = filter.clone();
-    f.from = Some(from);
-    f.to = Some(to);
-    let w = Where::filter(&f);
-    let sql = format!(
-        "SELECT date_trunc('hour', at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS hour, count(*) \
-         FROM write_event WHERE {} GROUP BY 1 ORDER BY 1",
-        w.sql()
-    );
-    let rows = client.query(&sql, &w.params()).await?;
+    let whole_from = hour_ceil(from);
+    let whole_to = hour_floor(to);
+    let rows = if filter.resource.is_some() || whole_from >= whole_to {
+        let mut f = filter.clone();
+        f.from = Some(from);
+        f.to = Some(to);
+        let w = Where::filter(&f);
+        let sql = format!(
+            "SELECT date_trunc('hour', at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS hour, count(*) \
+             FROM write_event WHERE {} GROUP BY 1 ORDER BY 1",
+            w.sql()
+        );
+        client.query_typed(&sql, &w.params()).await?
+    } else {
+        // $1..$k: the text filters; then from, whole_from, whole_to, to.
+        let mut params: Vec<(&(dyn ToSql + Sync), Type)> = Vec::new();
+        let mut text = String::new();
+        for (col, v) in filter.text_fields() {
+            if let Some(v) = v {
+                params.push((v, Type::TEXT));
+                text.push_str(&format!(" AND {col} = ${}", params.len()));
+            }
+        }
+        let k = params.len();
+        for t in [&from, &whole_from, &whole_to, &to] {
+            params.push((t, Type::TIMESTAMPTZ));
+        }
+        let (p_from, p_whole_from, p_whole_to, p_to) = (k + 1, k + 2, k + 3, k + 4);
+        let base = |lo: usize, hi: usize| {
+            format!(
+                "SELECT date_trunc('hour', at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC', count(*) FROM write_event \
+                 WHERE outcome = 'unprotected'{text} AND at >= ${lo} AND at < ${hi} GROUP BY 1"
+            )
+        };
+        let sql = format!(
+            "SELECT hour, sum(n)::bigint FROM ( \
+                SELECT hour, n FROM write_event_hourly WHERE hour >= ${p_whole_from} AND hour < ${p_whole_to}{text} \
+                UNION ALL {} UNION ALL {} \
+             ) c (hour, n) GROUP BY hour ORDER BY hour",
+            base(p_from, p_whole_from),
+            base(p_whole_to, p_to)
+        );
+        client.query_typed(&sql, &params).await?
+    };
     let counts: Vec<(SystemTime, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
     let start = hour_floor(from);
     let mut out = Vec::new();
@@ -323,6 +363,16 @@ pub(crate) async fn hourly<C: GenericClient>(
         hour += Duration::from_secs(3600);
     }
     Ok(out)
+}
+
+/// The first hour start at or after `t`.
+fn hour_ceil(t: SystemTime) -> SystemTime {
+    let floor = hour_floor(t);
+    if floor == t {
+        t
+    } else {
+        floor + Duration::from_secs(3600)
+    }
 }
 
 pub(crate) fn hour_floor(t: SystemTime) -> SystemTime {

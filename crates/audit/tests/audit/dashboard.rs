@@ -227,6 +227,76 @@ async fn the_hourly_chart_counts_each_hour() {
     assert!(svg.body.contains("service billing (5 in 25 h)"), "{}", svg.body);
 }
 
+/// Every filter narrows the hourly counts exactly as it narrows the rows, over windows
+/// whose ends fall inside an hour (partial hours from `write_event`, whole hours from the
+/// hourly counts) and over windows inside one hour.
+#[tokio::test]
+async fn every_filter_narrows_the_hourly_counts_as_it_narrows_the_rows() {
+    let (_db, pool) = migrated_db().await;
+    let now = SystemTime::now();
+    let rows = seed(&pool, now).await;
+    let app = palisade_audit::dashboard::router(pool);
+    let fmt = |t: SystemTime| humantime::format_rfc3339_seconds(t).to_string();
+    // (query, what a row must match)
+    type Pred = Box<dyn Fn(&WriteRecord) -> bool>;
+    let s = |v: &'static str| Some(v.to_owned());
+    let filters: Vec<(&str, Pred)> = vec![
+        ("", Box::new(|_| true)),
+        ("namespace=shop", Box::new(move |r| r.labels.namespace == s("shop"))),
+        ("class=ledger", Box::new(move |r| r.labels.class == s("ledger"))),
+        ("service=billing", Box::new(move |r| r.service == "billing")),
+        ("caller=spiffe%3A%2F%2Ftd%2Fbatch", Box::new(move |r| r.caller == s("spiffe://td/batch"))),
+        ("resource=%2Flegacy%2Fledger", Box::new(move |r| r.resource == s("/legacy/ledger"))),
+        ("namespace=money&caller=spiffe%3A%2F%2Ftd%2Fbilling", Box::new(move |r| {
+            r.labels.namespace == s("money") && r.caller == s("spiffe://td/billing")
+        })),
+        ("service=reports&resource=%2Flegacy%2Freport", Box::new(move |r| {
+            r.service == "reports" && r.resource == s("/legacy/report")
+        })),
+    ];
+    let windows = [
+        (None, None),
+        (Some(now - Duration::from_secs(5 * 3600 + 1234)), Some(now - Duration::from_secs(1800))),
+        (Some(now - Duration::from_secs(40 * 3600)), None),
+        (Some(now - Duration::from_secs(3600 + 600)), Some(now - Duration::from_secs(3600 - 600))),
+    ];
+    let mut totals = Vec::new();
+    for (from, to) in windows {
+        for (q, pred) in &filters {
+            let mut uri = format!("/api/unprotected/hourly?{q}");
+            if let Some(t) = from {
+                uri.push_str(&format!("&from={}", fmt(t)));
+            }
+            if let Some(t) = to {
+                uri.push_str(&format!("&to={}", fmt(t)));
+            }
+            let hourly = json(&get(&app, &uri).await.body);
+            // The window as the server saw it: whole seconds, `to` by default the time of the request.
+            let lo = from.map(|t| humantime::parse_rfc3339(&fmt(t)).unwrap());
+            let hi = to.map(|t| humantime::parse_rfc3339(&fmt(t)).unwrap()).unwrap_or_else(SystemTime::now);
+            let lo = lo.unwrap_or(hi - Duration::from_secs(24 * 3600));
+            let mut total = 0;
+            for h in hourly["hours"].as_array().unwrap() {
+                let start = humantime::parse_rfc3339(h["hour"].as_str().unwrap()).unwrap();
+                let end = start + Duration::from_secs(3600);
+                let expected = rows
+                    .iter()
+                    .filter(|r| r.at >= start.max(lo) && r.at < end.min(hi) && pred(r))
+                    .count() as i64;
+                assert_eq!(h["count"].as_i64().unwrap(), expected, "{uri}: hour {}", h["hour"]);
+                total += expected;
+            }
+            totals.push((uri, total));
+        }
+    }
+    // The filters do narrow: in the 24 hours, each selects some rows but not all 11.
+    for (uri, total) in &totals[1..filters.len()] {
+        assert!(*total > 0 && *total < 11, "{uri}: {total}");
+    }
+    assert_eq!(totals[0].1, 11);
+    assert_eq!(totals[2 * filters.len()].1, 12, "40 hours hold every row");
+}
+
 #[tokio::test]
 async fn script_in_a_resource_is_escaped_in_html_and_svg_and_verbatim_in_json() {
     let (_db, app, _) = seeded().await;

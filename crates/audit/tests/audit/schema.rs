@@ -19,11 +19,11 @@ async fn migrations_apply_once_even_when_two_processes_start_together() {
     let (ra, rb) = tokio::join!(migrate(&a), migrate(&b));
     let mut applied = [ra.unwrap(), rb.unwrap()].concat();
     applied.sort();
-    assert_eq!(applied, [1, 2], "exactly one of them applied each version");
+    assert_eq!(applied, (1..=palisade_audit::MIGRATIONS.len() as i32).collect::<Vec<_>>(), "exactly one of them applied each version");
     assert_eq!(migrate(&a).await.unwrap(), Vec::<i32>::new(), "a third run applies nothing");
     let client = a.get().await.unwrap();
     assert!(palisade_audit::is_current(&**client).await.unwrap());
-    for table in ["audit_event", "force_release", "write_event", "audit_cursor"] {
+    for table in ["audit_event", "force_release", "write_event", "audit_cursor", "write_event_hourly"] {
         let n = count(&client, &format!("SELECT count(*) FROM information_schema.tables WHERE table_name = '{table}'")).await;
         assert_eq!(n, 1, "{table}");
     }
@@ -145,4 +145,94 @@ async fn the_unprotected_writes_queries_use_the_partial_indexes() {
     )
     .await;
     assert!(by_caller.contains("write_event_unprotected_caller"), "{by_caller}");
+}
+
+/// Rows of `write_event_hourly` that differ from counting `write_event` (either way).
+async fn hourly_disagreements(client: &tokio_postgres::Client) -> i64 {
+    count(
+        client,
+        "WITH counted AS ( \
+            SELECT date_trunc('hour', at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS hour, namespace, class, service, \
+                   caller, count(*) AS n \
+            FROM write_event WHERE outcome = 'unprotected' GROUP BY 1, 2, 3, 4, 5), \
+         kept AS (SELECT hour, namespace, class, service, caller, n FROM write_event_hourly) \
+         SELECT count(*) FROM ((SELECT * FROM counted EXCEPT ALL SELECT * FROM kept) \
+                               UNION ALL (SELECT * FROM kept EXCEPT ALL SELECT * FROM counted)) d",
+    )
+    .await
+}
+
+/// `(service, caller, n)` of each hourly counter, by hour.
+async fn kept(client: &tokio_postgres::Client) -> Vec<(String, Option<String>, i64)> {
+    client
+        .query("SELECT service, caller, n FROM write_event_hourly ORDER BY hour, service, caller", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
+}
+
+fn unprotected_at(at: SystemTime, service: &str, caller: Option<&str>) -> WriteRecord {
+    let mut r = WriteRecord::new(service, "/r/1", "PUT", Outcome::Unprotected, Finding::MissingToken, at);
+    r.caller = caller.map(str::to_owned);
+    r
+}
+
+/// Migration 3 back-fills the hourly counts from the rows already stored, and from then
+/// on every insert (replays too), update, delete and truncate keeps them equal to the rows.
+#[tokio::test]
+async fn hourly_counts_are_back_filled_and_kept_with_the_rows() {
+    let db = TestDb::create().await;
+    let mut client = db.connect().await;
+    // The schema as it was before version 3, with rows in it.
+    for (version, name, sql) in &palisade_audit::MIGRATIONS[..2] {
+        client.batch_execute(sql).await.unwrap();
+        client
+            .batch_execute(&format!(
+                "CREATE TABLE IF NOT EXISTS audit_schema_migrations (version integer PRIMARY KEY, name text NOT NULL, \
+                 applied_at timestamptz NOT NULL DEFAULT now()); \
+                 INSERT INTO audit_schema_migrations (version, name) VALUES ({version}, '{name}')"
+            ))
+            .await
+            .unwrap();
+    }
+    let t0 = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000 / 3600 * 3600);
+    let min = |m: u64| t0 + std::time::Duration::from_secs(60 * m);
+    let old = vec![
+        unprotected_at(min(1), "a", None),
+        unprotected_at(min(2), "a", None),
+        unprotected_at(min(3), "a", Some("spiffe://td/x")),
+        unprotected_at(min(61), "b", None),
+        WriteRecord::new("a", "/r/1", "PUT", Outcome::Admitted, Finding::Current, min(4)),
+        WriteRecord::dropped("a", 5),
+    ];
+    insert_writes(&client, &old).await.unwrap();
+    assert_eq!(palisade_audit::migrate_client(&mut client).await.unwrap(), (3..=palisade_audit::MIGRATIONS.len() as i32).collect::<Vec<_>>());
+    assert_eq!(
+        kept(&client).await,
+        [("a".to_owned(), Some("spiffe://td/x".to_owned()), 1), ("a".to_owned(), None, 2), ("b".to_owned(), None, 1)]
+    );
+    assert_eq!(hourly_disagreements(&client).await, 0);
+
+    // New rows, and a replay of old ones that inserts nothing.
+    let new = vec![unprotected_at(min(5), "a", None), unprotected_at(min(125), "c", None)];
+    assert_eq!(insert_writes(&client, &[new.clone(), old.clone()].concat()).await.unwrap(), 2);
+    assert_eq!(count(&client, "SELECT n FROM write_event_hourly WHERE service = 'a' AND caller IS NULL").await, 3);
+    assert_eq!(hourly_disagreements(&client).await, 0);
+    // A rolled-back insert leaves no count behind.
+    client.batch_execute("BEGIN").await.unwrap();
+    insert_writes(&client, &[unprotected_at(min(6), "a", None)]).await.unwrap();
+    client.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(hourly_disagreements(&client).await, 0);
+    assert_eq!(count(&client, "SELECT sum(n)::bigint FROM write_event_hourly").await, 6);
+    // Updates and deletes move and remove counts; an emptied counter is gone.
+    client.batch_execute("UPDATE write_event SET service = 'z' WHERE service = 'b'").await.unwrap();
+    assert_eq!(hourly_disagreements(&client).await, 0);
+    client.batch_execute("DELETE FROM write_event WHERE service = 'c' OR caller IS NOT NULL").await.unwrap();
+    assert_eq!(hourly_disagreements(&client).await, 0);
+    assert_eq!(count(&client, "SELECT count(*) FROM write_event_hourly WHERE service IN ('b', 'c')").await, 0);
+    assert_eq!(count(&client, "SELECT count(*) FROM write_event_hourly").await, 2);
+    client.batch_execute("TRUNCATE write_event").await.unwrap();
+    assert_eq!(count(&client, "SELECT count(*) FROM write_event_hourly").await, 0);
 }

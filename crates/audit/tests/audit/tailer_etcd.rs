@@ -11,10 +11,10 @@ use deadpool_postgres::Pool;
 use etcd_client::{CompactionOptions, EventType, GetOptions, WatchOptions};
 use palisade_audit::{insert_force_release, tailer_position, ClusterId, ForceRelease, Tailer};
 use palisade_lock::{
-    FencingToken, FileEpochStore, ForceMarker, Hold, LockClass, LockName, Locker, LockerOptions, Mode, Namespace,
-    Session, SpiffeId,
+    EpochReason, FencingToken, FileEpochStore, ForceMarker, Hold, LockClass, LockName, Locker, LockerOptions, Mode,
+    Namespace, Session, SpiffeId,
 };
-use palisade_testkit::{EtcdCluster, TestDb};
+use palisade_testkit::{EtcdCluster, Snapshot, TestDb};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -25,10 +25,10 @@ const CLASS: &str = "rows";
 const ROOT: &str = "/palisade/";
 
 struct Fixture {
-    _etcd: EtcdCluster,
+    etcd: EtcdCluster,
     locker: Locker,
-    _dir: tempfile::TempDir,
-    db: TestDb,
+    dir: tempfile::TempDir,
+    db: Arc<TestDb>,
     pool: Pool,
     cluster: ClusterId,
 }
@@ -45,10 +45,23 @@ async fn fixture() -> Fixture {
     locker.config().put_class(&class).await.unwrap();
     let (db, pool) = migrated_db().await;
     let cluster = ClusterId(etcd.cluster_id().await);
-    Fixture { _etcd: etcd, locker, _dir: dir, db, pool, cluster }
+    Fixture { etcd, locker, dir, db: Arc::new(db), pool, cluster }
 }
 
 impl Fixture {
+    /// A new cluster restored from `snapshot` (a new cluster id), audited into the same
+    /// database, with a locker that has advanced the epoch as an operator would.
+    async fn restored(&self, snapshot: &Snapshot) -> Fixture {
+        let etcd = EtcdCluster::restore(snapshot, 1).await;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(self.dir.path().join("epoch.json"), dir.path().join("epoch.json")).unwrap();
+        let options = LockerOptions::new(etcd.endpoints()).with_request_timeout(Duration::from_secs(2));
+        let locker = Locker::connect(options, FileEpochStore::new(dir.path().join("epoch.json"))).await.unwrap();
+        locker.advance_epoch(EpochReason::Restore).await.unwrap();
+        let cluster = ClusterId(etcd.cluster_id().await);
+        Fixture { etcd, locker, dir, db: self.db.clone(), pool: self.pool.clone(), cluster }
+    }
+
     fn start_tailer(&self) -> JoinHandle<Infallible> {
         let tailer = Tailer::new(self.locker.client().clone(), self.pool.clone())
             .with_root(ROOT)
@@ -400,14 +413,15 @@ async fn etcd_tailer_records_a_gap_when_history_was_compacted() {
     let rows = fx.rows().await;
     let gaps: Vec<&Row> = rows.iter().filter(|r| r.kind == "gap").collect();
     assert_eq!(gaps.len(), 1, "{rows:?}");
-    assert_eq!(gaps[0].gap, Some((position + 1, compacted - 1)));
+    // The compaction revision is part of the gap: compaction drops its deletions.
+    assert_eq!(gaps[0].gap, Some((position + 1, compacted)));
     assert_eq!(gaps[0].revision, position + 1);
     let grants: Vec<u64> = rows.iter().filter(|r| r.kind == "grant").map(|r| r.token.unwrap()).collect();
     assert_eq!(grants, [before.clone(), after.clone()].concat(), "grants before the gap and after it");
     for t in &lost {
         assert!(!grants.contains(t));
     }
-    assert!(rows.iter().all(|r| r.kind == "gap" || r.revision <= position || r.revision >= compacted));
+    assert!(rows.iter().all(|r| r.kind == "gap" || r.revision <= position || r.revision > compacted));
 }
 
 #[tokio::test]
@@ -473,4 +487,115 @@ async fn etcd_tailer_catches_up_after_a_database_outage_that_never_blocks_locks(
     assert_eq!(grants, [first, during].concat());
     assert_eq!(rows.iter().filter(|r| r.kind == "release").count(), 23);
     assert_eq!(rows.len(), 46);
+}
+
+/// Cluster B restored from a snapshot of cluster A (new cluster id) serves A's history up
+/// to the snapshot again: the tailer stores none of it under B, stores every event B
+/// makes afterwards (at the very revision numbers A used for its own events after the
+/// snapshot), and still writes a gap where B's history was compacted before it was read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_tailer_stores_history_a_restored_cluster_repeats_once() {
+    let a = fixture().await;
+    let tailer_a = a.start_tailer();
+    let before = a.cycles("a", "rst/1", 3).await;
+    let snapshot = a.etcd.snapshot().await;
+    let b = a.restored(&snapshot).await;
+    assert_ne!(b.cluster, a.cluster);
+    // Both clusters go on from the same revision with the same steps, so their events
+    // after the snapshot take the same revision numbers.
+    let start = b.revision().await;
+    let mut client = a.locker.client().clone();
+    while a.revision().await < start {
+        client.put("/elsewhere/pad", "x", None).await.unwrap();
+    }
+    assert_eq!(a.revision().await, start);
+    let after_a = a.cycles("a2", "rst/1", 3).await;
+    let new_b = b.cycles("b", "rst/1", 3).await;
+    a.wait_caught_up().await;
+    tailer_a.abort();
+    let _ = tailer_a.await;
+
+    let tailer_b = b.start_tailer();
+    b.wait_caught_up().await;
+    tailer_b.abort();
+    let _ = tailer_b.await;
+    let rows_a = a.rows().await;
+    let rows_b = b.rows().await;
+    let grants = |rows: &[Row]| rows.iter().filter(|r| r.kind == "grant").map(|r| r.token.unwrap()).collect::<Vec<_>>();
+    assert_eq!(grants(&rows_a), [before.clone(), after_a.clone()].concat());
+    assert_eq!(rows_a.len(), 12, "{rows_a:?}");
+    assert_eq!(grants(&rows_b), new_b, "B's own grants, none of A's history: {rows_b:?}");
+    assert_eq!(rows_b.iter().filter(|r| r.kind == "release").count(), 3);
+    assert_eq!(rows_b.len(), 6, "{rows_b:?}");
+    assert!(rows_b.iter().all(|r| r.revision > snapshot.revision()));
+    for r in &rows_b {
+        assert_eq!(r.spiffe_id.as_deref(), Some("spiffe://acme/b"));
+        assert_eq!(FencingToken::from_u64(r.token.unwrap()).unwrap().epoch().get(), 1);
+    }
+    let revisions = |rows: &[Row], above: i64| rows.iter().map(|r| r.revision).filter(|r| *r > above).collect::<BTreeSet<_>>();
+    assert_eq!(revisions(&rows_b, 0), revisions(&rows_a, snapshot.revision()), "B's events at A's revision numbers");
+
+    // B's history read in part, then compacted: a gap, and B's later events.
+    let position = tailer_position(&**b.pool.get().await.unwrap(), b.cluster).await.unwrap().unwrap().as_i64();
+    let lost = b.cycles("b2", "rst/1", 2).await;
+    let compacted = b.revision().await;
+    let mut client = b.locker.client().clone();
+    client.compact(compacted, Some(CompactionOptions::new().with_physical())).await.unwrap();
+    let later = b.cycles("b3", "rst/1", 2).await;
+    let tailer_b = b.start_tailer();
+    b.wait_caught_up().await;
+    tailer_b.abort();
+    let rows_b = b.rows().await;
+    let gaps: Vec<&Row> = rows_b.iter().filter(|r| r.kind == "gap").collect();
+    assert_eq!(gaps.len(), 1, "{rows_b:?}");
+    assert_eq!(gaps[0].gap, Some((position + 1, compacted)));
+    assert_eq!(grants(&rows_b), [new_b, later].concat());
+    assert!(lost.iter().all(|t| !grants(&rows_b).contains(t)));
+    assert_eq!(a.rows().await, rows_a, "A's rows are untouched");
+
+    // Across both clusters, each grant and each release once.
+    let client = a.db.connect().await;
+    let dup: i64 = client
+        .query_one(
+            "SELECT count(*) FROM (SELECT type, lock_key, token FROM audit_event WHERE type <> 'gap' \
+             GROUP BY 1, 2, 3 HAVING count(*) > 1) d",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(dup, 0);
+}
+
+/// A restored cluster whose history was compacted inside the restored part: the tailer
+/// starts after the gap, recognises the rest of the restored history and stores none of
+/// it, then stores the new events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_tailer_recognises_restored_history_after_a_compaction() {
+    let a = fixture().await;
+    let tailer_a = a.start_tailer();
+    let early = a.cycles("a", "rst/2", 3).await;
+    let middle = a.revision().await;
+    let late = a.cycles("a", "rst/2", 3).await;
+    a.wait_caught_up().await;
+    tailer_a.abort();
+    let _ = tailer_a.await;
+    let snapshot = a.etcd.snapshot().await;
+    let b = a.restored(&snapshot).await;
+    let mut client = b.locker.client().clone();
+    client.compact(middle, Some(CompactionOptions::new().with_physical())).await.unwrap();
+    let new_b = b.cycles("b", "rst/2", 2).await;
+    let tailer_b = b.start_tailer();
+    b.wait_caught_up().await;
+    tailer_b.abort();
+    let rows_b = b.rows().await;
+    let kinds: Vec<&str> = rows_b.iter().map(|r| r.kind.as_str()).collect();
+    assert_eq!(kinds, ["gap", "grant", "release", "grant", "release"], "{rows_b:?}");
+    assert_eq!(rows_b[0].gap, Some((1, middle)));
+    assert_eq!(rows_b.iter().filter(|r| r.kind == "grant").map(|r| r.token.unwrap()).collect::<Vec<_>>(), new_b);
+    let rows_a = a.rows().await;
+    assert_eq!(
+        rows_a.iter().filter(|r| r.kind == "grant").map(|r| r.token.unwrap()).collect::<Vec<_>>(),
+        [early, late].concat()
+    );
 }
