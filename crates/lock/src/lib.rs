@@ -169,12 +169,13 @@
 //!   when the two records disagree or one is missing; or when the epoch key changed
 //!   under a running locker. A grant Txn that succeeded in such a cluster is undone before
 //!   the error is returned. The refusal is sticky until [`Locker::advance_epoch`], with
-//!   one exception: when a running locker sees the epoch key change (another locker
-//!   advanced it), it re-reads both records and, if they agree on a higher epoch naming
-//!   the cluster that answered (and etcd is not below the recorded confirmed revision),
-//!   adopts it (moving etcd past its reservation first, as at start) and keeps granting
-//!   under it; the acquire that noticed is retried under the new epoch. This needs the
-//!   shared durable record above.
+//!   one exception: a refusing locker (whatever the reason), and a running locker that
+//!   sees the epoch key change, re-reads both records on its next acquire and, if they
+//!   agree on a higher epoch naming the cluster that answered (and etcd is not below
+//!   the recorded confirmed revision), adopts it (moving etcd past its reservation
+//!   first, as at start) and grants under it; the acquire that noticed is retried under
+//!   the new epoch. So a replica that saw a restored cluster resumes once the epoch was
+//!   advanced through any replica. This needs the shared durable record above.
 //! - Advancing (an operator action, reason `restore` or `rehome`) picks
 //!   `max(epoch in etcd, durable epoch, this locker's epoch) + 1`, records the cluster id
 //!   and revision it sees, and writes the durable record first, then etcd's: a crash in

@@ -282,9 +282,9 @@ impl Locker {
             return Err(Error::invalid(InvalidInput::ModeNotAllowed));
         }
         class.check_ttl(session.ttl())?;
-        if self.inner.epoch.snapshot().mismatch == Some(EpochMismatch::Advanced) {
-            // Refusing since another locker advanced the epoch: adopt it if the records
-            // now agree on it.
+        if self.inner.epoch.snapshot().mismatch.is_some() {
+            // Refusing (a restore seen, another cluster id, or another locker advanced
+            // the epoch): adopt an epoch advanced since, if the records agree on it.
             adopt_advanced_epoch(&self.inner).await;
         }
         let mut stale = 0;
@@ -411,8 +411,8 @@ impl Locker {
     }
 }
 
-/// Called when the epoch key changed under this locker (another locker advanced it):
-/// re-reads both records and adopts
+/// Called when the epoch key changed under this locker (another locker advanced it), and
+/// by every acquire while this locker refuses grants: re-reads both records and adopts
 /// the new epoch if they agree on an epoch above this locker's, naming the cluster that
 /// answered, and etcd has not gone below the durable record's highest grant revision
 /// (an operator-sanctioned advance). If etcd is below the record's reservation, it is

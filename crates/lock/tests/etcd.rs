@@ -906,13 +906,18 @@ async fn etcd_revision_going_backwards_with_same_cluster_id_stops_grants() {
         .await
         .unwrap();
     assert!(token(&h) > highest);
-    // The old locker learns of the new epoch from the epoch key and refuses until reopened.
-    let err = f
+    let fresh_token = token(&h);
+    h.release().await.unwrap();
+    // The old locker, refusing since it saw the revision go back, adopts the epoch
+    // advanced through the fresh one (both records agree on it) without a restart.
+    let h = f
         .locker
         .acquire(&s2, &lock("b2"), Mode::Exclusive, secs(5))
         .await
-        .unwrap_err();
-    assert!(err.is_epoch_mismatch(), "{err:?}");
+        .unwrap();
+    assert_eq!(token(&h).epoch().get(), 1);
+    assert!(token(&h) > fresh_token);
+    assert_eq!(f.locker.epoch().1, None);
 }
 
 /// Per acquire: the token and how its release went, or why the acquire failed.
@@ -2006,4 +2011,75 @@ async fn etcd_restart_after_a_crash_moves_etcd_past_the_reservation_before_grant
         last = token(&h);
         h.release().await.unwrap();
     }
+}
+
+#[tokio::test]
+async fn etcd_replica_that_saw_a_new_cluster_id_adopts_the_epoch_advanced_through_another() {
+    let mut f = fixture(1).await;
+    let a = f.locker.clone();
+    let b = connect(f.cluster.endpoints(), &f.dir).await.unwrap();
+    let (sa, sb) = (session(&a, 10).await, session(&b, 10).await);
+    let mut old = FencingToken::MIN;
+    for (locker, s) in [(&a, &sa), (&b, &sb), (&a, &sa), (&b, &sb)] {
+        let h = locker
+            .acquire(s, &lock("replica"), Mode::Exclusive, secs(5))
+            .await
+            .unwrap();
+        assert!(token(&h) > old);
+        old = token(&h);
+        h.release().await.unwrap();
+    }
+    let snapshot = f.cluster.snapshot().await;
+    let old_cluster = f.cluster.cluster_id().await;
+    f.cluster
+        .restore_in_place(&snapshot, RestoreMode::NewClusterId)
+        .await;
+    let new_cluster = f.cluster.cluster_id().await;
+    assert_ne!(new_cluster, old_cluster);
+
+    // Both replicas refuse (sessions opened in the restored cluster).
+    let (sa, sb) = (session(&a, 10).await, session(&b, 10).await);
+    for (locker, s) in [(&a, &sa), (&b, &sb)] {
+        let err = locker
+            .acquire(s, &lock("replica"), Mode::Exclusive, secs(5))
+            .await
+            .unwrap_err();
+        assert!(err.is_epoch_mismatch(), "{err:?}");
+    }
+    assert!(matches!(
+        b.epoch().1,
+        Some(palisade_lock::EpochMismatch::ClusterId { actual, .. }) if actual == new_cluster
+    ));
+    // B keeps refusing while nobody advanced the epoch.
+    let err = b
+        .acquire(&sb, &lock("replica"), Mode::Exclusive, secs(5))
+        .await
+        .unwrap_err();
+    assert!(err.is_epoch_mismatch(), "{err:?}");
+    assert!(keys_under(b.client(), &format!("{ROOT}locks/"))
+        .await
+        .is_empty());
+
+    // The epoch is advanced through A, which grants under it (raising the reservation).
+    let advanced = a.advance_epoch(EpochReason::Restore).await.unwrap();
+    assert_eq!(advanced.cluster_id, new_cluster);
+    let h = a
+        .acquire(&sa, &lock("replica"), Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
+    let a_token = token(&h);
+    assert!(a_token > old);
+    h.release().await.unwrap();
+
+    // B adopts it without a restart and grants above every earlier token.
+    let h = b
+        .acquire(&sb, &lock("replica"), Mode::Exclusive, secs(10))
+        .await
+        .unwrap_or_else(|e| panic!("B still refuses after the advance: {e:?}"));
+    assert_eq!(token(&h).epoch(), advanced.epoch);
+    assert!(token(&h) > old && token(&h) > a_token, "{} vs {old}, {a_token}", token(&h));
+    h.release().await.unwrap();
+    assert_eq!(b.epoch().1, None);
+    assert_eq!(b.epoch().0.epoch, advanced.epoch);
+    assert_eq!(b.epoch().0.cluster_id, new_cluster);
 }
