@@ -2083,3 +2083,59 @@ async fn etcd_replica_that_saw_a_new_cluster_id_adopts_the_epoch_advanced_throug
     assert_eq!(b.epoch().0.epoch, advanced.epoch);
     assert_eq!(b.epoch().0.cluster_id, new_cluster);
 }
+
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn pg_epoch_store_reads_rows_from_before_the_reservation_and_max_merges_it() {
+    let db = palisade_testkit::TestDb::create().await;
+    let client = Arc::new(db.connect().await);
+    // The table as the first migration made it, with rows written then.
+    client
+        .batch_execute(include_str!("../migrations/0001_lock_epoch.sql"))
+        .await
+        .unwrap();
+    client
+        .batch_execute(
+            "INSERT INTO lock_epoch (root, epoch, cluster_id, advanced_at_ms, reason, highest_grant_rev) \
+             VALUES ('/old/', 2, 7, 5, 'restore', 40), ('/old2/', 2, 7, 5, 'restore', 40)",
+        )
+        .await
+        .unwrap();
+    let store = palisade_lock::PostgresEpochStore::new(client.clone(), "/old/");
+    store.migrate().await.unwrap();
+    store.migrate().await.unwrap(); // idempotent
+    let old = store.load().await.unwrap().unwrap();
+    assert_eq!(old.epoch.get(), 2);
+    assert_eq!(old.highest_grant_rev, Revision::new(40));
+    assert_eq!(old.reserved_rev, Revision::new(40), "no reservation: the confirmed one");
+
+    let mut r = old.clone();
+    r.highest_grant_rev = Revision::new(50);
+    r.reserved_rev = Revision::new(300);
+    store.store(r.clone()).await.unwrap();
+    assert_eq!(store.load().await.unwrap().unwrap(), r);
+    // Lower values of the same epoch change nothing.
+    let mut lower = r.clone();
+    lower.highest_grant_rev = Revision::new(45);
+    lower.reserved_rev = Revision::new(100);
+    store.store(lower).await.unwrap();
+    assert_eq!(store.load().await.unwrap().unwrap(), r);
+    // A higher epoch replaces both.
+    let mut next = r.clone();
+    next.epoch = Epoch::new(3).unwrap();
+    next.highest_grant_rev = Revision::new(10);
+    next.reserved_rev = Revision::new(10);
+    store.store(next.clone()).await.unwrap();
+    assert_eq!(store.load().await.unwrap().unwrap(), next);
+
+    // An old row (NULL reservation) merged with a lower reservation keeps its confirmed
+    // revision as the reservation.
+    let store2 = palisade_lock::PostgresEpochStore::new(client.clone(), "/old2/");
+    let mut low = old.clone();
+    low.highest_grant_rev = Revision::new(30);
+    low.reserved_rev = Revision::new(35);
+    store2.store(low).await.unwrap();
+    let merged = store2.load().await.unwrap().unwrap();
+    assert_eq!(merged.highest_grant_rev, Revision::new(40));
+    assert_eq!(merged.reserved_rev, Revision::new(40));
+}
