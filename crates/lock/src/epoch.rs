@@ -256,7 +256,7 @@ fn store_file(path: &std::path::Path, record: EpochRecord) -> Result<(), StoreEr
 /// The reservation window a locker uses unless told otherwise
 /// ([`LockerOptions::with_epoch_window`](crate::LockerOptions::with_epoch_window)), in
 /// etcd revisions.
-pub const DEFAULT_EPOCH_WINDOW: u64 = 4096;
+pub const DEFAULT_EPOCH_WINDOW: u64 = 1024;
 
 /// The largest reservation window a locker accepts, in etcd revisions: a restart may
 /// have to write this many times to etcd before its first grant.
@@ -350,12 +350,14 @@ impl EpochState {
     }
 
     /// Adopts `current` (an epoch another locker advanced to) unless this locker is
-    /// already at that epoch or above with no refusal: concurrent acquires may both try.
-    /// `seen` is the revision of the response that found it. Returns whether it adopted.
+    /// already at that epoch with no refusal (concurrent acquires may both try), or
+    /// above it. `seen` is the revision of the response that found it. Returns whether
+    /// the locker now grants under `current`'s epoch or a later one.
     pub(crate) fn adopt(&self, current: Current, seen: u64) -> bool {
         let mut s = self.lock();
-        if s.current.record.epoch >= current.record.epoch && s.current.mismatch.is_none() {
-            return false;
+        let (mine, theirs) = (s.current.record.epoch, current.record.epoch);
+        if mine > theirs || (mine == theirs && s.current.mismatch.is_none()) {
+            return s.current.mismatch.is_none();
         }
         let generation = s.generation + 1;
         *s = State::of(current);
@@ -482,17 +484,6 @@ impl EpochState {
             }
             self.flush_locked(generation).await?;
         }
-    }
-
-    /// Raises the reservation now (at start, so the first grant does not wait).
-    ///
-    /// # Errors
-    ///
-    /// [`ErrorKind::EpochStore`].
-    pub(crate) async fn reserve(&self) -> Result<()> {
-        let _flusher = self.flush.lock().await;
-        let generation = self.lock().generation;
-        self.flush_locked(generation).await
     }
 
     fn flush_in_background(self: &Arc<Self>, generation: u64) {
