@@ -124,8 +124,8 @@ pub enum InvalidInput {
     /// Holder meta that is not a JSON object.
     #[error("holder_meta must be a JSON object")]
     HolderMetaNotObject,
-    /// An epoch reservation window above
-    /// [`MAX_EPOCH_WINDOW`](crate::MAX_EPOCH_WINDOW) revisions.
+    /// An epoch reservation window above `MAX_EPOCH_WINDOW` (2^20) revisions
+    /// (`LockerOptions::with_epoch_window`).
     #[error("epoch reservation window {window} is above {max} revisions")]
     EpochWindowTooLarge {
         /// The window asked for, in etcd revisions.

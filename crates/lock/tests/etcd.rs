@@ -2139,3 +2139,22 @@ async fn pg_epoch_store_reads_rows_from_before_the_reservation_and_max_merges_it
     assert_eq!(merged.highest_grant_rev, Revision::new(40));
     assert_eq!(merged.reserved_rev, Revision::new(40));
 }
+
+#[tokio::test]
+async fn an_epoch_window_above_the_maximum_is_bad_input_before_any_etcd_call() {
+    let dir = tempfile::tempdir().unwrap();
+    // Nothing listens on port 1: the window is refused before connecting.
+    let options = LockerOptions::new(["http://127.0.0.1:1"])
+        .with_epoch_window(palisade_lock::MAX_EPOCH_WINDOW + 1);
+    let err = Locker::connect(options, FileEpochStore::new(dir.path().join("epoch.json")))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.kind(),
+        &ErrorKind::InvalidInput(InvalidInput::EpochWindowTooLarge {
+            window: palisade_lock::MAX_EPOCH_WINDOW + 1,
+            max: palisade_lock::MAX_EPOCH_WINDOW,
+        })
+    );
+    assert!(!dir.path().join("epoch.json").exists());
+}
