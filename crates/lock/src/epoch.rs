@@ -6,16 +6,17 @@
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use etcd_client::ResponseHeader;
+use etcd_client::{Client, ResponseHeader};
 use palisade_fence::{Epoch, Revision};
 use serde::{Deserialize, Serialize};
-use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::error::{EpochMismatch, Error, ErrorKind, Result};
+use crate::retry;
 
 /// A boxed, sendable future, as returned by [`EpochStore`] methods.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -37,8 +38,12 @@ pub enum EpochReason {
 }
 
 /// One epoch record, as stored in etcd (`config/epoch`) and in the durable store.
+///
+/// A record stored before `reserved_rev` existed loads with `reserved_rev` equal to
+/// `highest_grant_rev`.
 #[cfg_attr(feature = "service", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "StoredRecord")]
 pub struct EpochRecord {
     /// The epoch.
     #[cfg_attr(feature = "service", schema(value_type = u16))]
@@ -49,10 +54,46 @@ pub struct EpochRecord {
     pub advanced_at_ms: u64,
     /// Why it started.
     pub reason: EpochReason,
-    /// The highest grant revision issued in this epoch (durable store only; etcd's copy
-    /// carries the revision etcd was at when the epoch started).
+    /// The highest grant revision known to be issued in this epoch (confirmed; durable
+    /// store only, and it lags the tokens handed out by up to the reservation window;
+    /// etcd's copy carries the revision etcd was at when the epoch started).
     #[cfg_attr(feature = "service", schema(value_type = u64))]
     pub highest_grant_rev: Revision,
+    /// The reservation: the highest grant revision a token may be minted for in this
+    /// epoch without another durable write (durable store only; etcd's copy carries the
+    /// same value as `highest_grant_rev`). Never below `highest_grant_rev`. See
+    /// [the epoch policy](crate#epochs).
+    #[cfg_attr(feature = "service", schema(value_type = u64))]
+    pub reserved_rev: Revision,
+}
+
+/// The stored shape of [`EpochRecord`], which also reads records written before
+/// `reserved_rev` existed (a missing reservation is the confirmed revision).
+#[derive(Deserialize)]
+struct StoredRecord {
+    epoch: Epoch,
+    cluster_id: u64,
+    advanced_at_ms: u64,
+    reason: EpochReason,
+    highest_grant_rev: Revision,
+    #[serde(default)]
+    reserved_rev: Option<Revision>,
+}
+
+impl From<StoredRecord> for EpochRecord {
+    fn from(r: StoredRecord) -> Self {
+        EpochRecord {
+            epoch: r.epoch,
+            cluster_id: r.cluster_id,
+            advanced_at_ms: r.advanced_at_ms,
+            reason: r.reason,
+            highest_grant_rev: r.highest_grant_rev,
+            reserved_rev: r
+                .reserved_rev
+                .unwrap_or(r.highest_grant_rev)
+                .max(r.highest_grant_rev),
+        }
+    }
 }
 
 impl EpochRecord {
@@ -72,20 +113,26 @@ impl EpochRecord {
             advanced_at_ms,
             reason,
             highest_grant_rev: revision,
+            reserved_rev: revision,
         }
     }
 }
 
-/// The durable record outside etcd. A file now ([`FileEpochStore`]); Postgres later.
+/// The durable record outside etcd: [`FileEpochStore`] (one host) or
+/// `PostgresEpochStore` (feature `postgres`, shared by replicas).
 ///
-/// `store` must be durable when its future completes.
+/// `store` must be durable when its future completes. A locker writes it at start, when
+/// an epoch is advanced, and when it raises its reservation (about once per half
+/// reservation window of etcd revisions; see [the epoch policy](crate#epochs)), not on
+/// every grant.
 pub trait EpochStore: Send + Sync + 'static {
     /// Loads the record, or `None` if none was ever stored.
     fn load(&self) -> BoxFuture<'_, Result<Option<EpochRecord>, StoreError>>;
     /// Merges `record` into the stored one durably, never lowering it: a record with a
     /// higher epoch replaces it, a lower epoch changes nothing, and within one epoch
-    /// `highest_grant_rev` only rises. Concurrent writers (other lockers sharing the
-    /// store) must not be able to lower it either.
+    /// `highest_grant_rev` and `reserved_rev` each only rise (each the max of the stored
+    /// and the new value). Concurrent writers (other lockers sharing the store) must not
+    /// be able to lower them either.
     fn store(&self, record: EpochRecord) -> BoxFuture<'_, Result<(), StoreError>>;
 }
 
@@ -140,12 +187,14 @@ impl EpochStore for FileEpochStore {
 static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// The max-merge of a stored record and a new one: a higher epoch replaces the record; a
-/// lower epoch changes nothing; the same epoch keeps the higher `highest_grant_rev`.
+/// lower epoch changes nothing; the same epoch keeps the higher `highest_grant_rev` and
+/// the higher `reserved_rev`.
 pub(crate) fn merge(stored: Option<EpochRecord>, new: EpochRecord) -> EpochRecord {
     match stored {
         Some(old) if old.epoch > new.epoch => old,
         Some(old) if old.epoch == new.epoch => EpochRecord {
             highest_grant_rev: old.highest_grant_rev.max(new.highest_grant_rev),
+            reserved_rev: old.reserved_rev.max(new.reserved_rev),
             ..new
         },
         _ => new,
@@ -204,15 +253,29 @@ fn store_file(path: &std::path::Path, record: EpochRecord) -> Result<(), StoreEr
     Ok(())
 }
 
+/// The reservation window a locker uses unless told otherwise
+/// ([`LockerOptions::with_epoch_window`](crate::LockerOptions::with_epoch_window)), in
+/// etcd revisions.
+pub const DEFAULT_EPOCH_WINDOW: u64 = 1024;
+
+/// The largest reservation window a locker accepts, in etcd revisions: a restart may
+/// have to write this many times to etcd before its first grant.
+pub const MAX_EPOCH_WINDOW: u64 = 1 << 20;
+
+/// How many writes [`move_revision_to`] keeps in flight.
+const BUMP_CONCURRENCY: usize = 16;
+
 /// The locker's view of the current epoch, the checks on every response header, and
-/// the group commit of the highest grant revision.
+/// the reservation of grant revisions in the durable record.
 pub(crate) struct EpochState {
     store: Box<dyn EpochStore>,
-    current: Mutex<Current>,
-    /// Highest grant revision seen to succeed (durable or about to be).
-    pending: AtomicU64,
-    durable_tx: watch::Sender<u64>,
+    /// The reservation window W, in etcd revisions.
+    window: u64,
+    state: Mutex<State>,
+    /// Held by whoever writes the durable record: concurrent grants share one write.
     flush: tokio::sync::Mutex<()>,
+    /// A background flush is queued or running.
+    background: AtomicBool,
 }
 
 #[derive(Debug, Clone)]
@@ -223,16 +286,51 @@ pub(crate) struct Current {
     pub(crate) mismatch: Option<EpochMismatch>,
 }
 
+struct State {
+    current: Current,
+    /// Bumped by every [`EpochState::replace`]: a flush computed for an older epoch
+    /// record never counts for the new one.
+    generation: u64,
+    /// Highest grant revision minted (or about to be) in this epoch; the next flush
+    /// confirms it.
+    pending: u64,
+    /// Highest revision seen in a checked response header in this epoch.
+    seen: u64,
+    /// The reservation known to be durable for this epoch: a grant at or below it is
+    /// minted without a write.
+    reserved: u64,
+}
+
+impl State {
+    fn of(current: Current) -> State {
+        let (confirmed, reserved) = (
+            current.record.highest_grant_rev.get(),
+            current.record.reserved_rev.get(),
+        );
+        State {
+            current,
+            generation: 0,
+            pending: confirmed,
+            seen: confirmed,
+            reserved: reserved.max(confirmed),
+        }
+    }
+}
+
 impl EpochState {
-    pub(crate) fn new(store: Box<dyn EpochStore>, current: Current) -> Self {
-        let hw = current.record.highest_grant_rev.get();
+    /// `window` is W (at most [`MAX_EPOCH_WINDOW`]; the caller checks it).
+    pub(crate) fn new(store: Box<dyn EpochStore>, window: u64, current: Current) -> Self {
         EpochState {
             store,
-            current: Mutex::new(current),
-            pending: AtomicU64::new(hw),
-            durable_tx: watch::channel(hw).0,
+            window,
+            state: Mutex::new(State::of(current)),
             flush: tokio::sync::Mutex::new(()),
+            background: AtomicBool::new(false),
         }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub(crate) fn store(&self) -> &dyn EpochStore {
@@ -240,33 +338,59 @@ impl EpochState {
     }
 
     pub(crate) fn snapshot(&self) -> Current {
-        self.current
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.lock().current.clone()
     }
 
+    /// Starts over with `current` (an advanced epoch).
     pub(crate) fn replace(&self, current: Current) {
-        let hw = current.record.highest_grant_rev.get();
-        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = current;
-        self.pending.store(hw, Ordering::SeqCst);
-        self.durable_tx.send_replace(hw);
+        let mut s = self.lock();
+        let generation = s.generation + 1;
+        *s = State::of(current);
+        s.generation = generation;
+    }
+
+    /// Adopts `current` (an epoch another locker advanced to) unless this locker is
+    /// already at that epoch with no refusal (concurrent acquires may both try), or
+    /// above it. `seen` is the revision of the response that found it. Returns whether
+    /// the locker now grants under `current`'s epoch or a later one.
+    pub(crate) fn adopt(&self, current: Current, seen: u64) -> bool {
+        let mut s = self.lock();
+        let (mine, theirs) = (s.current.record.epoch, current.record.epoch);
+        if mine > theirs || (mine == theirs && s.current.mismatch.is_none()) {
+            return s.current.mismatch.is_none();
+        }
+        let generation = s.generation + 1;
+        *s = State::of(current);
+        s.generation = generation;
+        s.seen = s.seen.max(seen);
+        true
+    }
+
+    /// Raises the highest revision seen (a response header this locker trusts).
+    pub(crate) fn observe(&self, revision: u64) {
+        let mut s = self.lock();
+        s.seen = s.seen.max(revision);
     }
 
     fn poison(&self, why: EpochMismatch) -> Error {
-        let mut cur = self.current.lock().unwrap_or_else(|e| e.into_inner());
-        Error::epoch(cur.mismatch.get_or_insert(why).clone())
+        let mut s = self.lock();
+        Error::epoch(s.current.mismatch.get_or_insert(why).clone())
     }
 
-    /// The highest revision recorded so far; capture it before sending a request and
-    /// pass it to [`EpochState::check`] with the response.
+    /// The highest revision this locker granted at or saw in a checked response in this
+    /// epoch; capture it before sending a request and pass it to [`EpochState::check`]
+    /// with the response.
     pub(crate) fn high_water(&self) -> u64 {
-        self.pending.load(Ordering::SeqCst)
+        let s = self.lock();
+        s.pending.max(s.seen)
     }
 
     /// Refuses if the epoch is poisoned, or the header names another cluster, or its
     /// revision is behind `hw_at_send` (for a grant: not above it, since a grant sent
-    /// after a revision was recorded must commit after it).
+    /// after a revision was seen must commit after it). Every request checked here is a
+    /// linearizable Txn, so its revision is at least every revision seen before it was
+    /// sent; a lower one means etcd's revisions went back (a restore), even between
+    /// grants.
     pub(crate) fn check(
         &self,
         header: Option<&ResponseHeader>,
@@ -278,7 +402,11 @@ impl EpochState {
             return Err(Error::epoch(m));
         }
         match header {
-            Some(h) => self.check_seen(&cur, h.cluster_id(), h.revision(), hw_at_send, is_grant),
+            Some(h) => {
+                self.check_seen(&cur, h.cluster_id(), h.revision(), hw_at_send, is_grant)?;
+                self.observe(h.revision().max(0) as u64);
+                Ok(())
+            }
             None => Ok(()),
         }
     }
@@ -312,29 +440,159 @@ impl EpochState {
         self.poison(EpochMismatch::Advanced)
     }
 
-    /// Returns once a durable record at or above `grant_rev` exists. Concurrent callers
-    /// share writes: whoever flushes writes the highest revision pending at that moment.
-    pub(crate) async fn commit(&self, grant_rev: Revision) -> Result<()> {
+    /// Returns once a token for `grant_rev` in `epoch` may be handed out: at once if the
+    /// durable reservation covers it (and, once less than half the window is left, with
+    /// a background write raising it), else after a write that raises the reservation
+    /// to the highest revision pending plus the window (concurrent callers share it).
+    ///
+    /// # Errors
+    ///
+    /// [`EpochMismatch`] if the epoch is refusing grants, or [`EpochMismatch::Advanced`]
+    /// if it is no longer `epoch`; [`ErrorKind::EpochStore`] if the write failed.
+    pub(crate) async fn commit(self: &Arc<Self>, epoch: Epoch, grant_rev: Revision) -> Result<()> {
         let g = grant_rev.get();
-        self.pending.fetch_max(g, Ordering::SeqCst);
+        let generation = {
+            let mut s = self.lock();
+            if let Some(m) = &s.current.mismatch {
+                return Err(Error::epoch(m.clone()));
+            }
+            if s.current.record.epoch != epoch {
+                return Err(Error::epoch(EpochMismatch::Advanced));
+            }
+            s.pending = s.pending.max(g);
+            if g <= s.reserved {
+                let left = s.reserved - s.pending.max(s.seen).min(s.reserved);
+                let generation = s.generation;
+                drop(s);
+                if left < self.window / 2 {
+                    self.flush_in_background(generation);
+                }
+                return Ok(());
+            }
+            s.generation
+        };
         loop {
-            if *self.durable_tx.borrow() >= g {
-                return Ok(());
-            }
             let _flusher = self.flush.lock().await;
-            if *self.durable_tx.borrow() >= g {
-                return Ok(());
+            {
+                let s = self.lock();
+                if s.generation != generation {
+                    return Err(Error::epoch(EpochMismatch::Advanced));
+                }
+                if g <= s.reserved {
+                    return Ok(());
+                }
             }
-            let target = self.pending.load(Ordering::SeqCst);
-            let mut record = self.snapshot().record;
-            record.highest_grant_rev = Revision::new(target);
-            self.store
-                .store(record)
-                .await
-                .map_err(|e| Error::with_source(ErrorKind::EpochStore, e))?;
-            self.durable_tx.send_modify(|d| *d = (*d).max(target));
+            self.flush_locked(generation).await?;
         }
     }
+
+    fn flush_in_background(self: &Arc<Self>, generation: u64) {
+        if self.background.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            let _flusher = this.flush.lock().await;
+            let needed = {
+                let s = this.lock();
+                s.generation == generation
+                    && s.reserved - s.pending.max(s.seen).min(s.reserved) < this.window / 2
+            };
+            if needed {
+                if let Err(e) = this.flush_locked(generation).await {
+                    // The next grant past the reservation writes (and reports) again.
+                    tracing::warn!(error = %e, "raising the epoch reservation failed");
+                }
+            }
+            this.background.store(false, Ordering::SeqCst);
+        });
+    }
+
+    /// One durable write (the caller holds `flush`): confirms the highest grant revision
+    /// pending and reserves up to the highest revision pending or seen plus the window.
+    async fn flush_locked(&self, generation: u64) -> Result<()> {
+        let record = {
+            let s = self.lock();
+            if s.generation != generation {
+                return Err(Error::epoch(EpochMismatch::Advanced));
+            }
+            let mut record = s.current.record.clone();
+            let confirmed = record.highest_grant_rev.get().max(s.pending);
+            let reserved = s
+                .reserved
+                .max(s.pending.max(s.seen).saturating_add(self.window))
+                .max(confirmed);
+            record.highest_grant_rev = Revision::new(confirmed);
+            record.reserved_rev = Revision::new(reserved);
+            record
+        };
+        self.store
+            .store(record.clone())
+            .await
+            .map_err(|e| Error::with_source(ErrorKind::EpochStore, e))?;
+        let mut s = self.lock();
+        if s.generation == generation {
+            s.reserved = s.reserved.max(record.reserved_rev.get());
+            let r = &mut s.current.record;
+            r.highest_grant_rev = r.highest_grant_rev.max(record.highest_grant_rev);
+            r.reserved_rev = r.reserved_rev.max(record.reserved_rev);
+        }
+        Ok(())
+    }
+}
+
+/// Writes to `key` (a key of Palisade's own, no lease) until etcd's revision is at least
+/// `target`, keeping [`BUMP_CONCURRENCY`] writes in flight; returns the highest header
+/// revision seen and the writes made. Each write is one revision.
+///
+/// # Errors
+///
+/// [`ErrorKind::QuorumLost`] if etcd cannot commit before `deadline`.
+pub(crate) async fn move_revision_to(
+    client: &Client,
+    key: String,
+    target: u64,
+    deadline: Instant,
+    per_request: Duration,
+) -> Result<(u64, u64)> {
+    let reached = Arc::new(AtomicU64::new(0));
+    let writes = Arc::new(AtomicU64::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..BUMP_CONCURRENCY {
+        let (client, key, reached, writes) =
+            (client.clone(), key.clone(), reached.clone(), writes.clone());
+        tasks.spawn(async move {
+            while reached.load(Ordering::SeqCst) < target {
+                let resp = retry::call("epoch.bump", deadline, per_request, || {
+                    let (mut c, key) = (client.clone(), key.clone());
+                    async move { c.put(key, Vec::new(), None).await }
+                })
+                .await
+                .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
+                writes.fetch_add(1, Ordering::SeqCst);
+                let rev = resp.header().map(|h| h.revision().max(0) as u64).unwrap_or(0);
+                reached.fetch_max(rev, Ordering::SeqCst);
+            }
+            Ok::<(), Error>(())
+        });
+    }
+    let mut outcome = Ok(());
+    while let Some(done) = tasks.join_next().await {
+        match done {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                outcome = outcome.and(Err(e));
+                tasks.abort_all();
+            }
+            Err(e) if e.is_cancelled() => {}
+            Err(e) => {
+                outcome = outcome.and(Err(Error::with_source(ErrorKind::Etcd, e)));
+                tasks.abort_all();
+            }
+        }
+    }
+    outcome?;
+    Ok((reached.load(Ordering::SeqCst), writes.load(Ordering::SeqCst)))
 }
 
 #[cfg(test)]
@@ -355,11 +613,13 @@ mod tests {
         store.store(r.clone()).await.unwrap();
         assert_eq!(store.load().await.unwrap(), Some(r.clone()));
         r.highest_grant_rev = Revision::new(10);
+        r.reserved_rev = Revision::new(30);
         store.store(r.clone()).await.unwrap();
         assert_eq!(store.load().await.unwrap(), Some(r.clone()));
         // Never lowered: an older revision of the epoch, or an older epoch, is ignored.
         let mut lower = r.clone();
         lower.highest_grant_rev = Revision::new(5);
+        lower.reserved_rev = Revision::new(20);
         store.store(lower.clone()).await.unwrap();
         lower.epoch = Epoch::new(2).unwrap();
         lower.highest_grant_rev = Revision::new(50);
@@ -391,23 +651,29 @@ mod tests {
         assert_eq!(stored.highest_grant_rev, Revision::new(200));
     }
 
-    fn state(dir: &std::path::Path) -> EpochState {
+    fn state(dir: &std::path::Path, window: u64) -> Arc<EpochState> {
         let rec = EpochRecord::new(Epoch::ZERO, 7, EpochReason::Bootstrap, Revision::new(100));
-        EpochState::new(
+        Arc::new(EpochState::new(
             Box::new(FileEpochStore::new(dir.join("e.json"))),
+            window,
             Current {
                 record: rec,
                 etcd_mod_rev: 1,
                 mismatch: None,
             },
-        )
+        ))
     }
 
     #[tokio::test]
     async fn commit_is_durable_before_returning_and_checks_are_sticky() {
         let dir = tempfile::tempdir().unwrap();
-        let s = state(dir.path());
-        let (a, b) = tokio::join!(s.commit(Revision::new(105)), s.commit(Revision::new(103)));
+        // Window 0: every grant past the record waits for its own (shared) write.
+        let s = state(dir.path(), 0);
+        let z = Epoch::ZERO;
+        let (a, b) = tokio::join!(
+            s.commit(z, Revision::new(105)),
+            s.commit(z, Revision::new(103))
+        );
         a.unwrap();
         b.unwrap();
         let on_disk = FileEpochStore::new(dir.path().join("e.json"))
@@ -416,6 +682,7 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(on_disk.highest_grant_rev, Revision::new(105));
+        assert_eq!(on_disk.reserved_rev, Revision::new(105));
         assert_eq!(s.high_water(), 105);
         assert!(s.check(None, 105, true).is_ok());
         // A grant that lands at the recorded revision again: the counter went back.
@@ -458,6 +725,7 @@ mod tests {
         let rec = EpochRecord::new(Epoch::ZERO, 7, EpochReason::Bootstrap, Revision::new(100));
         let s = std::sync::Arc::new(EpochState::new(
             Box::new(store.clone()),
+            0,
             Current {
                 record: rec,
                 etcd_mod_rev: 1,
@@ -466,7 +734,7 @@ mod tests {
         ));
         let commits = (101..=150).map(|r| {
             let s = s.clone();
-            tokio::spawn(async move { s.commit(Revision::new(r)).await })
+            tokio::spawn(async move { s.commit(Epoch::ZERO, Revision::new(r)).await })
         });
         for c in commits.collect::<Vec<_>>() {
             c.await.unwrap().unwrap();
@@ -491,7 +759,7 @@ mod tests {
     #[tokio::test]
     async fn other_cluster_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let s = state(dir.path());
+        let s = state(dir.path(), 0);
         let e = s.check_seen(&s.snapshot(), 8, 500, 100, false).unwrap_err();
         assert!(matches!(
             e.kind(),
@@ -500,5 +768,59 @@ mod tests {
                 actual: 8
             })
         ));
+    }
+
+    #[tokio::test]
+    async fn a_window_makes_grants_inside_it_cost_no_write_and_each_is_covered() {
+        let store = std::sync::Arc::new(SlowCountingStore {
+            writes: Default::default(),
+            last: Mutex::new(None),
+        });
+        let rec = EpochRecord::new(Epoch::ZERO, 7, EpochReason::Bootstrap, Revision::new(100));
+        let s = Arc::new(EpochState::new(
+            Box::new(store.clone()),
+            100,
+            Current {
+                record: rec,
+                etcd_mod_rev: 1,
+                mismatch: None,
+            },
+        ));
+        for g in 101..=1100u64 {
+            s.commit(Epoch::ZERO, Revision::new(g)).await.unwrap();
+            let durable = store.last.lock().unwrap().clone().unwrap();
+            assert!(
+                durable.reserved_rev.get() >= g,
+                "token for {g} handed out above the durable reservation {:?}",
+                durable.reserved_rev
+            );
+            assert!(durable.highest_grant_rev.get() <= g);
+        }
+        // Each write raises the reservation by at least half the window.
+        let writes = store.writes.load(Ordering::SeqCst);
+        assert!((10..=21).contains(&writes), "1000 grants took {writes} writes");
+        // A grant of another epoch (replaced meanwhile) is refused, not covered.
+        let mut next = s.snapshot();
+        next.record.epoch = Epoch::new(1).unwrap();
+        s.replace(next);
+        let e = s.commit(Epoch::ZERO, Revision::new(1101)).await.unwrap_err();
+        assert!(matches!(
+            e.kind(),
+            ErrorKind::EpochMismatch(EpochMismatch::Advanced)
+        ));
+    }
+
+    #[test]
+    fn a_record_without_a_reservation_loads_with_the_confirmed_revision() {
+        let old = r#"{"epoch":2,"cluster_id":7,"advanced_at_ms":5,"reason":"restore","highest_grant_rev":40}"#;
+        let r: EpochRecord = serde_json::from_str(old).unwrap();
+        assert_eq!(r.highest_grant_rev, Revision::new(40));
+        assert_eq!(r.reserved_rev, Revision::new(40));
+        let mut new = r.clone();
+        new.reserved_rev = Revision::new(90);
+        let back: EpochRecord = serde_json::from_slice(&serde_json::to_vec(&new).unwrap()).unwrap();
+        assert_eq!(back, new);
+        assert_eq!(merge(Some(new.clone()), r.clone()).reserved_rev, Revision::new(90));
+        assert_eq!(merge(Some(r), new).reserved_rev, Revision::new(90));
     }
 }

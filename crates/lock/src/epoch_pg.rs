@@ -7,14 +7,19 @@ use palisade_fence::{Epoch, Revision};
 
 use crate::epoch::{BoxFuture, EpochReason, EpochRecord, EpochStore, StoreError};
 
-/// The migration that creates the store's table (`lock_epoch`); idempotent.
-pub const MIGRATION: &str = include_str!("../migrations/0001_lock_epoch.sql");
+/// The migrations that create the store's table (`lock_epoch`) and add its
+/// `reserved_rev` column to a table created before it existed; idempotent.
+pub const MIGRATION: &str = concat!(
+    include_str!("../migrations/0001_lock_epoch.sql"),
+    include_str!("../migrations/0002_lock_epoch_reserved.sql"),
+);
 
 /// An [`EpochStore`] in one row of the `lock_epoch` table, keyed by the locker's root
 /// prefix. Several lockers on one etcd key space share it; every write is one atomic
 /// max-merge statement (`INSERT ... ON CONFLICT ... DO UPDATE`), so the epoch never goes
-/// down and, within an epoch, `highest_grant_rev` never goes down, whatever the order of
-/// concurrent writers.
+/// down and, within an epoch, neither `highest_grant_rev` nor `reserved_rev` goes down,
+/// whatever the order of concurrent writers. A row written before `reserved_rev`
+/// existed (the column is NULL) loads with it equal to `highest_grant_rev`.
 ///
 /// Run [`PostgresEpochStore::migrate`] (or [`MIGRATION`]) once before use.
 #[derive(Clone)]
@@ -76,7 +81,8 @@ impl EpochStore for PostgresEpochStore {
             let row = self
                 .client
                 .query_opt(
-                    "SELECT epoch, cluster_id, advanced_at_ms, reason, highest_grant_rev \
+                    "SELECT epoch, cluster_id, advanced_at_ms, reason, highest_grant_rev, \
+                       reserved_rev \
                      FROM lock_epoch WHERE root = $1",
                     &[&self.root],
                 )
@@ -89,12 +95,19 @@ impl EpochStore for PostgresEpochStore {
             let advanced_at_ms: i64 = row.try_get(2)?;
             let reason: String = row.try_get(3)?;
             let highest: i64 = row.try_get(4)?;
+            let highest = Revision::new(u64::try_from(highest)?);
+            let reserved: Option<i64> = row.try_get(5)?;
+            let reserved = match reserved {
+                Some(r) => Revision::new(u64::try_from(r)?).max(highest),
+                None => highest,
+            };
             Ok(Some(EpochRecord {
                 epoch: Epoch::new(u16::try_from(epoch)?)?,
                 cluster_id: cluster_id as u64,
                 advanced_at_ms: u64::try_from(advanced_at_ms)?,
                 reason: reason_from(&reason)?,
-                highest_grant_rev: Revision::new(u64::try_from(highest)?),
+                highest_grant_rev: highest,
+                reserved_rev: reserved,
             }))
         })
     }
@@ -102,12 +115,14 @@ impl EpochStore for PostgresEpochStore {
     fn store(&self, record: EpochRecord) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move {
             // A higher epoch replaces the row; a lower one changes nothing (the WHERE);
-            // the same epoch keeps the greater highest_grant_rev.
+            // the same epoch keeps the greater highest_grant_rev and the greater
+            // reserved_rev (a NULL one, from before the column, counts as highest_grant_rev).
             self.client
                 .execute(
                     "INSERT INTO lock_epoch AS e \
-                       (root, epoch, cluster_id, advanced_at_ms, reason, highest_grant_rev) \
-                     VALUES ($1, $2, $3, $4, $5, $6) \
+                       (root, epoch, cluster_id, advanced_at_ms, reason, highest_grant_rev, \
+                        reserved_rev) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7) \
                      ON CONFLICT (root) DO UPDATE SET \
                        epoch = EXCLUDED.epoch, \
                        cluster_id = EXCLUDED.cluster_id, \
@@ -116,6 +131,10 @@ impl EpochStore for PostgresEpochStore {
                        highest_grant_rev = CASE WHEN EXCLUDED.epoch = e.epoch \
                          THEN GREATEST(e.highest_grant_rev, EXCLUDED.highest_grant_rev) \
                          ELSE EXCLUDED.highest_grant_rev END, \
+                       reserved_rev = CASE WHEN EXCLUDED.epoch = e.epoch \
+                         THEN GREATEST(COALESCE(e.reserved_rev, e.highest_grant_rev), \
+                                       EXCLUDED.reserved_rev) \
+                         ELSE EXCLUDED.reserved_rev END, \
                        updated_at = now() \
                      WHERE EXCLUDED.epoch >= e.epoch",
                     &[
@@ -125,6 +144,7 @@ impl EpochStore for PostgresEpochStore {
                         &i64::try_from(record.advanced_at_ms)?,
                         &reason_str(record.reason),
                         &i64::try_from(record.highest_grant_rev.get())?,
+                        &i64::try_from(record.reserved_rev.get())?,
                     ],
                 )
                 .await?;

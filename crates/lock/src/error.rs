@@ -124,6 +124,15 @@ pub enum InvalidInput {
     /// Holder meta that is not a JSON object.
     #[error("holder_meta must be a JSON object")]
     HolderMetaNotObject,
+    /// An epoch reservation window above `MAX_EPOCH_WINDOW` (2^20) revisions
+    /// (`LockerOptions::with_epoch_window`).
+    #[error("epoch reservation window {window} is above {max} revisions")]
+    EpochWindowTooLarge {
+        /// The window asked for, in etcd revisions.
+        window: u64,
+        /// The largest accepted.
+        max: u64,
+    },
 }
 
 /// Which epoch check failed.
@@ -139,11 +148,12 @@ pub enum EpochMismatch {
         /// Seen in a response header.
         actual: u64,
     },
-    /// etcd's revision is below the highest grant revision recorded for this epoch
-    /// (etcd restored from an older snapshot, even with the same cluster id).
-    #[error("etcd revision {actual} is below the highest grant revision {recorded} of this epoch")]
+    /// etcd's revision is below the highest grant revision recorded for this epoch, or
+    /// below a revision this locker already saw (etcd restored from an older snapshot,
+    /// even with the same cluster id).
+    #[error("etcd revision {actual} is below revision {recorded} already recorded or seen in this epoch")]
     RevisionBehind {
-        /// Highest grant revision recorded.
+        /// Highest revision recorded or seen.
         recorded: Revision,
         /// Seen in a response header.
         actual: Revision,

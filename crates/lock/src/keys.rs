@@ -104,6 +104,12 @@ impl RootKeys {
         format!("{}config/epoch", self.root)
     }
 
+    /// `epoch-bump`: written (empty, no lease) only to move etcd's revision past the
+    /// durable epoch reservation before a locker's first grant.
+    pub(crate) fn epoch_bump(&self) -> String {
+        format!("{}epoch-bump", self.root)
+    }
+
     pub(crate) fn lock(&self, ns: &str, class: &str, key: &str) -> LockKeys {
         LockKeys {
             base: format!("{}locks/{ns}/{class}/{}/", self.root, escape_key(key)),

@@ -9,7 +9,10 @@ use tokio::time::Instant;
 
 use crate::class_cache::{spawn_watch, ClassCache, WatchGuard};
 use crate::config_store::{decode, ConfigStore};
-use crate::epoch::{Current, EpochReason, EpochRecord, EpochState, EpochStore};
+use crate::epoch::{
+    move_revision_to, Current, EpochReason, EpochRecord, EpochState, EpochStore,
+    DEFAULT_EPOCH_WINDOW, MAX_EPOCH_WINDOW,
+};
 use crate::error::{EpochMismatch, Error, ErrorKind, InvalidInput, Result};
 use crate::hold::Hold;
 use crate::keys::{validate_key, RootKeys};
@@ -28,17 +31,35 @@ pub struct LockerOptions {
     endpoints: Vec<String>,
     root: String,
     request_timeout: Duration,
+    epoch_window: u64,
 }
 
 impl LockerOptions {
     /// etcd client endpoints (`http://host:port`), root [`DEFAULT_ROOT`], request
-    /// timeout 1 s.
+    /// timeout 1 s, epoch reservation window [`DEFAULT_EPOCH_WINDOW`].
     pub fn new<S: Into<String>>(endpoints: impl IntoIterator<Item = S>) -> Self {
         LockerOptions {
             endpoints: endpoints.into_iter().map(Into::into).collect(),
             root: DEFAULT_ROOT.to_owned(),
             request_timeout: Duration::from_secs(1),
+            epoch_window: DEFAULT_EPOCH_WINDOW,
         }
+    }
+
+    /// The epoch reservation window W, in etcd revisions (default
+    /// [`DEFAULT_EPOCH_WINDOW`], at most [`MAX_EPOCH_WINDOW`]): how far past the
+    /// revisions it has seen the locker reserves grant revisions in the durable epoch
+    /// record, so that grants inside the reservation cost no durable write (see
+    /// [the epoch policy](crate#epochs)). The durable record is written about once per
+    /// W/2 etcd revisions (every write to etcd counts, not only grants). The price: a
+    /// locker that starts while etcd's revision is below the stored reservation (after
+    /// a crash or restart of a busy locker, or beside running lockers sharing the
+    /// record) first writes to etcd up to W times to move its revision past it; and a
+    /// restore to a snapshot less than about W revisions old is made harmless rather
+    /// than reported. 0 writes the record before every grant past the last one written.
+    pub fn with_epoch_window(mut self, revisions: u64) -> Self {
+        self.epoch_window = revisions;
+        self
     }
 
     /// Another root prefix (a `/` is appended if missing).
@@ -59,7 +80,7 @@ impl LockerOptions {
 pub(crate) struct LockerInner {
     pub(crate) client: Client,
     pub(crate) keys: RootKeys,
-    pub(crate) epoch: EpochState,
+    pub(crate) epoch: Arc<EpochState>,
     pub(crate) request_timeout: Duration,
     classes: Arc<ClassCache>,
     /// Ends the class cache's watch task with the locker.
@@ -107,13 +128,23 @@ impl Locker {
     /// key space with an empty store is bootstrapped at epoch 0. A locker whose records
     /// disagree with each other or with etcd still opens, so that an operator can
     /// [`advance_epoch`](Locker::advance_epoch), but refuses every grant with
-    /// [`ErrorKind::EpochMismatch`].
+    /// [`ErrorKind::EpochMismatch`]. If etcd's revision is below the durable
+    /// reservation, it first writes to etcd until it is not (see
+    /// [`LockerOptions::with_epoch_window`]). Its first grant raises the reservation
+    /// (one durable write).
     ///
     /// # Errors
     ///
+    /// [`InvalidInput::EpochWindowTooLarge`] (before any etcd call);
     /// [`ErrorKind::QuorumLost`] if etcd does not answer; [`ErrorKind::EpochStore`];
     /// [`ErrorKind::CorruptRecord`].
     pub async fn connect(options: LockerOptions, store: impl EpochStore) -> Result<Locker> {
+        if options.epoch_window > MAX_EPOCH_WINDOW {
+            return Err(Error::invalid(InvalidInput::EpochWindowTooLarge {
+                window: options.epoch_window,
+                max: MAX_EPOCH_WINDOW,
+            }));
+        }
         let connect = ConnectOptions::new()
             .with_require_leader(true)
             .with_connect_timeout(options.request_timeout)
@@ -122,7 +153,13 @@ impl Locker {
             .await
             .map_err(|e| Error::with_source(ErrorKind::QuorumLost, e))?;
         let keys = RootKeys::new(&options.root);
-        let current = load_epoch(&client, &keys, &store, options.request_timeout).await?;
+        let (current, seen) = load_epoch(&client, &keys, &store, options.request_timeout).await?;
+        let epoch = Arc::new(EpochState::new(
+            Box::new(store),
+            options.epoch_window,
+            current,
+        ));
+        epoch.observe(seen);
         let classes = Arc::new(ClassCache::default());
         let class_watch = spawn_watch(
             client.clone(),
@@ -134,7 +171,7 @@ impl Locker {
             inner: Arc::new(LockerInner {
                 client,
                 keys,
-                epoch: EpochState::new(Box::new(store), current),
+                epoch,
                 request_timeout: options.request_timeout,
                 classes,
                 _class_watch: class_watch,
@@ -241,9 +278,9 @@ impl Locker {
             return Err(Error::invalid(InvalidInput::ModeNotAllowed));
         }
         class.check_ttl(session.ttl())?;
-        if self.inner.epoch.snapshot().mismatch == Some(EpochMismatch::Advanced) {
-            // Refusing since another locker advanced the epoch: adopt it if the records
-            // now agree on it.
+        if self.inner.epoch.snapshot().mismatch.is_some() {
+            // Refusing (a restore seen, another cluster id, or another locker advanced
+            // the epoch): adopt an epoch advanced since, if the records agree on it.
             adopt_advanced_epoch(&self.inner).await;
         }
         let mut stale = 0;
@@ -370,11 +407,14 @@ impl Locker {
     }
 }
 
-/// Called when the epoch key changed under this locker (another locker advanced it):
-/// re-reads both records and adopts the new epoch if they agree on an epoch above this
-/// locker's, naming the cluster that answered, and etcd has not gone below the durable
-/// record's highest grant revision (an operator-sanctioned advance). Returns whether it
-/// adopted; otherwise the caller refuses (sticky until adopted or advanced here).
+/// Called when the epoch key changed under this locker (another locker advanced it), and
+/// by every acquire while this locker refuses grants: re-reads both records and adopts
+/// the new epoch if they agree on an epoch above this locker's, naming the cluster that
+/// answered, and etcd has not gone below the durable record's highest grant revision
+/// (an operator-sanctioned advance). If etcd is below the record's reservation, it is
+/// first moved past it (another locker may have handed out tokens up to it). Returns
+/// whether it adopted; otherwise the caller refuses (sticky until adopted or advanced
+/// here).
 pub(crate) async fn adopt_advanced_epoch(inner: &LockerInner) -> bool {
     let deadline = Instant::now() + inner.request_timeout * 3;
     let key = inner.keys.epoch();
@@ -400,34 +440,66 @@ pub(crate) async fn adopt_advanced_epoch(inner: &LockerInner) -> bool {
         return false;
     };
     let current = inner.epoch.snapshot();
-    let revision = Revision::from_i64(header.revision()).unwrap_or_default();
+    let mut revision = Revision::from_i64(header.revision()).unwrap_or_default();
     let agreed = etcd.epoch == durable.epoch
         && etcd.cluster_id == durable.cluster_id
         && durable.cluster_id == header.cluster_id()
-        && durable.epoch > current.record.epoch
         && revision >= durable.highest_grant_rev;
     if !agreed {
         return false;
     }
-    tracing::info!(
-        epoch = durable.epoch.get(),
-        "adopting an epoch advanced by another locker"
+    if durable.epoch <= current.record.epoch {
+        // Nothing newer; a concurrent acquire may have adopted this very record.
+        return current.mismatch.is_none() && current.etcd_mod_rev == mod_rev;
+    }
+    if revision < durable.reserved_rev {
+        let deadline = bump_deadline(inner.request_timeout, revision, durable.reserved_rev);
+        match move_revision_to(
+            &inner.client,
+            inner.keys.epoch_bump(),
+            durable.reserved_rev.get(),
+            deadline,
+            inner.request_timeout,
+        )
+        .await
+        {
+            Ok((reached, _)) => revision = Revision::new(reached),
+            Err(_) => return false,
+        }
+    }
+    let adopted = inner.epoch.adopt(
+        Current {
+            record: durable.clone(),
+            etcd_mod_rev: mod_rev,
+            mismatch: None,
+        },
+        revision.get(),
     );
-    inner.epoch.replace(Current {
-        record: durable,
-        etcd_mod_rev: mod_rev,
-        mismatch: None,
-    });
-    true
+    if adopted {
+        tracing::info!(
+            epoch = durable.epoch.get(),
+            "adopting an epoch advanced by another locker"
+        );
+    }
+    adopted
 }
 
-/// Reads both epoch records and decides whether grants may proceed.
+/// How long moving etcd's revision from `from` to `to` may take: five request timeouts
+/// plus 5 ms per write (a loaded machine here managed about 600 writes/s).
+fn bump_deadline(per_request: Duration, from: Revision, to: Revision) -> Instant {
+    let writes = to.get().saturating_sub(from.get());
+    Instant::now() + per_request * 5 + Duration::from_millis(writes.saturating_mul(5))
+}
+
+/// Reads both epoch records and decides whether grants may proceed; if they may and
+/// etcd's revision is below the durable reservation, moves it there first. Returns the
+/// epoch and the highest etcd revision seen.
 async fn load_epoch(
     client: &Client,
     keys: &RootKeys,
     store: &dyn EpochStore,
     per_request: Duration,
-) -> Result<Current> {
+) -> Result<(Current, u64)> {
     let deadline = Instant::now() + per_request * 5;
     let key = keys.epoch();
     let resp = retry::call("epoch.load", deadline, per_request, || {
@@ -473,11 +545,14 @@ async fn load_epoch(
                 durable: Some(Epoch::ZERO),
             });
             let mod_rev = resp.header().map(|h| h.revision()).unwrap_or(0);
-            Ok(Current {
-                record,
-                etcd_mod_rev: mod_rev,
-                mismatch,
-            })
+            Ok((
+                Current {
+                    record,
+                    etcd_mod_rev: mod_rev,
+                    mismatch,
+                },
+                mod_rev.max(0) as u64,
+            ))
         }
         (Some((etcd, mod_rev)), Some(durable))
             if etcd.epoch == durable.epoch && etcd.cluster_id == durable.cluster_id =>
@@ -495,11 +570,36 @@ async fn load_epoch(
             } else {
                 None
             };
-            Ok(Current {
-                record: durable,
-                etcd_mod_rev: mod_rev,
-                mismatch,
-            })
+            let mut seen = revision;
+            if mismatch.is_none() && revision < durable.reserved_rev {
+                // Tokens up to the reservation may have been handed out (by a locker
+                // that crashed, or by running lockers sharing the record) without being
+                // confirmed: every grant of this locker must be above it.
+                let deadline = bump_deadline(per_request, revision, durable.reserved_rev);
+                let (reached, writes) = move_revision_to(
+                    client,
+                    keys.epoch_bump(),
+                    durable.reserved_rev.get(),
+                    deadline,
+                    per_request,
+                )
+                .await?;
+                tracing::info!(
+                    from = revision.get(),
+                    reservation = durable.reserved_rev.get(),
+                    writes,
+                    "moved etcd's revision past the epoch reservation"
+                );
+                seen = Revision::new(reached);
+            }
+            Ok((
+                Current {
+                    record: durable,
+                    etcd_mod_rev: mod_rev,
+                    mismatch,
+                },
+                seen.get(),
+            ))
         }
         (etcd, durable) => {
             let mismatch = Some(EpochMismatch::Records {
@@ -511,11 +611,14 @@ async fn load_epoch(
                 .unwrap_or_else(|| {
                     EpochRecord::new(Epoch::ZERO, cluster_id, EpochReason::Bootstrap, revision)
                 });
-            Ok(Current {
-                record,
-                etcd_mod_rev: etcd.map(|(_, m)| m).unwrap_or(0),
-                mismatch,
-            })
+            Ok((
+                Current {
+                    record,
+                    etcd_mod_rev: etcd.map(|(_, m)| m).unwrap_or(0),
+                    mismatch,
+                },
+                revision.get(),
+            ))
         }
     }
 }

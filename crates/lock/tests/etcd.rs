@@ -34,14 +34,31 @@ fn class(ns: &str, id: &str, prefix: &str) -> LockClass {
 }
 
 async fn connect(endpoints: Vec<String>, dir: &tempfile::TempDir) -> Result<Locker, Error> {
-    let options = LockerOptions::new(endpoints).with_request_timeout(Duration::from_millis(500));
+    connect_window(endpoints, dir, palisade_lock::DEFAULT_EPOCH_WINDOW).await
+}
+
+/// [`connect`] with another epoch reservation window.
+async fn connect_window(
+    endpoints: Vec<String>,
+    dir: &tempfile::TempDir,
+    window: u64,
+) -> Result<Locker, Error> {
+    let options = LockerOptions::new(endpoints)
+        .with_request_timeout(Duration::from_millis(500))
+        .with_epoch_window(window);
     Locker::connect(options, FileEpochStore::new(dir.path().join("epoch.json"))).await
 }
 
 async fn fixture(members: usize) -> Fixture {
+    fixture_window(members, palisade_lock::DEFAULT_EPOCH_WINDOW).await
+}
+
+async fn fixture_window(members: usize, window: u64) -> Fixture {
     let cluster = EtcdCluster::start(members).await;
     let dir = tempfile::tempdir().unwrap();
-    let locker = connect(cluster.endpoints(), &dir).await.unwrap();
+    let locker = connect_window(cluster.endpoints(), &dir, window)
+        .await
+        .unwrap();
     locker
         .config()
         .put_namespace(&Namespace::new(NS, "tenant"))
@@ -258,13 +275,13 @@ async fn etcd_tokens_are_epoch_and_grant_revision_and_strictly_increase() {
     assert_eq!(t1.epoch().get(), 0);
     assert_eq!(t1.get(), (before + 1) as u64, "epoch 0: token = grant_rev");
     assert_eq!(h1.grant_rev(), Some(t1.revision()));
-    // The durable record outside etcd already holds this grant revision.
+    // The durable record outside etcd already reserves this grant revision.
     let durable = FileEpochStore::new(f.dir.path().join("epoch.json"))
         .load()
         .await
         .unwrap()
         .unwrap();
-    assert!(durable.highest_grant_rev >= t1.revision());
+    assert!(durable.reserved_rev >= t1.revision());
     // The hold key's create revision is the token's revision; its value names the holder.
     let hold_key = format!("{}h/x/{}", base("k1"), s.lease());
     let kv = f
@@ -819,7 +836,10 @@ async fn etcd_restore_into_new_cluster_refuses_until_epoch_advanced() {
 
 #[tokio::test]
 async fn etcd_revision_going_backwards_with_same_cluster_id_stops_grants() {
-    let mut f = fixture(1).await;
+    // A window of 2 revisions: the durable record confirms grants closely, so the
+    // restore below goes under the confirmed revision (a restore within the
+    // reservation is made harmless instead: see the crash test below).
+    let mut f = fixture_window(1, 2).await;
     let s = session(&f.locker, 10).await;
     let h = f
         .locker
@@ -839,6 +859,16 @@ async fn etcd_revision_going_backwards_with_same_cluster_id_stops_grants() {
         highest = highest.max(token(&h));
         h.release().await.unwrap();
     }
+    let durable = FileEpochStore::new(f.dir.path().join("epoch.json"))
+        .load()
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        durable.highest_grant_rev.get() > snapshot.revision() as u64,
+        "{durable:?} vs snapshot at {}",
+        snapshot.revision()
+    );
     f.cluster
         .restore_in_place(&snapshot, RestoreMode::SameClusterId)
         .await;
@@ -856,7 +886,9 @@ async fn etcd_revision_going_backwards_with_same_cluster_id_stops_grants() {
         .await
         .is_empty());
     // A locker started now on the same durable record refuses too.
-    let fresh = connect(f.cluster.endpoints(), &f.dir).await.unwrap();
+    let fresh = connect_window(f.cluster.endpoints(), &f.dir, 2)
+        .await
+        .unwrap();
     assert!(matches!(
         fresh.epoch().1,
         Some(palisade_lock::EpochMismatch::RevisionBehind { .. })
@@ -874,13 +906,18 @@ async fn etcd_revision_going_backwards_with_same_cluster_id_stops_grants() {
         .await
         .unwrap();
     assert!(token(&h) > highest);
-    // The old locker learns of the new epoch from the epoch key and refuses until reopened.
-    let err = f
+    let fresh_token = token(&h);
+    h.release().await.unwrap();
+    // The old locker, refusing since it saw the revision go back, adopts the epoch
+    // advanced through the fresh one (both records agree on it) without a restart.
+    let h = f
         .locker
         .acquire(&s2, &lock("b2"), Mode::Exclusive, secs(5))
         .await
-        .unwrap_err();
-    assert!(err.is_epoch_mismatch(), "{err:?}");
+        .unwrap();
+    assert_eq!(token(&h).epoch().get(), 1);
+    assert!(token(&h) > fresh_token);
+    assert_eq!(f.locker.epoch().1, None);
 }
 
 /// Per acquire: the token and how its release went, or why the acquire failed.
@@ -1458,11 +1495,9 @@ async fn etcd_two_lockers_sharing_a_file_store_grant_without_store_errors() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(
-        durable.highest_grant_rev.get(),
-        max,
-        "the record is the max"
-    );
+    // Every token is covered by the reservation; the confirmed revision lags.
+    assert!(durable.reserved_rev.get() >= max, "{durable:?} vs {max}");
+    assert!(durable.highest_grant_rev.get() <= max, "{durable:?} vs {max}");
 }
 
 #[test]
@@ -1724,7 +1759,8 @@ async fn etcd_two_lockers_sharing_a_postgres_epoch_store_both_grant_increasing_t
         max = max.max(t.await.unwrap());
     }
     let durable = store.load().await.unwrap().unwrap();
-    assert_eq!(durable.highest_grant_rev.get(), max);
+    assert!(durable.reserved_rev.get() >= max, "{durable:?} vs {max}");
+    assert!(durable.highest_grant_rev.get() <= max, "{durable:?} vs {max}");
 }
 
 #[tokio::test]
@@ -1834,4 +1870,291 @@ async fn etcd_detached_session_by_lease_id() {
             Some(InvalidInput::BadTtl(_))
         ));
     }
+}
+
+/// A [`FileEpochStore`] that counts its writes.
+struct CountingStore {
+    inner: FileEpochStore,
+    writes: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl EpochStore for CountingStore {
+    fn load(
+        &self,
+    ) -> palisade_lock::BoxFuture<'_, Result<Option<EpochRecord>, palisade_lock::StoreError>> {
+        self.inner.load()
+    }
+    fn store(
+        &self,
+        record: EpochRecord,
+    ) -> palisade_lock::BoxFuture<'_, Result<(), palisade_lock::StoreError>> {
+        self.writes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.store(record)
+    }
+}
+
+#[tokio::test]
+async fn etcd_sequential_grants_inside_the_reservation_cost_few_durable_writes() {
+    use std::sync::atomic::Ordering;
+    let cluster = EtcdCluster::start(1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("epoch.json");
+    let writes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let store = CountingStore {
+        inner: FileEpochStore::new(&path),
+        writes: writes.clone(),
+    };
+    let window = 200;
+    let options = LockerOptions::new(cluster.endpoints())
+        .with_request_timeout(Duration::from_millis(500))
+        .with_epoch_window(window);
+    let locker = Locker::connect(options, store).await.unwrap();
+    locker
+        .config()
+        .put_namespace(&Namespace::new(NS, "tenant"))
+        .await
+        .unwrap();
+    locker.config().put_class(&class(NS, "c", "")).await.unwrap();
+    let s = session(&locker, 10).await;
+    let at_start = writes.load(Ordering::SeqCst);
+    let durable = FileEpochStore::new(&path);
+    let grants = 300;
+    let mut last = FencingToken::MIN;
+    for i in 0..grants {
+        let h = locker
+            .acquire(&s, &lock(&format!("seq/{}", i % 7)), Mode::Exclusive, secs(5))
+            .await
+            .unwrap();
+        let t = token(&h);
+        assert!(t > last, "{t} after {last}");
+        last = t;
+        // The token was handed out only once the durable reservation covered it.
+        let record = durable.load().await.unwrap().unwrap();
+        assert!(
+            record.reserved_rev >= t.revision(),
+            "token {t} above the durable reservation {record:?}"
+        );
+        h.release().await.unwrap();
+    }
+    // 300 cycles are 600 revisions: the reservation was raised (a write per half
+    // window at most), far fewer times than there were grants.
+    let during = writes.load(Ordering::SeqCst) - at_start;
+    assert!(
+        (2..=grants / 20).contains(&during),
+        "{grants} grants took {during} durable writes"
+    );
+}
+
+#[tokio::test]
+async fn etcd_restart_after_a_crash_moves_etcd_past_the_reservation_before_granting() {
+    let window = 1000;
+    let mut f = fixture_window(1, window).await;
+    let s = session(&f.locker, 10).await;
+    let h = f
+        .locker
+        .acquire(&s, &lock("crash"), Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
+    h.release().await.unwrap();
+    let snapshot = f.cluster.snapshot().await;
+    let mut before = FencingToken::MIN;
+    for i in 0..10 {
+        let h = f
+            .locker
+            .acquire(&s, &lock(&format!("crash/{i}")), Mode::Exclusive, secs(5))
+            .await
+            .unwrap();
+        before = before.max(token(&h));
+        h.release().await.unwrap();
+    }
+    let durable = FileEpochStore::new(f.dir.path().join("epoch.json"))
+        .load()
+        .await
+        .unwrap()
+        .unwrap();
+    // The tokens since the snapshot were handed out inside the reservation and never
+    // confirmed: the snapshot is between the confirmed revision and the tokens.
+    assert!(durable.highest_grant_rev.get() <= snapshot.revision() as u64);
+    assert!(before.revision().get() > snapshot.revision() as u64);
+    assert!(durable.reserved_rev >= before.revision());
+    // The locker "crashes" (nothing flushed), and etcd is restored with its cluster id:
+    // its revision goes back below tokens already handed out.
+    drop(s);
+    let Fixture {
+        ref mut cluster,
+        locker,
+        ref dir,
+    } = f;
+    drop(locker);
+    cluster
+        .restore_in_place(&snapshot, RestoreMode::SameClusterId)
+        .await;
+    let client = Client::connect(cluster.endpoints(), None).await.unwrap();
+    assert!(revision(&client).await < before.revision().get() as i64);
+
+    let restarted = connect_window(cluster.endpoints(), dir, window)
+        .await
+        .unwrap();
+    assert_eq!(restarted.epoch().1, None, "a restore within the reservation is harmless");
+    // Before its first grant, etcd's revision is already at the old reservation.
+    assert!(revision(&client).await as u64 >= durable.reserved_rev.get());
+    let s = session(&restarted, 10).await;
+    let mut last = before;
+    for key in ["crash", "crash/0", "crash/9"] {
+        let h = restarted
+            .acquire(&s, &lock(key), Mode::Exclusive, secs(5))
+            .await
+            .unwrap();
+        assert!(token(&h) > last, "{} after {last}", token(&h));
+        assert!(token(&h).revision() > durable.reserved_rev);
+        last = token(&h);
+        h.release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn etcd_replica_that_saw_a_new_cluster_id_adopts_the_epoch_advanced_through_another() {
+    let mut f = fixture(1).await;
+    let a = f.locker.clone();
+    let b = connect(f.cluster.endpoints(), &f.dir).await.unwrap();
+    let (sa, sb) = (session(&a, 10).await, session(&b, 10).await);
+    let mut old = FencingToken::MIN;
+    for (locker, s) in [(&a, &sa), (&b, &sb), (&a, &sa), (&b, &sb)] {
+        let h = locker
+            .acquire(s, &lock("replica"), Mode::Exclusive, secs(5))
+            .await
+            .unwrap();
+        assert!(token(&h) > old);
+        old = token(&h);
+        h.release().await.unwrap();
+    }
+    let snapshot = f.cluster.snapshot().await;
+    let old_cluster = f.cluster.cluster_id().await;
+    f.cluster
+        .restore_in_place(&snapshot, RestoreMode::NewClusterId)
+        .await;
+    let new_cluster = f.cluster.cluster_id().await;
+    assert_ne!(new_cluster, old_cluster);
+
+    // Both replicas refuse (sessions opened in the restored cluster).
+    let (sa, sb) = (session(&a, 10).await, session(&b, 10).await);
+    for (locker, s) in [(&a, &sa), (&b, &sb)] {
+        let err = locker
+            .acquire(s, &lock("replica"), Mode::Exclusive, secs(5))
+            .await
+            .unwrap_err();
+        assert!(err.is_epoch_mismatch(), "{err:?}");
+    }
+    assert!(matches!(
+        b.epoch().1,
+        Some(palisade_lock::EpochMismatch::ClusterId { actual, .. }) if actual == new_cluster
+    ));
+    // B keeps refusing while nobody advanced the epoch.
+    let err = b
+        .acquire(&sb, &lock("replica"), Mode::Exclusive, secs(5))
+        .await
+        .unwrap_err();
+    assert!(err.is_epoch_mismatch(), "{err:?}");
+    assert!(keys_under(b.client(), &format!("{ROOT}locks/"))
+        .await
+        .is_empty());
+
+    // The epoch is advanced through A, which grants under it (raising the reservation).
+    let advanced = a.advance_epoch(EpochReason::Restore).await.unwrap();
+    assert_eq!(advanced.cluster_id, new_cluster);
+    let h = a
+        .acquire(&sa, &lock("replica"), Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
+    let a_token = token(&h);
+    assert!(a_token > old);
+    h.release().await.unwrap();
+
+    // B adopts it without a restart and grants above every earlier token.
+    let h = b
+        .acquire(&sb, &lock("replica"), Mode::Exclusive, secs(10))
+        .await
+        .unwrap_or_else(|e| panic!("B still refuses after the advance: {e:?}"));
+    assert_eq!(token(&h).epoch(), advanced.epoch);
+    assert!(token(&h) > old && token(&h) > a_token, "{} vs {old}, {a_token}", token(&h));
+    h.release().await.unwrap();
+    assert_eq!(b.epoch().1, None);
+    assert_eq!(b.epoch().0.epoch, advanced.epoch);
+    assert_eq!(b.epoch().0.cluster_id, new_cluster);
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn pg_epoch_store_reads_rows_from_before_the_reservation_and_max_merges_it() {
+    let db = palisade_testkit::TestDb::create().await;
+    let client = Arc::new(db.connect().await);
+    // The table as the first migration made it, with rows written then.
+    client
+        .batch_execute(include_str!("../migrations/0001_lock_epoch.sql"))
+        .await
+        .unwrap();
+    client
+        .batch_execute(
+            "INSERT INTO lock_epoch (root, epoch, cluster_id, advanced_at_ms, reason, highest_grant_rev) \
+             VALUES ('/old/', 2, 7, 5, 'restore', 40), ('/old2/', 2, 7, 5, 'restore', 40)",
+        )
+        .await
+        .unwrap();
+    let store = palisade_lock::PostgresEpochStore::new(client.clone(), "/old/");
+    store.migrate().await.unwrap();
+    store.migrate().await.unwrap(); // idempotent
+    let old = store.load().await.unwrap().unwrap();
+    assert_eq!(old.epoch.get(), 2);
+    assert_eq!(old.highest_grant_rev, Revision::new(40));
+    assert_eq!(old.reserved_rev, Revision::new(40), "no reservation: the confirmed one");
+
+    let mut r = old.clone();
+    r.highest_grant_rev = Revision::new(50);
+    r.reserved_rev = Revision::new(300);
+    store.store(r.clone()).await.unwrap();
+    assert_eq!(store.load().await.unwrap().unwrap(), r);
+    // Lower values of the same epoch change nothing.
+    let mut lower = r.clone();
+    lower.highest_grant_rev = Revision::new(45);
+    lower.reserved_rev = Revision::new(100);
+    store.store(lower).await.unwrap();
+    assert_eq!(store.load().await.unwrap().unwrap(), r);
+    // A higher epoch replaces both.
+    let mut next = r.clone();
+    next.epoch = Epoch::new(3).unwrap();
+    next.highest_grant_rev = Revision::new(10);
+    next.reserved_rev = Revision::new(10);
+    store.store(next.clone()).await.unwrap();
+    assert_eq!(store.load().await.unwrap().unwrap(), next);
+
+    // An old row (NULL reservation) merged with a lower reservation keeps its confirmed
+    // revision as the reservation.
+    let store2 = palisade_lock::PostgresEpochStore::new(client.clone(), "/old2/");
+    let mut low = old.clone();
+    low.highest_grant_rev = Revision::new(30);
+    low.reserved_rev = Revision::new(35);
+    store2.store(low).await.unwrap();
+    let merged = store2.load().await.unwrap().unwrap();
+    assert_eq!(merged.highest_grant_rev, Revision::new(40));
+    assert_eq!(merged.reserved_rev, Revision::new(40));
+}
+
+#[tokio::test]
+async fn an_epoch_window_above_the_maximum_is_bad_input_before_any_etcd_call() {
+    let dir = tempfile::tempdir().unwrap();
+    // Nothing listens on port 1: the window is refused before connecting.
+    let options = LockerOptions::new(["http://127.0.0.1:1"])
+        .with_epoch_window(palisade_lock::MAX_EPOCH_WINDOW + 1);
+    let err = Locker::connect(options, FileEpochStore::new(dir.path().join("epoch.json")))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.kind(),
+        &ErrorKind::InvalidInput(InvalidInput::EpochWindowTooLarge {
+            window: palisade_lock::MAX_EPOCH_WINDOW + 1,
+            max: palisade_lock::MAX_EPOCH_WINDOW,
+        })
+    );
+    assert!(!dir.path().join("epoch.json").exists());
 }

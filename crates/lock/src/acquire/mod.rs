@@ -416,8 +416,8 @@ impl Attempt {
         }
     }
 
-    /// Checks a succeeded grant's header against the epoch, waits until its revision is
-    /// durably recorded, and mints the token. A grant refused by the epoch check is
+    /// Checks a succeeded grant's header against the epoch, waits until the durable
+    /// reservation covers its revision (at once, mostly), and mints the token. A grant refused by the epoch check is
     /// undone before the error is reported.
     async fn mint(
         &self,
@@ -437,7 +437,7 @@ impl Attempt {
     }
 
     async fn finish(&self, grant_rev: Revision) -> Result<Option<(Revision, FencingToken)>> {
-        self.locker.epoch.commit(grant_rev).await?;
+        self.locker.epoch.commit(self.epoch, grant_rev).await?;
         // Only a revision of 2^48 or more fails here: etcd itself would need a new epoch.
         let token = FencingToken::from_parts(self.epoch, grant_rev)
             .map_err(|e| Error::with_source(ErrorKind::Etcd, e))?;
