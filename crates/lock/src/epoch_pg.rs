@@ -11,7 +11,7 @@ use crate::epoch::{BoxFuture, EpochReason, EpochRecord, EpochStore, StoreError};
 /// `reserved_rev` column to a table created before it existed; idempotent.
 pub const MIGRATION: &str = concat!(
     include_str!("../migrations/0001_lock_epoch.sql"),
-    include_str!("../migrations/0002_lock_epoch_reserved.sql"),
+    include_str!("../migrations/0004_lock_epoch_reserved.sql"),
 );
 
 /// An [`EpochStore`] in one row of the `lock_epoch` table, keyed by the locker's root
