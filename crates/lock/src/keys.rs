@@ -89,13 +89,14 @@ impl RootKeys {
         format!("{}config/class/{ns}/{class}", self.root)
     }
 
-    /// A detached session's record: `sessions/<lease>`.
     /// `<root>quota/<ns>/`: one key per hold or wait of the namespace, on its session's
     /// lease (the service's `held_lease_quota`).
+    #[cfg(feature = "service")]
     pub(crate) fn quota(&self, ns: &str) -> String {
         format!("{}quota/{ns}/", self.root)
     }
 
+    /// A detached session's record: `sessions/<lease>`.
     pub(crate) fn session(&self, lease: LeaseId) -> String {
         format!("{}sessions/{lease}", self.root)
     }
