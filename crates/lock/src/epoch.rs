@@ -302,6 +302,11 @@ struct State {
 }
 
 impl State {
+    /// Revisions of the durable reservation not yet used by a grant or passed by etcd.
+    fn reservation_left(&self) -> u64 {
+        self.reserved - self.pending.max(self.seen).min(self.reserved)
+    }
+
     fn of(current: Current) -> State {
         let (confirmed, reserved) = (
             current.record.highest_grant_rev.get(),
@@ -461,7 +466,7 @@ impl EpochState {
             }
             s.pending = s.pending.max(g);
             if g <= s.reserved {
-                let left = s.reserved - s.pending.max(s.seen).min(s.reserved);
+                let left = s.reservation_left();
                 let generation = s.generation;
                 drop(s);
                 if left < self.window / 2 {
@@ -496,7 +501,7 @@ impl EpochState {
             let needed = {
                 let s = this.lock();
                 s.generation == generation
-                    && s.reserved - s.pending.max(s.seen).min(s.reserved) < this.window / 2
+                    && s.reservation_left() < this.window / 2
             };
             if needed {
                 if let Err(e) = this.flush_locked(generation).await {
