@@ -440,6 +440,31 @@ impl EpochState {
         Ok(())
     }
 
+    /// Takes note of a response that is not linearizable (a watch message, which a
+    /// lagging member may send): its revision only raises the high water (it was
+    /// committed, so every later linearizable answer is at or above it), and a header
+    /// of another cluster refuses grants as [`EpochState::check`] does. Used so that a
+    /// locker whose acquires sit in watches still tracks how far etcd has moved.
+    ///
+    /// # Errors
+    ///
+    /// [`EpochMismatch`] if the epoch refuses grants or the header names another cluster.
+    pub(crate) fn observe_header(&self, header: Option<&ResponseHeader>) -> Result<()> {
+        let cur = self.snapshot();
+        if let Some(m) = cur.mismatch {
+            return Err(Error::epoch(m));
+        }
+        let Some(h) = header else { return Ok(()) };
+        if h.cluster_id() != cur.record.cluster_id {
+            return Err(self.poison(EpochMismatch::ClusterId {
+                recorded: cur.record.cluster_id,
+                actual: h.cluster_id(),
+            }));
+        }
+        self.observe(h.revision().max(0) as u64);
+        Ok(())
+    }
+
     /// Marks the epoch key as changed elsewhere.
     pub(crate) fn advanced_elsewhere(&self) -> Error {
         self.poison(EpochMismatch::Advanced)

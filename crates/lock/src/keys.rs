@@ -221,6 +221,15 @@ impl LockKeys {
         Some(format!("{}h/{rest}", self.base))
     }
 
+    /// The hold key `h/<m>/<lease>` that the grant of waiter key `q/<m>/<lease>`
+    /// creates; `None` for a key that is not a waiter key of this lock.
+    pub(crate) fn hold_for_waiter(&self, waiter_key: &[u8]) -> Option<String> {
+        let rest = std::str::from_utf8(waiter_key)
+            .ok()?
+            .strip_prefix(&self.queue())?;
+        Some(format!("{}h/{rest}", self.base))
+    }
+
     /// The grant record that a hold key `h/<m>/<lease>` belongs to.
     pub(crate) fn grant_for_hold(&self, hold_key: &[u8]) -> Vec<u8> {
         let rest = &hold_key[(self.base.len() + 2).min(hold_key.len())..];
@@ -272,6 +281,12 @@ mod tests {
                 .unwrap(),
             k.hold(Mode::Shared, l)
         );
+        assert_eq!(
+            k.hold_for_waiter(k.waiter(Mode::Shared, l).as_bytes())
+                .unwrap(),
+            k.hold(Mode::Shared, l)
+        );
+        assert_eq!(k.hold_for_waiter(k.hold(Mode::Shared, l).as_bytes()), None);
         assert_eq!(
             k.grant_for_hold(k.hold(Mode::Exclusive, l).as_bytes()),
             k.grant(Mode::Exclusive, l).into_bytes()

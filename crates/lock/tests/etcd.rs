@@ -2158,3 +2158,248 @@ async fn an_epoch_window_above_the_maximum_is_bad_input_before_any_etcd_call() {
     );
     assert!(!dir.path().join("epoch.json").exists());
 }
+
+/// One event of a lock's history: (type, key, revision, create revision).
+type LockEvent = (EventType, String, i64, i64);
+
+/// Watches everything under `prefix` from the current revision + 1, with each event's
+/// create revision (a put's; 0 for a delete).
+async fn history_watch(client: &Client, prefix: &str) -> (etcd_client::Watcher, etcd_client::WatchStream) {
+    let from = revision(client).await + 1;
+    client
+        .clone()
+        .watch(
+            prefix,
+            Some(WatchOptions::new().with_prefix().with_start_revision(from)),
+        )
+        .await
+        .unwrap()
+}
+
+/// Events of `stream` until `holds_ended` hold keys were deleted.
+async fn history_until(stream: &mut etcd_client::WatchStream, holds_ended: usize) -> Vec<LockEvent> {
+    let mut seen = Vec::new();
+    let mut ended = 0;
+    let wait = async {
+        while ended < holds_ended {
+            let resp = stream.message().await.unwrap().expect("watch stream open");
+            for e in resp.events() {
+                let kv = e.kv().unwrap();
+                let key = kv.key_str().unwrap().to_owned();
+                if e.event_type() == EventType::Delete && key.contains("/h/") {
+                    ended += 1;
+                }
+                seen.push((e.event_type(), key, kv.mod_revision(), kv.create_revision()));
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), wait)
+        .await
+        .expect("the lock's events within 60 s");
+    seen
+}
+
+/// Replays a lock's exclusive history and checks every grant: at most one hold at any
+/// revision; a grant either finds the queue empty (one Txn) or deletes the waiter key
+/// that was first in the queue (lowest create revision) in the revision that creates
+/// the hold. Returns the grants as (revision, lease) in order.
+fn check_fifo(base: &str, events: &[LockEvent]) -> Vec<(i64, String)> {
+    use std::collections::BTreeMap;
+    let (q, h) = (format!("{base}q/x/"), format!("{base}h/x/"));
+    // waiter lease -> create revision; holds by lease.
+    let mut queue: BTreeMap<String, i64> = BTreeMap::new();
+    let mut holds: Vec<String> = Vec::new();
+    let mut grants = Vec::new();
+    let mut i = 0;
+    while i < events.len() {
+        let rev = events[i].2;
+        let batch: Vec<&LockEvent> = events[i..].iter().take_while(|e| e.2 == rev).collect();
+        i += batch.len();
+        let before = queue.clone();
+        for (kind, key, _, create) in &batch {
+            if let Some(lease) = key.strip_prefix(&q) {
+                match kind {
+                    EventType::Put => {
+                        queue.insert(lease.to_owned(), *create);
+                    }
+                    EventType::Delete => {
+                        queue.remove(lease);
+                    }
+                }
+            }
+        }
+        for (kind, key, _, _) in &batch {
+            let Some(lease) = key.strip_prefix(&h) else { continue };
+            match kind {
+                EventType::Delete => holds.retain(|l| l != lease),
+                EventType::Put => {
+                    assert!(holds.is_empty(), "rev {rev}: {lease} granted while {holds:?} hold");
+                    holds.push(lease.to_owned());
+                    let first = before.iter().min_by_key(|(_, c)| **c).map(|(l, _)| l.clone());
+                    match first {
+                        None => {}
+                        Some(first) => {
+                            assert_eq!(first, lease, "rev {rev}: granted {lease}, first in queue {first}");
+                            assert!(!queue.contains_key(lease), "rev {rev}: the grant deletes the waiter key");
+                        }
+                    }
+                    grants.push((rev, lease.to_owned()));
+                }
+            }
+        }
+    }
+    grants
+}
+
+#[tokio::test]
+async fn etcd_sixteen_contending_acquirers_are_granted_fifo_with_rising_tokens() {
+    let f = fixture(1).await;
+    let name = lock("contend");
+    let (_w, mut stream) = history_watch(f.locker.client(), &base("contend")).await;
+    const CLIENTS: usize = 16;
+    const CYCLES: usize = 6;
+    let inside = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let tokens = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..CLIENTS {
+        let s = session(&f.locker, 10).await;
+        let (l, n, inside, tokens) = (f.locker.clone(), name.clone(), inside.clone(), tokens.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..CYCLES {
+                let h = l.acquire(&s, &n, Mode::Exclusive, secs(60)).await.unwrap();
+                assert_eq!(inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst), 0, "two holders at once");
+                tokens.lock().unwrap().push((token(&h), s.lease().to_string()));
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                inside.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                h.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let events = history_until(&mut stream, CLIENTS * CYCLES).await;
+    let grants = check_fifo(&base("contend"), &events);
+    assert_eq!(grants.len(), CLIENTS * CYCLES);
+    // The tokens handed out are exactly the grant revisions (epoch 0), to the lease that
+    // the hold key names; so in grant order each is above the previous holder's.
+    let mut tokens = tokens.lock().unwrap().clone();
+    tokens.sort();
+    let want: Vec<(u64, String)> = grants.iter().map(|(r, l)| (*r as u64, l.clone())).collect();
+    let got: Vec<(u64, String)> = tokens.iter().map(|(t, l)| (t.get(), l.clone())).collect();
+    assert_eq!(got, want);
+    assert!(got.windows(2).all(|w| w[0].0 < w[1].0));
+    // Most grants went through the queue (contention really happened).
+    let queued = events
+        .iter()
+        .filter(|e| e.0 == EventType::Delete && e.1.contains("/q/x/"))
+        .count();
+    assert!(queued >= CLIENTS * CYCLES / 2, "only {queued} grants from the queue");
+    assert_eq!(keys_under(f.locker.client(), &format!("{}q/", base("contend"))).await, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn etcd_cancelled_waits_under_contention_leave_no_waiter_key_and_never_stall_the_queue() {
+    let f = fixture(1).await;
+    let name = lock("cancel");
+    let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut workers = Vec::new();
+    for _ in 0..8 {
+        let s = session(&f.locker, 10).await;
+        let (l, n, done) = (f.locker.clone(), name.clone(), done.clone());
+        workers.push(tokio::spawn(async move {
+            for _ in 0..5 {
+                let h = l.acquire(&s, &n, Mode::Exclusive, secs(60)).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                h.release().await.unwrap();
+                done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }));
+    }
+    let mut quitters = Vec::new();
+    for i in 0..8u64 {
+        let s = session(&f.locker, 10).await;
+        let (l, n) = (f.locker.clone(), name.clone());
+        quitters.push(tokio::spawn(async move {
+            let mut outcomes = (0, 0);
+            for j in 0..6u64 {
+                let wait = Duration::from_millis(20 + (i * 7 + j * 13) % 80);
+                if (i + j) % 2 == 0 {
+                    // A deadline inside the acquire.
+                    match l.acquire(&s, &n, Mode::Exclusive, within(wait)).await {
+                        Ok(h) => h.release().await.unwrap(),
+                        Err(e) => {
+                            // A deadline that cuts an etcd call short (not a wait) is
+                            // reported as QuorumLost by the retry policy: no answer came.
+                            assert!(e.is_deadline_exceeded() || e.is_quorum_lost(), "{e:?}");
+                            outcomes.0 += 1;
+                        }
+                    }
+                } else {
+                    // The caller gives up: the acquire future is dropped mid-wait.
+                    match tokio::time::timeout(wait, l.acquire(&s, &n, Mode::Exclusive, secs(60))).await {
+                        Ok(h) => h.unwrap().release().await.unwrap(),
+                        Err(_) => outcomes.1 += 1,
+                    }
+                }
+            }
+            outcomes
+        }));
+    }
+    let mut gave_up = (0, 0);
+    for q in quitters {
+        let (a, b) = q.await.unwrap();
+        gave_up = (gave_up.0 + a, gave_up.1 + b);
+    }
+    assert!(gave_up.0 > 0 && gave_up.1 > 0, "cancellations happened: {gave_up:?}");
+    tokio::time::timeout(Duration::from_secs(30), async {
+        for w in workers {
+            w.await.unwrap();
+        }
+    })
+    .await
+    .expect("the workers finish: no cancelled waiter stalls the queue");
+    assert_eq!(done.load(std::sync::atomic::Ordering::SeqCst), 40);
+    // The dropped acquires clean up in the background: no key of the lock is left.
+    assert_eq!(lock_keys_left(f.locker.client(), "cancel").await, Vec::<String>::new());
+    let s = session(&f.locker, 10).await;
+    let before = revision(f.locker.client()).await;
+    let h = f.locker.acquire(&s, &name, Mode::Exclusive, secs(5)).await.unwrap();
+    assert_eq!(token(&h).revision().get(), (before + 1) as u64, "an empty queue: one Txn");
+}
+
+#[tokio::test]
+async fn etcd_waiter_whose_predecessor_gives_up_is_granted_on_the_holders_release() {
+    let f = fixture(1).await;
+    let name = lock("pred");
+    let h = session(&f.locker, 10).await;
+    let held = f.locker.acquire(&h, &name, Mode::Exclusive, secs(5)).await.unwrap();
+    let p = session(&f.locker, 10).await;
+    let pred = spawn_waiter(&f.locker, &p, &name, Mode::Exclusive, secs(30)).await;
+    let b = session(&f.locker, 10).await;
+    let mut next = spawn_waiter(&f.locker, &b, &name, Mode::Exclusive, secs(30)).await;
+    // The predecessor gives up: its waiter key goes, and no hold of its lease comes.
+    let mut queue = PrefixWatch::start(f.locker.client(), &format!("{}q/", base("pred"))).await;
+    pred.abort();
+    let (gone, _) = queue.next(EventType::Delete).await;
+    assert!(gone.ends_with(&p.lease().to_string()), "{gone}");
+    // B still waits: the lock is held.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut next).await.is_err(),
+        "granted while the lock is held"
+    );
+    let t0 = token(&held);
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let hb = tokio::time::timeout(Duration::from_secs(5), next)
+        .await
+        .expect("granted after the release")
+        .unwrap()
+        .unwrap();
+    assert!(released.elapsed() < Duration::from_secs(5));
+    assert!(token(&hb) > t0);
+    assert_eq!(
+        keys_under(f.locker.client(), &format!("{}q/", base("pred"))).await,
+        Vec::<String>::new()
+    );
+}

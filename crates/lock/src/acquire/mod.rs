@@ -1,5 +1,6 @@
-//! Acquire: one Txn when uncontended; otherwise a FIFO waiter that watches only the key
-//! that blocks it, and a grant Txn whose header revision is the token's revision.
+//! Acquire: one Txn when uncontended (it grants, or enqueues and reads the lock);
+//! otherwise a FIFO waiter that watches only its predecessor's keys, and a grant Txn
+//! whose header revision is the token's revision.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -38,6 +39,10 @@ struct StoredMeta<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     holder_meta: Option<&'a HolderMeta>,
 }
+
+/// Failed grant Txns in a row (each on the state the previous one returned) before the
+/// waiter loop backs off.
+const RACES_BEFORE_BACKOFF: u32 = 3;
 
 /// Numbers acquire attempts.
 static ATTEMPTS: AtomicU64 = AtomicU64::new(1);
@@ -299,11 +304,12 @@ impl Attempt {
     }
 
     /// Sends `inner` wrapped in `if create_revision(cancel marker) == 0`, and returns
-    /// the outer response (its header is the Txn's) and whether `inner` succeeded. A
+    /// the outer response (its header is the Txn's) and `inner`'s own response (whether
+    /// it succeeded, and what its branch read). A
     /// copy of it that etcd applies after a cleanup that wrote the marker does nothing.
     /// The marker only ever exists once the attempt was dropped or failed, so the
     /// wrapper fails only for a stale copy.
-    async fn guarded_txn(&self, inner: Txn) -> Result<(TxnResponse, bool)> {
+    async fn guarded_txn(&self, inner: Txn) -> Result<(TxnResponse, TxnResponse)> {
         let marker = self.keys.cancel_marker(self.session.lease(), self.id);
         let txn = Txn::new()
             .when([Compare::create_revision(marker, CompareOp::Equal, 0)])
@@ -330,10 +336,7 @@ impl Attempt {
             return Err(Error::new(ErrorKind::Etcd));
         }
         match resp.op_responses().into_iter().next() {
-            Some(TxnOpResponse::Txn(inner)) => {
-                let succeeded = inner.succeeded();
-                Ok((resp, succeeded))
-            }
+            Some(TxnOpResponse::Txn(inner)) => Ok((resp, inner)),
             _ => Err(Error::new(ErrorKind::Etcd)),
         }
     }
@@ -387,31 +390,52 @@ impl Attempt {
             self.meta.clone(),
             Some(PutOptions::new().with_lease(self.lease())),
         );
+        // Not granted: the same Txn enqueues and reads the lock (its queue with our
+        // waiter key in it, holds, grant records, epoch key) at its own revision, so
+        // the waiter loop starts without a separate read.
+        let mut or_else = vec![enqueue];
+        or_else.extend(self.view_ops());
         let hw = self.locker.epoch.high_water();
-        let (resp, granted) = self
+        let (resp, inner) = self
             .guarded_txn(
                 Txn::new()
                     .when(when)
                     .and_then(self.grant_ops())
-                    .or_else([enqueue]),
+                    .or_else(or_else),
             )
             .await?;
-        if granted {
+        if inner.succeeded() {
             return self.mint(&resp, hw, true).await;
         }
         self.locker.epoch.check(resp.header(), hw, false)?;
+        let mut view = self.parse_view(&resp, inner.op_responses().into_iter().skip(1))?;
         let mut first_seen: HashMap<(Vec<u8>, i64), Instant> = HashMap::new();
+        // Grant Txns that failed in a row on a state read just before. Each failure
+        // returns the state that made it fail and the loop decides again on it at once;
+        // only a run of them (the state changing under us again and again, which a FIFO
+        // queue does not produce) backs off, 20 ms doubling, so etcd is never spun on.
+        let mut raced = 0u32;
         let mut backoff = retry::Backoff::new();
         loop {
             if self.session.loss().is_some() {
                 return Err(Error::new(ErrorKind::SessionLost));
             }
-            match self.step(&mut first_seen).await? {
+            match self.step(view, &mut first_seen).await? {
                 Step::Granted(g) => return Ok(g),
-                Step::Waited => backoff = retry::Backoff::new(),
-                // The grant Txn lost a race (the state changed since the read): back
-                // off a little (20 ms, doubling) before reading again.
-                Step::Raced => backoff.wait(self.deadline).await,
+                Step::Next(v) => {
+                    raced = 0;
+                    backoff = retry::Backoff::new();
+                    view = v;
+                }
+                Step::Raced(v) => {
+                    raced += 1;
+                    view = if raced >= RACES_BEFORE_BACKOFF {
+                        backoff.wait(self.deadline).await;
+                        self.read().await?
+                    } else {
+                        v
+                    };
+                }
             }
         }
     }

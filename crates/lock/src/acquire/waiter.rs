@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 
 use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
-    WatchFilterType, WatchOptions,
+    TxnResponse, WatchFilterType, WatchOptions, WatchResponse, WatchStream,
 };
 use palisade_fence::{FencingToken, Revision};
 use tokio::time::Instant;
@@ -15,33 +15,27 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::model::Mode;
 use crate::retry;
 
-/// One parsed key of the lock's queue, holds or grant records.
-struct Entry {
+/// One key of the lock's queue, holds or grant records, read without its value.
+pub(super) struct Entry {
     key: Vec<u8>,
     create_rev: i64,
     mod_rev: i64,
     lease: i64,
-    /// The `attempt` of the holder meta, if the value has one.
-    attempt: Option<u64>,
 }
 
 impl From<&KeyValue> for Entry {
     fn from(kv: &KeyValue) -> Self {
-        let attempt = serde_json::from_slice::<serde_json::Value>(kv.value())
-            .ok()
-            .and_then(|v| v.get("attempt").and_then(serde_json::Value::as_u64));
         Entry {
             key: kv.key().to_vec(),
             create_rev: kv.create_revision(),
             mod_rev: kv.mod_revision(),
             lease: kv.lease(),
-            attempt,
         }
     }
 }
 
 /// The lock's state read at one revision.
-struct View {
+pub(super) struct View {
     revision: i64,
     queue: Vec<Entry>,
     holds: Vec<Entry>,
@@ -49,49 +43,84 @@ struct View {
     epoch_mod_rev: i64,
 }
 
+/// Which grant records a grant Txn allows in the ranges that conflict with it.
+#[derive(Clone, Copy)]
+enum NoGrantRecords {
+    /// None created or changed since the view was read (its orphans, deleted by the
+    /// Txn, are all there are).
+    SinceView,
+    /// None at all.
+    Required,
+}
+
+/// Who wrote a hold key of this session that a view found.
+enum OwnHold {
+    /// This attempt: its grant committed, the answer was lost.
+    Ours,
+    /// An earlier acquire of the session whose release did not get through.
+    Earlier,
+    /// The key is gone or was written again since the view: read anew.
+    Changed,
+}
+
 pub(super) enum Step {
     /// Granted (or adopted); `None` never happens here (unprotected grants are made by
     /// the caller).
     Granted(Option<(Revision, FencingToken)>),
-    /// Waited for a blocker, slept for lock-delay, or repaired the queue: read again.
-    Waited,
-    /// The grant Txn's compares failed: read again.
-    Raced,
+    /// Waited for a blocker, slept for lock-delay, or repaired the queue; the state read
+    /// since, to decide on next.
+    Next(View),
+    /// A grant Txn built on a fresh state failed its compares; the state it read instead
+    /// (its `else` branch), at its revision.
+    Raced(View),
 }
 
 impl Attempt {
-    async fn read(&self) -> Result<View> {
+    /// The reads of a [`View`], as Txn ops: `q/`, `h/`, `g/` and the epoch key. Put in
+    /// the `else` branch of the enqueue and grant Txns, so that a Txn that does not
+    /// grant returns the state that made it fail, in the same round trip.
+    /// Keys only: what the loop decides on is which keys exist and their revisions (a
+    /// queue of 64 waiters is 64 keys, not 64 holder metas to send and parse). The one
+    /// value it needs, the `attempt` of a hold of this session, is read on its own when
+    /// there is one (see [`Attempt::own_hold_attempt`]).
+    pub(super) fn view_ops(&self) -> [TxnOp; 4] {
         let k = &self.keys;
-        let prefix = |p: String| TxnOp::get(p, Some(GetOptions::new().with_prefix()));
-        let hw = self.locker.epoch.high_water();
-        let resp = self
-            .txn(Txn::new().and_then([
-                prefix(k.queue()),
-                prefix(k.holds()),
-                prefix(k.grants()),
-                TxnOp::get(self.locker.keys.epoch(), None),
-            ]))
-            .await?;
-        self.locker.epoch.check(resp.header(), hw, false)?;
+        let prefix =
+            |p: String| TxnOp::get(p, Some(GetOptions::new().with_prefix().with_keys_only()));
+        [
+            prefix(k.queue()),
+            prefix(k.holds()),
+            prefix(k.grants()),
+            TxnOp::get(
+                self.locker.keys.epoch(),
+                Some(GetOptions::new().with_keys_only()),
+            ),
+        ]
+    }
+
+    /// Parses the responses of [`Attempt::view_ops`] (in that order), read by the Txn
+    /// whose response is `resp`.
+    pub(super) fn parse_view(
+        &self,
+        resp: &TxnResponse,
+        ops: impl Iterator<Item = TxnOpResponse>,
+    ) -> Result<View> {
+        let k = &self.keys;
         // Only keys inside the bounded lease-key ranges count, as in the compares; a
         // stray key elsewhere under `q/`, `h/` or `g/` is ignored.
-        let mut gets = resp.op_responses().into_iter().map(|r| match r {
-            TxnOpResponse::Get(g) => g
+        let mut gets = ops.map(|r| match r {
+            TxnOpResponse::Get(g) => Ok(g
                 .kvs()
                 .iter()
                 .filter(|kv| {
                     k.in_lease_ranges(kv.key()) || kv.key() == self.locker.keys.epoch().as_bytes()
                 })
                 .map(Entry::from)
-                .collect::<Vec<_>>(),
-            _ => Vec::new(),
+                .collect::<Vec<_>>()),
+            _ => Err(Error::new(ErrorKind::Etcd)),
         });
-        let (queue, holds, grants, epoch) = (
-            gets.next().unwrap_or_default(),
-            gets.next().unwrap_or_default(),
-            gets.next().unwrap_or_default(),
-            gets.next().unwrap_or_default(),
-        );
+        let mut next = || gets.next().unwrap_or_else(|| Err(Error::new(ErrorKind::Etcd)));
+        let (queue, holds, grants, epoch) = (next()?, next()?, next()?, next()?);
         Ok(View {
             revision: resp.header().map(|h| h.revision()).unwrap_or(0),
             queue,
@@ -101,12 +130,19 @@ impl Attempt {
         })
     }
 
-    /// One round of the waiter loop: read; adopt, wait, or try to grant.
+    pub(super) async fn read(&self) -> Result<View> {
+        let hw = self.locker.epoch.high_water();
+        let resp = self.txn(Txn::new().and_then(self.view_ops())).await?;
+        self.locker.epoch.check(resp.header(), hw, false)?;
+        self.parse_view(&resp, resp.op_responses().into_iter())
+    }
+
+    /// One round of the waiter loop on `view`: adopt, repair, wait, or try to grant.
     pub(super) async fn step(
         &self,
+        view: View,
         first_seen: &mut HashMap<(Vec<u8>, i64), Instant>,
     ) -> Result<Step> {
-        let view = self.read().await?;
         if view.epoch_mod_rev != self.epoch_mod_rev {
             // This locker advanced the epoch since the attempt began, or another locker
             // did and both records agree on the new epoch (adopted): the attempt is
@@ -127,15 +163,22 @@ impl Attempt {
         if let Some(h) = view
             .holds
             .iter()
-            .find(|h| h.key == my_hold && h.attempt == Some(self.id))
+            .find(|h| h.key == my_hold && h.lease == lease.get())
         {
-            // This attempt's grant committed but its answer was lost (a retried Txn): adopt.
-            let rev = Revision::from_i64(h.create_rev)
-                .map_err(|e| Error::with_source(ErrorKind::Etcd, e))?;
-            let _ = self
-                .txn(Txn::new().and_then([TxnOp::delete(my_waiter, None)]))
-                .await;
-            return self.finish(rev).await.map(Step::Granted);
+            match self.own_hold_attempt(h.create_rev).await? {
+                OwnHold::Ours => {
+                    // This attempt's grant committed but its answer was lost (a retried
+                    // Txn): adopt.
+                    let rev = Revision::from_i64(h.create_rev)
+                        .map_err(|e| Error::with_source(ErrorKind::Etcd, e))?;
+                    let _ = self
+                        .txn(Txn::new().and_then([TxnOp::delete(my_waiter, None)]))
+                        .await;
+                    return self.finish(rev).await.map(Step::Granted);
+                }
+                OwnHold::Changed => return Ok(Step::Next(self.read().await?)),
+                OwnHold::Earlier => {}
+            }
         }
         if let Some(stale) = view.holds.iter().find(|h| h.lease == lease.get()) {
             // A hold of this session left by an earlier acquire whose release did not get
@@ -152,7 +195,7 @@ impl Attempt {
                     TxnOp::delete(k.grant_for_hold(&stale.key), None),
                 ]);
             self.txn(txn).await?;
-            return Ok(Step::Waited);
+            return Ok(Step::Next(self.read().await?));
         }
         let Some(mine) = view
             .queue
@@ -169,7 +212,7 @@ impl Attempt {
                 Some(PutOptions::new().with_lease(self.lease())),
             );
             self.guarded_txn(Txn::new().and_then([put])).await?;
-            return Ok(Step::Waited);
+            return Ok(Step::Next(self.read().await?));
         };
         let x_prefix = |p: String| move |e: &&Entry| e.key.starts_with(p.as_bytes());
         let is_x_waiter = x_prefix(k.queue_of(Mode::Exclusive));
@@ -189,10 +232,6 @@ impl Attempt {
                 .max_by_key(|w| w.create_rev)
                 .or(view.holds.iter().find(&is_x_hold)),
         };
-        if let Some(b) = blocker {
-            self.wait_deleted(&b.key, view.revision + 1).await?;
-            return Ok(Step::Waited);
-        }
         // Grant records whose hold is gone: the hold ended by expiry or force.
         let live: HashSet<Vec<u8>> = view.holds.iter().map(|h| h.key.clone()).collect();
         let relevant = match self.mode {
@@ -208,6 +247,28 @@ impl Attempt {
                     .is_some_and(|h| !live.contains(h.as_bytes()))
             })
             .collect();
+        if let Some(b) = blocker {
+            self.wait_released(b).await?;
+            if !orphans.is_empty() {
+                // Lock-delay has to be timed on them first (its clock starts when this
+                // waiter first sees an orphan with nothing ahead of it): read anew.
+                return Ok(Step::Next(self.read().await?));
+            }
+            // What let us go is most often the blocker's release, after which we are
+            // first: try the grant at once, on the state read before the wait, with no
+            // grant record allowed at all (the blocker's, left by an expiry or a force
+            // release, is an orphan whose lock-delay has not been timed). Every compare
+            // is checked against etcd's current state; if one fails, the Txn's `else`
+            // branch is the state to go on with, so this costs no round trip over
+            // reading first.
+            return self
+                .grant(&view, mine, &[], NoGrantRecords::Required)
+                .await
+                .map(|s| match s {
+                    Step::Raced(v) => Step::Next(v),
+                    s => s,
+                });
+        }
         if !orphans.is_empty() && !self.class.lock_delay.is_zero() {
             let now = Instant::now();
             let ready = orphans
@@ -220,9 +281,29 @@ impl Attempt {
                 .unwrap_or(now);
             if now < ready {
                 self.sleep_until(ready).await?;
-                return Ok(Step::Waited);
+                return Ok(Step::Next(self.read().await?));
             }
         }
+        self.grant(&view, mine, &orphans, NoGrantRecords::SinceView)
+            .await
+    }
+
+    /// The grant Txn on `view`, for the waiter key created at `mine`, deleting the
+    /// grant records `orphans` (whose lock-delay has passed). Granted: the token. Not:
+    /// [`Step::Raced`] with the state its `else` branch read.
+    async fn grant(
+        &self,
+        view: &View,
+        mine: i64,
+        orphans: &[&Entry],
+        records: NoGrantRecords,
+    ) -> Result<Step> {
+        let k = &self.keys;
+        let lease = self.session.lease();
+        let (my_hold, my_waiter) = (
+            k.hold(self.mode, lease).into_bytes(),
+            k.waiter(self.mode, lease).into_bytes(),
+        );
         let ranges = |sub: char, modes: &[Mode]| -> Vec<(String, Vec<u8>)> {
             modes.iter().map(|&m| k.lease_range(sub, m)).collect()
         };
@@ -235,11 +316,18 @@ impl Attempt {
             Compare::create_revision(my_waiter.clone(), CompareOp::Equal, mine),
             self.epoch_compare(),
         ];
-        // No grant record created or changed since the read: the orphans seen are all.
         for (start, end) in ranges('g', relevant_modes) {
-            when.push(
-                Compare::mod_revision(start, CompareOp::Less, view.revision + 1).with_range(end),
-            );
+            when.push(match records {
+                // No grant record created or changed since the read: the orphans seen
+                // are all.
+                NoGrantRecords::SinceView => {
+                    Compare::mod_revision(start, CompareOp::Less, view.revision + 1)
+                        .with_range(end)
+                }
+                NoGrantRecords::Required => {
+                    Compare::create_revision(start, CompareOp::Equal, 0).with_range(end)
+                }
+            });
         }
         // No hold that conflicts.
         for (start, end) in ranges('h', relevant_modes) {
@@ -283,11 +371,38 @@ impl Attempt {
                 .map(|o| TxnOp::delete(o.key.clone(), None)),
         );
         let hw = self.locker.epoch.high_water();
-        let resp = self.txn(Txn::new().when(when).and_then(ops)).await?;
+        let resp = self
+            .txn(Txn::new().when(when).and_then(ops).or_else(self.view_ops()))
+            .await?;
         if !resp.succeeded() {
-            return Ok(Step::Raced);
+            self.locker.epoch.check(resp.header(), hw, false)?;
+            let view = self.parse_view(&resp, resp.op_responses().into_iter())?;
+            tracing::debug!(lock = ?self.name, revision = view.revision, "grant Txn raced");
+            return Ok(Step::Raced(view));
         }
         self.mint(&resp, hw, true).await.map(Step::Granted)
+    }
+
+    /// Reads this session's hold key of the lock, which a view listed (keys only) as
+    /// created at `create_rev`, and tells whether this attempt wrote it (its `attempt`
+    /// in the stored meta; a grant whose answer was lost) or an earlier acquire of the
+    /// session did.
+    async fn own_hold_attempt(&self, create_rev: i64) -> Result<OwnHold> {
+        let hold = self.keys.hold(self.mode, self.session.lease());
+        let hw = self.locker.epoch.high_water();
+        let resp = self.txn(Txn::new().and_then([TxnOp::get(hold, None)])).await?;
+        self.locker.epoch.check(resp.header(), hw, false)?;
+        let kv = match resp.op_responses().into_iter().next() {
+            Some(TxnOpResponse::Get(g)) => g.kvs().first().cloned(),
+            _ => return Err(Error::new(ErrorKind::Etcd)),
+        };
+        let Some(kv) = kv.filter(|kv| kv.create_revision() == create_rev) else {
+            return Ok(OwnHold::Changed);
+        };
+        let attempt = serde_json::from_slice::<serde_json::Value>(kv.value())
+            .ok()
+            .and_then(|v| v.get("attempt").and_then(serde_json::Value::as_u64));
+        Ok(if attempt == Some(self.id) { OwnHold::Ours } else { OwnHold::Earlier })
     }
 
     async fn sleep_until(&self, until: Instant) -> Result<()> {
@@ -299,43 +414,150 @@ impl Attempt {
         }
     }
 
-    /// Waits until `key` is deleted at or after `from_rev` (a watch from the read's
-    /// revision + 1, so a delete between the read and the watch is not missed). Any
-    /// trouble with the watch (compaction, a cancelled stream) returns early: the
-    /// caller re-reads.
-    async fn wait_deleted(&self, key: &[u8], from_rev: i64) -> Result<()> {
-        let opts = WatchOptions::new()
-            .with_start_revision(from_rev)
-            .with_filters([WatchFilterType::NoPut]);
+    /// Waits until `blocker` (an entry of the view) no longer blocks this waiter.
+    ///
+    /// A hold blocks until its key is deleted. A waiter blocks until its key is deleted
+    /// and its lease's hold key (created in the same Txn when that waiter is granted) is
+    /// gone too: so the wait is on what actually lets this waiter go, the predecessor's
+    /// release, and not on its grant, which would cost another read and another wait.
+    /// Still only the predecessor's two keys are watched (no thundering herd: each
+    /// release wakes one waiter).
+    ///
+    /// The watches start at etcd's current revision, never at a past one: etcd serves a
+    /// watch that starts in the past from its "unsynced" group, which it catches up only
+    /// every 100 ms, so a past start revision (the view's, once anything was written
+    /// since) costs up to 100 ms per wait. What changed between the view and the
+    /// watches is read once the watches exist, in one Txn of two gets; only events after
+    /// that read's revision are applied. Any trouble with the watch stream returns
+    /// early (after a short backoff): the caller's grant Txn or read then decides.
+    async fn wait_released(&self, blocker: &Entry) -> Result<()> {
+        let waiter = self.keys.hold_for_waiter(&blocker.key).map(|hold| (hold, blocker.create_rev));
+        let (hold_key, waiter_key): (Vec<u8>, Option<Vec<u8>>) = match &waiter {
+            Some((hold, _)) => (hold.clone().into_bytes(), Some(blocker.key.clone())),
+            None => (blocker.key.clone(), None),
+        };
         let watch = retry::call(
             "acquire.watch",
             self.deadline,
             self.locker.request_timeout,
             || {
-                let (mut c, key, opts) = (self.locker.client.clone(), key.to_vec(), opts.clone());
-                async move { c.watch(key, Some(opts)).await }
+                let (mut c, key) = (self.locker.client.clone(), hold_key.clone());
+                async move { c.watch(key, None).await }
             },
         );
-        let (_watcher, mut stream) = match watch.await {
+        let (mut watcher, mut stream) = match watch.await {
             Ok(w) => w,
             Err(e) => return Err(e.into_error(ErrorKind::QuorumLost)),
         };
+        // Events that arrive before the read below; applied after it if newer.
+        let mut early: Vec<(Vec<u8>, EventType, i64)> = Vec::new();
+        if let Some(key) = &waiter_key {
+            // A second watch on the same stream: the waiter key's deletion.
+            let opts = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+            if watcher.watch(key.clone(), Some(opts)).await.is_err() {
+                return self.watch_trouble().await;
+            }
+            // Its `created` answer comes on the stream; only then does it see every
+            // later revision.
+            loop {
+                match self.next_watch_message(&mut stream).await? {
+                    Some(resp) if resp.created() => break,
+                    Some(resp) if !resp.canceled() => early.extend(events(&resp)),
+                    _ => return self.watch_trouble().await,
+                }
+            }
+        }
+        let mut ops = vec![TxnOp::get(hold_key.clone(), Some(GetOptions::new().with_keys_only()))];
+        if let Some(key) = &waiter_key {
+            ops.push(TxnOp::get(key.clone(), Some(GetOptions::new().with_keys_only())));
+        }
+        let hw = self.locker.epoch.high_water();
+        let resp = self.txn(Txn::new().and_then(ops)).await?;
+        self.locker.epoch.check(resp.header(), hw, false)?;
+        let mut seen = resp.header().map(|h| h.revision()).unwrap_or(0);
+        let mut got = resp.op_responses().into_iter().map(|r| match r {
+            TxnOpResponse::Get(g) => g.kvs().first().map(KeyValue::create_revision),
+            _ => None,
+        });
+        let mut hold_present = got.next().flatten().is_some();
+        let mut waiter_present = match &waiter {
+            Some((_, rev)) => got.next().flatten() == Some(*rev),
+            None => false,
+        };
+        let mut pending = early;
         loop {
-            tokio::select! {
-                msg = stream.message() => match msg {
-                    Ok(Some(resp)) => {
-                        if resp.canceled() || resp.events().iter().any(|e| e.event_type() == EventType::Delete) {
-                            return Ok(());
-                        }
+            for (key, kind, rev) in pending.drain(..) {
+                if rev <= seen {
+                    continue;
+                }
+                if key == hold_key {
+                    hold_present = kind == EventType::Put;
+                } else if waiter_key.as_ref() == Some(&key) && kind == EventType::Delete {
+                    waiter_present = false;
+                    if !hold_present {
+                        // Deleted by its grant (the hold put of the same revision may come
+                        // next on the stream, from the other watch) or by a cancel: look.
+                        let hw = self.locker.epoch.high_water();
+                        let resp = self
+                            .txn(Txn::new().and_then([TxnOp::get(
+                                hold_key.clone(),
+                                Some(GetOptions::new().with_keys_only()),
+                            )]))
+                            .await?;
+                        self.locker.epoch.check(resp.header(), hw, false)?;
+                        seen = resp.header().map(|h| h.revision()).unwrap_or(seen);
+                        hold_present = matches!(
+                            resp.op_responses().first(),
+                            Some(TxnOpResponse::Get(g)) if !g.kvs().is_empty()
+                        );
                     }
-                    _ => {
-                        retry::Backoff::new().wait(self.deadline).await;
-                        return Ok(());
-                    }
-                },
-                _ = tokio::time::sleep_until(self.deadline) => return Err(Error::new(ErrorKind::DeadlineExceeded)),
-                _ = self.session.lost() => return Err(Error::new(ErrorKind::SessionLost)),
+                }
+            }
+            if !hold_present && !waiter_present {
+                return Ok(());
+            }
+            match self.next_watch_message(&mut stream).await? {
+                Some(resp) if !resp.canceled() => pending.extend(events(&resp)),
+                _ => return self.watch_trouble().await,
             }
         }
     }
+
+    /// The next message of a wait's watch stream, `None` if the stream failed or ended;
+    /// or the deadline, or the session's loss.
+    async fn next_watch_message(
+        &self,
+        stream: &mut WatchStream,
+    ) -> Result<Option<WatchResponse>> {
+        tokio::select! {
+            msg = stream.message() => {
+                let msg = msg.ok().flatten();
+                if let Some(resp) = &msg {
+                    self.locker.epoch.observe_header(resp.header())?;
+                }
+                Ok(msg)
+            }
+            _ = tokio::time::sleep_until(self.deadline) => Err(Error::new(ErrorKind::DeadlineExceeded)),
+            _ = self.session.lost() => Err(Error::new(ErrorKind::SessionLost)),
+        }
+    }
+
+    /// A watch stream failed or was cancelled (compaction, a member going away): wait a
+    /// little so a failing stream is not reopened in a tight loop, and let the caller
+    /// decide on a fresh state.
+    async fn watch_trouble(&self) -> Result<()> {
+        retry::Backoff::new().wait(self.deadline).await;
+        if Instant::now() >= self.deadline {
+            return Err(Error::new(ErrorKind::DeadlineExceeded));
+        }
+        Ok(())
+    }
+}
+
+/// The events of a watch response as (key, kind, revision).
+fn events(resp: &WatchResponse) -> impl Iterator<Item = (Vec<u8>, EventType, i64)> + '_ {
+    resp.events().iter().filter_map(|e| {
+        let kv = e.kv()?;
+        Some((kv.key().to_vec(), e.event_type(), kv.mod_revision()))
+    })
 }
