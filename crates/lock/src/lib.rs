@@ -84,13 +84,25 @@
 //!
 //! - Uncontended exclusive acquire, one Txn: if `h/`, `q/` and `g/` are empty (etcd
 //!   compares a create revision over an empty range as 0) and the epoch key is unchanged,
-//!   put `h/x/<lease>` (on the lease) and `g/x/<lease>`; else put the waiter key. Shared:
-//!   the same with `h/x/`, `q/x/`, `g/x/`, and no leftover `h/s/<lease>` of its own.
-//! - A waiter reads queue, holds and grant records at one revision. Exclusive: it waits
-//!   for the waiter just ahead of it, else for one holder. Shared: for the exclusive
-//!   waiter just ahead of it, else for one exclusive holder. It watches that one key from
-//!   the read's revision + 1 until it is deleted, then reads again: no polling and no
-//!   thundering herd.
+//!   put `h/x/<lease>` (on the lease) and `g/x/<lease>`; else put the waiter key and read
+//!   queue, holds and grant records in the same Txn. Shared: the same with `h/x/`,
+//!   `q/x/`, `g/x/`, and no leftover `h/s/<lease>` of its own.
+//! - A waiter decides on queue, holds and grant records read at one revision. Exclusive:
+//!   it waits for the waiter just ahead of it, else for one holder. Shared: for the
+//!   exclusive waiter just ahead of it, else for one exclusive holder. For a waiter ahead
+//!   it watches that waiter's key and its lease's hold key (both on one stream), and
+//!   wakes when both are gone, that is on the predecessor's release (or its giving up);
+//!   for a holder, its hold key. The watches start at etcd's current revision (a past
+//!   start revision is served by etcd's 100 ms catch-up loop), and the two keys are read
+//!   once they exist. No polling and no thundering herd: a release wakes one waiter.
+//!   Woken, it sends its grant Txn at once (allowing no grant record at all); a grant
+//!   Txn that fails reads the lock in its else branch, and the waiter decides again.
+//!   These reads are keys only (which keys exist, and their revisions); a hold of the
+//!   waiter's own session is read with its value, to tell a grant whose answer was lost
+//!   (adopted) from an earlier acquire's leftover (released). Every read and Txn answer
+//!   is checked against the epoch (see `# Epochs`), and the wait's watch messages raise
+//!   the locker's high water, so a waiter that sat in a watch still knows how far etcd
+//!   had moved.
 //! - When nothing blocks it, it grants itself in one Txn that compares its own waiter
 //!   key's create revision (a waiter whose lease expired lost its key and can never be
 //!   granted; a put on a dead lease also fails the Txn), the epoch key, no grant record
