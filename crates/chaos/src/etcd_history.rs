@@ -201,7 +201,7 @@ pub(crate) fn holds(prefix: &str, read: &Read, space: Space) -> Holds {
     let epoch = space.epoch;
     let mut result = Holds::default();
     let out = &mut result.holds;
-    let mut open: BTreeMap<String, (LockName, i64, bool, u16)> = BTreeMap::new();
+    let mut open: BTreeMap<String, (LockName, i64, bool, u16, Option<i64>)> = BTreeMap::new();
     let mut restored: BTreeMap<String, (LockName, i64, bool, u16)> = BTreeMap::new();
     for c in &read.initial {
         let Some(path) = parse(prefix, &c.key).filter(|p| p.kind == "h") else { continue };
@@ -224,7 +224,8 @@ pub(crate) fn holds(prefix: &str, read: &Read, space: Space) -> Holds {
             if !c.delete {
                 if c.version == 1 {
                     let e = serde_json::from_slice::<Meta>(&c.value).map_or(epoch, |m| m.epoch);
-                    open.insert(c.key.clone(), (path.lock, c.create_revision, exclusive, e));
+                    let session = i64::from_str_radix(&path.lease, 16).ok();
+                    open.insert(c.key.clone(), (path.lock, c.create_revision, exclusive, e, session));
                 }
                 continue;
             }
@@ -234,7 +235,7 @@ pub(crate) fn holds(prefix: &str, read: &Read, space: Space) -> Holds {
                 Some(g) if serde_json::from_slice::<Forced>(&g.value).is_ok() => HoldEnd::Forced,
                 _ => HoldEnd::Expired,
             };
-            let Some((lock, grant_rev, exclusive, hold_epoch)) = open.remove(&c.key) else {
+            let Some((lock, grant_rev, exclusive, hold_epoch, session)) = open.remove(&c.key) else {
                 match restored.remove(&c.key) {
                     Some(hold) => out.push(restored_hold(hold, Some(c.revision), end)),
                     None => result.unmatched_ends += 1,
@@ -242,12 +243,30 @@ pub(crate) fn holds(prefix: &str, read: &Read, space: Space) -> Holds {
                 continue;
             };
             let space = space.number;
-            out.push(Event::EtcdHold { lock, epoch: hold_epoch, grant_rev, end_rev: Some(c.revision), exclusive, end, space });
+            out.push(Event::EtcdHold {
+                lock,
+                epoch: hold_epoch,
+                grant_rev,
+                end_rev: Some(c.revision),
+                exclusive,
+                end,
+                space,
+                session,
+            });
         }
     }
-    for (_, (lock, grant_rev, exclusive, hold_epoch)) in open {
+    for (_, (lock, grant_rev, exclusive, hold_epoch, session)) in open {
         let space = space.number;
-        out.push(Event::EtcdHold { lock, epoch: hold_epoch, grant_rev, end_rev: None, exclusive, end: HoldEnd::Open, space });
+        out.push(Event::EtcdHold {
+            lock,
+            epoch: hold_epoch,
+            grant_rev,
+            end_rev: None,
+            exclusive,
+            end: HoldEnd::Open,
+            space,
+            session,
+        });
     }
     for (_, hold) in restored {
         out.push(restored_hold(hold, None, HoldEnd::Open));
@@ -303,7 +322,7 @@ mod tests {
             ],
         };
         let lock = LockName { ns: "chaos".into(), class: "cells".into(), key: "key-1".into() };
-        let hold = |epoch, grant_rev, end_rev, end| Event::EtcdHold {
+        let hold = |epoch, grant_rev, end_rev, end, lease| Event::EtcdHold {
             lock: lock.clone(),
             epoch,
             grant_rev,
@@ -311,14 +330,15 @@ mod tests {
             exclusive: true,
             end,
             space: 1,
+            session: Some(lease),
         };
         let found = holds(p, &read, Space { epoch: 3, from: 5, number: 1 });
         assert_eq!(
             found.holds,
             vec![
-                hold(2, 5, Some(7), HoldEnd::Released),
-                hold(2, 9, Some(11), HoldEnd::Expired),
-                hold(2, 12, Some(14), HoldEnd::Forced),
+                hold(2, 5, Some(7), HoldEnd::Released, 0xa1),
+                hold(2, 9, Some(11), HoldEnd::Expired, 0xa2),
+                hold(2, 12, Some(14), HoldEnd::Forced, 0xa3),
                 // The hold created at 3 was in the snapshot (revision 4) the space began
                 // from: it came back, and expired at 15.
                 Event::RestoredHold {
@@ -331,7 +351,7 @@ mod tests {
                     exclusive: true,
                     end: HoldEnd::Expired,
                 },
-                hold(2, 16, None, HoldEnd::Open),
+                hold(2, 16, None, HoldEnd::Open, 0xa4),
                 Event::RestoredHold {
                     lock: LockName { key: "key-2".into(), ..lock.clone() },
                     epoch: 2,

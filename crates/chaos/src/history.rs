@@ -200,6 +200,10 @@ pub enum Event {
         /// `n` for the cluster the `n`-th snapshot restore made (0 when absent).
         #[serde(default)]
         space: u32,
+        /// The session (etcd lease id) the hold key names; absent in histories written
+        /// before it was recorded.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        session: Option<i64>,
     },
     /// A hold a snapshot restore brought back: its key was in the snapshot, so it is
     /// present again when the restored cluster starts, granted in an earlier epoch at a

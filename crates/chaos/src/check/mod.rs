@@ -42,8 +42,10 @@
 //!   hold is present from the snapshot's revision until the restored cluster deletes it:
 //!   no hold of its lock granted in the space, and no other restored hold of it, overlaps
 //!   that unless both are shared ([`Violation::RestoredHoldOverlap`]); and every hold
-//!   granted in the space (`etcd_hold` with that `space`) carries an epoch above every
-//!   restored hold's ([`Violation::RestoredHoldNotOlder`]). A write carrying a restored
+//!   granted in the space (`etcd_hold` with that `space`) and handed to a worker (a
+//!   `granted` entry names its lock, session and token; a grant Txn a locker refused
+//!   and deleted mints none) carries an epoch above every restored hold's
+//!   ([`Violation::RestoredHoldNotOlder`]). A write carrying a restored
 //!   hold's token is held to (b) like any other: once a newer-epoch token was admitted, it
 //!   must be refused. Restored holds are outside (e): their grant and first end are
 //!   audited from the space that granted them, and the harness leaves the audit trail's
@@ -236,8 +238,9 @@ impl Checker {
                 c.acquires += 1;
                 self.grants.acquire(index, at, worker, lock);
             }
-            Event::Granted { lock, token, session: _, grant_rev } => {
+            Event::Granted { lock, token, session, grant_rev } => {
                 c.grants += 1;
+                self.restored.handed_out(lock, *session, *token);
                 self.grants.granted(index, at, worker, lock, *token, *grant_rev, out);
                 self.audit.worker_grant(lock, *token, *grant_rev);
             }
@@ -284,7 +287,7 @@ impl Checker {
                 c.epoch_advances += 1;
                 self.grants.epoch_advanced(index, at, *epoch, out);
             }
-            Event::EtcdHold { lock, epoch, grant_rev, end_rev, exclusive, end, space } => {
+            Event::EtcdHold { lock, epoch, grant_rev, end_rev, exclusive, end, space, session } => {
                 c.etcd_holds += 1;
                 if *exclusive {
                     c.exclusive_holds += 1;
@@ -304,7 +307,7 @@ impl Checker {
                 }
                 let token = (u64::from(*epoch) << 48) | *grant_rev as u64;
                 let hold = HoldRef { entry: index, grant_rev: *grant_rev, end_rev: *end_rev, exclusive: *exclusive };
-                self.restored.granted(lock, *space, *epoch, hold.clone());
+                self.restored.granted(lock, *space, *epoch, *session, hold.clone());
                 self.holds.add(lock, *epoch, hold);
                 self.grants.etcd_token(token);
                 self.audit.etcd_hold(index, lock, token, *grant_rev, *end_rev, *end, *space);

@@ -16,7 +16,14 @@
 //! - **Older epoch.** Every hold granted in the space carries an epoch above the epoch of
 //!   every hold the restore brought back into it ([`Violation::RestoredHoldNotOlder`]):
 //!   the restored hold belongs to the epoch before the restore, so its token is below
-//!   every token granted after it.
+//!   every token granted after it. A hold whose token no worker was handed is left out
+//!   of this rule: a locker that has not yet answered from the restored cluster can
+//!   have its grant Txn applied there (nothing in a Txn can tell the cluster apart: the
+//!   snapshot brought back the epoch key too), sees the new cluster id or a revision
+//!   behind in the answer, refuses and deletes the hold; no token was minted, so none
+//!   can reach a resource. A hold counts as handed out when a `granted` entry names its
+//!   lock, session and token (a hold of a history without sessions always counts).
+//!   Exclusion above still covers every hold.
 //!
 //! Writes carrying a restored hold's token need no rule of their own: the token is below
 //! every token of the new epoch, so once a resource has admitted a newer-epoch token,
@@ -26,16 +33,17 @@
 //! Memory: the hold intervals of every space after the first (32 bytes a hold) and the
 //! restored holds.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::violation::{HoldRef, Violation};
 use crate::history::LockName;
 
-/// A hold of a space, with its epoch.
+/// A hold of a space, with its epoch and the session its key names.
 #[derive(Debug, Clone)]
 struct Granted {
     hold: HoldRef,
     epoch: u16,
+    session: Option<i64>,
 }
 
 /// A restored hold.
@@ -57,17 +65,24 @@ struct Space {
 pub(crate) struct Restored {
     /// Spaces after the first (a restore made them), by number.
     spaces: BTreeMap<u32, Space>,
+    /// Every token a worker was handed (`granted`), with its lock and session.
+    handed_out: HashSet<(LockName, i64, u64)>,
 }
 
 impl Restored {
     /// A hold from etcd's history, granted in `space`.
-    pub(crate) fn granted(&mut self, lock: &LockName, space: u32, epoch: u16, hold: HoldRef) {
+    pub(crate) fn granted(&mut self, lock: &LockName, space: u32, epoch: u16, session: Option<i64>, hold: HoldRef) {
         if space == 0 {
             // No restore made the first space: nothing was brought back into it.
             return;
         }
         let space = self.spaces.entry(space).or_default();
-        space.granted.entry(lock.clone()).or_default().push(Granted { hold, epoch });
+        space.granted.entry(lock.clone()).or_default().push(Granted { hold, epoch, session });
+    }
+
+    /// A token a worker was handed (a `granted` entry).
+    pub(crate) fn handed_out(&mut self, lock: &LockName, session: i64, token: u64) {
+        self.handed_out.insert((lock.clone(), session, token));
     }
 
     /// A hold the restore that made `space` brought back.
@@ -83,7 +98,7 @@ impl Restored {
             }
             space.restored.sort_by(|a, b| (&a.lock, a.hold.entry).cmp(&(&b.lock, b.hold.entry)));
             overlaps(number, &space, out);
-            epochs(number, &space, out);
+            epochs(number, &space, &self.handed_out, out);
         }
     }
 }
@@ -126,15 +141,21 @@ fn overlaps(number: u32, space: &Space, out: &mut Vec<Violation>) {
 }
 
 /// Older epoch: every hold granted in the space against the restored hold of the
-/// highest epoch.
-fn epochs(number: u32, space: &Space, out: &mut Vec<Violation>) {
+/// highest epoch, but for holds never handed out (see the module docs).
+fn epochs(number: u32, space: &Space, handed_out: &HashSet<(LockName, i64, u64)>, out: &mut Vec<Violation>) {
     let Some(newest) = space.restored.iter().max_by_key(|b| (b.epoch, std::cmp::Reverse(b.hold.entry))) else {
         return;
     };
     let mut locks: Vec<_> = space.granted.iter().collect();
     locks.sort_by(|a, b| a.0.cmp(b.0));
     for (lock, holds) in locks {
-        for g in holds.iter().filter(|g| g.epoch <= newest.epoch) {
+        let refused = |g: &Granted| {
+            g.session.is_some_and(|s| {
+                let token = (u64::from(g.epoch) << 48) | g.hold.grant_rev as u64;
+                !handed_out.contains(&(lock.clone(), s, token))
+            })
+        };
+        for g in holds.iter().filter(|g| g.epoch <= newest.epoch && !refused(g)) {
             out.push(Violation::RestoredHoldNotOlder {
                 space: number,
                 restored_lock: newest.lock.clone(),

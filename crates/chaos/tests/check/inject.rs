@@ -541,3 +541,62 @@ fn audit_rows_above_the_cut_of_a_destroyed_space_may_be_missing_not_below() {
     let hold = find(&lost, |e| matches!(e, Event::EtcdHold { end: HoldEnd::Forced, .. }));
     assert_only(&check(&lost), ViolationKind::AuditMissing, &[hold]);
 }
+
+/// A hold granted in the restored space under the epoch the restore brought back, named
+/// by session 0x5e (appended after the restored cluster's other holds).
+fn refused_hold(h: &mut Vec<Entry>) -> (usize, u64) {
+    let restored = restored_hold(h);
+    let Event::RestoredHold { epoch, space, .. } = h[restored].event.clone() else { unreachable!() };
+    let last_rev = h
+        .iter()
+        .filter_map(|e| match e.event {
+            Event::EtcdHold { space: s, grant_rev, end_rev, .. } if s == space => Some(end_rev.unwrap_or(grant_rev)),
+            _ => None,
+        })
+        .max()
+        .unwrap();
+    let grant_rev = last_rev + 10;
+    let event = Event::EtcdHold {
+        lock: lock("a"),
+        epoch,
+        grant_rev,
+        end_rev: Some(grant_rev + 2),
+        exclusive: true,
+        end: HoldEnd::Released,
+        space,
+        session: Some(0x5e),
+    };
+    let index = append(h, RUNNER, event);
+    (index, (u64::from(epoch) << 48) | grant_rev as u64)
+}
+
+#[test]
+fn restored_space_hold_of_the_old_epoch_that_no_worker_was_handed_is_not_older_epoch() {
+    // A locker's grant Txn applied in the restored cluster before the locker saw its new
+    // cluster id: refused and deleted, no token minted. Only exclusion applies to it.
+    let mut h = scenario();
+    refused_hold(&mut h);
+    let report = check(&h);
+    assert!(!kinds(&report).contains(&ViolationKind::RestoredHoldNotOlder), "{report}");
+}
+
+#[test]
+fn restored_space_hold_of_the_old_epoch_handed_to_a_worker_is_older_epoch() {
+    let mut h = scenario();
+    let (refused, token) = refused_hold(&mut h);
+    let Event::EtcdHold { grant_rev, .. } = h[refused].event else { unreachable!() };
+    // The same hold, handed out: a worker recorded it granted (after invoking).
+    let invoked = Event::AcquireInvoked { lock: lock("a") };
+    let at = h[refused].at_ns - 5;
+    add_at(&mut h, at - 1, 7, invoked);
+    add_at(&mut h, at, 7, Event::Granted { lock: lock("a"), token, session: 0x5e, grant_rev });
+    h.sort_by_key(|e| e.at_ns);
+    let refused = find(&h, |e| matches!(e, Event::EtcdHold { session: Some(0x5e), .. }));
+    let report = check(&h);
+    let restored = restored_hold(&h);
+    assert!(
+        report.violations.iter().any(|v| matches!(v, Violation::RestoredHoldNotOlder { hold, restored: r, .. }
+            if hold.entry.0 == refused && r.entry.0 == restored)),
+        "{report}"
+    );
+}

@@ -339,6 +339,7 @@ impl Sim {
                     exclusive: h.exclusive,
                     end: h.end,
                     space: h.space,
+                    session: None,
                 },
                 Some(restored_rev) => Event::RestoredHold {
                     lock: h.lock.clone(),
