@@ -53,6 +53,15 @@ enum NoGrantRecords {
     Required,
 }
 
+/// How a wait on a blocker ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Woken {
+    /// What it waited on is gone.
+    Released,
+    /// The watch stream failed or was cancelled; nothing is known.
+    WatchFailed,
+}
+
 /// Who wrote a hold key of this session that a view found.
 enum OwnHold {
     /// This attempt: its grant committed, the answer was lost.
@@ -248,10 +257,14 @@ impl Attempt {
             })
             .collect();
         if let Some(b) = blocker {
-            self.wait_released(b).await?;
-            if !orphans.is_empty() {
-                // Lock-delay has to be timed on them first (its clock starts when this
-                // waiter first sees an orphan with nothing ahead of it): read anew.
+            let woken = self.wait_released(b).await?;
+            if woken == Woken::WatchFailed || !orphans.is_empty() {
+                // A failed watch stream (a member went away, the cluster was restored)
+                // is followed by a read, whose answer is checked against the epoch,
+                // never straight by a grant Txn that might be applied in a cluster this
+                // locker must refuse. And lock-delay has to be timed on orphans first
+                // (its clock starts when this waiter first sees one with nothing ahead
+                // of it). Either way: read anew.
                 return Ok(Step::Next(self.read().await?));
             }
             // What let us go is most often the blocker's release, after which we are
@@ -429,8 +442,8 @@ impl Attempt {
     /// since) costs up to 100 ms per wait. What changed between the view and the
     /// watches is read once the watches exist, in one Txn of two gets; only events after
     /// that read's revision are applied. Any trouble with the watch stream returns
-    /// early (after a short backoff): the caller's grant Txn or read then decides.
-    async fn wait_released(&self, blocker: &Entry) -> Result<()> {
+    /// [`Woken::WatchFailed`] early (after a short backoff): the caller reads anew.
+    async fn wait_released(&self, blocker: &Entry) -> Result<Woken> {
         let waiter = self.keys.hold_for_waiter(&blocker.key).map(|hold| (hold, blocker.create_rev));
         let (hold_key, waiter_key): (Vec<u8>, Option<Vec<u8>>) = match &waiter {
             Some((hold, _)) => (hold.clone().into_bytes(), Some(blocker.key.clone())),
@@ -514,7 +527,7 @@ impl Attempt {
                 }
             }
             if !hold_present && !waiter_present {
-                return Ok(());
+                return Ok(Woken::Released);
             }
             match self.next_watch_message(&mut stream).await? {
                 Some(resp) if !resp.canceled() => pending.extend(events(&resp)),
@@ -545,12 +558,12 @@ impl Attempt {
     /// A watch stream failed or was cancelled (compaction, a member going away): wait a
     /// little so a failing stream is not reopened in a tight loop, and let the caller
     /// decide on a fresh state.
-    async fn watch_trouble(&self) -> Result<()> {
+    async fn watch_trouble(&self) -> Result<Woken> {
         retry::Backoff::new().wait(self.deadline).await;
         if Instant::now() >= self.deadline {
             return Err(Error::new(ErrorKind::DeadlineExceeded));
         }
-        Ok(())
+        Ok(Woken::WatchFailed)
     }
 }
 
