@@ -1,5 +1,6 @@
-//! The waiter loop: read the lock at one revision; adopt, clean up, wait on the one key
-//! that blocks this waiter, or grant in one Txn.
+//! The waiter loop, on the lock's keys read at one revision (keys only): adopt a grant
+//! whose answer was lost, clean up a leftover hold, wait on the predecessor's release,
+//! or grant in one Txn whose else branch reads the lock for the next round.
 
 use std::collections::{HashMap, HashSet};
 
