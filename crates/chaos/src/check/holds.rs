@@ -2,9 +2,14 @@
 //! unless both are shared.
 //!
 //! A hold is the half-open revision interval `[grant_rev, end_rev)` of its key (open holds
-//! run to infinity). etcd's history can list holds in any order, so the intervals of each
-//! `(lock, epoch)` are kept (32 bytes a hold) and swept once, sorted by grant revision, at
-//! the end.
+//! run to infinity). Revisions order holds only within one revision space: a cluster
+//! restored from a snapshot numbers its revisions again from the snapshot's, so a hold it
+//! grants before the epoch is advanced (one a locker refuses on seeing the restored
+//! cluster, and deletes) can share its epoch and its revisions with a hold of the earlier
+//! space without the two ever existing in one cluster. Holds are therefore compared per
+//! `(lock, epoch, space)`; how the spaces relate is rules (d) and (f). etcd's history can
+//! list holds in any order, so the intervals of each group are kept (32 bytes a hold) and
+//! swept once, sorted by grant revision, at the end.
 
 use std::collections::HashMap;
 
@@ -13,18 +18,18 @@ use crate::history::LockName;
 
 #[derive(Debug, Default)]
 pub(crate) struct Holds {
-    by_lock: HashMap<(LockName, u16), Vec<HoldRef>>,
+    by_lock: HashMap<(LockName, u16, u32), Vec<HoldRef>>,
 }
 
 impl Holds {
-    pub(crate) fn add(&mut self, lock: &LockName, epoch: u16, hold: HoldRef) {
-        self.by_lock.entry((lock.clone(), epoch)).or_default().push(hold);
+    pub(crate) fn add(&mut self, lock: &LockName, epoch: u16, space: u32, hold: HoldRef) {
+        self.by_lock.entry((lock.clone(), epoch, space)).or_default().push(hold);
     }
 
     pub(crate) fn finish(self, out: &mut Vec<Violation>) {
         let mut locks: Vec<_> = self.by_lock.into_iter().collect();
         locks.sort_by(|a, b| a.0.cmp(&b.0));
-        for ((lock, epoch), mut holds) in locks {
+        for ((lock, epoch, _space), mut holds) in locks {
             holds.sort_by_key(|h| (h.grant_rev, h.entry));
             // The hold reaching farthest so far, among all and among exclusive ones.
             let mut reach_all: Option<&HoldRef> = None;

@@ -21,8 +21,9 @@
 //!   justified: a token at or above the reported mark is not stale
 //!   ([`Violation::UnjustifiedRejection`]).
 //! - **(c) Exclusion.** In etcd's history (`etcd_hold`), no two holds of one lock in one epoch
-//!   overlap as half-open revision intervals `[grant_rev, end_rev)` unless both are shared
-//!   ([`Violation::HoldsOverlap`]).
+//!   and one revision space overlap as half-open revision intervals `[grant_rev, end_rev)`
+//!   unless both are shared ([`Violation::HoldsOverlap`]). (A restored cluster numbers its
+//!   revisions again from the snapshot's, so revisions of two spaces do not order holds.)
 //! - **(d) Tokens only grow.** Epochs advance to larger values
 //!   ([`Violation::EpochNotIncreasing`]). A grant whose acquire began after an epoch advance
 //!   carries that epoch or a later one ([`Violation::TokenFromOldEpoch`]), and a token above
@@ -308,7 +309,7 @@ impl Checker {
                 let token = (u64::from(*epoch) << 48) | *grant_rev as u64;
                 let hold = HoldRef { entry: index, grant_rev: *grant_rev, end_rev: *end_rev, exclusive: *exclusive };
                 self.restored.granted(lock, *space, *epoch, *session, hold.clone());
-                self.holds.add(lock, *epoch, hold);
+                self.holds.add(lock, *epoch, *space, hold);
                 self.grants.etcd_token(token);
                 self.audit.etcd_hold(index, lock, token, *grant_rev, *end_rev, *end, *space);
             }

@@ -600,3 +600,35 @@ fn restored_space_hold_of_the_old_epoch_handed_to_a_worker_is_older_epoch() {
         "{report}"
     );
 }
+
+#[test]
+fn holds_of_one_epoch_in_two_revision_spaces_are_not_compared_by_revision() {
+    // The restored cluster numbers its revisions again from the snapshot's: a hold it
+    // granted (and a locker refused) before the epoch advance can have the epoch and
+    // the very revisions of a hold of the first space.
+    let mut h = scenario();
+    let first = find(&h, |e| matches!(e, Event::EtcdHold { space: 0, exclusive: true, end_rev: Some(_), .. }));
+    let Event::EtcdHold { lock, epoch, grant_rev, end_rev, .. } = h[first].event.clone() else { unreachable!() };
+    let twin = |space| Event::EtcdHold {
+        lock: lock.clone(),
+        epoch,
+        grant_rev,
+        end_rev,
+        exclusive: true,
+        end: HoldEnd::Released,
+        space,
+        session: Some(0x5e),
+    };
+    let mut other_space = h.clone();
+    append(&mut other_space, RUNNER, twin(1));
+    let report = check(&other_space);
+    assert!(!kinds(&report).contains(&ViolationKind::HoldsOverlap), "{report}");
+    // The same hold in the first hold's own space overlaps it.
+    let second = append(&mut h, RUNNER, twin(0));
+    let report = check(&h);
+    assert!(
+        report.violations.iter().any(|v| matches!(v, Violation::HoldsOverlap { first: a, second: b, .. }
+            if a.entry.0 == first && b.entry.0 == second)),
+        "{report}"
+    );
+}
