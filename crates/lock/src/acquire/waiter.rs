@@ -54,6 +54,13 @@ enum NoGrantRecords {
     Required,
 }
 
+/// How long a waiter whose predecessor's waiter key was deleted waits for the put of
+/// that predecessor's hold key (a grant deletes the one and puts the other in one Txn,
+/// but they reach this waiter as events of two watches) before reading the hold key.
+/// Only a predecessor that gave up makes the wait run out; if a late put is missed, the
+/// grant Txn that follows fails on the hold and the waiter waits on the hold instead.
+const HOLD_PUT_GRACE: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// How a wait on a blocker ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Woken {
@@ -499,6 +506,11 @@ impl Attempt {
             None => false,
         };
         let mut pending = early;
+        // Set when the predecessor's waiter key went while its hold key was absent: it was
+        // granted (the hold put of the same revision comes from the other watch, most
+        // often right after) or it gave up. Until when to wait for that put before
+        // reading the hold key instead.
+        let mut unsure_until: Option<Instant> = None;
         loop {
             for (key, kind, rev) in pending.drain(..) {
                 if rev <= seen {
@@ -506,11 +518,23 @@ impl Attempt {
                 }
                 if key == hold_key {
                     hold_present = kind == EventType::Put;
+                    unsure_until = None;
                 } else if waiter_key.as_ref() == Some(&key) && kind == EventType::Delete {
                     waiter_present = false;
                     if !hold_present {
-                        // Deleted by its grant (the hold put of the same revision may come
-                        // next on the stream, from the other watch) or by a cancel: look.
+                        unsure_until = Some(Instant::now() + HOLD_PUT_GRACE);
+                    }
+                }
+            }
+            if let Some(until) = unsure_until {
+                let next = tokio::time::timeout_at(until, self.next_watch_message(&mut stream));
+                match next.await {
+                    Ok(msg) => match msg? {
+                        Some(resp) if !resp.canceled() => pending.extend(events(&resp)),
+                        _ => return self.watch_trouble().await,
+                    },
+                    Err(_) => {
+                        // No put came: read the hold key (it gave up, or the put is late).
                         let hw = self.locker.epoch.high_water();
                         let resp = self
                             .txn(Txn::new().and_then([TxnOp::get(
@@ -524,8 +548,10 @@ impl Attempt {
                             resp.op_responses().first(),
                             Some(TxnOpResponse::Get(g)) if !g.kvs().is_empty()
                         );
+                        unsure_until = None;
                     }
                 }
+                continue;
             }
             if !hold_present && !waiter_present {
                 return Ok(Woken::Released);
