@@ -56,6 +56,7 @@ fn pg_bench_prints_every_variant_at_every_client_count_and_writes_per_token() {
         "PreparedFence",
         "FencedUpdate (folded)",
         "PreparedFencedUpdate (folded)",
+        "BEGIN + UPDATE + COMMIT (no check)",
     ];
     assert_eq!(rows.len(), 2 * 2 * variants.len());
     for (i, r) in rows.iter().enumerate() {
