@@ -71,7 +71,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (store_client, connection) = tokio_postgres::connect(&args.database, tokio_postgres::NoTls).await?;
     tokio::spawn(connection);
     let mut setup = pool.get().await?;
-    palisade_fence::migrate(&mut **setup).await?; // creates fence_high_water
+    palisade_fence::migrate(&mut **setup).await?; // creates fence_high_water and fence_raise
     setup
         .batch_execute(
             "CREATE TABLE IF NOT EXISTS invoice (id text PRIMARY KEY, body text NOT NULL, \
@@ -118,7 +118,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// A fenced write. The layer admitted the token (it was not below the mark when checked);
-/// `fenced_transaction` checks it again while holding the resource's row lock, so a writer
+/// `fenced_transaction` checks it again while holding the resource's lock, so a writer
 /// admitted earlier with a lower token can no longer commit over this one.
 async fn write_invoice(
     State(pool): State<Pool>,

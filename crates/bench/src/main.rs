@@ -61,6 +61,10 @@ enum Command {
         /// its WAL flush; `off`: CPU and round trips are the cost).
         #[arg(long, default_value = "on", value_parser = ["on", "off"])]
         synchronous_commit: String,
+        /// Writes each client makes to one row under one token before it moves to its
+        /// next row with a new token (1: every fenced write raises the mark).
+        #[arg(long, value_delimiter = ',', default_value = "1")]
+        writes_per_token: Vec<usize>,
         /// Writes per variant for the server-CPU table (one client); 0 skips it.
         #[arg(long, default_value_t = 3_000)]
         cpu_writes: usize,
@@ -152,13 +156,14 @@ fn main() -> std::process::ExitCode {
 
 async fn run(command: Command) -> error::Result<()> {
     match command {
-        Command::Pg { clients, rows, synchronous_commit, cpu_writes, timing } => {
+        Command::Pg { clients, rows, synchronous_commit, writes_per_token, cpu_writes, timing } => {
             let args = pg::PgArgs {
                 clients,
                 rows,
                 secs: timing.secs(),
                 rounds: timing.rounds,
                 synchronous_commit: synchronous_commit == "on",
+                writes_per_token,
                 cpu_writes,
             };
             for table in pg::run(&args).await? {

@@ -1,16 +1,21 @@
 //! Postgres: a plain `UPDATE` against the same `UPDATE` fenced three ways
-//! (`fenced_transaction`, `fenced_execute`, `FencedUpdate`), at several client counts.
+//! (`fenced_transaction`, `fenced_execute`, `FencedUpdate`), and unfenced in a
+//! transaction of its own (the closure form's floor), at several client counts.
 //!
 //! Each client has its own connection and its own rows (client `i` of `c` writes ids
-//! `i+1, i+1+c, ...`), and every write carries a token from one global counter, so every
-//! fenced write is admitted: the bench measures the cost of the check, not refusals.
+//! `i+1, i+1+c, ...`) and writes each row `writes_per_token` times in a row under one
+//! token, then takes a new token from one global counter for the next row: with 1, every
+//! fenced write raises the mark (the worst case); with more, a holder writes again under
+//! its hold and only the first write raises. Every fenced write is admitted: the bench
+//! measures the cost of the check, not refusals.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use palisade_fence::{
-    fenced_execute, fenced_transaction, migrate, FenceError, FencedUpdate, FencingToken, PreparedFence, PreparedFencedUpdate,
+    fenced_execute, fenced_transaction, migrate, FenceError, FencedUpdate, FencingToken, PreparedFence,
+    PreparedFencedUpdate,
 };
 use palisade_testkit::TestDb;
 use tokio::sync::Mutex;
@@ -29,20 +34,27 @@ pub(crate) struct PgArgs {
     /// `synchronous_commit` of the bench's sessions: `on` waits for the WAL flush of every
     /// commit (durable, the default); `off` leaves CPU and round trips as the cost.
     pub(crate) synchronous_commit: bool,
+    /// Writes each client makes to one row under one token before it moves to its next
+    /// row with a new token; one table section per value.
+    pub(crate) writes_per_token: Vec<usize>,
     /// Writes per variant in the server-CPU table (one client, one after another); 0
     /// skips the table.
     pub(crate) cpu_writes: usize,
 }
 
-const VARIANTS: [&str; 6] = [
+/// The variants, in the order they take turns. The last is no fenced write: the same
+/// `UPDATE` in a transaction of its own (`BEGIN`, the `UPDATE`, `COMMIT`, a round trip
+/// each), what `fenced_transaction` costs without its raise: the floor of the closure form.
+const VARIANTS: [&str; 7] = [
     "plain UPDATE",
     "fenced_transaction",
     "fenced_execute",
     "PreparedFence",
     "FencedUpdate (folded)",
     "PreparedFencedUpdate (folded)",
+    "BEGIN + UPDATE + COMMIT (no check)",
 ];
-const TARGETS: [&str; 6] = ["", ">= 0.85x", ">= 0.85x", ">= 0.85x", ">= 0.95x", ">= 0.95x"];
+const TARGETS: [&str; 7] = ["", ">= 0.85x", ">= 0.85x", ">= 0.85x", ">= 0.95x", ">= 0.95x", ""];
 const PLAIN: &str = "UPDATE bench_account SET balance = balance + 1 WHERE id = $1";
 
 /// Runs the comparison on a fresh database and returns its tables: the interleaved
@@ -71,38 +83,11 @@ pub(crate) async fn run(args: &PgArgs) -> Result<Vec<Table>> {
             args.secs.as_secs_f64(),
             args.rounds
         ),
-        &["clients", "variant", "writes/s", "p50 ms", "p99 ms", "vs plain", "target"],
+        &["clients", "writes/token", "variant", "writes/s", "p50 ms", "p99 ms", "vs plain", "target"],
     );
-    for &c in &args.clients {
-        eprintln!("pg: {c} clients");
-        // One connection per client, shared by the variants (they never run at once).
-        let mut conns = Vec::with_capacity(c);
-        for _ in 0..c {
-            conns.push(connect(&db, args, &folded).await?);
-        }
-        let mut variants: Vec<Vec<Op>> = Vec::new();
-        for v in 0..VARIANTS.len() {
-            let mut ops = Vec::with_capacity(c);
-            for (i, (client, prepared)) in conns.iter().enumerate() {
-                let ids: Vec<i64> = (i as i64 + 1..=args.rows).step_by(c).collect();
-                if ids.is_empty() {
-                    return Err(BenchError::Unexpected("more clients than rows"));
-                }
-                ops.push(worker(v, Arc::clone(client), prepared.clone(), ids, Arc::clone(&clock), folded.clone()));
-            }
-            variants.push(ops);
-        }
-        let run = interleave(variants, args.rounds, args.secs).await?;
-        for (v, s) in run.merged.iter().enumerate() {
-            table.row(vec![
-                c.to_string(),
-                VARIANTS[v].to_owned(),
-                f(s.rate(), 0),
-                f(s.ms(0.5), 2),
-                f(s.ms(0.99), 2),
-                ratio(run.ratio(v, 0)),
-                TARGETS[v].to_owned(),
-            ]);
+    for &per_token in &args.writes_per_token {
+        for &c in &args.clients {
+            cell(&db, args, &folded, &clock, c, per_token, &mut table).await?;
         }
     }
     let mut tables = vec![table];
@@ -110,6 +95,54 @@ pub(crate) async fn run(args: &PgArgs) -> Result<Vec<Table>> {
         tables.push(server_cpu(&db, args, &folded, &clock).await?);
     }
     Ok(tables)
+}
+
+/// One client count and writes-per-token setting: every variant, interleaved.
+async fn cell(
+    db: &TestDb,
+    args: &PgArgs,
+    folded: &FencedUpdate,
+    clock: &Arc<AtomicU64>,
+    c: usize,
+    per_token: usize,
+    table: &mut Table,
+) -> Result<()> {
+    eprintln!("pg: {c} clients, {per_token} writes per token");
+    // One connection per client, shared by the variants (they never run at once).
+    let mut conns = Vec::with_capacity(c);
+    for _ in 0..c {
+        conns.push(connect(db, args, folded).await?);
+    }
+    let mut writes = Vec::with_capacity(c);
+    for i in 0..c {
+        let ids: Vec<i64> = (i as i64 + 1..=args.rows).step_by(c).collect();
+        if ids.is_empty() {
+            return Err(BenchError::Unexpected("more clients than rows"));
+        }
+        writes.push(Writes::new(ids, per_token, clock));
+    }
+    let mut variants: Vec<Vec<Op>> = Vec::new();
+    for v in 0..VARIANTS.len() {
+        let mut ops = Vec::with_capacity(c);
+        for ((client, prepared), writes) in conns.iter().zip(&writes) {
+            ops.push(worker(v, Arc::clone(client), prepared.clone(), Arc::clone(writes), folded.clone()));
+        }
+        variants.push(ops);
+    }
+    let run = interleave(variants, args.rounds, args.secs).await?;
+    for (v, s) in run.merged.iter().enumerate() {
+        table.row(vec![
+            c.to_string(),
+            per_token.to_string(),
+            VARIANTS[v].to_owned(),
+            f(s.rate(), 0),
+            f(s.ms(0.5), 2),
+            f(s.ms(0.99), 2),
+            ratio(run.ratio(v, 0)),
+            TARGETS[v].to_owned(),
+        ]);
+    }
+    Ok(())
 }
 
 /// One client's connection with its prepared statements.
@@ -155,24 +188,32 @@ async fn server_cpu(db: &TestDb, args: &PgArgs, folded: &FencedUpdate, clock: &A
             args.cpu_writes,
             if args.synchronous_commit { "on" } else { "off" },
         ),
-        &["variant", "server CPU µs/write", "vs plain"],
+        &["writes/token", "variant", "server CPU µs/write", "vs plain"],
     );
-    let mut base = 0.0;
-    for (v, name) in VARIANTS.iter().enumerate() {
-        let mut op = worker(v, Arc::clone(&client), prepared.clone(), ids.clone(), Arc::clone(clock), folded.clone());
-        // Warm up (plans, caches), then measure.
-        for _ in 0..args.cpu_writes.min(200) {
-            op().await?;
+    for &per_token in &args.writes_per_token {
+        let writes = Writes::new(ids.clone(), per_token, clock);
+        let mut base = 0.0;
+        for (v, name) in VARIANTS.iter().enumerate() {
+            let mut op = worker(v, Arc::clone(&client), prepared.clone(), Arc::clone(&writes), folded.clone());
+            // Warm up (plans, caches), then measure.
+            for _ in 0..args.cpu_writes.min(200) {
+                op().await?;
+            }
+            let before = process_cpu_us(pid)?;
+            for _ in 0..args.cpu_writes {
+                op().await?;
+            }
+            let us = process_cpu_us(pid)?.saturating_sub(before) as f64 / args.cpu_writes as f64;
+            if v == 0 {
+                base = us;
+            }
+            table.row(vec![
+                per_token.to_string(),
+                (*name).to_owned(),
+                f(us, 1),
+                ratio(if base > 0.0 { us / base } else { 0.0 }),
+            ]);
         }
-        let before = process_cpu_us(pid)?;
-        for _ in 0..args.cpu_writes {
-            op().await?;
-        }
-        let us = process_cpu_us(pid)?.saturating_sub(before) as f64 / args.cpu_writes as f64;
-        if v == 0 {
-            base = us;
-        }
-        table.row(vec![(*name).to_owned(), f(us, 1), ratio(if base > 0.0 { us / base } else { 0.0 })]);
     }
     Ok(table)
 }
@@ -185,20 +226,56 @@ struct Prepared {
     folded: PreparedFencedUpdate,
 }
 
-/// One client's loop body for variant `v`.
+/// One client's sequence of writes: `per_token` writes to one of its rows under one
+/// token, then its next row with a new token from the global clock. Shared by the
+/// client's variants (they take turns and never run at once), so the token of a row only
+/// grows whichever variant writes next, and a hold cut by a turn continues in the next.
+#[derive(Debug)]
+struct Writes {
+    ids: Vec<i64>,
+    per_token: usize,
+    next: usize,
+    token: FencingToken,
+    clock: Arc<AtomicU64>,
+}
+
+impl Writes {
+    fn new(ids: Vec<i64>, per_token: usize, clock: &Arc<AtomicU64>) -> Arc<std::sync::Mutex<Writes>> {
+        let per_token = per_token.max(1);
+        Arc::new(std::sync::Mutex::new(Writes {
+            ids,
+            per_token,
+            next: 0,
+            token: FencingToken::MIN,
+            clock: Arc::clone(clock),
+        }))
+    }
+
+    /// The row and token of the next write.
+    fn next(&mut self) -> (i64, FencingToken) {
+        let id = self.ids[(self.next / self.per_token) % self.ids.len()];
+        if self.next % self.per_token == 0 {
+            self.token =
+                FencingToken::from_u64(self.clock.fetch_add(1, Ordering::Relaxed)).unwrap_or(FencingToken::MAX);
+        }
+        self.next += 1;
+        (id, self.token)
+    }
+}
+
+/// One client's loop body for variant `v`, writing the client's next write.
 fn worker(
     v: usize,
     client: Arc<Mutex<tokio_postgres::Client>>,
     prepared: Prepared,
-    ids: Vec<i64>,
-    clock: Arc<AtomicU64>,
+    writes: Arc<std::sync::Mutex<Writes>>,
     folded: FencedUpdate,
 ) -> Op {
-    let mut next = 0usize;
     Box::new(move || {
-        let id = ids[next % ids.len()];
-        next += 1;
-        let token = FencingToken::from_u64(clock.fetch_add(1, Ordering::Relaxed)).unwrap_or(FencingToken::MAX);
+        let (id, token) = match writes.lock() {
+            Ok(mut w) => w.next(),
+            Err(poisoned) => poisoned.into_inner().next(),
+        };
         let (client, p, folded) = (Arc::clone(&client), prepared.clone(), folded.clone());
         Box::pin(async move {
             let mut c = client.lock().await;
@@ -216,7 +293,13 @@ fn worker(
                 2 => fenced_execute(&c, &resource, token, &[(plain, &[&id])]).await?[0],
                 3 => p.fence.execute(&c, &resource, token, &[(plain, &[&id])]).await?[0],
                 4 => folded.execute(&*c, &id, "balance = balance + 1", &[], token).await?,
-                _ => p.folded.execute(&*c, &id, &[], token).await?,
+                5 => p.folded.execute(&*c, &id, &[], token).await?,
+                _ => {
+                    let tx = c.transaction().await?;
+                    let n = tx.execute(plain, &[&id]).await?;
+                    tx.commit().await?;
+                    n
+                }
             };
             if n == 1 {
                 Ok(())

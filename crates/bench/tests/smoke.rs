@@ -31,9 +31,22 @@ fn num(cell: &str) -> f64 {
 }
 
 #[test]
-fn pg_bench_prints_every_variant_at_every_client_count() {
-    let tables =
-        bench(&["pg", "--clients", "1,2", "--rows", "20", "--secs", "0.1", "--rounds", "2", "--cpu-writes", "50"]);
+fn pg_bench_prints_every_variant_at_every_client_count_and_writes_per_token() {
+    let tables = bench(&[
+        "pg",
+        "--clients",
+        "1,2",
+        "--writes-per-token",
+        "1,4",
+        "--rows",
+        "20",
+        "--secs",
+        "0.1",
+        "--rounds",
+        "2",
+        "--cpu-writes",
+        "50",
+    ]);
     assert_eq!(tables.len(), 2);
     let rows = &tables[0].1;
     let variants = [
@@ -43,22 +56,28 @@ fn pg_bench_prints_every_variant_at_every_client_count() {
         "PreparedFence",
         "FencedUpdate (folded)",
         "PreparedFencedUpdate (folded)",
+        "BEGIN + UPDATE + COMMIT (no check)",
     ];
-    assert_eq!(rows.len(), 2 * variants.len());
+    assert_eq!(rows.len(), 2 * 2 * variants.len());
     for (i, r) in rows.iter().enumerate() {
-        assert_eq!(r[0], if i < variants.len() { "1" } else { "2" });
-        assert_eq!(r[1], variants[i % variants.len()]);
-        assert!(num(&r[2]) > 0.0, "no writes: {r:?}");
-        assert!(num(&r[3]) <= num(&r[4]), "p50 above p99: {r:?}");
+        let cell = i / variants.len();
+        assert_eq!(r[0], ["1", "2"][cell % 2], "{r:?}");
+        assert_eq!(r[1], ["1", "4"][cell / 2], "{r:?}");
+        assert_eq!(r[2], variants[i % variants.len()]);
+        assert!(num(&r[3]) > 0.0, "no writes: {r:?}");
+        assert!(num(&r[4]) <= num(&r[5]), "p50 above p99: {r:?}");
+        if i % variants.len() == 0 {
+            assert_eq!(r[6], "1.00x", "plain is its own base");
+        }
     }
-    assert_eq!(rows[0][5], "1.00x", "plain is its own base");
-    // The server-CPU table: every variant, a number each (10 ms ticks: 50 writes may
-    // read as 0).
+    // The server-CPU table: every variant at each writes-per-token, a number each (10 ms
+    // ticks: 50 writes may read as 0).
     let cpu = &tables[1].1;
-    let names: Vec<&str> = cpu.iter().map(|r| r[0].as_str()).collect();
-    assert_eq!(names, variants);
+    let names: Vec<(&str, &str)> = cpu.iter().map(|r| (r[0].as_str(), r[1].as_str())).collect();
+    let expected: Vec<(&str, &str)> = ["1", "4"].iter().flat_map(|n| variants.iter().map(move |v| (*n, *v))).collect();
+    assert_eq!(names, expected);
     for r in cpu {
-        assert!(num(&r[1]) >= 0.0, "{r:?}");
+        assert!(num(&r[2]) >= 0.0, "{r:?}");
     }
 }
 

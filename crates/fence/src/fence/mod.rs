@@ -70,8 +70,9 @@
 //! For that, the handler must repeat the check **inside the write's transaction**:
 //! [`fenced_transaction`](crate::fenced_transaction) (or
 //! [`FencedUpdate`](crate::FencedUpdate)) with the [`VerifiedToken`]'s resource and token.
-//! Its high-water upsert holds the row lock until commit, so the committed writes of one
-//! resource carry non-decreasing tokens, and 5's write in the example is refused as
+//! Its raise holds the resource's lock until commit (exclusive when it raises the mark,
+//! shared for a token equal to it), so the committed writes of one resource carry
+//! non-decreasing tokens, and 5's write in the example is refused as
 //! stale. With `PostgresStore` both checks share the `fence_high_water` table: the layer's
 //! is an early, cheap refusal (no handler work), the helper's is the atomic one.
 //!

@@ -1,21 +1,53 @@
 //! Conditional writes on PostgreSQL: the check and the write in one transaction.
 //!
 //! A fenced write is only safe when the token check and the write are one atomic step.
-//! Here that step is a transaction that begins by raising the resource's row in
-//! `fence_high_water` (one `INSERT … ON CONFLICT (resource) DO UPDATE … WHERE
-//! fence_high_water.token <= EXCLUDED.token RETURNING token` statement). The upsert takes
-//! the row lock whether or not it raises, and Postgres holds it until the transaction
-//! ends, so:
+//! Here that step is a transaction that begins with the raise, `SELECT
+//! fence_raise(resource, token)`: a PL/pgSQL function (created by [`migrate`]) that reads
+//! the resource's mark in `fence_high_water` and
 //!
-//! - writers of one resource run their fenced transactions one at a time, in the order
-//!   they take the row lock; a writer whose token is below the mark committed by an
-//!   earlier writer is refused before any of its statements run;
+//! - refuses a token below the mark, writing nothing;
+//! - for a token equal to the mark (a holder writing again under one hold) takes the
+//!   resource's lock *shared* and reads the mark again: no write and no WAL, and several
+//!   transactions with that token may hold the lock at once;
+//! - for a newer token (or a resource's first) takes the lock *exclusive*, then upserts
+//!   the row (`INSERT … ON CONFLICT (resource) DO UPDATE … WHERE fence_high_water.token
+//!   <= EXCLUDED.token`).
+//!
+//! The resource's lock is a transaction-scoped advisory lock keyed by a hash of its name
+//! (`pg_advisory_xact_lock(1885432937, hashtext(resource))`; a hash collision between two
+//! resources only makes them wait for each other). The function's statements are planned
+//! once per connection (PL/pgSQL keeps their plans), so a caller sends one short
+//! statement. Postgres holds the lock until the transaction ends, and serves conflicting
+//! requests in the order they arrive, so:
+//!
+//! - a raise waits for every in-flight transaction that was admitted with an equal or
+//!   older token (each holds the lock), and a transaction with the old token that arrives
+//!   while a raise holds or awaits the lock queues behind it, then reads the mark it
+//!   committed and is refused;
 //! - therefore the committed transactions of one resource, in commit order, carry
 //!   non-decreasing tokens, and a refused writer leaves nothing behind.
 //!
-//! This holds at the default `READ COMMITTED` level (the upsert always sees the latest
-//! committed mark). At `REPEATABLE READ` or `SERIALIZABLE` a concurrent raise shows up as
-//! a serialization failure instead: [`FenceError::is_retryable`].
+//! The argument: the mark only changes under the exclusive lock. Let A (token a) and B
+//! (token b > a) both commit, and R be the transaction that raised the mark to b (B
+//! itself, or an earlier raiser whose committed mark B read). A read a mark no higher
+//! than a after its lock was granted, with a snapshot taken after the grant; R held the
+//! lock exclusive, so the two spans do not overlap. Had R's come first, R would have
+//! committed before A's lock was granted (Postgres releases a transaction's locks after
+//! its commit is visible) and A would have read b and been refused. So A's came first: A
+//! committed before R was granted the lock, hence before R committed, hence before B.
+//! Writers with one token run side by side and commit in any order; their tokens are
+//! equal. The rule needs every writer of marks to raise through `fence_raise`:
+//! [`PostgresStore`](crate::PostgresStore) does; an earlier version of this crate (which
+//! upserted without the lock) must not write the same database at the same time.
+//!
+//! The reads after the lock see the latest committed mark at the default `READ COMMITTED`
+//! level. At `REPEATABLE READ` or `SERIALIZABLE` a read sees the transaction's snapshot,
+//! so there every admitted token takes the lock exclusive and rewrites the row, and a
+//! mark committed after the snapshot shows up as a serialization failure instead:
+//! [`FenceError::is_retryable`]. A transaction that fences two resources (a nested
+//! [`begin_fenced`] on a `Transaction`) can deadlock with one that takes them in the other
+//! order, as with any two locks; Postgres reports it as a retryable
+//! [`Deadlock`](FenceErrorKind::Deadlock).
 //!
 //! Three forms:
 //! - [`fenced_transaction`] (or [`begin_fenced`] to drive the transaction yourself): any
@@ -30,8 +62,11 @@
 //!   high-water row; zero rows is told apart as [`FenceErrorKind::RowMissing`] or
 //!   [`FenceErrorKind::Stale`].
 //!
-//! Run [`migrate`] once to create `fence_high_water` ([`MIGRATION`] is the SQL, for your
-//! own migration tool).
+//! Run [`migrate`] once to create `fence_high_water` and the raise functions
+//! ([`MIGRATION`] is the SQL, for your own migration tool). A database migrated by an
+//! earlier version gets the functions the next time [`migrate`] runs; until then the
+//! raise fails with SQLSTATE `42883` (undefined function), as a
+//! [`Database`](FenceErrorKind::Database) error.
 //!
 //! # Examples
 //!
@@ -66,24 +101,31 @@ use std::pin::Pin;
 use tokio_postgres::types::Type;
 use tokio_postgres::{GenericClient, Transaction};
 
-pub use error::{FenceError, FenceErrorKind};
 pub(crate) use error::is_retryable;
+pub use error::{FenceError, FenceErrorKind};
 pub use pipeline::{fenced_execute, FencedStatement, PreparedFence};
 pub use update::{FencedUpdate, PreparedFencedUpdate};
 
 use crate::store::Raise;
 use crate::FencingToken;
 
-/// The SQL that creates `fence_high_water` (idempotent: `CREATE TABLE IF NOT EXISTS`).
-pub const MIGRATION: &str = include_str!("../../migrations/0001_fence_high_water.sql");
+/// The SQL of this crate's migrations, in order: `fence_high_water` (`0001`), then the
+/// raise functions `fence_raise` and `fence_raise_or_abort` (`0002`). Every step is
+/// idempotent (`CREATE TABLE IF NOT EXISTS`, `CREATE OR REPLACE FUNCTION`), so running all
+/// of it again brings a database from any earlier version up to date.
+pub const MIGRATION: &str = concat!(
+    include_str!("../../migrations/0001_fence_high_water.sql"),
+    "\n",
+    include_str!("../../migrations/0002_fence_raise.sql"),
+);
 
-const RAISE: &str = "INSERT INTO fence_high_water (resource, token, updated_at) VALUES ($1, $2, now()) \
-     ON CONFLICT (resource) DO UPDATE SET token = EXCLUDED.token, updated_at = now() \
-     WHERE fence_high_water.token <= EXCLUDED.token RETURNING token";
+/// The raise: returns the mark as the transaction leaves it (the token when admitted).
+const RAISE: &str = "SELECT fence_raise($1, $2)";
 const MARK: &str = "SELECT token FROM fence_high_water WHERE resource = $1";
 
-/// Creates `fence_high_water` if it does not exist, under a transaction-scoped advisory
-/// lock so that replicas starting together do not race.
+/// Creates `fence_high_water` if it does not exist and (re)creates the raise functions,
+/// under a transaction-scoped advisory lock so that replicas starting together do not
+/// race.
 ///
 /// # Errors
 ///
@@ -97,28 +139,34 @@ pub async fn migrate<C: GenericClient + Send + Sync>(client: &mut C) -> Result<(
     Ok(())
 }
 
-/// The compare-and-raise: one statement (one round trip; typed parameters, no prepare),
-/// plus a read of the mark only when the token is refused.
+/// The compare-and-raise: one statement, one round trip (typed parameters, no prepare;
+/// the function's own statements keep their plans on the connection).
 pub(crate) async fn raise<C: GenericClient + Sync>(
     client: &C,
     resource: &str,
     token: FencingToken,
 ) -> Result<Raise, tokio_postgres::Error> {
-    let raised = client.query_typed_opt(RAISE, &[(&resource, Type::TEXT), (&token, Type::INT8)]).await?;
-    if raised.is_some() {
-        return Ok(Raise::Admitted);
+    let row = client.query_typed_one(RAISE, &[(&resource, Type::TEXT), (&token, Type::INT8)]).await?;
+    Ok(verdict(token, row.try_get(0)?))
+}
+
+/// The verdict from the mark `fence_raise` returned: admitted only when it is the token
+/// itself. Anything else (a higher mark; no value, which the function never returns for
+/// a valid call) refuses, which is always safe.
+pub(crate) fn verdict(token: FencingToken, mark: Option<FencingToken>) -> Raise {
+    match mark {
+        Some(mark) if mark == token => Raise::Admitted,
+        Some(highest) => Raise::Stale { highest },
+        None => Raise::Stale { highest: token },
     }
-    let row = client.query_typed_opt(MARK, &[(&resource, Type::TEXT)]).await?;
-    // The upsert found a row (else it would have inserted); marks are never deleted by
-    // this crate, but a row deleted meanwhile reads as the token itself.
-    let highest = row.map(|r| r.get::<_, FencingToken>(0)).unwrap_or(token);
-    Ok(Raise::Stale { highest })
 }
 
 /// Begins a transaction on `client` and raises `resource`'s high-water row to `token`.
 ///
-/// On success the transaction holds the row lock: run your statements on it and commit
-/// (dropping it rolls back). Other fenced writers of `resource` wait until then.
+/// Two round trips: `BEGIN`, then the raise. On success the transaction holds the
+/// resource's lock (exclusive if it raised the mark, shared if `token` equals the mark):
+/// run your statements on it and commit (dropping it rolls back). A raise by a newer token
+/// waits until then; writers with the same token do not wait for each other.
 ///
 /// # Errors
 ///
@@ -146,10 +194,16 @@ pub type TxFuture<'t, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send +
 /// Runs `body` in a transaction that first raises `resource`'s high-water row to `token`,
 /// then commits.
 ///
-/// The body runs only if the token is admitted, while the transaction holds the row lock;
-/// so the bodies of one resource's writers commit one at a time with non-decreasing
-/// tokens (see the [module docs](crate::postgres)). If the body fails, the transaction is rolled
-/// back and its error returned.
+/// The body runs only if the token is admitted (it is called after the raise's verdict),
+/// while the transaction holds the resource's lock; so the bodies of one resource's
+/// writers commit with non-decreasing tokens (see the [module docs](crate::postgres)):
+/// a newer token's body waits for every body in flight, bodies with one token run side
+/// by side. If the body fails, the transaction is rolled back and its error returned.
+///
+/// Round trips: `BEGIN`, the raise, one per statement of the body, `COMMIT` (four for a
+/// body of one statement). tokio-postgres hands out a `Transaction` only once `BEGIN` has
+/// answered, so the raise cannot be sent in the same flight; [`fenced_execute`] sends
+/// everything in one.
 ///
 /// # Errors
 ///

@@ -12,15 +12,16 @@ use tokio_postgres::{Client, Statement};
 use super::{FenceError, MARK};
 use crate::FencingToken;
 
-/// The raise of [`fenced_execute`]: the same upsert as [`fenced_transaction`]'s, but a
-/// refused token fails the statement (`1 / 0`, SQLSTATE `22012`), which aborts the
-/// transaction, so the statements sent after it in the same round trip do nothing.
+/// The raise of [`fenced_execute`]: [`fenced_transaction`]'s raise (`fence_raise`), but a
+/// refused token fails the statement with [`STALE`], which aborts the transaction, so the
+/// statements sent after it in the same round trip do nothing.
 ///
 /// [`fenced_transaction`]: super::fenced_transaction
-const RAISE_OR_ABORT: &str = "WITH raised AS (INSERT INTO fence_high_water (resource, token, updated_at) \
-     VALUES ($1, $2, now()) ON CONFLICT (resource) DO UPDATE SET token = EXCLUDED.token, updated_at = now() \
-     WHERE fence_high_water.token <= EXCLUDED.token RETURNING token) \
-     SELECT 1 / count(*) FROM raised";
+const RAISE_OR_ABORT: &str = "SELECT fence_raise_or_abort($1, $2)";
+
+/// The SQLSTATE `fence_raise_or_abort` raises for a refused token (defined in the crate's
+/// migration `0002`; class `PF` is used by no Postgres error).
+const STALE: &str = "PF001";
 
 /// One statement of a [`fenced_execute`]: a statement prepared on the same connection,
 /// and its parameters.
@@ -34,7 +35,8 @@ type Step<'a> = Pin<Box<dyn Future<Output = Result<u64, tokio_postgres::Error>> 
 /// first polled) and the answers read afterwards.
 ///
 /// The guarantee is [`fenced_transaction`](super::fenced_transaction)'s: the raise takes
-/// the resource's row lock before any statement runs and holds it until `COMMIT`, so the
+/// the resource's lock (exclusive for a newer token, shared for an equal one) before any
+/// statement runs and holds it until `COMMIT`, so the
 /// committed writes of one resource carry non-decreasing tokens. A refused token makes
 /// the raise fail, which aborts the transaction: the statements after it fail without
 /// effect and the `COMMIT` ends as a rollback. Any failing statement rolls everything
@@ -74,8 +76,9 @@ pub async fn fenced_execute(
 }
 
 /// The raise of [`fenced_execute`], prepared on one connection: the same one-round-trip
-/// fenced write, with the server keeping the raise's plan instead of planning it on
-/// every call.
+/// fenced write, with the server keeping the plan of the raise's `SELECT` instead of
+/// planning it on every call (the function's own statements keep their plans either
+/// way).
 ///
 /// Like a tokio-postgres `Statement`, it belongs to the connection it was prepared on:
 /// on another connection the server answers "prepared statement does not exist"
@@ -139,7 +142,7 @@ async fn pipelined(
     let mut next = || results.next().unwrap_or(Ok(0));
     next()?; // BEGIN
     if let Err(e) = next() {
-        if e.code() == Some(&SqlState::DIVISION_BY_ZERO) {
+        if e.code().map(SqlState::code) == Some(STALE) {
             // Refused. The transaction is over (its COMMIT was a rollback): read the mark.
             let row = client.query_typed_opt(MARK, &[(&resource, Type::TEXT)]).await?;
             let highest = row.map(|r| r.get::<_, FencingToken>(0)).unwrap_or(token);

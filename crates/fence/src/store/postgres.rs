@@ -10,22 +10,16 @@ use super::{HighWaterStore, Raise, RaiseFuture, StoreError};
 use crate::postgres::is_retryable;
 use crate::FencingToken;
 
-/// The store's compare-and-raise, one statement. It reads the mark first and writes only
-/// when the token is above it: a token equal to the mark (a holder writing again) or
-/// below it is decided by the read alone, with no row lock, no WAL and no commit flush.
-/// `raised` is 1 when the upsert wrote; `seen` is the mark the read found.
-const RAISE_IF_NEWER: &str = "WITH cur AS (SELECT token FROM fence_high_water WHERE resource = $1), \
-     up AS (INSERT INTO fence_high_water (resource, token, updated_at) \
-       SELECT $1, $2, now() WHERE NOT EXISTS (SELECT 1 FROM cur WHERE cur.token >= $2) \
-       ON CONFLICT (resource) DO UPDATE SET token = EXCLUDED.token, updated_at = now() \
-       WHERE fence_high_water.token <= EXCLUDED.token RETURNING token) \
-     SELECT (SELECT count(*) FROM up) AS raised, (SELECT token FROM cur) AS seen";
-const MARK: &str = "SELECT token FROM fence_high_water WHERE resource = $1";
+/// The store's compare-and-raise: the helper's `fence_raise` (see
+/// [`crate::postgres`]), in a transaction of its own. A token equal to the mark (a holder
+/// writing again) or below it is decided by a read under the resource's shared lock, with
+/// no write, no WAL and no commit flush; only a newer token takes the lock exclusive and
+/// writes, and so waits for the fenced transactions in flight on that resource.
+const RAISE: &str = "SELECT fence_raise($1, $2)";
 
-/// Decides a raise with [`RAISE_IF_NEWER`], prepared once per store (the store owns its
-/// connection); one round trip, two when a concurrent raise overtook this one (then the
-/// mark is read again to name it).
-async fn raise_if_newer(
+/// Decides a raise with [`RAISE`], prepared once per store (the store owns its
+/// connection); one round trip.
+async fn raise_once(
     client: &Client,
     prepared: &OnceLock<Statement>,
     resource: &str,
@@ -35,39 +29,24 @@ async fn raise_if_newer(
         Some(s) => s.clone(),
         None => {
             // Concurrent first raises may each prepare; one statement is kept.
-            let s = client.prepare_typed(RAISE_IF_NEWER, &[Type::TEXT, Type::INT8]).await?;
+            let s = client.prepare_typed(RAISE, &[Type::TEXT, Type::INT8]).await?;
             prepared.get_or_init(|| s).clone()
         }
     };
     let row = client.query_one(&statement, &[&resource, &token]).await?;
-    let raised: i64 = row.try_get(0)?;
-    let seen: Option<FencingToken> = row.try_get(1)?;
-    if raised > 0 {
-        return Ok(Raise::Admitted);
-    }
-    match seen {
-        // Equal: admitted at the read, which saw the mark at exactly this token.
-        Some(seen) if seen == token => Ok(Raise::Admitted),
-        Some(seen) if seen > token => Ok(Raise::Stale { highest: seen }),
-        // The upsert ran but refused: a concurrent raise above this token committed
-        // after the read. Name the mark it left.
-        _ => {
-            let row = client.query_typed_opt(MARK, &[(&resource, Type::TEXT)]).await?;
-            let highest = row.map(|r| r.get::<_, FencingToken>(0)).unwrap_or(token);
-            Ok(Raise::Stale { highest })
-        }
-    }
+    Ok(crate::postgres::verdict(token, row.try_get(0)?))
 }
 
-/// High-water marks in the `fence_high_water` table (create it with
-/// [`migrate`](crate::migrate)).
+/// High-water marks in the `fence_high_water` table (create it and the raise functions
+/// with [`migrate`](crate::migrate)).
 ///
-/// Every raise is one statement in its own transaction: it reads the resource's mark and,
-/// only if the token is above it, upserts (`INSERT … ON CONFLICT (resource) DO UPDATE SET
-/// token = EXCLUDED.token … WHERE fence_high_water.token <= EXCLUDED.token`): atomic per
-/// resource across every process that shares the database. A token equal to the mark
-/// (a holder writing again under one hold) is admitted by the read alone, so it costs no
-/// row lock, no WAL and no commit flush; only a newer token writes. Concurrent raises
+/// Every raise is one statement in its own transaction, `SELECT fence_raise(resource,
+/// token)`, the raise of the [Postgres helper](crate::postgres): it reads the resource's
+/// mark and, only if the token is above it, takes the resource's lock exclusive and
+/// upserts the row: atomic per resource across every process that shares the database.
+/// A token equal to the mark (a holder writing again under one hold) is admitted by a
+/// read under the shared lock, so it costs no write, no WAL and no commit flush; only a
+/// newer token writes. Create the function with [`migrate`](crate::migrate). Concurrent raises
 /// share the one connection (tokio-postgres pipelines them), and so one database
 /// backend: writes of newer tokens are committed one after another.
 /// If that connection closes, every raise fails with a retryable [`StoreError`] (the
@@ -122,7 +101,7 @@ impl PostgresStore {
                 }
             }
         }
-        let outcome = raise_if_newer(&self.client, &self.raise, resource, token).await.map_err(|e| {
+        let outcome = raise_once(&self.client, &self.raise, resource, token).await.map_err(|e| {
             let retryable = is_retryable(&e) || e.is_closed();
             StoreError::new(e, retryable)
         })?;

@@ -3,6 +3,7 @@
 
 mod common;
 mod http_layer;
+mod mark_locks;
 mod ordering;
 mod pipelined;
 mod postgres_helper;

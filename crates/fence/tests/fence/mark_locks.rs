@@ -1,0 +1,227 @@
+//! The raise's locks on the mark row, on a real database: an equal token takes a share
+//! lock and writes nothing, a newer token's raise waits for every writer in flight, and a
+//! database migrated by an earlier version gets the raise functions from `migrate`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use palisade_fence::{
+    begin_fenced, fenced_execute, fenced_transaction, migrate, FenceError, FenceErrorKind, FencingToken, PreparedFence,
+    MIGRATION,
+};
+use palisade_testkit::TestDb;
+use tokio_postgres::error::SqlState;
+
+use crate::common::{pause, shuffle, stagger, tok};
+use crate::postgres_helper::{check_log, fresh_db, mark, LOG_TABLE};
+
+/// The transaction that last wrote the mark row (its `xmin`).
+async fn mark_writer(client: &tokio_postgres::Client, resource: &str) -> String {
+    client.query_one("SELECT xmin::text FROM fence_high_water WHERE resource = $1", &[&resource]).await.unwrap().get(0)
+}
+
+/// Lock requests on the database that are waiting.
+async fn waiting_locks(admin: &tokio_postgres::Client) -> i64 {
+    admin.query_one("SELECT count(*) FROM pg_locks WHERE NOT granted", &[]).await.unwrap().get(0)
+}
+
+/// Waits (up to 2 s) until `n` lock requests wait.
+async fn until_waiting(admin: &tokio_postgres::Client, n: i64) {
+    for _ in 0..100 {
+        if waiting_locks(admin).await >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("fewer than {n} lock requests ever waited");
+}
+
+async fn log(tx: &tokio_postgres::Transaction<'_>, token: FencingToken) {
+    tx.execute("INSERT INTO write_log (token) VALUES ($1)", &[&token]).await.unwrap();
+}
+
+/// A token equal to the mark is admitted by every form without a new version of the row
+/// (its `xmin` stays that of the raise); a newer token writes it.
+#[tokio::test]
+async fn an_equal_token_is_admitted_without_rewriting_the_mark_row() {
+    let (_db, mut client) = fresh_db().await;
+    client.batch_execute("CREATE TABLE t (x bigint)").await.unwrap();
+    let insert = client.prepare("INSERT INTO t VALUES ($1)").await.unwrap();
+    let fence = PreparedFence::prepare(&client).await.unwrap();
+    fenced_transaction(&mut client, "r", tok(10), |_| Box::pin(async { Ok::<_, FenceError>(()) })).await.unwrap();
+    let raised_by = mark_writer(&client, "r").await;
+    for i in 0..3_i64 {
+        fenced_transaction(&mut client, "r", tok(10), move |tx| {
+            Box::pin(async move {
+                tx.execute("INSERT INTO t VALUES ($1)", &[&i]).await?;
+                Ok::<_, FenceError>(())
+            })
+        })
+        .await
+        .unwrap();
+        assert_eq!(fenced_execute(&client, "r", tok(10), &[(&insert, &[&i])]).await.unwrap(), vec![1]);
+        assert_eq!(fence.execute(&client, "r", tok(10), &[(&insert, &[&i])]).await.unwrap(), vec![1]);
+    }
+    assert_eq!(mark_writer(&client, "r").await, raised_by, "an equal token rewrote the mark row");
+    let n: i64 = client.query_one("SELECT count(*) FROM t", &[]).await.unwrap().get(0);
+    assert_eq!(n, 9, "every equal-token write committed");
+    // Below is refused by every form, naming the mark; nothing is written.
+    let stale = fenced_execute(&client, "r", tok(9), &[(&insert, &[&99_i64])]).await.unwrap_err();
+    assert_eq!((stale.kind(), stale.highest()), (FenceErrorKind::Stale, Some(tok(10))));
+    let stale = begin_fenced(&mut client, "r", tok(9)).await.map(|_| ()).unwrap_err();
+    assert_eq!((stale.kind(), stale.highest()), (FenceErrorKind::Stale, Some(tok(10))));
+    fence.execute(&client, "r", tok(11), &[(&insert, &[&11_i64])]).await.unwrap();
+    assert_ne!(mark_writer(&client, "r").await, raised_by, "a newer token must write the mark");
+    assert_eq!(mark(&client, "r").await, Some(tok(11)));
+    let n: i64 = client.query_one("SELECT count(*) FROM t WHERE x = 99", &[]).await.unwrap().get(0);
+    assert_eq!(n, 0);
+}
+
+/// Two writers with the mark's token run side by side; a newer token's raise waits until
+/// *both* have ended (not just the first); a writer with the old token that arrives while
+/// the raise is in flight waits for it and is then refused. The log's commit order never
+/// decreases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raise_waits_for_every_writer_in_flight_with_the_old_token() {
+    let (db, admin) = fresh_db().await;
+    admin.batch_execute(LOG_TABLE).await.unwrap();
+    let (mut a, mut b, mut c, mut d) = (db.connect().await, db.connect().await, db.connect().await, db.connect().await);
+    fenced_transaction(&mut a, "r", tok(10), |_| Box::pin(async { Ok::<_, FenceError>(()) })).await.unwrap();
+
+    // Both admitted at once: neither has committed when the other is admitted.
+    let ta = begin_fenced(&mut a, "r", tok(10)).await.unwrap();
+    let tb = begin_fenced(&mut b, "r", tok(10)).await.unwrap();
+    log(&ta, tok(10)).await;
+    log(&tb, tok(10)).await;
+
+    let raiser = tokio::spawn(async move {
+        let tc = begin_fenced(&mut c, "r", tok(11)).await.unwrap();
+        log(&tc, tok(11)).await;
+        tc.commit().await.unwrap();
+    });
+    until_waiting(&admin, 1).await;
+    ta.commit().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!raiser.is_finished(), "the raise went ahead while an equal-token writer was in flight");
+    assert_eq!(mark(&admin, "r").await, Some(tok(10)));
+
+    // The raise now waits for b only; an old-token writer queues behind the raise.
+    let late = tokio::spawn(async move { begin_fenced(&mut d, "r", tok(10)).await.map(|_| ()) });
+    until_waiting(&admin, 2).await;
+    tb.commit().await.unwrap();
+    raiser.await.unwrap();
+    let late = late.await.unwrap().map_err(|e| (e.kind(), e.highest()));
+    assert_eq!(late, Err((FenceErrorKind::Stale, Some(tok(11)))));
+    check_log(&admin, &[tok(10), tok(10), tok(11)]).await;
+    assert_eq!(mark(&admin, "r").await, Some(tok(11)));
+}
+
+/// 32 concurrent writers of one resource with 8 distinct tokens, 4 writers each, in a
+/// shuffled order, once all at once and once staggered: writers with the mark's token
+/// share the row, raises wait for them. Commit order never decreases, exactly the
+/// admitted writers wrote, and every refusal names a higher mark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn writers_sharing_tokens_commit_in_token_order() {
+    let (db, client) = fresh_db().await;
+    client.batch_execute(LOG_TABLE).await.unwrap();
+    for round in 0..4u64 {
+        client.batch_execute("TRUNCATE write_log; DELETE FROM fence_high_water").await.unwrap();
+        let mut tokens: Vec<FencingToken> = (0..32).map(|i| tok(3_000 + 11 * (i / 4) + round)).collect();
+        shuffle(&mut tokens, 0x5a5e + round);
+        let barrier = Arc::new(tokio::sync::Barrier::new(tokens.len()));
+        let mut tasks = Vec::new();
+        for (i, &token) in tokens.iter().enumerate() {
+            let mut c = db.connect().await;
+            let barrier = Arc::clone(&barrier);
+            let delay = if round >= 2 { stagger(&tokens, token, 3, round) } else { Duration::ZERO };
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                tokio::time::sleep(delay).await;
+                // Half the writers use the closure form, half the pipelined one.
+                let r = if i % 2 == 0 {
+                    fenced_transaction(&mut c, "account/1", token, |tx| {
+                        Box::pin(async move {
+                            tx.execute("SELECT pg_sleep($1)", &[&pause(token)]).await?;
+                            tx.execute("INSERT INTO write_log (token) VALUES ($1)", &[&token]).await?;
+                            Ok::<_, FenceError>(())
+                        })
+                    })
+                    .await
+                } else {
+                    let sleep = c.prepare("SELECT pg_sleep($1)").await.unwrap();
+                    let log = c.prepare("INSERT INTO write_log (token) VALUES ($1)").await.unwrap();
+                    let p = pause(token);
+                    fenced_execute(&c, "account/1", token, &[(&sleep, &[&p]), (&log, &[&token])]).await.map(|_| ())
+                };
+                (token, r)
+            }));
+        }
+        let mut admitted = Vec::new();
+        for t in tasks {
+            let (token, r) = t.await.unwrap();
+            match r {
+                Ok(()) => admitted.push(token),
+                Err(e) => {
+                    assert!(e.is_stale(), "{e:?}");
+                    assert!(e.highest().unwrap() > token, "refused {token} naming {:?}", e.highest());
+                }
+            }
+        }
+        let max = *tokens.iter().max().unwrap();
+        let shared = admitted.iter().filter(|t| admitted.iter().filter(|u| u == t).count() > 1).count();
+        eprintln!("round {round}: admitted {}, {shared} of them with a token admitted more than once", admitted.len());
+        check_log(&client, &admitted).await;
+        assert_eq!(
+            admitted.iter().filter(|t| **t == max).count(),
+            4,
+            "every writer with the largest token is admitted"
+        );
+        assert_eq!(mark(&client, "account/1").await, Some(max));
+    }
+}
+
+/// At `REPEATABLE READ` an equal token whose share lock waited for a raise cannot read
+/// the new mark through its snapshot: it fails as a retryable serialization failure
+/// instead of being admitted.
+#[tokio::test]
+async fn an_equal_token_behind_a_raise_at_repeatable_read_is_a_serialization_failure() {
+    let (db, mut a) = fresh_db().await;
+    let mut b = db.connect().await;
+    let admin = db.connect().await;
+    fenced_transaction(&mut a, "r", tok(5), |_| Box::pin(async { Ok::<_, FenceError>(()) })).await.unwrap();
+    b.batch_execute("SET default_transaction_isolation = 'repeatable read'").await.unwrap();
+    let raise = begin_fenced(&mut a, "r", tok(6)).await.unwrap();
+    let waiter = tokio::spawn(async move { begin_fenced(&mut b, "r", tok(5)).await.map(|_| ()) });
+    until_waiting(&admin, 1).await;
+    raise.commit().await.unwrap();
+    let err = waiter.await.unwrap().unwrap_err();
+    assert_eq!(err.kind(), FenceErrorKind::SerializationFailure, "{err:?}");
+    assert!(err.is_retryable());
+    assert_eq!(err.code(), Some(&SqlState::T_R_SERIALIZATION_FAILURE));
+}
+
+/// A database created by the first migration alone (an earlier version of this crate),
+/// with marks in it: the raise fails as an undefined function until `migrate` runs, then
+/// works on the existing marks. `MIGRATION` holds both steps.
+#[tokio::test]
+async fn migrate_brings_a_database_of_the_first_migration_up_to_date() {
+    let db = TestDb::create().await;
+    let mut client = db.connect().await;
+    client.batch_execute(include_str!("../../migrations/0001_fence_high_water.sql")).await.unwrap();
+    client.execute("INSERT INTO fence_high_water (resource, token) VALUES ('r', $1)", &[&tok(10)]).await.unwrap();
+    let err = begin_fenced(&mut client, "r", tok(10)).await.map(|_| ()).unwrap_err();
+    assert_eq!(err.code(), Some(&SqlState::UNDEFINED_FUNCTION), "{err:?}");
+
+    assert!(MIGRATION.contains("CREATE TABLE IF NOT EXISTS fence_high_water"));
+    assert!(MIGRATION.contains("FUNCTION fence_raise_or_abort"));
+    migrate(&mut client).await.unwrap();
+    migrate(&mut client).await.unwrap();
+    assert_eq!(mark(&client, "r").await, Some(tok(10)), "migrate kept the marks");
+    let writer = mark_writer(&client, "r").await;
+    begin_fenced(&mut client, "r", tok(10)).await.unwrap().commit().await.unwrap();
+    assert_eq!(mark_writer(&client, "r").await, writer);
+    let stale = begin_fenced(&mut client, "r", tok(9)).await.map(|_| ()).unwrap_err();
+    assert_eq!((stale.kind(), stale.highest()), (FenceErrorKind::Stale, Some(tok(10))));
+    begin_fenced(&mut client, "r", tok(12)).await.unwrap().commit().await.unwrap();
+    assert_eq!(mark(&client, "r").await, Some(tok(12)));
+}
