@@ -106,7 +106,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     while let Some(line) = lines.next_line().await? {
         match line.trim() {
             "acquire" => {
-                if session.as_ref().map_or(true, ClientSession::is_lost) {
+                if session.as_ref().is_none_or(ClientSession::is_lost) {
                     session = Some(client.open_session(Duration::from_secs(args.ttl)).await?);
                 }
                 let s = session.as_ref().expect("just opened");

@@ -193,9 +193,9 @@ mod tests {
             Change { key: b"kv".to_vec(), value: vec![], ..c.clone() },
         ];
         for v in variants {
-            assert_ne!(digests(&[v.clone()]), base, "{v:?}");
+            assert_ne!(digests(std::slice::from_ref(&v)), base, "{v:?}");
         }
-        assert_eq!(digests(&[c.clone()]), base);
+        assert_eq!(digests(std::slice::from_ref(&c)), base);
         // Two revisions, two digests; two changes of one revision, one.
         let next = Change { revision: 5, ..c.clone() };
         assert_eq!(digests(&[c.clone(), next.clone()]).iter().map(|x| x.0).collect::<Vec<_>>(), [4, 5]);

@@ -361,7 +361,7 @@ impl Worker {
             return;
         }
         let records = std::mem::take(batch);
-        let due = self.retry_at.map_or(true, |at| Instant::now() >= at);
+        let due = self.retry_at.is_none_or(|at| Instant::now() >= at);
         if last || due {
             match self.write_database(&records).await {
                 Ok(()) => {

@@ -123,7 +123,7 @@ pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
     let ttl = Duration::from_millis(config.ttl_ms);
 
     while !stop.load(Ordering::SeqCst) {
-        if session.as_ref().map_or(true, ClientSession::is_lost) {
+        if session.as_ref().is_none_or(ClientSession::is_lost) {
             let client = &clients[(config.id as usize + opened) % clients.len()];
             opened += 1;
             match tokio::time::timeout(WRITE_TIMEOUT, client.open_session(ttl)).await {

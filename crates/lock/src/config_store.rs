@@ -122,7 +122,7 @@ impl ConfigStore {
                 _ => None,
             });
             let (ns_get, class_get) = (ranges.next(), ranges.next());
-            if !ns_get.is_some_and(|g| !g.kvs().is_empty()) {
+            if ns_get.is_none_or(|g| g.kvs().is_empty()) {
                 return Err(Error::invalid(InvalidInput::UnknownNamespace(
                     class.ns_id.clone(),
                 )));
@@ -187,7 +187,7 @@ impl ConfigStore {
             etcd_client::TxnOpResponse::Get(g) => Some(g),
             _ => None,
         });
-        if !gets.next().is_some_and(|g| !g.kvs().is_empty()) {
+        if gets.next().is_none_or(|g| g.kvs().is_empty()) {
             return Err(Error::invalid(InvalidInput::UnknownNamespace(
                 ns.to_owned(),
             )));

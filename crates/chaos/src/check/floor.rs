@@ -48,7 +48,7 @@ impl<E: Clone> Floor<E> {
 }
 
 fn keep_max<E>(slot: &mut Option<(u64, E)>, candidate: (u64, E)) {
-    if slot.as_ref().map_or(true, |current| candidate.0 > current.0) {
+    if slot.as_ref().is_none_or(|current| candidate.0 > current.0) {
         *slot = Some(candidate);
     }
 }

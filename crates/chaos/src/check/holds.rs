@@ -46,10 +46,10 @@ impl Holds {
                         });
                     }
                 }
-                if reach_all.map_or(true, |r| end(hold) > end(r)) {
+                if reach_all.is_none_or(|r| end(hold) > end(r)) {
                     reach_all = Some(hold);
                 }
-                if hold.exclusive && reach_x.map_or(true, |r| end(hold) > end(r)) {
+                if hold.exclusive && reach_x.is_none_or(|r| end(hold) > end(r)) {
                     reach_x = Some(hold);
                 }
             }

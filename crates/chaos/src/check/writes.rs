@@ -153,8 +153,8 @@ impl Writes {
                 if let Some(f) = &flight {
                     check_admission(f, &write, id, out);
                 }
-                let admitted = flight.as_ref().map_or(true, |f| {
-                    f.completed_before.as_ref().and_then(|w| w.seq).map_or(true, |before| *seq > before)
+                let admitted = flight.as_ref().is_none_or(|f| {
+                    f.completed_before.as_ref().and_then(|w| w.seq).is_none_or(|before| *seq > before)
                 });
                 if admitted {
                     place(state, &write, id, out);
@@ -263,7 +263,7 @@ fn fold(state: &mut Resource, now_ns: u64) {
         let folded = state.folded.get_or_insert(Folded { max_seq, max_token: None });
         folded.max_seq = max_seq;
         for w in gone.into_values() {
-            if w.token.is_some() && folded.max_token.as_ref().map_or(true, |m| w.token > m.token) {
+            if w.token.is_some() && folded.max_token.as_ref().is_none_or(|m| w.token > m.token) {
                 folded.max_token = Some(w);
             }
         }

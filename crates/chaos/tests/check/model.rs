@@ -237,7 +237,7 @@ impl Sim {
                 continue;
             }
             let in_snapshot = (h.restored_rev.is_some() || h.grant_rev <= snapshot)
-                && h.end_rev.map_or(true, |e| e > snapshot);
+                && h.end_rev.is_none_or(|e| e > snapshot);
             if in_snapshot {
                 let record = HoldRecord {
                     lock: h.lock.clone(),

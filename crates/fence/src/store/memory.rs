@@ -485,7 +485,7 @@ mod tests {
             let mut exact: HashMap<u8, u64> = HashMap::new();
             for (r, v) in ops {
                 let key = format!("r{r}");
-                let exact_admits = exact.get(&r).map_or(true, |&m| v >= m);
+                let exact_admits = exact.get(&r).is_none_or(|&m| v >= m);
                 match store.raise_now(&key, t(v)) {
                     Raise::Admitted => {
                         proptest::prop_assert!(exact_admits, "{} admitted {} below its mark {:?}", key, v, exact.get(&r));

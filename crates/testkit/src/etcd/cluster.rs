@@ -314,7 +314,7 @@ impl EtcdCluster {
             for i in self.running() {
                 match gateway::status(self.members[i].client_port).await {
                     Ok(s) => {
-                        if s.leader == s.member_id && s.leader != 0 && best.map_or(true, |(term, _)| s.raft_term > term)
+                        if s.leader == s.member_id && s.leader != 0 && best.is_none_or(|(term, _)| s.raft_term > term)
                         {
                             best = Some((s.raft_term, i));
                         }
