@@ -20,9 +20,31 @@
 --
 -- Under REPEATABLE READ or SERIALIZABLE a read cannot see a mark committed after the
 -- transaction's snapshot, so there every token takes the exclusive lock and upserts the
--- row; a mark newer than the snapshot then fails as a serialization failure (40001).
+-- row; a mark newer than the snapshot then fails as a serialization failure (40001), and
+-- so does a second transaction with the same token whose snapshot predates the first's
+-- rewrite of the row (writers with one token serialize there; one of them retries).
+--
+-- The functions keep the search_path they were created with (the schema the mark table
+-- was created in by the same migration, then pg_temp), so a caller's search_path, or a
+-- temporary table of the same name, cannot point them at another table. CREATE OR REPLACE needs the
+-- caller to own a function: a role that shares the schema but does not own the functions
+-- finds them in place and leaves them alone (their owner brings them up to date).
+DO $migration$
+BEGIN
+IF EXISTS (
+    SELECT 1 FROM pg_proc p
+    WHERE p.pronamespace = (SELECT n.oid FROM pg_namespace n WHERE n.nspname = current_schema())
+      AND p.proname IN ('fence_raise', 'fence_raise_or_abort')
+      AND NOT pg_has_role(current_user, p.proowner, 'USAGE')
+) THEN
+    RETURN;
+END IF;
+-- What the functions keep as their search_path (SET ... FROM CURRENT, below): the schema
+-- the table is in, then pg_temp last, so no temporary table is looked up first.
+PERFORM set_config('search_path', quote_ident(current_schema()) || ', pg_temp', true);
+
 CREATE OR REPLACE FUNCTION fence_raise(p_resource text, p_token bigint) RETURNS bigint
-LANGUAGE plpgsql VOLATILE STRICT AS $$
+LANGUAGE plpgsql VOLATILE STRICT SET search_path FROM CURRENT AS $$
 DECLARE
     key int4 := hashtext(p_resource);
     mark bigint;
@@ -57,12 +79,18 @@ $$;
 
 -- fence_raise_or_abort(resource, token): fence_raise, but a refused token raises
 -- SQLSTATE PF001, which aborts the transaction, so the statements pipelined after it do
--- nothing.
+-- nothing. Not STRICT: a NULL resource or token raises 22004 (and so aborts) rather than
+-- returning NULL and letting the rest run.
 CREATE OR REPLACE FUNCTION fence_raise_or_abort(p_resource text, p_token bigint) RETURNS bigint
-LANGUAGE plpgsql VOLATILE STRICT AS $$
+LANGUAGE plpgsql VOLATILE SET search_path FROM CURRENT AS $$
 DECLARE
-    mark bigint := fence_raise(p_resource, p_token);
+    mark bigint;
 BEGIN
+    IF p_resource IS NULL OR p_token IS NULL THEN
+        RAISE EXCEPTION 'fence_raise_or_abort: the resource and the token must not be NULL'
+            USING ERRCODE = '22004';
+    END IF;
+    mark := fence_raise(p_resource, p_token);
     IF mark IS DISTINCT FROM p_token THEN
         RAISE EXCEPTION 'stale fencing token % for resource %: the mark is %', p_token, p_resource, mark
             USING ERRCODE = 'PF001';
@@ -70,3 +98,5 @@ BEGIN
     RETURN mark;
 END
 $$;
+END
+$migration$;

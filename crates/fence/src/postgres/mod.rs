@@ -29,22 +29,27 @@
 //!
 //! The argument: the mark only changes under the exclusive lock. Let A (token a) and B
 //! (token b > a) both commit, and R be the transaction that raised the mark to b (B
-//! itself, or an earlier raiser whose committed mark B read). A read a mark no higher
-//! than a after its lock was granted, with a snapshot taken after the grant; R held the
-//! lock exclusive, so the two spans do not overlap. Had R's come first, R would have
+//! itself, or an earlier raiser whose committed mark B read). After its lock was granted
+//! A found the mark no higher than a: on the shared path by a read with a snapshot taken
+//! after the grant, on the exclusive path by the upsert's `WHERE`, which checks the
+//! latest committed row; R held the lock exclusive, so the two spans do not overlap. Had R's come first, R would have
 //! committed before A's lock was granted (Postgres releases a transaction's locks after
 //! its commit is visible) and A would have read b and been refused. So A's came first: A
 //! committed before R was granted the lock, hence before R committed, hence before B.
 //! Writers with one token run side by side and commit in any order; their tokens are
 //! equal. The rule needs every writer of marks to raise through `fence_raise`:
 //! [`PostgresStore`](crate::PostgresStore) does; an earlier version of this crate (which
-//! upserted without the lock) must not write the same database at the same time.
+//! upserted without the lock) must not write the same database at the same time, so
+//! upgrading from one is not a rolling upgrade: stop every writer of the old version
+//! before the first of the new one starts.
 //!
 //! The reads after the lock see the latest committed mark at the default `READ COMMITTED`
 //! level. At `REPEATABLE READ` or `SERIALIZABLE` a read sees the transaction's snapshot,
 //! so there every admitted token takes the lock exclusive and rewrites the row, and a
 //! mark committed after the snapshot shows up as a serialization failure instead:
-//! [`FenceError::is_retryable`]. A transaction that fences two resources (a nested
+//! [`FenceError::is_retryable`]; so does a second writer with the same token whose
+//! snapshot predates the first one's rewrite of the row (there, writers with one token
+//! take turns, and one of them retries). A transaction that fences two resources (a nested
 //! [`begin_fenced`] on a `Transaction`) can deadlock with one that takes them in the other
 //! order, as with any two locks; Postgres reports it as a retryable
 //! [`Deadlock`](FenceErrorKind::Deadlock).

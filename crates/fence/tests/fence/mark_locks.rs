@@ -225,3 +225,69 @@ async fn migrate_brings_a_database_of_the_first_migration_up_to_date() {
     begin_fenced(&mut client, "r", tok(12)).await.unwrap().commit().await.unwrap();
     assert_eq!(mark(&client, "r").await, Some(tok(12)));
 }
+
+#[tokio::test]
+async fn a_second_role_sharing_the_schema_migrates_and_raises_without_owning_the_functions() {
+    // Two services with their own database roles share the mark table; each runs
+    // `migrate` at start. CREATE OR REPLACE FUNCTION would need the second to own them.
+    let (db, admin) = fresh_db().await;
+    let role = format!("palisade_fence_second_{}", std::process::id());
+    admin.batch_execute(&format!("DROP ROLE IF EXISTS {role}")).await.unwrap();
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN; GRANT CREATE, USAGE ON SCHEMA public TO {role}; \
+             GRANT SELECT, INSERT, UPDATE ON fence_high_water TO {role}"
+        ))
+        .await
+        .unwrap();
+    let mut config = db.config();
+    config.user(&role);
+    let (mut second, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
+    let driver = tokio::spawn(conn);
+    let outcome = async {
+        migrate(&mut second).await?;
+        let tx = begin_fenced(&mut second, "shared/1", tok(3)).await?;
+        tx.commit().await?;
+        Ok::<_, FenceError>(())
+    }
+    .await;
+    drop(second);
+    let _ = driver.await;
+    admin.batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}")).await.unwrap();
+    outcome.unwrap();
+    assert_eq!(mark(&admin, "shared/1").await, Some(tok(3)));
+}
+
+#[tokio::test]
+async fn raise_or_abort_with_a_null_argument_aborts_what_follows() {
+    let (_db, client) = fresh_db().await;
+    client.batch_execute("CREATE TABLE after_null (n int)").await.unwrap();
+    let err = client
+        .batch_execute("BEGIN; SELECT fence_raise_or_abort('r', NULL); INSERT INTO after_null VALUES (1); COMMIT")
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(&SqlState::NULL_VALUE_NOT_ALLOWED), "{err}");
+    client.batch_execute("ROLLBACK").await.unwrap();
+    let n: i64 = client.query_one("SELECT count(*) FROM after_null", &[]).await.unwrap().get(0);
+    assert_eq!(n, 0, "nothing after the NULL raise committed");
+}
+
+#[tokio::test]
+async fn a_temporary_table_named_like_the_mark_table_does_not_stand_in_for_it() {
+    let (_db, mut client) = fresh_db().await;
+    fenced_transaction(&mut client, "t/1", tok(25), |_tx| Box::pin(async { Ok::<_, FenceError>(()) }))
+        .await
+        .unwrap();
+    client
+        .batch_execute(
+            "CREATE TEMP TABLE fence_high_water (resource text PRIMARY KEY, token bigint NOT NULL, \
+             updated_at timestamptz NOT NULL DEFAULT now())",
+        )
+        .await
+        .unwrap();
+    let err = fenced_transaction(&mut client, "t/1", tok(1), |_tx| Box::pin(async { Ok::<_, FenceError>(()) }))
+        .await
+        .unwrap_err();
+    assert!(err.is_stale(), "{err:?}");
+    assert_eq!(err.highest(), Some(tok(25)));
+}
