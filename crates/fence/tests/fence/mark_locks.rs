@@ -13,27 +13,11 @@ use palisade_testkit::TestDb;
 use tokio_postgres::error::SqlState;
 
 use crate::common::{pause, shuffle, stagger, tok};
-use crate::postgres_helper::{check_log, fresh_db, mark, LOG_TABLE};
+use crate::postgres_helper::{check_log, fresh_db, mark, until_waiting, LOG_TABLE};
 
 /// The transaction that last wrote the mark row (its `xmin`).
 async fn mark_writer(client: &tokio_postgres::Client, resource: &str) -> String {
     client.query_one("SELECT xmin::text FROM fence_high_water WHERE resource = $1", &[&resource]).await.unwrap().get(0)
-}
-
-/// Lock requests on the database that are waiting.
-async fn waiting_locks(admin: &tokio_postgres::Client) -> i64 {
-    admin.query_one("SELECT count(*) FROM pg_locks WHERE NOT granted", &[]).await.unwrap().get(0)
-}
-
-/// Waits (up to 2 s) until `n` lock requests wait.
-async fn until_waiting(admin: &tokio_postgres::Client, n: i64) {
-    for _ in 0..100 {
-        if waiting_locks(admin).await >= n {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("fewer than {n} lock requests ever waited");
 }
 
 async fn log(tx: &tokio_postgres::Transaction<'_>, token: FencingToken) {

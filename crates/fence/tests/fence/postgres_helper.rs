@@ -105,6 +105,22 @@ async fn thirty_two_concurrent_writers_commit_in_token_order() {
     }
 }
 
+/// Lock requests on the database that are waiting.
+async fn waiting_locks(admin: &tokio_postgres::Client) -> i64 {
+    admin.query_one("SELECT count(*) FROM pg_locks WHERE NOT granted", &[]).await.unwrap().get(0)
+}
+
+/// Waits (up to 2 s) until `n` lock requests wait.
+pub(crate) async fn until_waiting(admin: &tokio_postgres::Client, n: i64) {
+    for _ in 0..100 {
+        if waiting_locks(admin).await >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("fewer than {n} lock requests ever waited");
+}
+
 #[tokio::test]
 async fn a_stale_token_rolls_back_before_the_body_runs() {
     let (_db, mut client) = fresh_db().await;
@@ -174,19 +190,9 @@ async fn a_concurrent_raise_at_repeatable_read_is_a_retryable_serialization_fail
     b.batch_execute("SET default_transaction_isolation = 'repeatable read'").await.unwrap();
     let tx = begin_fenced(&mut a, "r", tok(5)).await.unwrap();
     let waiter = tokio::spawn(async move { begin_fenced(&mut b, "r", tok(6)).await.map(|_| ()) });
-    // Wait until b is blocked on a's row lock, then commit a.
+    // Wait until b is blocked on a's lock, then commit a.
     let admin = db.connect().await;
-    for _ in 0..100 {
-        let waiting: i64 = admin
-            .query_one("SELECT count(*) FROM pg_locks WHERE NOT granted", &[])
-            .await
-            .unwrap()
-            .get(0);
-        if waiting > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_waiting(&admin, 1).await;
     tx.commit().await.unwrap();
     let err = waiter.await.unwrap().unwrap_err();
     assert_eq!(err.kind(), FenceErrorKind::SerializationFailure, "{err:?}");
