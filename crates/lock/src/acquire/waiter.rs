@@ -148,9 +148,7 @@ impl Attempt {
     }
 
     pub(super) async fn read(&self) -> Result<View> {
-        let hw = self.locker.epoch.high_water();
-        let resp = self.txn(Txn::new().and_then(self.view_ops())).await?;
-        self.locker.epoch.check(resp.header(), hw, false)?;
+        let resp = self.read_txn(self.view_ops()).await?;
         self.parse_view(&resp, resp.op_responses().into_iter())
     }
 
@@ -404,15 +402,22 @@ impl Attempt {
         self.mint(&resp, hw, true).await.map(Step::Granted)
     }
 
+    /// Sends `ops` (reads) in one Txn and checks its answer against the epoch, like every
+    /// read the waiter decides on.
+    async fn read_txn(&self, ops: impl Into<Vec<TxnOp>>) -> Result<TxnResponse> {
+        let hw = self.locker.epoch.high_water();
+        let resp = self.txn(Txn::new().and_then(ops.into())).await?;
+        self.locker.epoch.check(resp.header(), hw, false)?;
+        Ok(resp)
+    }
+
     /// Reads this session's hold key of the lock, which a view listed (keys only) as
     /// created at `create_rev`, and tells whether this attempt wrote it (its `attempt`
     /// in the stored meta; a grant whose answer was lost) or an earlier acquire of the
     /// session did.
     async fn own_hold_attempt(&self, create_rev: i64) -> Result<OwnHold> {
         let hold = self.keys.hold(self.mode, self.session.lease());
-        let hw = self.locker.epoch.high_water();
-        let resp = self.txn(Txn::new().and_then([TxnOp::get(hold, None)])).await?;
-        self.locker.epoch.check(resp.header(), hw, false)?;
+        let resp = self.read_txn([TxnOp::get(hold, None)]).await?;
         let kv = match resp.op_responses().into_iter().next() {
             Some(TxnOpResponse::Get(g)) => g.kvs().first().cloned(),
             _ => return Err(Error::new(ErrorKind::Etcd)),
@@ -492,9 +497,7 @@ impl Attempt {
         if let Some(key) = &waiter_key {
             ops.push(TxnOp::get(key.clone(), Some(GetOptions::new().with_keys_only())));
         }
-        let hw = self.locker.epoch.high_water();
-        let resp = self.txn(Txn::new().and_then(ops)).await?;
-        self.locker.epoch.check(resp.header(), hw, false)?;
+        let resp = self.read_txn(ops).await?;
         let mut seen = resp.header().map(|h| h.revision()).unwrap_or(0);
         let mut got = resp.op_responses().into_iter().map(|r| match r {
             TxnOpResponse::Get(g) => g.kvs().first().map(KeyValue::create_revision),
@@ -535,14 +538,12 @@ impl Attempt {
                     },
                     Err(_) => {
                         // No put came: read the hold key (it gave up, or the put is late).
-                        let hw = self.locker.epoch.high_water();
                         let resp = self
-                            .txn(Txn::new().and_then([TxnOp::get(
+                            .read_txn([TxnOp::get(
                                 hold_key.clone(),
                                 Some(GetOptions::new().with_keys_only()),
-                            )]))
+                            )])
                             .await?;
-                        self.locker.epoch.check(resp.header(), hw, false)?;
                         seen = resp.header().map(|h| h.revision()).unwrap_or(seen);
                         hold_present = matches!(
                             resp.op_responses().first(),
