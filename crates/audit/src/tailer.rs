@@ -12,6 +12,10 @@
 //! | `h/<m>/<lease>` deleted, `g/<m>/<lease>` rewritten to `{"forced": …}` | `force` |
 //! | `h/<m>/<lease>` deleted, `g/<m>/<lease>` neither deleted nor forced | `expire` |
 //!
+//! A release that hands the lock over to the oldest waiter (the lock core's hand-over at
+//! release) deletes one lease's hold and grant record and creates another's in one
+//! revision: a `release` and a `grant` row, in etcd's order (the release first).
+//!
 //! Spiffe ID and token of a release, expiry or force come from the deleted hold's value
 //! (`prev_kv`). Every other key (waiters, grant records on their own, per-attempt
 //! markers under `c/`, anything not in the layout) yields no row.
@@ -564,6 +568,29 @@ mod tests {
         assert_eq!(events[0].namespace.as_deref(), Some("ns"));
         assert_eq!(events[0].class.as_deref(), Some("c"));
         assert_eq!(events[3].spiffe_id.as_deref(), Some("spiffe://t/a"));
+    }
+
+    #[test]
+    fn a_hand_over_at_release_is_a_release_then_a_grant_in_one_revision() {
+        const NEXT: &str = "0000000000000100";
+        let lock = format!("{P}ns/c/k");
+        let next_meta = || {
+            br#"{"spiffe_id":"spiffe://t/b","class":"c","mode":"exclusive","epoch":1,"attempt":8}"#.to_vec()
+        };
+        let changes = vec![
+            del(12, &format!("{lock}/h/x/{LEASE}"), Some((meta(1), 9))),
+            del(12, &format!("{lock}/g/x/{LEASE}"), Some((meta(1), 9))),
+            del(12, &format!("{lock}/q/x/{NEXT}"), Some((next_meta(), 10))),
+            put(12, &format!("{lock}/h/x/{NEXT}"), next_meta(), 1, 12),
+            put(12, &format!("{lock}/g/x/{NEXT}"), next_meta(), 1, 12),
+        ];
+        let events = classify(ClusterId(1), P, &changes);
+        assert_eq!(kinds(&events), [(12, 0, LockEventKind::Release), (12, 1, LockEventKind::Grant)]);
+        let epoch = Epoch::new(1).unwrap();
+        assert_eq!(events[0].token, Some(FencingToken::from_parts(epoch, Revision::new(9)).unwrap()));
+        assert_eq!(events[1].token, Some(FencingToken::from_parts(epoch, Revision::new(12)).unwrap()));
+        assert_eq!(events[0].spiffe_id.as_deref(), Some("spiffe://t/a"));
+        assert_eq!(events[1].spiffe_id.as_deref(), Some("spiffe://t/b"));
     }
 
     #[test]

@@ -250,6 +250,6 @@ impl Locker {
         validate_name(&lock.class)?;
         validate_key(&lock.key)?;
         let keys = self.inner.keys.lock(&lock.ns, &lock.class, &lock.key);
-        release_lease_txn(&self.inner, &keys, mode, lease, grant_rev).await
+        release_lease_txn(&self.inner, &keys, mode, lease, grant_rev, None).await
     }
 }

@@ -8,6 +8,7 @@ use palisade_fence::{FencingToken, Revision};
 use tokio::time::Instant;
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::handover::Successor;
 use crate::keys::LockKeys;
 use crate::locker::{LockName, LockerInner};
 use crate::model::{Enforcement, LockClass, Mode};
@@ -32,6 +33,9 @@ pub struct Hold {
     pub(crate) mode: Mode,
     /// `(grant_rev, token)`; `None` for an unprotected hold.
     pub(crate) grant: Option<(Revision, FencingToken)>,
+    /// The oldest waiter when the hold was granted, whom the release hands over to
+    /// (see [`crate::handover`]); `None`: a plain release.
+    pub(crate) successor: Option<Successor>,
     pub(crate) done: bool,
 }
 
@@ -90,7 +94,9 @@ impl Hold {
     }
 
     /// Releases the hold: one Txn that deletes the hold key and its grant record, only if
-    /// the hold key still has this grant's create revision and this session's lease.
+    /// the hold key still has this grant's create revision and this session's lease. An
+    /// exclusive hold granted while others waited also hands the lock to the oldest of
+    /// them in the same Txn, when that waiter still waits (see [`crate::handover`]).
     ///
     /// # Errors
     ///
@@ -101,7 +107,8 @@ impl Hold {
         let result = match self.grant {
             None => Ok(()),
             Some((rev, _)) => {
-                release_txn(&self.locker, &self.keys, self.mode, &self.session, rev).await
+                let to = self.successor.as_ref();
+                release_txn(&self.locker, &self.keys, self.mode, &self.session, rev, to).await
             }
         };
         if let (Err(e), Some((rev, _))) = (&result, self.grant) {
@@ -109,14 +116,15 @@ impl Hold {
                 // Keep trying in the background so the hold does not block others until
                 // the lease expires. (The next acquire of this session on this lock also
                 // finishes such a release first.)
-                let (locker, keys, mode, session) = (
+                let (locker, keys, mode, session, to) = (
                     self.locker.clone(),
                     self.keys.clone(),
                     self.mode,
                     self.session.clone(),
+                    self.successor.take(),
                 );
                 tokio::spawn(async move {
-                    release_until_done(&locker, &keys, mode, &session, rev).await
+                    release_until_done(&locker, &keys, mode, &session, rev, to).await
                 });
             }
         }
@@ -150,15 +158,16 @@ impl Drop for Hold {
         // deletes a later hold of the session, and a later acquire that finds this hold
         // still there finishes its release itself.
         self.session.unmark_busy(self.keys.base());
-        let (locker, keys, mode, session) = (
+        let (locker, keys, mode, session, to) = (
             self.locker.clone(),
             self.keys.clone(),
             self.mode,
             self.session.clone(),
+            self.successor.take(),
         );
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                release_until_done(&locker, &keys, mode, &session, rev).await;
+                release_until_done(&locker, &keys, mode, &session, rev, to).await;
             });
         }
     }
@@ -171,10 +180,11 @@ async fn release_until_done(
     mode: Mode,
     session: &Session,
     rev: Revision,
+    to: Option<Successor>,
 ) {
     let mut backoff = retry::Backoff::new();
     loop {
-        match release_txn(locker, keys, mode, session, rev).await {
+        match release_txn(locker, keys, mode, session, rev, to.as_ref()).await {
             Err(e) if e.is_quorum_lost() && session.loss().is_none() => {
                 backoff.wait(Instant::now() + Duration::from_secs(1)).await;
             }
@@ -189,29 +199,36 @@ async fn release_txn(
     mode: Mode,
     session: &Session,
     rev: Revision,
+    to: Option<&Successor>,
 ) -> Result<()> {
-    release_lease_txn(locker, keys, mode, session.lease(), rev).await
+    release_lease_txn(locker, keys, mode, session.lease(), rev, to).await
 }
 
 /// The release Txn by lease: deletes `h/<mode>/<lease>` and its grant record only if the
-/// hold key has create revision `rev` and is attached to `lease`.
+/// hold key has create revision `rev` and is attached to `lease`; with `to` (exclusive
+/// holds only), hands the lock over to that waiter in the same Txn if it still waits.
 pub(crate) async fn release_lease_txn(
     locker: &LockerInner,
     keys: &LockKeys,
     mode: Mode,
     lease: crate::model::LeaseId,
     rev: Revision,
+    to: Option<&Successor>,
 ) -> Result<()> {
     let hold = keys.hold(mode, lease);
+    let mut ops = vec![
+        TxnOp::delete(hold.clone(), None),
+        TxnOp::delete(keys.grant(mode, lease), None),
+    ];
+    if let (Some(to), Mode::Exclusive) = (to, mode) {
+        ops.push(TxnOp::txn(to.txn(keys, locker.keys.epoch())));
+    }
     let txn = Txn::new()
         .when([
             Compare::create_revision(hold.clone(), CompareOp::Equal, rev.as_i64()),
-            Compare::lease(hold.clone(), CompareOp::Equal, lease.get()),
+            Compare::lease(hold, CompareOp::Equal, lease.get()),
         ])
-        .and_then([
-            TxnOp::delete(hold, None),
-            TxnOp::delete(keys.grant(mode, lease), None),
-        ]);
+        .and_then(ops);
     let deadline = Instant::now() + locker.request_timeout.max(Duration::from_millis(500)) * 3;
     let resp = retry::call("release.txn", deadline, locker.request_timeout, || {
         let (mut c, txn) = (locker.client.clone(), txn.clone());

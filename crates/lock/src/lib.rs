@@ -72,7 +72,10 @@
 //!   revision.
 //! - **release**: `h/<m>/<lease>` and `g/<m>/<lease>` deleted in one revision. A release
 //!   that could not commit at the time (quorum lost) is finished later, in the same
-//!   shape, by a background retry or by the session's next acquire of the lock.
+//!   shape, by a background retry or by the session's next acquire of the lock. A
+//!   release that hands the lock over (see the granting rules) is a release and a grant
+//!   in one revision: one lease's `h/` and `g/` deleted, the next one's created, and its
+//!   `q/` key deleted.
 //! - **expiry**: `h/<m>/<lease>` deleted (with the lease's other keys) while
 //!   `g/<m>/<lease>` stays: an orphaned grant record. The next grant of the lock deletes
 //!   it, after the class's lock-delay.
@@ -90,9 +93,12 @@
 //! - A waiter decides on queue, holds and grant records read at one revision. Exclusive:
 //!   it waits for the waiter just ahead of it, else for one holder. Shared: for the
 //!   exclusive waiter just ahead of it, else for one exclusive holder. For a waiter ahead
-//!   it watches that waiter's key and its lease's hold key (both on one stream), and
-//!   wakes when both are gone, that is on the predecessor's release (or its giving up);
-//!   for a holder, its hold key. The watches start at etcd's current revision (a past
+//!   it watches that waiter's key and its lease's hold key, and wakes when both are
+//!   gone, that is on the predecessor's release (or its giving up); for a holder, its
+//!   hold key. An exclusive waiter also watches its own hold key (a hand-over, below).
+//!   All the waits of a locker share one watch stream (etcd multiplexes watches on a
+//!   stream by watch id); when it fails, every wait reads anew and the next wait opens
+//!   another. The watches start at etcd's current revision (a past
 //!   start revision is served by etcd's 100 ms catch-up loop), and the two keys are read
 //!   once they exist. No polling and no thundering herd: a release wakes one waiter.
 //!   Woken, it sends its grant Txn at once (allowing no grant record at all); a grant
@@ -111,6 +117,17 @@
 //!   Then it deletes its waiter key and puts the hold and grant record. Only a
 //!   *succeeded* grant Txn's header revision is a grant revision (on the else branch it
 //!   is just the current revision).
+//! - Hand-over at release: an exclusive holder granted on the contended path read the
+//!   oldest waiter of the lock (with its value) in its grant Txn. If that waiter is
+//!   exclusive and of the holder's epoch, the release Txn also grants it, in a nested
+//!   Txn that compares the waiter key's create revision (it still waits; any waiter
+//!   created since is younger) and the epoch key: it deletes the waiter key and puts its
+//!   hold key (on its lease) and grant record, with the waiter's stored meta. One write
+//!   per hand-over instead of two in series; the release's revision is the new grant
+//!   revision. The waiter sees its hold key's put (newer than the state it waited on),
+//!   confirms it with a read checked against the epoch (its hold key as handed over, the
+//!   epoch key unchanged), which also reads whom it hands over to in turn. If the nested
+//!   compares fail, the release is a plain one and the waiter grants itself.
 //! - Lock-delay: if grant records of ended holds are found (expiry or force), the waiter
 //!   grants no sooner than `lock_delay` after it first observed them. That instant is
 //!   after the hold actually ended, so the delay is measured conservatively.
@@ -263,6 +280,8 @@ mod error;
 #[cfg(feature = "core")]
 mod force;
 #[cfg(feature = "core")]
+mod handover;
+#[cfg(feature = "core")]
 mod hold;
 #[cfg(feature = "core")]
 mod inspect;
@@ -277,6 +296,8 @@ mod retry;
 pub mod service;
 #[cfg(feature = "core")]
 mod session;
+#[cfg(feature = "core")]
+mod watches;
 
 #[cfg(feature = "core")]
 pub use config_store::ConfigStore;

@@ -20,6 +20,7 @@ use crate::meta::HolderMeta;
 use crate::model::{validate_name, LockClass, Mode, SpiffeId};
 use crate::retry;
 use crate::session::Session;
+use crate::watches::Watches;
 
 /// The default root prefix of the key space.
 pub const DEFAULT_ROOT: &str = "/palisade/";
@@ -82,6 +83,8 @@ pub(crate) struct LockerInner {
     pub(crate) keys: RootKeys,
     pub(crate) epoch: Arc<EpochState>,
     pub(crate) request_timeout: Duration,
+    /// The watch stream shared by every wait of this locker's acquires.
+    pub(crate) watches: Watches,
     classes: Arc<ClassCache>,
     /// Ends the class cache's watch task with the locker.
     _class_watch: WatchGuard,
@@ -169,6 +172,7 @@ impl Locker {
         );
         Ok(Locker {
             inner: Arc::new(LockerInner {
+                watches: Watches::new(client.clone(), keys.epoch(), options.request_timeout),
                 client,
                 keys,
                 epoch,

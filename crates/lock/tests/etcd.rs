@@ -2403,3 +2403,157 @@ async fn etcd_waiter_whose_predecessor_gives_up_is_granted_on_the_holders_releas
         Vec::<String>::new()
     );
 }
+
+/// A gauge of etcd's own metrics (`/metrics` on a client URL), summed over its label sets.
+async fn etcd_gauge(endpoint: &str, name: &str) -> f64 {
+    use http_body_util::{BodyExt, Empty};
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<bytes::Bytes>>();
+    let uri: hyper::Uri = format!("{endpoint}/metrics").parse().unwrap();
+    let resp = client.get(uri).await.unwrap();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8(body.to_vec()).unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn etcd_waiters_of_one_locker_share_one_watch_stream_that_survives_a_member_restart() {
+    let mut f = fixture(1).await;
+    let name = lock("shared-watch");
+    let h = session(&f.locker, 20).await;
+    let held = f.locker.acquire(&h, &name, Mode::Exclusive, secs(5)).await.unwrap();
+    let granted = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let s = session(&f.locker, 20).await;
+        let queue = format!("{}q/", base("shared-watch"));
+        let mut watch = PrefixWatch::start(f.locker.client(), &queue).await;
+        let (l, n, g) = (f.locker.clone(), name.clone(), granted.clone());
+        tasks.push(tokio::spawn(async move {
+            let h = l.acquire(&s, &n, Mode::Exclusive, secs(60)).await.unwrap();
+            g.lock().unwrap().push((i, token(&h)));
+            h.release().await.unwrap();
+        }));
+        watch.next(EventType::Put).await;
+    }
+    // Every wait is set up: the first waiter watches the hold (one watch), each other
+    // its predecessor's waiter and hold keys (two), plus the stream's first watch and the
+    // class cache's: 17 watches. On two streams (the class cache's and the shared one),
+    // not one per waiter.
+    let endpoint = f.cluster.endpoint(0);
+    let until = Instant::now() + Duration::from_secs(10);
+    let (mut watchers, mut streams);
+    loop {
+        watchers = etcd_gauge(&endpoint, "etcd_debugging_mvcc_watcher_total").await;
+        streams = etcd_gauge(&endpoint, "etcd_debugging_mvcc_watch_stream_total").await;
+        if (watchers >= 17.0 && streams <= 2.0) || Instant::now() > until {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(watchers >= 17.0, "{watchers} watchers: not every wait was set up");
+    assert_eq!(streams, 2.0, "{streams} watch streams for {watchers} watchers");
+    // The member restarts: the shared stream fails and every waiter reads again and
+    // opens its watches on a new stream; none is granted while the lock is held.
+    f.cluster.stop(0).await;
+    f.cluster.restart(0).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(granted.lock().unwrap().is_empty(), "granted while the lock is held");
+    let t0 = token(&held);
+    held.release().await.unwrap();
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(30), t)
+            .await
+            .expect("every waiter granted after the release")
+            .unwrap();
+    }
+    let granted = granted.lock().unwrap().clone();
+    let order: Vec<usize> = granted.iter().map(|(i, _)| *i).collect();
+    assert_eq!(order, (0..8).collect::<Vec<_>>(), "grant order is enqueue order");
+    let mut prev = t0;
+    for (i, t) in granted {
+        assert!(t > prev, "waiter {i}: token {t} not above {prev}");
+        prev = t;
+    }
+    let streams = etcd_gauge(&endpoint, "etcd_debugging_mvcc_watch_stream_total").await;
+    assert!(streams <= 2.0, "{streams} watch streams once every waiter is done");
+}
+
+#[tokio::test]
+async fn etcd_a_contended_release_hands_the_lock_to_the_oldest_waiter_in_its_own_revision() {
+    let f = fixture(1).await;
+    let name = lock("handover");
+    let (a, b, c) = (session(&f.locker, 10).await, session(&f.locker, 10).await, session(&f.locker, 10).await);
+    let ha = f.locker.acquire(&a, &name, Mode::Exclusive, secs(5)).await.unwrap();
+    let wb = spawn_waiter(&f.locker, &b, &name, Mode::Exclusive, secs(30)).await;
+    let wc = spawn_waiter(&f.locker, &c, &name, Mode::Exclusive, secs(30)).await;
+    // A was granted with nobody waiting: a plain release, and B grants itself.
+    ha.release().await.unwrap();
+    let hb = wb.await.unwrap().unwrap();
+    // B was granted while C waited: B's release puts C's hold in the same revision.
+    let mut holds = PrefixWatch::start(f.locker.client(), &format!("{}h/", base("handover"))).await;
+    let before = revision(f.locker.client()).await;
+    let tb = token(&hb);
+    hb.release().await.unwrap();
+    let (gone, released_at) = holds.next(EventType::Delete).await;
+    assert!(gone.ends_with(&b.lease().to_string()), "{gone}");
+    let hc = tokio::time::timeout(Duration::from_secs(5), wc)
+        .await
+        .expect("C granted after B's release")
+        .unwrap()
+        .unwrap();
+    assert_eq!(released_at, before + 1, "the release is the one write after `before`");
+    assert_eq!(hc.grant_rev().unwrap().as_i64(), released_at, "C's grant is B's release revision");
+    assert_eq!(token(&hc).revision().as_i64(), released_at);
+    assert!(token(&hc) > tb);
+    // C's waiter key went in that revision; its hold and grant record are C's.
+    let under = keys_under(f.locker.client(), &base("handover")).await;
+    let lease = c.lease().to_string();
+    assert_eq!(under.len(), 2, "{under:?}");
+    assert!(under.iter().all(|k| k.ends_with(&lease)), "{under:?}");
+    assert!(under.iter().any(|k| k.contains("/h/x/")) && under.iter().any(|k| k.contains("/g/x/")));
+    hc.release().await.unwrap();
+    assert_eq!(keys_under(f.locker.client(), &base("handover")).await, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn etcd_a_release_whose_next_waiter_gave_up_hands_over_to_nobody() {
+    let f = fixture(1).await;
+    let name = lock("handover-gone");
+    let s: Vec<Session> = {
+        let mut v = Vec::new();
+        for _ in 0..4 {
+            v.push(session(&f.locker, 10).await);
+        }
+        v
+    };
+    let ha = f.locker.acquire(&s[0], &name, Mode::Exclusive, secs(5)).await.unwrap();
+    let wb = spawn_waiter(&f.locker, &s[1], &name, Mode::Exclusive, secs(30)).await;
+    let wc = spawn_waiter(&f.locker, &s[2], &name, Mode::Exclusive, secs(30)).await;
+    let wd = spawn_waiter(&f.locker, &s[3], &name, Mode::Exclusive, secs(30)).await;
+    ha.release().await.unwrap();
+    let hb = wb.await.unwrap().unwrap();
+    // C, whom B's release would hand over to, gives up.
+    let mut queue = PrefixWatch::start(f.locker.client(), &format!("{}q/", base("handover-gone"))).await;
+    wc.abort();
+    let (gone, _) = queue.next(EventType::Delete).await;
+    assert!(gone.ends_with(&s[2].lease().to_string()), "{gone}");
+    let mut holds = PrefixWatch::start(f.locker.client(), &format!("{}h/", base("handover-gone"))).await;
+    hb.release().await.unwrap();
+    let (_, released_at) = holds.next(EventType::Delete).await;
+    let hd = tokio::time::timeout(Duration::from_secs(5), wd)
+        .await
+        .expect("D granted after B's release")
+        .unwrap()
+        .unwrap();
+    // No hold for C; D granted itself in a later write.
+    assert!(hd.grant_rev().unwrap().as_i64() > released_at);
+    let under = keys_under(f.locker.client(), &base("handover-gone")).await;
+    let c = s[2].lease().to_string();
+    assert!(!under.iter().any(|k| k.ends_with(&c)), "{under:?}");
+    hd.release().await.unwrap();
+}

@@ -12,6 +12,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::handover::Successor;
 use crate::hold::Hold;
 use crate::keys::LockKeys;
 use crate::locker::{LockName, LockerInner};
@@ -71,6 +72,9 @@ struct Attempt {
     /// Whether dropping this attempt ends the session's claim on the lock (not when an
     /// unprotected [`Hold`] took it over).
     owns_busy: bool,
+    /// The oldest waiter, read when this attempt was granted on the contended path: the
+    /// hold's release hands over to it.
+    successor: std::sync::Mutex<Option<Successor>>,
 }
 
 impl Drop for Attempt {
@@ -220,6 +224,7 @@ pub(crate) async fn acquire(
         disarmed: false,
         unsettled: AtomicBool::new(false),
         owns_busy: true,
+        successor: std::sync::Mutex::new(None),
     };
     if let Some(m) = epoch.mismatch {
         attempt.disarmed = true;
@@ -274,6 +279,11 @@ impl Attempt {
             class: self.class.clone(),
             mode: self.mode,
             grant,
+            successor: self
+                .successor
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take(),
             done: false,
         }
     }

@@ -6,15 +6,17 @@ use std::collections::{HashMap, HashSet};
 
 use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
-    TxnResponse, WatchFilterType, WatchOptions, WatchResponse, WatchStream,
+    TxnResponse, WatchFilterType, WatchOptions, WatchResponse,
 };
 use palisade_fence::{FencingToken, Revision};
 use tokio::time::Instant;
 
 use super::Attempt;
+use crate::handover::{oldest_waiter_op, Successor};
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::Mode;
 use crate::retry;
+use crate::watches::Subscription;
 
 /// One key of the lock's queue, holds or grant records, read without its value.
 pub(super) struct Entry {
@@ -68,6 +70,9 @@ enum Woken {
     Released,
     /// The watch stream failed or was cancelled; nothing is known.
     WatchFailed,
+    /// The predecessor's release handed the lock over: this attempt's hold key was
+    /// put at this revision.
+    HandedOver(i64),
 }
 
 /// Who wrote a hold key of this session that a view found.
@@ -263,7 +268,10 @@ impl Attempt {
             })
             .collect();
         if let Some(b) = blocker {
-            let woken = self.wait_released(b).await?;
+            let woken = self.wait_released(b, view.revision).await?;
+            if let Woken::HandedOver(rev) = woken {
+                return self.adopt_handed_over(rev).await;
+            }
             if woken == Woken::WatchFailed || !orphans.is_empty() {
                 // A failed watch stream (a member went away, the cluster was restored)
                 // is followed by a read, whose answer is checked against the epoch,
@@ -389,6 +397,10 @@ impl Attempt {
                 .filter(|o| o.key != my_grant)
                 .map(|o| TxnOp::delete(o.key.clone(), None)),
         );
+        if self.mode == Mode::Exclusive {
+            // Whom the release hands over to: the oldest waiter once ours is gone.
+            ops.push(oldest_waiter_op(k));
+        }
         let hw = self.locker.epoch.high_water();
         let resp = self
             .txn(Txn::new().when(when).and_then(ops).or_else(self.view_ops()))
@@ -399,7 +411,56 @@ impl Attempt {
             tracing::debug!(lock = ?self.name, revision = view.revision, "grant Txn raced");
             return Ok(Step::Raced(view));
         }
-        self.mint(&resp, hw, true).await.map(Step::Granted)
+        let granted = self.mint(&resp, hw, true).await?;
+        if self.mode == Mode::Exclusive {
+            if let Some(TxnOpResponse::Get(g)) = resp.op_responses().into_iter().last() {
+                self.set_successor(g.kvs().first());
+            }
+        }
+        Ok(Step::Granted(granted))
+    }
+
+    /// Notes whom the hold's release hands over to, from a read of the oldest waiter.
+    fn set_successor(&self, oldest: Option<&KeyValue>) {
+        let s = Successor::from_oldest(&self.keys, oldest, self.epoch.get(), self.epoch_mod_rev);
+        *self.successor.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = s;
+    }
+
+    /// The release of the predecessor handed the lock to this waiter: its hold key was
+    /// put at `rev` (seen by a watch, or by the read after the watches, both above the
+    /// view this waiter waited on). Confirms it with a read checked against the epoch:
+    /// the hold key is still this attempt's (create revision `rev`, this attempt's meta,
+    /// this lease) and the epoch key is still at this attempt's mod revision, which the
+    /// hand-over compared too; the same read finds whom this hold hands over to next.
+    /// Anything else: read anew and decide on that (a hold of ours that is no longer as
+    /// handed over, or an epoch that moved, is dealt with by the loop).
+    async fn adopt_handed_over(&self, rev: i64) -> Result<Step> {
+        let lease = self.session.lease();
+        let k = &self.keys;
+        let resp = self
+            .read_txn([
+                TxnOp::get(k.hold(self.mode, lease), None),
+                TxnOp::get(self.locker.keys.epoch(), Some(GetOptions::new().with_keys_only())),
+                oldest_waiter_op(k),
+            ])
+            .await?;
+        let mut gets = resp.op_responses().into_iter().map(|r| match r {
+            TxnOpResponse::Get(g) => g.kvs().first().cloned(),
+            _ => None,
+        });
+        let (hold, epoch, oldest) = (gets.next().flatten(), gets.next().flatten(), gets.next().flatten());
+        let ours = hold.is_some_and(|h| {
+            h.create_revision() == rev && h.lease() == lease.get() && h.value() == self.meta.as_slice()
+        });
+        if !ours || epoch.map(|e| e.mod_revision()) != Some(self.epoch_mod_rev) {
+            return Ok(Step::Next(self.read().await?));
+        }
+        let granted = self
+            .finish(Revision::from_i64(rev).map_err(|e| Error::with_source(ErrorKind::Etcd, e))?)
+            .await?;
+        self.set_successor(oldest.as_ref());
+        tracing::debug!(lock = ?self.name, revision = rev, "handed over at release");
+        Ok(Step::Granted(granted))
     }
 
     /// Sends `ops` (reads) in one Txn and checks its answer against the epoch, like every
@@ -447,7 +508,8 @@ impl Attempt {
     /// gone too: so the wait is on what actually lets this waiter go, the predecessor's
     /// release, and not on its grant, which would cost another read and another wait.
     /// Still only the predecessor's two keys are watched (no thundering herd: each
-    /// release wakes one waiter).
+    /// release wakes one waiter), on the locker's shared watch stream (see
+    /// [`crate::watches`]), so a wait costs two watch creates there, not a stream.
     ///
     /// The watches start at etcd's current revision, never at a past one: etcd serves a
     /// watch that starts in the past from its "unsynced" group, which it catches up only
@@ -456,70 +518,71 @@ impl Attempt {
     /// watches is read once the watches exist, in one Txn of two gets; only events after
     /// that read's revision are applied. Any trouble with the watch stream returns
     /// [`Woken::WatchFailed`] early (after a short backoff): the caller reads anew.
-    async fn wait_released(&self, blocker: &Entry) -> Result<Woken> {
+    async fn wait_released(&self, blocker: &Entry, view_rev: i64) -> Result<Woken> {
         let waiter = self.keys.hold_for_waiter(&blocker.key).map(|hold| (hold, blocker.create_rev));
         let (hold_key, waiter_key): (Vec<u8>, Option<Vec<u8>>) = match &waiter {
             Some((hold, _)) => (hold.clone().into_bytes(), Some(blocker.key.clone())),
             None => (blocker.key.clone(), None),
         };
-        let watch = retry::call(
-            "acquire.watch",
-            self.deadline,
-            self.locker.request_timeout,
-            || {
-                let (mut c, key) = (self.locker.client.clone(), hold_key.clone());
-                async move { c.watch(key, None).await }
-            },
-        );
-        let (mut watcher, mut stream) = match watch.await {
-            Ok(w) => w,
-            Err(e) => return Err(e.into_error(ErrorKind::QuorumLost)),
-        };
-        // Events that arrive before the read below; applied after it if newer.
-        let mut early: Vec<(Vec<u8>, EventType, i64)> = Vec::new();
-        if let Some(key) = &waiter_key {
-            // A second watch on the same stream: the waiter key's deletion.
-            let opts = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
-            if watcher.watch(key.clone(), Some(opts)).await.is_err() {
-                return self.watch_trouble().await;
-            }
-            // Its `created` answer comes on the stream; only then does it see every
-            // later revision.
-            loop {
-                match self.next_watch_message(&mut stream).await? {
-                    Some(resp) if resp.created() => break,
-                    Some(resp) if !resp.canceled() => early.extend(events(&resp)),
-                    _ => return self.watch_trouble().await,
-                }
-            }
+        // This attempt's own hold key: put when a release hands the lock over to it.
+        let own_hold = self.keys.hold(self.mode, self.session.lease()).into_bytes();
+        let mut watches = vec![(hold_key.clone(), WatchOptions::new())];
+        if self.mode == Mode::Exclusive {
+            // Only exclusive waiters are handed over to.
+            watches.push((own_hold.clone(), WatchOptions::new().with_filters([WatchFilterType::NoDelete])));
         }
-        let mut ops = vec![TxnOp::get(hold_key.clone(), Some(GetOptions::new().with_keys_only()))];
+        if let Some(key) = &waiter_key {
+            // The waiter key's deletion.
+            watches.push((key.clone(), WatchOptions::new().with_filters([WatchFilterType::NoPut])));
+        }
+        let subscribe = retry::call("acquire.watch", self.deadline, self.locker.request_timeout, || {
+            self.locker.watches.subscribe(watches.clone())
+        });
+        let mut stream = subscribe.await.map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
+        let mut ops = vec![
+            TxnOp::get(hold_key.clone(), Some(GetOptions::new().with_keys_only())),
+            TxnOp::get(own_hold.clone(), None),
+        ];
         if let Some(key) = &waiter_key {
             ops.push(TxnOp::get(key.clone(), Some(GetOptions::new().with_keys_only())));
         }
         let resp = self.read_txn(ops).await?;
         let mut seen = resp.header().map(|h| h.revision()).unwrap_or(0);
         let mut got = resp.op_responses().into_iter().map(|r| match r {
-            TxnOpResponse::Get(g) => g.kvs().first().map(KeyValue::create_revision),
+            TxnOpResponse::Get(g) => g.kvs().first().cloned(),
             _ => None,
         });
         let mut hold_present = got.next().flatten().is_some();
+        if let Some(own) = got.next().flatten() {
+            // Handed over between the view and the watches. The view had no hold of
+            // ours, so a hand-over is newer than it; anything else is read anew.
+            return Ok(if self.is_handed_over(&own) && own.create_revision() > view_rev {
+                Woken::HandedOver(own.create_revision())
+            } else {
+                Woken::WatchFailed
+            });
+        }
         let mut waiter_present = match &waiter {
-            Some((_, rev)) => got.next().flatten() == Some(*rev),
+            Some((_, rev)) => got.next().flatten().map(|kv| kv.create_revision()) == Some(*rev),
             None => false,
         };
-        let mut pending = early;
+        let mut pending: Vec<WatchEvent> = Vec::new();
         // Set when the predecessor's waiter key went while its hold key was absent: it was
         // granted (the hold put of the same revision comes from the other watch, most
         // often right after) or it gave up. Until when to wait for that put before
         // reading the hold key instead.
         let mut unsure_until: Option<Instant> = None;
         loop {
-            for (key, kind, rev) in pending.drain(..) {
+            let mut handed = None;
+            for WatchEvent { key, kind, rev, handed_over } in pending.drain(..) {
                 if rev <= seen {
                     continue;
                 }
-                if key == hold_key {
+                if key == own_hold {
+                    if handed_over {
+                        handed = Some(rev);
+                    }
+                } else if key == hold_key {
                     hold_present = kind == EventType::Put;
                     unsure_until = None;
                 } else if waiter_key.as_ref() == Some(&key) && kind == EventType::Delete {
@@ -529,11 +592,14 @@ impl Attempt {
                     }
                 }
             }
+            if let Some(rev) = handed {
+                return Ok(Woken::HandedOver(rev));
+            }
             if let Some(until) = unsure_until {
                 let next = tokio::time::timeout_at(until, self.next_watch_message(&mut stream));
                 match next.await {
                     Ok(msg) => match msg? {
-                        Some(resp) if !resp.canceled() => pending.extend(events(&resp)),
+                        Some(resp) if !resp.canceled() => pending.extend(self.events(&resp)),
                         _ => return self.watch_trouble().await,
                     },
                     Err(_) => {
@@ -555,10 +621,22 @@ impl Attempt {
                 continue;
             }
             if !hold_present && !waiter_present {
+                // A release that hands over to us is one revision, but its events come
+                // as messages of two watches: take what has already arrived first.
+                while let Some(resp) = stream.try_next() {
+                    self.locker.epoch.observe_header(resp.header())?;
+                    if resp.canceled() {
+                        return self.watch_trouble().await;
+                    }
+                    pending.extend(self.events(&resp));
+                }
+                if !pending.is_empty() {
+                    continue;
+                }
                 return Ok(Woken::Released);
             }
             match self.next_watch_message(&mut stream).await? {
-                Some(resp) if !resp.canceled() => pending.extend(events(&resp)),
+                Some(resp) if !resp.canceled() => pending.extend(self.events(&resp)),
                 _ => return self.watch_trouble().await,
             }
         }
@@ -568,11 +646,10 @@ impl Attempt {
     /// or the deadline, or the session's loss.
     async fn next_watch_message(
         &self,
-        stream: &mut WatchStream,
+        stream: &mut Subscription,
     ) -> Result<Option<WatchResponse>> {
         tokio::select! {
-            msg = stream.message() => {
-                let msg = msg.ok().flatten();
+            msg = stream.next() => {
                 if let Some(resp) = &msg {
                     self.locker.epoch.observe_header(resp.header())?;
                 }
@@ -595,10 +672,35 @@ impl Attempt {
     }
 }
 
-/// The events of a watch response as (key, kind, revision).
-fn events(resp: &WatchResponse) -> impl Iterator<Item = (Vec<u8>, EventType, i64)> + '_ {
-    resp.events().iter().filter_map(|e| {
-        let kv = e.kv()?;
-        Some((kv.key().to_vec(), e.event_type(), kv.mod_revision()))
-    })
+/// One event of a wait's watches.
+struct WatchEvent {
+    key: Vec<u8>,
+    kind: EventType,
+    /// Its revision (the key's mod revision).
+    rev: i64,
+    /// Whether it created a hold of this attempt (see [`Attempt::is_handed_over`]).
+    handed_over: bool,
+}
+
+impl Attempt {
+    /// The events of a watch response of this attempt's wait.
+    fn events<'a>(&'a self, resp: &'a WatchResponse) -> impl Iterator<Item = WatchEvent> + 'a {
+        resp.events().iter().filter_map(|e| {
+            let kv = e.kv()?;
+            Some(WatchEvent {
+                key: kv.key().to_vec(),
+                kind: e.event_type(),
+                rev: kv.mod_revision(),
+                handed_over: e.event_type() == EventType::Put
+                    && kv.create_revision() == kv.mod_revision()
+                    && self.is_handed_over(kv),
+            })
+        })
+    }
+
+    /// Whether `kv`, this attempt's hold key, holds what a hand-over to this attempt
+    /// writes: its meta, on its lease.
+    fn is_handed_over(&self, kv: &KeyValue) -> bool {
+        kv.lease() == self.session.lease().get() && kv.value() == self.meta.as_slice()
+    }
 }

@@ -1,0 +1,106 @@
+//! Hand-over at release: an exclusive holder's release Txn grants the oldest waiter.
+//!
+//! Without it, a contended lock changes hands in two writes in series: the holder's
+//! release Txn, then (once the waiter's watch has told it) the waiter's grant Txn. With
+//! it, the release Txn itself deletes the oldest waiter's waiter key and puts its hold
+//! key and grant record, with the waiter's own stored meta and lease, in the same
+//! revision as the release: one write per hand-over, and that revision is the new
+//! holder's grant revision (its token is `epoch · 2^48 + revision`, as for any grant).
+//!
+//! The holder learns who is next when it is granted on the contended path: the grant Txn
+//! (or the read that confirms a hand-over) also reads the oldest waiter of the lock, with
+//! its value. The release hands over only if that waiter is exclusive and of the
+//! holder's epoch, and only if, at the release's revision,
+//!
+//! - the waiter key still has the create revision read then (the waiter has not given
+//!   up, its lease lives; a waiter created since is younger, so it is still the oldest),
+//! - and the epoch key still has the mod revision of the holder's epoch.
+//!
+//! Nothing else needs comparing: while the exclusive hold exists no other hold can be
+//! granted, and no grant record other than the holder's can appear (a force release
+//! rewrites the holder's own record and deletes its hold, which fails the release's own
+//! compare). When the nested compares fail, the release is a plain release and the
+//! waiter grants itself as before.
+//!
+//! The new holder learns of its grant from the put of its own hold key, which its wait
+//! watches, and confirms it with a read that is checked against the epoch like every
+//! read a waiter decides on (see `acquire::waiter`). An acquire that was dropped or
+//! failed meanwhile deletes the hold in its cleanup (the hold's value is the attempt's
+//! meta, which the cleanup compares).
+
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
+
+use crate::keys::LockKeys;
+use crate::model::{LeaseId, Mode};
+
+/// The oldest waiter of a lock, as read when the holder was granted: whom its release
+/// hands the lock to.
+#[derive(Debug, Clone)]
+pub(crate) struct Successor {
+    waiter_key: Vec<u8>,
+    create_rev: i64,
+    lease: LeaseId,
+    /// The waiter key's value: the waiter's stored meta, which becomes its hold's.
+    meta: Vec<u8>,
+    /// The mod revision of the epoch key in the holder's epoch.
+    epoch_mod_rev: i64,
+}
+
+/// The read, as a Txn op, of the oldest waiter of the lock (either mode), with its value.
+pub(crate) fn oldest_waiter_op(keys: &LockKeys) -> TxnOp {
+    TxnOp::get(
+        keys.queue(),
+        Some(
+            GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Create, SortOrder::Ascend)
+                .with_limit(1),
+        ),
+    )
+}
+
+impl Successor {
+    /// The successor from what [`oldest_waiter_op`] read (`first`: its one key, if any),
+    /// for a holder granted in `epoch` whose epoch key had `epoch_mod_rev`. `None` when
+    /// there is no waiter, when the oldest is shared, or of another epoch, or not a key
+    /// of the layout: the release is then a plain one.
+    pub(crate) fn from_oldest(
+        keys: &LockKeys,
+        first: Option<&KeyValue>,
+        epoch: u16,
+        epoch_mod_rev: i64,
+    ) -> Option<Successor> {
+        let kv = first?;
+        let lease = LeaseId::new(kv.lease());
+        if kv.lease() == 0 || kv.key() != keys.waiter(Mode::Exclusive, lease).as_bytes() {
+            return None;
+        }
+        let stored = serde_json::from_slice::<serde_json::Value>(kv.value()).ok()?;
+        if stored.get("epoch").and_then(serde_json::Value::as_u64) != Some(u64::from(epoch)) {
+            return None;
+        }
+        Some(Successor {
+            waiter_key: kv.key().to_vec(),
+            create_rev: kv.create_revision(),
+            lease,
+            meta: kv.value().to_vec(),
+            epoch_mod_rev,
+        })
+    }
+
+    /// The nested Txn of a release that hands the lock over (see the module docs); it
+    /// runs in the release Txn's success branch, after the holder's keys are deleted.
+    pub(crate) fn txn(&self, keys: &LockKeys, epoch_key: String) -> Txn {
+        let opts = || Some(PutOptions::new().with_lease(self.lease.get()));
+        Txn::new()
+            .when([
+                Compare::create_revision(self.waiter_key.clone(), CompareOp::Equal, self.create_rev),
+                Compare::mod_revision(epoch_key, CompareOp::Equal, self.epoch_mod_rev),
+            ])
+            .and_then([
+                TxnOp::delete(self.waiter_key.clone(), None),
+                TxnOp::put(keys.hold(Mode::Exclusive, self.lease), self.meta.clone(), opts()),
+                TxnOp::put(keys.grant(Mode::Exclusive, self.lease), self.meta.clone(), None),
+            ])
+    }
+}
