@@ -233,6 +233,8 @@ impl Locker {
 
     /// Releases the hold of `lease` on `lock` in `mode` that was granted at `grant_rev`:
     /// the same Txn as [`Hold::release`](crate::Hold::release), so audit sees a release.
+    /// If the hold was let go of with [`Hold::forget`](crate::Hold::forget) through this
+    /// locker, the release hands the lock over to the waiter the hold would have.
     ///
     /// # Errors
     ///
@@ -250,6 +252,7 @@ impl Locker {
         validate_name(&lock.class)?;
         validate_key(&lock.key)?;
         let keys = self.inner.keys.lock(&lock.ns, &lock.class, &lock.key);
-        release_lease_txn(&self.inner, &keys, mode, lease, grant_rev, None).await
+        let to = self.inner.successors.take(keys.hold(mode, lease), grant_rev);
+        release_lease_txn(&self.inner, &keys, mode, lease, grant_rev, to.as_ref()).await
     }
 }

@@ -22,6 +22,11 @@
 //! compare). When the nested compares fail, the release is a plain release and the
 //! waiter grants itself as before.
 //!
+//! A hold that is let go of with [`Hold::forget`](crate::Hold::forget) (a service that
+//! keeps no hold objects) leaves its successor in the locker's [`Successors`], which
+//! [`Locker::release_by`](crate::Locker::release_by) takes it from: a release through
+//! the same locker hands over too; one through another locker is a plain release.
+//!
 //! The new holder learns of its grant from the put of its own hold key, which its wait
 //! watches, and confirms it with a read that is checked against the epoch like every
 //! read a waiter decides on (see `acquire::waiter`). An acquire that was dropped or
@@ -30,8 +35,41 @@
 
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
 
+use std::time::Duration;
+
+use palisade_fence::Revision;
+
 use crate::keys::LockKeys;
 use crate::model::{LeaseId, Mode};
+
+/// Successors of holds that were forgotten, by hold key and grant revision: at most
+/// [`Successors::CAPACITY`] of them, each for at most [`Successors::TTL`] (after that
+/// the release is a plain one; a stale entry is harmless, as the release compares).
+pub(crate) struct Successors(moka::sync::Cache<(String, Revision), Successor>);
+
+impl Successors {
+    const CAPACITY: u64 = 10_000;
+    const TTL: Duration = Duration::from_secs(600);
+
+    pub(crate) fn new() -> Self {
+        Successors(
+            moka::sync::Cache::builder()
+                .max_capacity(Self::CAPACITY)
+                .time_to_live(Self::TTL)
+                .build(),
+        )
+    }
+
+    /// Keeps whom the hold `hold_key` granted at `grant_rev` hands over to.
+    pub(crate) fn keep(&self, hold_key: String, grant_rev: Revision, to: Successor) {
+        self.0.insert((hold_key, grant_rev), to);
+    }
+
+    /// Takes whom the hold `hold_key` granted at `grant_rev` hands over to, if known.
+    pub(crate) fn take(&self, hold_key: String, grant_rev: Revision) -> Option<Successor> {
+        self.0.remove(&(hold_key, grant_rev))
+    }
+}
 
 /// The oldest waiter of a lock, as read when the holder was granted: whom its release
 /// hands the lock to.

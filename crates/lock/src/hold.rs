@@ -137,9 +137,15 @@ impl Hold {
     /// Lets go of this handle without releasing: the hold stays in etcd until it is
     /// released by lease with [`Locker::release_by`](crate::Locker::release_by), its
     /// session's lease ends, or it is force-released. For services that hand the hold's
-    /// `(lock, lease, mode, grant_rev)` to a client and keep no state of their own.
+    /// `(lock, lease, mode, grant_rev)` to a client and keep no state of their own. (Whom
+    /// the release would hand the lock over to is kept by the locker for a while, so a
+    /// `release_by` through it hands over as [`Hold::release`] does.)
     pub fn forget(mut self) {
         self.done = true;
+        if let (Some(to), Some((rev, _))) = (self.successor.take(), self.grant) {
+            let hold_key = self.keys.hold(self.mode, self.session.lease());
+            self.locker.successors.keep(hold_key, rev, to);
+        }
         self.session.unmark_busy(self.keys.base());
     }
 }

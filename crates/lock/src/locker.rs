@@ -20,6 +20,7 @@ use crate::meta::HolderMeta;
 use crate::model::{validate_name, LockClass, Mode, SpiffeId};
 use crate::retry;
 use crate::session::Session;
+use crate::handover::Successors;
 use crate::watches::Watches;
 
 /// The default root prefix of the key space.
@@ -85,6 +86,8 @@ pub(crate) struct LockerInner {
     pub(crate) request_timeout: Duration,
     /// The watch stream shared by every wait of this locker's acquires.
     pub(crate) watches: Watches,
+    /// Whom forgotten holds hand over to, for `release_by`.
+    pub(crate) successors: Successors,
     classes: Arc<ClassCache>,
     /// Ends the class cache's watch task with the locker.
     _class_watch: WatchGuard,
@@ -173,6 +176,7 @@ impl Locker {
         Ok(Locker {
             inner: Arc::new(LockerInner {
                 watches: Watches::new(client.clone(), keys.epoch(), options.request_timeout),
+                successors: Successors::new(),
                 client,
                 keys,
                 epoch,

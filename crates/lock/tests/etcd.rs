@@ -2557,3 +2557,32 @@ async fn etcd_a_release_whose_next_waiter_gave_up_hands_over_to_nobody() {
     assert!(!under.iter().any(|k| k.ends_with(&c)), "{under:?}");
     hd.release().await.unwrap();
 }
+
+#[tokio::test]
+async fn etcd_release_by_of_a_forgotten_hold_hands_over_as_its_release_would() {
+    let f = fixture(1).await;
+    let name = lock("handover-by");
+    let (a, b, c) = (session(&f.locker, 10).await, session(&f.locker, 10).await, session(&f.locker, 10).await);
+    let ha = f.locker.acquire(&a, &name, Mode::Exclusive, secs(5)).await.unwrap();
+    let wb = spawn_waiter(&f.locker, &b, &name, Mode::Exclusive, secs(30)).await;
+    let wc = spawn_waiter(&f.locker, &c, &name, Mode::Exclusive, secs(30)).await;
+    ha.release().await.unwrap();
+    let hb = wb.await.unwrap().unwrap();
+    // As the service does: the hold object goes, its (lock, lease, mode, grant_rev) stays.
+    let grant_rev = hb.grant_rev().unwrap();
+    hb.forget();
+    let mut holds = PrefixWatch::start(f.locker.client(), &format!("{}h/", base("handover-by"))).await;
+    f.locker.release_by(&name, b.lease(), Mode::Exclusive, grant_rev).await.unwrap();
+    let (gone, released_at) = holds.next(EventType::Delete).await;
+    assert!(gone.ends_with(&b.lease().to_string()), "{gone}");
+    let hc = tokio::time::timeout(Duration::from_secs(5), wc)
+        .await
+        .expect("C granted after B's release")
+        .unwrap()
+        .unwrap();
+    assert_eq!(hc.grant_rev().unwrap().as_i64(), released_at, "C's grant is B's release revision");
+    // A second release_by of the same grant finds nothing (and hands over nothing).
+    let again = f.locker.release_by(&name, b.lease(), Mode::Exclusive, grant_rev).await.unwrap_err();
+    assert_eq!(*again.kind(), ErrorKind::NotHeld);
+    hc.release().await.unwrap();
+}
