@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{Client, WatchOptions, WatchResponse, WatchStream, Watcher};
+use etcd_client::{Client, ResponseHeader, WatchOptions, WatchResponse, WatchStream, Watcher};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -86,6 +86,8 @@ pub(crate) struct Subscription {
     ids: Vec<i64>,
     /// Messages that came while the watches were being set up.
     early: VecDeque<WatchResponse>,
+    /// The headers of etcd's confirmations of the watches, in order.
+    created: Vec<ResponseHeader>,
     rx: mpsc::UnboundedReceiver<WatchResponse>,
     routes: Arc<Mutex<Routes>>,
     requests: mpsc::UnboundedSender<Request>,
@@ -116,6 +118,16 @@ impl Subscription {
             return Some(m);
         }
         self.rx.recv().await
+    }
+
+    /// The headers of etcd's confirmations of this subscription's watches. Each header's
+    /// revision is etcd's revision when it created that watch, and the watch delivers
+    /// every event after it (etcd starts a watch without a start revision at the
+    /// revision after its current one): so if the highest of them is `r`, every write to
+    /// the watched keys after `r` is delivered. `None` if a confirmation came without a
+    /// header.
+    pub(crate) fn created(&self) -> Option<&[ResponseHeader]> {
+        (self.created.len() == self.ids.len()).then_some(self.created.as_slice())
     }
 
     /// The next message if one has already arrived.
@@ -175,7 +187,8 @@ impl Watches {
             }
             (c.routes.clone(), c.requests.clone(), ids)
         };
-        let mut sub = Subscription { ids, early: VecDeque::new(), rx, routes, requests };
+        let mut sub =
+            Subscription { ids, early: VecDeque::new(), created: Vec::new(), rx, routes, requests };
         let until = Instant::now() + self.request_timeout;
         let mut pending = sub.ids.len();
         while pending > 0 {
@@ -195,6 +208,9 @@ impl Watches {
             }
             if msg.created() {
                 pending -= 1;
+                if let Some(h) = msg.header() {
+                    sub.created.push(h.clone());
+                }
             } else {
                 sub.early.push_back(msg);
             }

@@ -268,7 +268,7 @@ impl Attempt {
             })
             .collect();
         if let Some(b) = blocker {
-            let woken = self.wait_released(b, view.revision).await?;
+            let woken = self.wait_released(b, &view).await?;
             if let Woken::HandedOver(rev) = woken {
                 return self.adopt_handed_over(rev).await;
             }
@@ -515,10 +515,12 @@ impl Attempt {
     /// watch that starts in the past from its "unsynced" group, which it catches up only
     /// every 100 ms, so a past start revision (the view's, once anything was written
     /// since) costs up to 100 ms per wait. What changed between the view and the
-    /// watches is read once the watches exist, in one Txn of two gets; only events after
-    /// that read's revision are applied. Any trouble with the watch stream returns
+    /// watches is read once the watches exist, in one Txn of a few gets; only events
+    /// after that read's revision are applied. When etcd created the watches at the
+    /// view's own revision (their confirmations say so), nothing changed in between
+    /// and the read is skipped. Any trouble with the watch stream returns
     /// [`Woken::WatchFailed`] early (after a short backoff): the caller reads anew.
-    async fn wait_released(&self, blocker: &Entry, view_rev: i64) -> Result<Woken> {
+    async fn wait_released(&self, blocker: &Entry, view: &View) -> Result<Woken> {
         let waiter = self.keys.hold_for_waiter(&blocker.key).map(|hold| (hold, blocker.create_rev));
         let (hold_key, waiter_key): (Vec<u8>, Option<Vec<u8>>) = match &waiter {
             Some((hold, _)) => (hold.clone().into_bytes(), Some(blocker.key.clone())),
@@ -539,33 +541,50 @@ impl Attempt {
             self.locker.watches.subscribe(watches.clone())
         });
         let mut stream = subscribe.await.map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
-        let mut ops = vec![
-            TxnOp::get(hold_key.clone(), Some(GetOptions::new().with_keys_only())),
-            TxnOp::get(own_hold.clone(), None),
-        ];
-        if let Some(key) = &waiter_key {
-            ops.push(TxnOp::get(key.clone(), Some(GetOptions::new().with_keys_only())));
+        let mut created_at = Some(0);
+        for h in stream.created().unwrap_or_default() {
+            self.locker.epoch.observe_header(Some(h))?;
+            created_at = created_at.map(|r: i64| r.max(h.revision()));
         }
-        let resp = self.read_txn(ops).await?;
-        let mut seen = resp.header().map(|h| h.revision()).unwrap_or(0);
-        let mut got = resp.op_responses().into_iter().map(|r| match r {
-            TxnOpResponse::Get(g) => g.kvs().first().cloned(),
-            _ => None,
-        });
-        let mut hold_present = got.next().flatten().is_some();
-        if let Some(own) = got.next().flatten() {
-            // Handed over between the view and the watches. The view had no hold of
-            // ours, so a hand-over is newer than it; anything else is read anew.
-            return Ok(if self.is_handed_over(&own) && own.create_revision() > view_rev {
-                Woken::HandedOver(own.create_revision())
-            } else {
-                Woken::WatchFailed
+        if stream.created().is_none() {
+            created_at = None;
+        }
+        let (mut seen, mut hold_present, mut waiter_present);
+        if created_at == Some(view.revision) {
+            // Nothing was written since the view: the watches see every write after
+            // it, and the view is the state to start from (it had no hold of ours).
+            seen = view.revision;
+            hold_present = view.holds.iter().any(|h| h.key == hold_key);
+            waiter_present = waiter.is_some();
+        } else {
+            let mut ops = vec![
+                TxnOp::get(hold_key.clone(), Some(GetOptions::new().with_keys_only())),
+                TxnOp::get(own_hold.clone(), None),
+            ];
+            if let Some(key) = &waiter_key {
+                ops.push(TxnOp::get(key.clone(), Some(GetOptions::new().with_keys_only())));
+            }
+            let resp = self.read_txn(ops).await?;
+            seen = resp.header().map(|h| h.revision()).unwrap_or(0);
+            let mut got = resp.op_responses().into_iter().map(|r| match r {
+                TxnOpResponse::Get(g) => g.kvs().first().cloned(),
+                _ => None,
             });
+            hold_present = got.next().flatten().is_some();
+            if let Some(own) = got.next().flatten() {
+                // Handed over between the view and the watches. The view had no hold of
+                // ours, so a hand-over is newer than it; anything else is read anew.
+                return Ok(if self.is_handed_over(&own) && own.create_revision() > view.revision {
+                    Woken::HandedOver(own.create_revision())
+                } else {
+                    Woken::WatchFailed
+                });
+            }
+            waiter_present = match &waiter {
+                Some((_, rev)) => got.next().flatten().map(|kv| kv.create_revision()) == Some(*rev),
+                None => false,
+            };
         }
-        let mut waiter_present = match &waiter {
-            Some((_, rev)) => got.next().flatten().map(|kv| kv.create_revision()) == Some(*rev),
-            None => false,
-        };
         let mut pending: Vec<WatchEvent> = Vec::new();
         // Set when the predecessor's waiter key went while its hold key was absent: it was
         // granted (the hold put of the same revision comes from the other watch, most
