@@ -96,9 +96,9 @@
 //!   it watches that waiter's key and its lease's hold key, and wakes when both are
 //!   gone, that is on the predecessor's release (or its giving up); for a holder, its
 //!   hold key. An exclusive waiter also watches its own hold key (a hand-over, below).
-//!   All the waits of a locker share one watch stream (etcd multiplexes watches on a
-//!   stream by watch id); when it fails, every wait reads anew and the next wait opens
-//!   another. The watches start at etcd's current revision (a past
+//!   The waits of a locker share four watch streams (etcd multiplexes watches on a
+//!   stream by watch id); when one fails, every wait on it reads anew and a later wait
+//!   opens it again. The watches start at etcd's current revision (a past
 //!   start revision is served by etcd's 100 ms catch-up loop), and the two keys are read
 //!   once they exist. No polling and no thundering herd: a release wakes one waiter.
 //!   Woken, it sends its grant Txn at once (allowing no grant record at all); a grant
