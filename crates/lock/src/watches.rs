@@ -171,6 +171,9 @@ impl Watches {
         &self,
         watches: Vec<(Vec<u8>, WatchOptions)>,
     ) -> Result<Subscription, etcd_client::Error> {
+        // The confirmations must come before the caller's per-request timeout (which
+        // runs from about now) ends this call: only then is a stuck stream closed here.
+        let until = Instant::now() + self.request_timeout.mul_f64(0.9);
         let (tx, rx) = mpsc::unbounded_channel();
         let (routes, requests, ids) = {
             let i = self.next_conn.fetch_add(1, Ordering::Relaxed) % self.conns.len();
@@ -183,12 +186,19 @@ impl Watches {
             let mut ids = Vec::with_capacity(watches.len());
             {
                 let mut routes = lock(&c.routes);
+                if !routes.open {
+                    // Closed since the check above: nothing would route to us.
+                    return Err(down());
+                }
                 for _ in &watches {
                     let id = self.next_id.fetch_add(1, Ordering::Relaxed);
                     routes.by_id.insert(id, tx.clone());
                     ids.push(id);
                 }
             }
+            // Only the routes hold senders now, so a stream that fails (its routes are
+            // cleared) ends this subscription's receiver at once.
+            drop(tx);
             for ((key, options), &id) in watches.into_iter().zip(&ids) {
                 // Sent back to back: etcd confirms them in order, in one round trip.
                 if c.requests.send(Request::Create(key, options.with_watch_id(id))).is_err() {
@@ -199,7 +209,6 @@ impl Watches {
         };
         let mut sub =
             Subscription { ids, early: VecDeque::new(), created: Vec::new(), rx, routes, requests };
-        let until = Instant::now() + self.request_timeout;
         let mut pending = sub.ids.len();
         while pending > 0 {
             let msg = match tokio::time::timeout_at(until, sub.rx.recv()).await {

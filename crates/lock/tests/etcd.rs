@@ -2587,3 +2587,34 @@ async fn etcd_release_by_of_a_forgotten_hold_hands_over_as_its_release_would() {
     assert_eq!(*again.kind(), ErrorKind::NotHeld);
     hc.release().await.unwrap();
 }
+
+#[tokio::test]
+async fn etcd_release_by_that_could_not_commit_still_hands_over_when_retried() {
+    let mut f = fixture(1).await;
+    let name = lock("handover-retry");
+    let (a, b, c) = (session(&f.locker, 20).await, session(&f.locker, 20).await, session(&f.locker, 20).await);
+    let ha = f.locker.acquire(&a, &name, Mode::Exclusive, secs(5)).await.unwrap();
+    let wb = spawn_waiter(&f.locker, &b, &name, Mode::Exclusive, secs(60)).await;
+    let wc = spawn_waiter(&f.locker, &c, &name, Mode::Exclusive, secs(60)).await;
+    ha.release().await.unwrap();
+    let hb = wb.await.unwrap().unwrap();
+    let grant_rev = hb.grant_rev().unwrap();
+    hb.forget();
+    // etcd is down: the release cannot commit.
+    f.cluster.stop(0).await;
+    let err = f.locker.release_by(&name, b.lease(), Mode::Exclusive, grant_rev).await.unwrap_err();
+    assert!(err.is_quorum_lost(), "{err:?}");
+    f.cluster.restart(0).await;
+    // The retry hands over as the first attempt would have.
+    let mut holds = PrefixWatch::start(f.locker.client(), &format!("{}h/", base("handover-retry"))).await;
+    f.locker.release_by(&name, b.lease(), Mode::Exclusive, grant_rev).await.unwrap();
+    let (gone, released_at) = holds.next(EventType::Delete).await;
+    assert!(gone.ends_with(&b.lease().to_string()), "{gone}");
+    let hc = tokio::time::timeout(Duration::from_secs(10), wc)
+        .await
+        .expect("C granted after B's release")
+        .unwrap()
+        .unwrap();
+    assert_eq!(hc.grant_rev().unwrap().as_i64(), released_at, "C's grant is B's release revision");
+    hc.release().await.unwrap();
+}

@@ -422,6 +422,8 @@ impl Attempt {
 
     /// Notes whom the hold's release hands over to, from a read of the oldest waiter.
     fn set_successor(&self, oldest: Option<&KeyValue>) {
+        // Never this attempt's own waiter key, should it still be there.
+        let oldest = oldest.filter(|kv| kv.lease() != self.session.lease().get());
         let s = Successor::from_oldest(&self.keys, oldest, self.epoch.get(), self.epoch_mod_rev);
         *self.successor.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = s;
     }
@@ -476,20 +478,31 @@ impl Attempt {
     /// created at `create_rev`, and tells whether this attempt wrote it (its `attempt`
     /// in the stored meta; a grant whose answer was lost) or an earlier acquire of the
     /// session did.
+    /// The same read finds the oldest waiter, whom the hold hands over to if it is
+    /// ours (a hand-over whose put this waiter did not see before it woke comes this way).
     async fn own_hold_attempt(&self, create_rev: i64) -> Result<OwnHold> {
         let hold = self.keys.hold(self.mode, self.session.lease());
-        let resp = self.read_txn([TxnOp::get(hold, None)]).await?;
-        let kv = match resp.op_responses().into_iter().next() {
-            Some(TxnOpResponse::Get(g)) => g.kvs().first().cloned(),
-            _ => return Err(Error::new(ErrorKind::Etcd)),
-        };
+        let resp = self
+            .read_txn([TxnOp::get(hold, None), oldest_waiter_op(&self.keys)])
+            .await?;
+        let mut gets = resp.op_responses().into_iter().map(|r| match r {
+            TxnOpResponse::Get(g) => Ok(g.kvs().first().cloned()),
+            _ => Err(Error::new(ErrorKind::Etcd)),
+        });
+        let (kv, oldest) = (gets.next().transpose()?.flatten(), gets.next().transpose()?.flatten());
         let Some(kv) = kv.filter(|kv| kv.create_revision() == create_rev) else {
             return Ok(OwnHold::Changed);
         };
         let attempt = serde_json::from_slice::<serde_json::Value>(kv.value())
             .ok()
             .and_then(|v| v.get("attempt").and_then(serde_json::Value::as_u64));
-        Ok(if attempt == Some(self.id) { OwnHold::Ours } else { OwnHold::Earlier })
+        if attempt != Some(self.id) {
+            return Ok(OwnHold::Earlier);
+        }
+        if self.mode == Mode::Exclusive {
+            self.set_successor(oldest.as_ref());
+        }
+        Ok(OwnHold::Ours)
     }
 
     async fn sleep_until(&self, until: Instant) -> Result<()> {
