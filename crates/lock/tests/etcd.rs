@@ -259,6 +259,45 @@ async fn spawn_waiter(
     task
 }
 
+/// Enqueues `n` exclusive waiters on `name` (key `key`), each with its own session of
+/// `ttl_secs`, one after another (each returns once its waiter key exists). Each, once
+/// granted, records `(its index, its token)` and releases.
+async fn queue_recording_waiters(
+    locker: &Locker,
+    name: &LockName,
+    key: &str,
+    n: usize,
+    ttl_secs: u64,
+) -> (Vec<tokio::task::JoinHandle<()>>, Arc<Mutex<Vec<(usize, FencingToken)>>>) {
+    let granted = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let s = session(locker, ttl_secs).await;
+        let mut watch = PrefixWatch::start(locker.client(), &format!("{}q/", base(key))).await;
+        let (l, nm, g) = (locker.clone(), name.clone(), granted.clone());
+        tasks.push(tokio::spawn(async move {
+            let h = l.acquire(&s, &nm, Mode::Exclusive, secs(60)).await.unwrap();
+            g.lock().unwrap().push((i, token(&h)));
+            h.release().await.unwrap();
+        }));
+        watch.next(EventType::Put).await;
+    }
+    (tasks, granted)
+}
+
+/// That the waiters of [`queue_recording_waiters`] were granted in enqueue order, each
+/// with a token above the one before (the first above `t0`).
+fn assert_granted_in_order(granted: &Mutex<Vec<(usize, FencingToken)>>, n: usize, t0: FencingToken) {
+    let granted = granted.lock().unwrap().clone();
+    let order: Vec<usize> = granted.iter().map(|(i, _)| *i).collect();
+    assert_eq!(order, (0..n).collect::<Vec<_>>(), "grant order is enqueue order");
+    let mut prev = t0;
+    for (i, t) in granted {
+        assert!(t > prev, "waiter {i}: token {t} not above {prev}");
+        prev = t;
+    }
+}
+
 #[tokio::test]
 async fn etcd_tokens_are_epoch_and_grant_revision_and_strictly_increase() {
     let f = fixture(1).await;
@@ -325,20 +364,7 @@ async fn etcd_twenty_waiters_are_granted_in_create_revision_order() {
         .acquire(&holder, &name, Mode::Exclusive, secs(5))
         .await
         .unwrap();
-    let granted = Arc::new(Mutex::new(Vec::new()));
-    let mut tasks = Vec::new();
-    for i in 0..20 {
-        let s = session(&f.locker, 10).await;
-        let queue = format!("{}q/", base("fifo"));
-        let mut watch = PrefixWatch::start(f.locker.client(), &queue).await;
-        let (l, n, g) = (f.locker.clone(), name.clone(), granted.clone());
-        tasks.push(tokio::spawn(async move {
-            let h = l.acquire(&s, &n, Mode::Exclusive, secs(30)).await.unwrap();
-            g.lock().unwrap().push((i, token(&h)));
-            h.release().await.unwrap();
-        }));
-        watch.next(EventType::Put).await;
-    }
+    let (tasks, granted) = queue_recording_waiters(&f.locker, &name, "fifo", 20, 10).await;
     // The queue as etcd holds it: 20 waiters in the order they enqueued, one holder.
     let state = f.locker.lock_state(&name).await.unwrap();
     assert_eq!(state.holders.len(), 1);
@@ -354,18 +380,7 @@ async fn etcd_twenty_waiters_are_granted_in_create_revision_order() {
     for t in tasks {
         t.await.unwrap();
     }
-    let granted = granted.lock().unwrap().clone();
-    let order: Vec<usize> = granted.iter().map(|(i, _)| *i).collect();
-    assert_eq!(
-        order,
-        (0..20).collect::<Vec<_>>(),
-        "grant order is enqueue order"
-    );
-    let mut prev = t0;
-    for (i, t) in granted {
-        assert!(t > prev, "waiter {i}: token {t} not above {prev}");
-        prev = t;
-    }
+    assert_granted_in_order(&granted, 20, t0);
 }
 
 #[tokio::test]
@@ -2426,20 +2441,7 @@ async fn etcd_waiters_of_one_locker_share_its_watch_streams_which_survive_a_memb
     let name = lock("shared-watch");
     let h = session(&f.locker, 20).await;
     let held = f.locker.acquire(&h, &name, Mode::Exclusive, secs(5)).await.unwrap();
-    let granted = Arc::new(Mutex::new(Vec::new()));
-    let mut tasks = Vec::new();
-    for i in 0..8 {
-        let s = session(&f.locker, 20).await;
-        let queue = format!("{}q/", base("shared-watch"));
-        let mut watch = PrefixWatch::start(f.locker.client(), &queue).await;
-        let (l, n, g) = (f.locker.clone(), name.clone(), granted.clone());
-        tasks.push(tokio::spawn(async move {
-            let h = l.acquire(&s, &n, Mode::Exclusive, secs(60)).await.unwrap();
-            g.lock().unwrap().push((i, token(&h)));
-            h.release().await.unwrap();
-        }));
-        watch.next(EventType::Put).await;
-    }
+    let (tasks, granted) = queue_recording_waiters(&f.locker, &name, "shared-watch", 8, 20).await;
     // Every wait is set up: the first waiter watches the hold and its own hold key (two
     // watches), each other its predecessor's waiter and hold keys and its own hold key
     // (three), plus each shared stream's first watch and the class cache's: 2 + 21 + 4 +
@@ -2472,14 +2474,7 @@ async fn etcd_waiters_of_one_locker_share_its_watch_streams_which_survive_a_memb
             .expect("every waiter granted after the release")
             .unwrap();
     }
-    let granted = granted.lock().unwrap().clone();
-    let order: Vec<usize> = granted.iter().map(|(i, _)| *i).collect();
-    assert_eq!(order, (0..8).collect::<Vec<_>>(), "grant order is enqueue order");
-    let mut prev = t0;
-    for (i, t) in granted {
-        assert!(t > prev, "waiter {i}: token {t} not above {prev}");
-        prev = t;
-    }
+    assert_granted_in_order(&granted, 8, t0);
     let streams = etcd_gauge(&endpoint, "etcd_debugging_mvcc_watch_stream_total").await;
     assert!(streams <= 5.0, "{streams} watch streams once every waiter is done");
 }
