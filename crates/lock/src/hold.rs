@@ -226,9 +226,11 @@ pub(crate) async fn release_lease_txn(
         TxnOp::delete(hold.clone(), None),
         TxnOp::delete(keys.grant(mode, lease), None),
     ];
-    // A locker that refuses grants (its epoch checks failed) hands over nothing either.
-    if let (Some(to), Mode::Exclusive, None) = (to, mode, locker.epoch.snapshot().mismatch) {
-        ops.push(TxnOp::txn(to.txn(keys, locker.keys.epoch())));
+    if let (Some(to), Mode::Exclusive) = (to, mode) {
+        // A locker that refuses grants (its epoch checks failed) hands over nothing either.
+        if locker.epoch.snapshot().mismatch.is_none() {
+            ops.push(TxnOp::txn(to.txn(keys, locker.keys.epoch())));
+        }
     }
     let txn = Txn::new()
         .when([

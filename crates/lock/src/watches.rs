@@ -182,7 +182,7 @@ impl Watches {
                 *conn = None;
                 *conn = Some(self.open().await?);
             }
-            let c = conn.as_ref().ok_or(down())?;
+            let c = conn.as_ref().ok_or_else(down)?;
             let mut ids = Vec::with_capacity(watches.len());
             {
                 let mut routes = lock(&c.routes);

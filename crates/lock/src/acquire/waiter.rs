@@ -554,14 +554,11 @@ impl Attempt {
             self.locker.watches.subscribe(watches.clone())
         });
         let mut stream = subscribe.await.map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
-        let mut created_at = Some(0);
-        for h in stream.created().unwrap_or_default() {
+        let created = stream.created().unwrap_or_default();
+        for h in created {
             self.locker.epoch.observe_header(Some(h))?;
-            created_at = created_at.map(|r: i64| r.max(h.revision()));
         }
-        if stream.created().is_none() {
-            created_at = None;
-        }
+        let created_at = stream.created().and_then(|hs| hs.iter().map(|h| h.revision()).max());
         let (mut seen, mut hold_present, mut waiter_present);
         if created_at == Some(view.revision) {
             // Nothing was written since the view: the watches see every write after
