@@ -86,15 +86,15 @@ pub(crate) struct Successor {
 
 /// The read, as a Txn op, of the oldest waiter of the lock (either mode), with its value.
 pub(crate) fn oldest_waiter_op(keys: &LockKeys) -> TxnOp {
-    TxnOp::get(
-        keys.queue(),
-        Some(
-            GetOptions::new()
-                .with_prefix()
-                .with_sort(SortTarget::Create, SortOrder::Ascend)
-                .with_limit(1),
-        ),
-    )
+    TxnOp::get(keys.queue(), Some(oldest_waiter_options()))
+}
+
+/// The options of [`oldest_waiter_op`]: the `q/` prefix by create revision, first only.
+pub(crate) fn oldest_waiter_options() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(1)
 }
 
 impl Successor {

@@ -12,7 +12,7 @@ use palisade_fence::{FencingToken, Revision};
 use tokio::time::Instant;
 
 use super::Attempt;
-use crate::handover::{oldest_waiter_op, Successor};
+use crate::handover::{oldest_waiter_op, oldest_waiter_options, Successor};
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::Mode;
 use crate::retry;
@@ -439,13 +439,34 @@ impl Attempt {
     async fn adopt_handed_over(&self, rev: i64) -> Result<Step> {
         let lease = self.session.lease();
         let k = &self.keys;
-        let resp = self
-            .read_txn([
-                TxnOp::get(k.hold(self.mode, lease), None),
-                TxnOp::get(self.locker.keys.epoch(), Some(GetOptions::new().with_keys_only())),
-                oldest_waiter_op(k),
-            ])
-            .await?;
+        let ops = |serializable: bool| {
+            let opts = |o: GetOptions| if serializable { o.with_serializable() } else { o };
+            vec![
+                TxnOp::get(k.hold(self.mode, lease), Some(opts(GetOptions::new()))),
+                TxnOp::get(
+                    self.locker.keys.epoch(),
+                    Some(opts(GetOptions::new().with_keys_only())),
+                ),
+                TxnOp::get(k.queue(), Some(opts(oldest_waiter_options()))),
+            ]
+        };
+        // Served by the member the client picked, without a read index through the
+        // leader (etcd's serializable read). What it decides on is a past write, the
+        // grant at `rev`: any committed state at or after `rev` in which the hold is
+        // still ours and the epoch key still at this attempt's mod revision shows that
+        // the grant stands, as a linearizable read would. So it is used only from a
+        // member that applied `rev` and every revision this locker has seen (its
+        // header passes the epoch's rollback check as a linearizable answer would);
+        // from a member behind either, a follower that lags, the read is sent again,
+        // linearizable.
+        let hw = self.locker.epoch.high_water();
+        let resp = self.txn(Txn::new().and_then(ops(true))).await?;
+        let resp = if caught_up(resp.header().map(|h| h.revision()), rev, hw) {
+            self.locker.epoch.check(resp.header(), hw, false)?;
+            resp
+        } else {
+            self.read_txn(ops(false)).await?
+        };
         let mut gets = resp.op_responses().into_iter().map(|r| match r {
             TxnOpResponse::Get(g) => g.kvs().first().cloned(),
             _ => None,
@@ -701,6 +722,14 @@ impl Attempt {
     }
 }
 
+/// Whether a serializable answer at `header_rev` may be decided on as a linearizable
+/// one for a grant at `rev`: its member applied `rev` and reached `hw`, the highest
+/// revision this locker saw (below it, [`crate::epoch`]'s rollback check would refuse
+/// it; a lagging follower is not a restored etcd, so such an answer is read again).
+fn caught_up(header_rev: Option<i64>, rev: i64, hw: u64) -> bool {
+    header_rev.is_some_and(|r| r >= rev && u64::try_from(r).is_ok_and(|r| r >= hw))
+}
+
 /// One event of a wait's watches.
 struct WatchEvent {
     key: Vec<u8>,
@@ -731,5 +760,24 @@ impl Attempt {
     /// writes: its meta, on its lease.
     fn is_handed_over(&self, kv: &KeyValue) -> bool {
         kv.lease() == self.session.lease().get() && kv.value() == self.meta.as_slice()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::caught_up;
+
+    #[test]
+    fn a_serializable_answer_counts_only_from_a_member_at_the_grant_and_the_high_water() {
+        // At or past both: decided on.
+        assert!(caught_up(Some(120), 120, 118));
+        assert!(caught_up(Some(130), 120, 130));
+        // Behind the high water (a follower that lags): read again, linearizable.
+        assert!(!caught_up(Some(125), 120, 126));
+        // Behind the grant itself: it cannot show the hold yet.
+        assert!(!caught_up(Some(119), 120, 100));
+        // No header, or a negative revision: never.
+        assert!(!caught_up(None, 120, 0));
+        assert!(!caught_up(Some(-1), -5, 0));
     }
 }
