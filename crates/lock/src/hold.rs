@@ -240,7 +240,7 @@ pub(crate) async fn release_lease_txn(
         .and_then(ops);
     let deadline = Instant::now() + locker.request_timeout.max(Duration::from_millis(500)) * 3;
     let resp = retry::call("release.txn", deadline, locker.request_timeout, || {
-        let (mut c, txn) = (locker.client.clone(), txn.clone());
+        let (mut c, txn) = (locker.kv.clone(), txn.clone());
         async move { c.txn(txn).await }
     })
     .await

@@ -175,10 +175,17 @@ impl LockKeys {
     /// inclusive, as `(start, end)` for etcd (end exclusive). Compares and reads use it,
     /// so stray keys of other shapes under the sub-prefix never block the lock.
     pub(crate) fn lease_range(&self, sub: char, mode: Mode) -> (String, Vec<u8>) {
-        let start = format!("{}{sub}/{}/{}", self.base, mode.segment(), "0".repeat(16));
-        let mut end =
-            format!("{}{sub}/{}/{}", self.base, mode.segment(), "f".repeat(16)).into_bytes();
-        end.push(0);
+        // Built by hand: every acquire's grant Txn needs six of these.
+        let mut start = String::with_capacity(self.base.len() + 4 + 16);
+        start.push_str(&self.base);
+        start.push(sub);
+        start.push('/');
+        start.push_str(mode.segment());
+        start.push('/');
+        let mut end = Vec::with_capacity(start.len() + 17);
+        end.extend_from_slice(start.as_bytes());
+        end.extend_from_slice(b"ffffffffffffffff\0");
+        start.push_str("0000000000000000");
         (start, end)
     }
 
@@ -322,6 +329,10 @@ mod tests {
         assert!(k.in_lease_ranges(odd.as_bytes()) && !k.is_lease_key(odd.as_bytes()));
         let c = k.cancel_marker(l, 7);
         assert!(!k.in_lease_ranges(c.as_bytes()));
+        // The bounds themselves: the smallest and, inclusive, the largest lease id.
+        let (start, end) = k.lease_range('g', Mode::Shared);
+        assert_eq!(start, "/p/locks/n/c/k/g/s/0000000000000000");
+        assert_eq!(end, b"/p/locks/n/c/k/g/s/ffffffffffffffff\0");
     }
 
     #[test]

@@ -81,6 +81,9 @@ impl LockerOptions {
 
 pub(crate) struct LockerInner {
     pub(crate) client: Client,
+    /// The KV service alone, for the acquire and release Txns: a clone per call of it
+    /// is one service's handle, not the whole client's (every service's).
+    pub(crate) kv: etcd_client::KvClient,
     pub(crate) keys: RootKeys,
     pub(crate) epoch: Arc<EpochState>,
     pub(crate) request_timeout: Duration,
@@ -177,6 +180,7 @@ impl Locker {
             inner: Arc::new(LockerInner {
                 watches: Watches::new(client.clone(), keys.epoch(), options.request_timeout),
                 successors: Successors::new(),
+                kv: client.kv_client(),
                 client,
                 keys,
                 epoch,

@@ -175,7 +175,7 @@ async fn cleanup(
     let txn = Txn::new().and_then(ops);
     let deadline = Instant::now() + locker.request_timeout * 3;
     retry::call("acquire.cleanup", deadline, locker.request_timeout, || {
-        let (mut c, txn) = (locker.client.clone(), txn.clone());
+        let (mut c, txn) = (locker.kv.clone(), txn.clone());
         async move { c.txn(txn).await }
     })
     .await
@@ -298,7 +298,7 @@ impl Attempt {
             self.deadline,
             self.locker.request_timeout,
             || {
-                let (mut c, txn) = (self.locker.client.clone(), txn.clone());
+                let (mut c, txn) = (self.locker.kv.clone(), txn.clone());
                 async move { c.txn(txn).await }
             },
         )
@@ -332,7 +332,7 @@ impl Attempt {
             self.locker.request_timeout,
             || {
                 sends.fetch_add(1, Ordering::SeqCst);
-                let (mut c, txn) = (self.locker.client.clone(), txn.clone());
+                let (mut c, txn) = (self.locker.kv.clone(), txn.clone());
                 async move { c.txn(txn).await }
             },
         )
