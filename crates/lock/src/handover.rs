@@ -29,7 +29,8 @@
 //!
 //! The new holder learns of its grant from the put of its own hold key, which its wait
 //! watches, and confirms it with a read that is checked against the epoch like every
-//! read a waiter decides on (see `acquire::waiter`). An acquire that was dropped or
+//! read a waiter decides on (serializable, from a member that has caught up; see
+//! `acquire::waiter`). An acquire that was dropped or
 //! failed meanwhile deletes the hold in its cleanup (the hold's value is the attempt's
 //! meta, which the cleanup compares).
 

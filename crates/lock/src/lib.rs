@@ -126,7 +126,10 @@
 //!   per hand-over instead of two in series; the release's revision is the new grant
 //!   revision. The waiter sees its hold key's put (newer than the state it waited on),
 //!   confirms it with a read checked against the epoch (its hold key as handed over, the
-//!   epoch key unchanged), which also reads whom it hands over to in turn. If the nested
+//!   epoch key unchanged), which also reads whom it hands over to in turn. That read is
+//!   serializable (no read index through the leader): it decides on a past write, so it
+//!   is taken from a member that applied the hand-over and every revision the locker has
+//!   seen, and sent again linearizable when a lagging member answers. If the nested
 //!   compares fail, the release is a plain one and the waiter grants itself.
 //! - Lock-delay: if grant records of ended holds are found (expiry or force), the waiter
 //!   grants no sooner than `lock_delay` after it first observed them. That instant is
