@@ -96,7 +96,7 @@ impl Hold {
     /// Releases the hold: one Txn that deletes the hold key and its grant record, only if
     /// the hold key still has this grant's create revision and this session's lease. An
     /// exclusive hold granted while others waited also hands the lock to the oldest of
-    /// them in the same Txn, when that waiter still waits (see [`crate::handover`]).
+    /// them in the same Txn, when that waiter still waits (the lock crate's docs, "Hand-over at release").
     ///
     /// # Errors
     ///
