@@ -26,9 +26,12 @@ pub enum ErrorKind {
     /// The epoch cannot be advanced: it is already [`Epoch::MAX`].
     EpochExhausted,
     /// etcd could not commit before the caller's deadline (no leader, timeouts,
-    /// unreachable members) and the class's quorum policy is `closed`.
+    /// unreachable members) and the class's quorum policy is `closed`. Only when etcd
+    /// was seen failing: an error, or no answer within a whole request timeout
+    /// ([`LockerOptions::with_request_timeout`](crate::LockerOptions::with_request_timeout)).
     QuorumLost,
-    /// The caller's deadline passed while the lock was held by others.
+    /// The caller's deadline passed while the lock was held by others, or cut an etcd
+    /// call short before etcd was seen failing (see [`ErrorKind::QuorumLost`]).
     DeadlineExceeded,
     /// The session's lease is gone (expired, revoked, or the session was closed).
     SessionLost,

@@ -64,9 +64,12 @@ impl Backoff {
 /// The outcome of one retried etcd call that did not succeed.
 #[derive(Debug)]
 pub(crate) enum CallError {
-    /// The deadline had passed before a first attempt: no answer about etcd at all.
+    /// The caller's deadline passed before etcd was seen failing: before a first
+    /// attempt, or while the only attempts that did not answer were cut short by it.
+    /// Nothing is known about etcd, so this is never a lost quorum.
     NoTime,
-    /// The deadline passed while etcd kept failing transiently (or timing out).
+    /// The deadline passed while etcd kept failing: transient errors, or attempts that
+    /// got no answer within their whole per-request timeout.
     Unavailable(Option<etcd_client::Error>),
     /// The session's lease is gone.
     LeaseGone(etcd_client::Error),
@@ -77,7 +80,7 @@ pub(crate) enum CallError {
 impl CallError {
     /// Maps to the public error; `unavailable` is the kind used when etcd could not
     /// answer in time (QuorumLost for a fenced acquire, for instance). A deadline that
-    /// passed before any attempt is `DeadlineExceeded`.
+    /// passed before etcd was seen failing is `DeadlineExceeded`.
     pub(crate) fn into_error(self, unavailable: ErrorKind) -> Error {
         match self {
             CallError::NoTime => Error::new(ErrorKind::DeadlineExceeded),
@@ -93,9 +96,17 @@ impl CallError {
 /// at most `per_request` (and never past the deadline); transient failures are retried
 /// after a backoff. Only use it for requests that are safe to repeat.
 ///
+/// When the deadline passes, the call failed with [`CallError::Unavailable`] only if
+/// etcd was seen failing (an error, or no answer within a whole `per_request`); an
+/// attempt that the deadline cut short proves nothing about etcd, so a call whose
+/// attempts were all cut short (a caller's short deadline on a healthy cluster) ends
+/// in [`CallError::NoTime`]. What depends on it: an `open` class hands out unprotected
+/// grants on a lost quorum, never on a caller's deadline.
+///
 /// Each attempt runs in an INFO span `etcd` with the fields `op` (`name`, such as
 /// `acquire.txn`), `attempt` (1, 2, ...) and `outcome`: `ok`, `transient` (retried),
-/// `timeout` (no answer within `per_request`; retried), `lease_gone` or `fatal`. A failed
+/// `timeout` (no answer within `per_request`; retried), `cut` (no answer before the
+/// caller's deadline, which came first), `lease_gone` or `fatal`. A failed
 /// attempt also logs its error at DEBUG inside the span. etcd-client balances requests
 /// over the endpoints without saying which one answered, so the span has no endpoint.
 pub(crate) async fn call<T, F, Fut>(
@@ -110,11 +121,13 @@ where
 {
     let mut backoff = Backoff::new();
     let mut last = None;
+    // Whether etcd was seen failing: an error, or no answer in a whole `per_request`.
+    let mut failed = false;
     let mut attempt = 0u32;
     loop {
         let now = Instant::now();
         if now >= deadline {
-            return Err(if attempt > 0 {
+            return Err(if failed {
                 CallError::Unavailable(last)
             } else {
                 CallError::NoTime
@@ -122,6 +135,7 @@ where
         }
         attempt += 1;
         let span = tracing::info_span!("etcd", op = name, attempt, outcome = tracing::field::Empty);
+        let whole = now + per_request <= deadline;
         let attempt_until = (now + per_request).min(deadline);
         let answer = tokio::time::timeout_at(attempt_until, op())
             .instrument(span.clone())
@@ -137,6 +151,7 @@ where
                 match failure {
                     Failure::Transient => {
                         last = Some(e);
+                        failed = true;
                         "transient"
                     }
                     Failure::LeaseGone => {
@@ -149,7 +164,11 @@ where
                     }
                 }
             }
-            Err(_elapsed) => "timeout",
+            Err(_elapsed) if whole => {
+                failed = true;
+                "timeout"
+            }
+            Err(_elapsed) => "cut",
         };
         span.record("outcome", outcome);
         drop(span);
@@ -219,5 +238,48 @@ mod tests {
         )
         .await;
         assert!(matches!(r, Err(CallError::Fatal(_))));
+    }
+
+    #[tokio::test]
+    async fn a_deadline_that_cuts_the_only_attempts_short_is_not_unavailability() {
+        // etcd never answers; the caller's deadline comes before one whole attempt.
+        let r: Result<(), _> = call(
+            "test",
+            Instant::now() + Duration::from_millis(30),
+            Duration::from_millis(100),
+            std::future::pending,
+        )
+        .await;
+        assert!(matches!(r, Err(CallError::NoTime)), "{r:?}");
+        // One whole attempt without an answer, then the deadline cuts the next: etcd
+        // was seen failing.
+        let r: Result<(), _> = call(
+            "test",
+            Instant::now() + Duration::from_millis(150),
+            Duration::from_millis(100),
+            std::future::pending,
+        )
+        .await;
+        assert!(matches!(r, Err(CallError::Unavailable(None))), "{r:?}");
+        // A transient error and then a cut attempt: unavailable, with the error.
+        let mut n = 0;
+        let r: Result<(), _> = call(
+            "test",
+            Instant::now() + Duration::from_millis(60),
+            Duration::from_millis(100),
+            || {
+                n += 1;
+                let first = n == 1;
+                async move {
+                    if first {
+                        Err(status(Code::Unavailable))
+                    } else {
+                        std::future::pending().await
+                    }
+                }
+            },
+        )
+        .await;
+        assert!(matches!(r, Err(CallError::Unavailable(Some(_)))), "{r:?}");
     }
 }
