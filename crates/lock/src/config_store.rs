@@ -10,6 +10,15 @@ use crate::keys::{prefix_end, RootKeys};
 use crate::model::{validate_name, LockClass, Namespace};
 use crate::retry;
 
+/// Whose deadline a config read runs to: its own budget (the deadline passing is etcd's
+/// failure, `QuorumLost`), or a caller's (attempts it cut short, with etcd never seen
+/// failing, are `DeadlineExceeded`; see `retry::call`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Until {
+    Own(Instant),
+    Callers(Instant),
+}
+
 /// Reads and writes namespaces and classes. Get one from
 /// [`Locker::config`](crate::Locker::config).
 ///
@@ -59,16 +68,20 @@ impl ConfigStore {
     }
 
     async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse> {
-        self.txn_until(txn, self.deadline()).await
+        self.txn_until(txn, Until::Own(self.deadline())).await
     }
 
-    async fn txn_until(&self, txn: Txn, deadline: Instant) -> Result<etcd_client::TxnResponse> {
+    async fn txn_until(&self, txn: Txn, until: Until) -> Result<etcd_client::TxnResponse> {
+        let (Until::Own(deadline) | Until::Callers(deadline)) = until;
         retry::call("config.txn", deadline, self.request_timeout, || {
             let (mut c, txn) = (self.client.clone(), txn.clone());
             async move { c.txn(txn).await }
         })
         .await
-        .map_err(|e| e.into_error(ErrorKind::QuorumLost))
+        .map_err(|e| match until {
+            Until::Own(_) => e.into_error(ErrorKind::QuorumLost),
+            Until::Callers(_) => e.into_caller_error(ErrorKind::QuorumLost),
+        })
     }
 
     /// Creates or replaces a namespace.
@@ -162,15 +175,15 @@ impl ConfigStore {
     /// [`InvalidInput::UnknownNamespace`], [`InvalidInput::UnknownClass`],
     /// [`InvalidInput::BadName`], [`ErrorKind::CorruptRecord`], [`ErrorKind::QuorumLost`].
     pub async fn class(&self, ns: &str, class: &str) -> Result<LockClass> {
-        self.class_until(ns, class, self.deadline()).await
+        self.class_until(ns, class, Until::Own(self.deadline())).await
     }
 
-    /// [`ConfigStore::class`], retried until `deadline` at most.
+    /// [`ConfigStore::class`], retried until `until` at most.
     pub(crate) async fn class_until(
         &self,
         ns: &str,
         class: &str,
-        deadline: Instant,
+        until: Until,
     ) -> Result<LockClass> {
         validate_name(ns)?;
         validate_name(class)?;
@@ -180,7 +193,7 @@ impl ConfigStore {
                     TxnOp::get(self.keys.namespace(ns), None),
                     TxnOp::get(self.keys.class(ns, class), None),
                 ]),
-                deadline,
+                until,
             )
             .await?;
         let mut gets = resp.op_responses().into_iter().filter_map(|r| match r {

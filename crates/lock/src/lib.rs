@@ -232,7 +232,10 @@
 //! several endpoints also moves the request off a dead member. When the caller's deadline
 //! passes while etcd still cannot commit, `closed` classes fail with
 //! [`ErrorKind::QuorumLost`] and `open` classes return an unprotected [`Hold`] (no token,
-//! nothing recorded in etcd) that callers and resources can tell apart.
+//! nothing recorded in etcd) that callers and resources can tell apart. "Cannot commit"
+//! means etcd was seen failing: an error, or no answer within a whole request timeout.
+//! A deadline that cuts the only attempts short before that (shorter than one request
+//! timeout, on a healthy cluster) is [`ErrorKind::DeadlineExceeded`], and grants nothing.
 //!
 //! # Known limits
 //!

@@ -243,10 +243,13 @@ impl Locker {
     /// - [`ErrorKind::InvalidInput`] (bad key, unknown namespace or class, TTL outside
     ///   the class bounds, key outside the class prefix, shared acquire on an exclusive
     ///   class, this session already acquiring the lock): nothing was written.
-    /// - [`ErrorKind::DeadlineExceeded`]: others held the lock until the deadline; the
-    ///   waiter key was deleted.
-    /// - [`ErrorKind::QuorumLost`]: etcd could not commit before the deadline and the
-    ///   class is `closed` (an `open` class returns an unprotected [`Hold`] instead).
+    /// - [`ErrorKind::DeadlineExceeded`]: others held the lock until the deadline, or the
+    ///   deadline cut an etcd call short; the waiter key was deleted (if etcd answers
+    ///   within one request timeout; else in the background).
+    /// - [`ErrorKind::QuorumLost`]: etcd could not commit before the deadline (it was seen
+    ///   failing: errors, or no answer within a request timeout) and the class is
+    ///   `closed` (an `open` class returns an unprotected [`Hold`] instead). A deadline
+    ///   that cut a call short before that is [`ErrorKind::DeadlineExceeded`].
     /// - [`ErrorKind::EpochMismatch`]: see [the epoch policy](crate#epochs).
     /// - [`ErrorKind::SessionLost`]: the session's lease is gone.
     pub async fn acquire(
@@ -333,7 +336,12 @@ impl Locker {
             return Ok(c);
         }
         let generation = cache.generation();
-        let until = (Instant::now() + self.inner.request_timeout).min(deadline);
+        let own = Instant::now() + self.inner.request_timeout;
+        let until = if deadline <= own {
+            crate::config_store::Until::Callers(deadline)
+        } else {
+            crate::config_store::Until::Own(own)
+        };
         match self.config().class_until(ns, class, until).await {
             Ok(c) => {
                 let c = Arc::new(c);

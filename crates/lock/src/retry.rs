@@ -64,10 +64,13 @@ impl Backoff {
 /// The outcome of one retried etcd call that did not succeed.
 #[derive(Debug)]
 pub(crate) enum CallError {
-    /// The caller's deadline passed before etcd was seen failing: before a first
-    /// attempt, or while the only attempts that did not answer were cut short by it.
-    /// Nothing is known about etcd, so this is never a lost quorum.
+    /// The deadline had passed before a first attempt: no answer about etcd at all.
     NoTime,
+    /// The deadline passed before etcd was seen failing: the only attempts that got no
+    /// answer were cut short by it, before their per-request timeout. Whether that is
+    /// etcd's failure depends on whose deadline it was: see [`CallError::into_error`]
+    /// and [`CallError::into_caller_error`].
+    Cut,
     /// The deadline passed while etcd kept failing: transient errors, or attempts that
     /// got no answer within their whole per-request timeout.
     Unavailable(Option<etcd_client::Error>),
@@ -78,12 +81,25 @@ pub(crate) enum CallError {
 }
 
 impl CallError {
-    /// Maps to the public error; `unavailable` is the kind used when etcd could not
-    /// answer in time (QuorumLost for a fenced acquire, for instance). A deadline that
-    /// passed before etcd was seen failing is `DeadlineExceeded`.
+    /// Maps to the public error, for a call whose deadline is the callee's own budget
+    /// (a multiple of the request timeout): `unavailable` is the kind used when etcd
+    /// could not answer in time (QuorumLost, for instance), attempts cut short by that
+    /// budget included. A deadline that passed before any attempt is `DeadlineExceeded`.
     pub(crate) fn into_error(self, unavailable: ErrorKind) -> Error {
         match self {
-            CallError::NoTime => Error::new(ErrorKind::DeadlineExceeded),
+            CallError::Cut => Error::new(unavailable),
+            e => e.into_caller_error(unavailable),
+        }
+    }
+
+    /// Maps to the public error, for a call whose deadline is the caller's (an
+    /// acquire's): as [`CallError::into_error`], except that attempts cut short by the
+    /// caller's deadline, with etcd never seen failing, are `DeadlineExceeded`, not
+    /// `unavailable`: a short deadline on a healthy cluster is no lost quorum (and must
+    /// not turn into an `open` class's unprotected grant).
+    pub(crate) fn into_caller_error(self, unavailable: ErrorKind) -> Error {
+        match self {
+            CallError::NoTime | CallError::Cut => Error::new(ErrorKind::DeadlineExceeded),
             CallError::Unavailable(Some(e)) => Error::with_source(unavailable, e),
             CallError::Unavailable(None) => Error::new(unavailable),
             CallError::LeaseGone(e) => Error::with_source(ErrorKind::SessionLost, e),
@@ -100,7 +116,7 @@ impl CallError {
 /// etcd was seen failing (an error, or no answer within a whole `per_request`); an
 /// attempt that the deadline cut short proves nothing about etcd, so a call whose
 /// attempts were all cut short (a caller's short deadline on a healthy cluster) ends
-/// in [`CallError::NoTime`]. What depends on it: an `open` class hands out unprotected
+/// in [`CallError::Cut`]. What depends on it: an `open` class hands out unprotected
 /// grants on a lost quorum, never on a caller's deadline.
 ///
 /// Each attempt runs in an INFO span `etcd` with the fields `op` (`name`, such as
@@ -129,6 +145,8 @@ where
         if now >= deadline {
             return Err(if failed {
                 CallError::Unavailable(last)
+            } else if attempt > 0 {
+                CallError::Cut
             } else {
                 CallError::NoTime
             });
@@ -250,7 +268,10 @@ mod tests {
             std::future::pending,
         )
         .await;
-        assert!(matches!(r, Err(CallError::NoTime)), "{r:?}");
+        assert!(matches!(r, Err(CallError::Cut)), "{r:?}");
+        let e = CallError::Cut;
+        assert_eq!(e.into_caller_error(ErrorKind::QuorumLost).kind(), &ErrorKind::DeadlineExceeded);
+        assert_eq!(CallError::Cut.into_error(ErrorKind::QuorumLost).kind(), &ErrorKind::QuorumLost);
         // One whole attempt without an answer, then the deadline cuts the next: etcd
         // was seen failing.
         let r: Result<(), _> = call(

@@ -1076,6 +1076,37 @@ async fn etcd_a_deadline_that_cuts_a_call_short_is_no_quorum_loss_and_grants_not
     held.release().await.unwrap();
 }
 
+/// A deadline shorter than one request timeout (500 ms here), against a member that does
+/// not answer (paused): the acquire reports DeadlineExceeded, not QuorumLost, and returns
+/// within one request timeout of its deadline, leaving the cleanup of what it may have
+/// written to the background; once etcd answers again nothing of it is left.
+#[tokio::test]
+async fn etcd_a_deadline_cut_short_by_a_silent_member_returns_promptly_and_cleans_up_later() {
+    let mut f = fixture(1).await;
+    let s = session(&f.locker, 30).await;
+    let name = lock("silent");
+    // Warm the class cache.
+    f.locker.acquire(&s, &name, Mode::Exclusive, secs(5)).await.unwrap().release().await.unwrap();
+    f.cluster.pause(0);
+    let started = Instant::now();
+    let result = f
+        .locker
+        .acquire(&s, &name, Mode::Exclusive, within(Duration::from_millis(200)))
+        .await;
+    let took = started.elapsed();
+    f.cluster.resume(0);
+    let err = result.unwrap_err();
+    assert!(err.is_deadline_exceeded(), "{err:?}");
+    // The deadline, then one request timeout of cleanup at most (three before).
+    assert!(took < Duration::from_millis(1_400), "returned after {took:?}");
+    let h = f.locker.acquire(&s, &name, Mode::Exclusive, secs(5)).await.unwrap();
+    let state = f.locker.lock_state(&name).await.unwrap();
+    assert!(state.waiters.is_empty(), "{:?}", state.waiters);
+    assert_eq!(state.holders.len(), 1);
+    assert_eq!(state.holders[0].token, token(&h));
+    h.release().await.unwrap();
+}
+
 #[tokio::test]
 async fn etcd_quorum_loss_fails_closed_classes_and_gives_open_classes_unprotected_grants() {
     let mut f = fixture(3).await;

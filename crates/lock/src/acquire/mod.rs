@@ -104,8 +104,8 @@ impl Drop for Attempt {
                 }
                 rt.spawn(async move {
                     let mut backoff = retry::Backoff::new();
-                    while let Err(CallError::Unavailable(_)) =
-                        cleanup(&locker, &keys, mode, &session, &meta, marker.as_deref()).await
+                    while let Err(CallError::Unavailable(_) | CallError::Cut) =
+                        cleanup(&locker, &keys, mode, &session, &meta, marker.as_deref(), 3).await
                     {
                         if session.loss().is_some() {
                             return;
@@ -130,7 +130,7 @@ impl Drop for Attempt {
 /// per attempt), so a later acquire of the same session is never touched. One Txn with
 /// two nested Txns (etcd 3.3+). With `marker`, the same Txn also puts the attempt's
 /// cancel marker on the session's lease, so a Txn of the attempt that reaches etcd
-/// after this one does nothing.
+/// after this one does nothing. It tries for `timeouts` request timeouts.
 async fn cleanup(
     locker: &LockerInner,
     keys: &LockKeys,
@@ -138,6 +138,7 @@ async fn cleanup(
     session: &Session,
     meta: &[u8],
     marker: Option<&str>,
+    timeouts: u32,
 ) -> Result<(), CallError> {
     let lease = session.lease();
     let (waiter, hold) = (keys.waiter(mode, lease), keys.hold(mode, lease));
@@ -173,7 +174,7 @@ async fn cleanup(
         ),
     ]);
     let txn = Txn::new().and_then(ops);
-    let deadline = Instant::now() + locker.request_timeout * 3;
+    let deadline = Instant::now() + locker.request_timeout * timeouts;
     retry::call("acquire.cleanup", deadline, locker.request_timeout, || {
         let (mut c, txn) = (locker.kv.clone(), txn.clone());
         async move { c.txn(txn).await }
@@ -249,7 +250,9 @@ pub(crate) async fn acquire(
         Err(e) if e.is_quorum_lost() => Err(e), // the drop guard cleans up once etcd answers
         Err(e) => {
             // Delete what we may have written before reporting, so a caller that looks
-            // right after finds no waiter key.
+            // right after finds no waiter key. One request timeout at most: if etcd does
+            // not answer in that, the drop guard goes on in the background rather than
+            // keep the caller long past its deadline.
             if cleanup(
                 &attempt.locker,
                 &attempt.keys,
@@ -257,6 +260,7 @@ pub(crate) async fn acquire(
                 &attempt.session,
                 &attempt.meta,
                 attempt.marker().as_deref(),
+                1,
             )
             .await
             .is_ok()
@@ -303,7 +307,7 @@ impl Attempt {
             },
         )
         .await
-        .map_err(|e| e.into_error(ErrorKind::QuorumLost))
+        .map_err(|e| e.into_caller_error(ErrorKind::QuorumLost))
     }
 
     /// The cancel marker to write when cleaning up, if a Txn may still arrive.
@@ -337,7 +341,7 @@ impl Attempt {
             },
         )
         .await
-        .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
+        .map_err(|e| e.into_caller_error(ErrorKind::QuorumLost))?;
         if !was_unsettled && sends.load(Ordering::SeqCst) == 1 {
             // The one copy sent was applied and answered: nothing can arrive later.
             self.unsettled.store(false, Ordering::SeqCst);

@@ -574,7 +574,9 @@ impl Attempt {
         let subscribe = retry::call("acquire.watch", self.deadline, self.locker.request_timeout, || {
             self.locker.watches.subscribe(watches.clone())
         });
-        let mut stream = subscribe.await.map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
+        let mut stream = subscribe
+            .await
+            .map_err(|e| e.into_caller_error(ErrorKind::QuorumLost))?;
         let created = stream.created().unwrap_or_default();
         for h in created {
             self.locker.epoch.observe_header(Some(h))?;

@@ -36,6 +36,13 @@ pub(super) fn slot_key(locker: &Locker, name: &LockName, lease: LeaseId, mode: M
 }
 
 fn upstream(e: CallError) -> Problem {
+    if let CallError::NoTime | CallError::Cut = e {
+        // The wait's own deadline ran out before etcd was seen failing.
+        return Problem::new(
+            ProblemKind::DeadlineExceeded,
+            "the wait's deadline passed during the quota check",
+        );
+    }
     tracing::error!(error = ?e, "quota slot: etcd error");
     Problem::new(
         ProblemKind::QuorumLost,
