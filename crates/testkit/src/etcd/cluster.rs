@@ -235,6 +235,29 @@ impl EtcdCluster {
         self.member(i).client_url()
     }
 
+    /// The sum of the samples of metric `name` at member `i`'s `/metrics` whose labels
+    /// contain `label` (all samples with `""`), e.g. `grpc_server_handled_total` with
+    /// `grpc_method="Range"`: etcd's own count of what it served. Read over plain
+    /// HTTP/1.0 on the client port.
+    ///
+    /// # Panics
+    ///
+    /// If there is no member `i`, or it does not answer.
+    pub async fn metric(&self, i: usize, name: &str, label: &str) -> f64 {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let url = self.endpoint(i);
+        let addr = url.trim_start_matches("http://");
+        let mut conn = tokio::net::TcpStream::connect(addr).await.expect("member answers");
+        conn.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await.expect("request sent");
+        let mut text = String::new();
+        conn.read_to_string(&mut text).await.expect("metrics read");
+        text.lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+            .filter(|l| l.contains(label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
     /// Client URLs of the members that run and are not paused.
     pub fn running_endpoints(&self) -> Vec<String> {
         self.running().map(|i| self.members[i].client_url()).collect()
