@@ -18,6 +18,10 @@
 //! A read that started before an invalidation does not fill the cache after it: every
 //! clear advances a generation, and a read's result is kept only if the generation is
 //! unchanged since the read began.
+//!
+//! Namespace records (`config/ns/<ns>`, which the service reads on every call for its
+//! quotas) are cached the same way, under the same watch and generation; there is no
+//! last-known fallback for them.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -26,7 +30,7 @@ use std::time::Duration;
 use etcd_client::{Client, WatchOptions};
 use tokio::sync::oneshot;
 
-use crate::model::LockClass;
+use crate::model::{LockClass, Namespace};
 
 #[derive(Default)]
 struct State {
@@ -39,6 +43,8 @@ struct State {
     /// The last class read of each name, never cleared: the fallback when etcd cannot
     /// answer.
     last: HashMap<(String, String), Arc<LockClass>>,
+    /// Namespace records: served while `live`; cleared by every config event.
+    namespaces: HashMap<String, Arc<Namespace>>,
 }
 
 /// The cache; shared by the locker and its watch task.
@@ -85,11 +91,32 @@ impl ClassCache {
         s.last.insert(name, class);
     }
 
+    /// The cached namespace record, while the watch is up.
+    #[cfg(any(feature = "service", test))]
+    pub(crate) fn namespace(&self, ns: &str) -> Option<Arc<Namespace>> {
+        let s = self.state();
+        if !s.live {
+            return None;
+        }
+        s.namespaces.get(ns).cloned()
+    }
+
+    /// Keeps a namespace record read from etcd, to be served unless the cache was
+    /// cleared since `generation`.
+    #[cfg(any(feature = "service", test))]
+    pub(crate) fn fill_namespace(&self, generation: u64, ns: Arc<Namespace>) {
+        let mut s = self.state();
+        if s.generation == generation {
+            s.namespaces.insert(ns.id.clone(), ns);
+        }
+    }
+
     /// Drops every served entry (a config change, or the watch just established); the
     /// cache may serve from now on.
     fn clear(&self) {
         let mut s = self.state();
         s.entries.clear();
+        s.namespaces.clear();
         s.generation += 1;
         s.live = true;
     }
@@ -202,5 +229,32 @@ mod tests {
         cache.suspend();
         assert!(cache.get("ns", "c").is_none());
         assert_eq!(cache.last_known("ns", "c").unwrap().key_prefix, "c/");
+    }
+
+    #[test]
+    fn namespaces_are_served_while_live_and_cleared_with_classes() {
+        let cache = ClassCache::default();
+        let ns = |quota: u32| {
+            let mut n = Namespace::new("ns", "tenant");
+            n.held_lease_quota = quota;
+            Arc::new(n)
+        };
+        let g = cache.generation();
+        cache.fill_namespace(g, ns(1));
+        assert!(cache.namespace("ns").is_none(), "not served before the watch is up");
+        cache.clear();
+        let g = cache.generation();
+        cache.fill_namespace(g, ns(2));
+        assert_eq!(cache.namespace("ns").unwrap().held_lease_quota, 2);
+        // A config event clears it, and a read from before the event does not refill.
+        let before = cache.generation();
+        cache.clear();
+        assert!(cache.namespace("ns").is_none());
+        cache.fill_namespace(before, ns(3));
+        assert!(cache.namespace("ns").is_none());
+        let g = cache.generation();
+        cache.fill_namespace(g, ns(4));
+        cache.suspend();
+        assert!(cache.namespace("ns").is_none(), "not served while the watch is down");
     }
 }

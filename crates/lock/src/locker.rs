@@ -18,6 +18,8 @@ use crate::hold::Hold;
 use crate::keys::{validate_key, RootKeys};
 use crate::meta::HolderMeta;
 use crate::model::{validate_name, LockClass, Mode, SpiffeId};
+#[cfg(feature = "service")]
+use crate::model::Namespace;
 use crate::retry;
 use crate::session::Session;
 use crate::handover::Successors;
@@ -325,6 +327,23 @@ impl Locker {
                 other => return other,
             }
         }
+    }
+
+    /// A namespace record: from the class cache while its watch on the config prefix is
+    /// up (see `class_cache`), else read from etcd. For the service, which checks a
+    /// namespace's quotas on every call.
+    #[cfg(feature = "service")]
+    pub(crate) async fn namespace(&self, ns: &str) -> Result<Option<Arc<Namespace>>> {
+        let cache = &self.inner.classes;
+        if let Some(n) = cache.namespace(ns) {
+            return Ok(Some(n));
+        }
+        let generation = cache.generation();
+        let read = self.config().namespace(ns).await?.map(Arc::new);
+        if let Some(n) = &read {
+            cache.fill_namespace(generation, n.clone());
+        }
+        Ok(read)
     }
 
     /// The class: from the cache while its watch on the config prefix is up (see

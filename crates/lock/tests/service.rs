@@ -1304,6 +1304,56 @@ async fn etcd_held_lease_quota_holds_under_64_concurrent_acquirers_on_2_replicas
     assert_eq!(slots(&f).await, 0);
 }
 
+/// One acquire and release of `key` through the service, both answered with success.
+async fn cycle(addr: SocketAddr, session: &str, key: &str) {
+    let r = call(addr, "POST", "/v1/locks/acquire", OWNER, acquire_body(session, key, 1_000)).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let rel = json!({ "session": session, "namespace": "ns", "class": "c", "key": key,
+                      "mode": "exclusive", "grant_rev": r.body["grant_rev"] });
+    let r = call(addr, "POST", "/v1/locks/release", OWNER, rel).await;
+    assert_eq!(r.status, 204, "{:?}", r.body);
+}
+
+/// The service reads a namespace's record (its quotas) from etcd once, not on every
+/// call, and an update written through another locker reaches it (the record is cached
+/// with the classes, under the same watch on the config prefix).
+#[tokio::test]
+async fn etcd_namespace_records_are_cached_and_an_update_reaches_the_service() {
+    let f = fixture(1).await;
+    let addr = f.replicas[0].addr;
+    let s = open(addr, OWNER, 10_000).await;
+    cycle(addr, &s, "warm").await;
+    let ranges = || f.cluster.metric(0, "grpc_server_handled_total", "grpc_method=\"Range\"");
+    let before = ranges().await;
+    for i in 0..10 {
+        cycle(addr, &s, &format!("c{i}")).await;
+    }
+    // Per cycle: the session record on acquire and on release, and the quota count. The
+    // namespace record was two more (acquire's quotas, release's op-rate check).
+    let per_cycle = (ranges().await - before) / 10.0;
+    assert_eq!(per_cycle, 3.0, "{per_cycle} Range calls per cycle");
+
+    // A quota of one slot, written through another locker: the replica enforces it.
+    let held = call(addr, "POST", "/v1/locks/acquire", OWNER, acquire_body(&s, "q0", 1_000)).await;
+    assert_eq!(held.status, 200, "{:?}", held.body);
+    let mut ns = Namespace::new("ns", "tenant");
+    ns.held_lease_quota = 1;
+    f.locker.config().put_namespace(&ns).await.unwrap();
+    let until = tokio::time::Instant::now() + Duration::from_secs(3);
+    let mut n = 0;
+    loop {
+        let r = call(addr, "POST", "/v1/locks/acquire", OWNER, acquire_body(&s, &format!("q{}", n + 1), 200)).await;
+        if r.status == 429 {
+            assert!(r.body["detail"].as_str().unwrap().contains("held_lease_quota"), "{:?}", r.body);
+            break;
+        }
+        assert_eq!(r.status, 200, "{:?}", r.body);
+        assert!(tokio::time::Instant::now() < until, "the quota of one never reached the service");
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test]
 async fn etcd_op_rate_quota_is_a_token_bucket_with_retry_after() {
     const RATE: u32 = 3;

@@ -95,7 +95,6 @@ pub(super) async fn acquire(
     crate::keys::validate_key(&name.key)?;
     let namespace = state
         .locker
-        .config()
         .namespace(&name.ns)
         .await?
         .ok_or_else(not_a_namespace)?;

@@ -301,7 +301,6 @@ async fn rate_check(state: &AppState, ns: &str) -> ApiResult<()> {
     crate::model::validate_name(ns)?;
     let namespace = state
         .locker
-        .config()
         .namespace(ns)
         .await?
         .ok_or_else(not_a_namespace)?;

@@ -67,7 +67,6 @@ pub(super) async fn open_session(
             }
             let namespace = state
                 .locker
-                .config()
                 .namespace(ns)
                 .await?
                 .ok_or_else(not_a_namespace)?;
