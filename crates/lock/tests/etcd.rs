@@ -2606,55 +2606,39 @@ async fn etcd_a_release_whose_next_waiter_gave_up_hands_over_to_nobody() {
     hd.release().await.unwrap();
 }
 
-#[tokio::test]
-async fn etcd_release_by_of_a_forgotten_hold_hands_over_as_its_release_would() {
-    let f = fixture(1).await;
-    let name = lock("handover-by");
-    let (a, b, c) = (session(&f.locker, 10).await, session(&f.locker, 10).await, session(&f.locker, 10).await);
+/// The start of the `release_by` hand-over tests: A holds `key`, B and C queue behind
+/// it, A's release hands the lock to B, and B's hold is forgotten as the service does
+/// (only its lease and grant revision stay). Returns the three sessions (for the caller
+/// to keep), C's waiter and B's grant revision.
+async fn handed_to_b_and_forgotten(
+    f: &Fixture,
+    key: &str,
+    ttl_secs: u64,
+    wait: Duration,
+) -> ([Session; 3], tokio::task::JoinHandle<Result<Hold, Error>>, Revision) {
+    let name = lock(key);
+    let (a, b, c) = (session(&f.locker, ttl_secs).await, session(&f.locker, ttl_secs).await, session(&f.locker, ttl_secs).await);
     let ha = f.locker.acquire(&a, &name, Mode::Exclusive, secs(5)).await.unwrap();
-    let wb = spawn_waiter(&f.locker, &b, &name, Mode::Exclusive, secs(30)).await;
-    let wc = spawn_waiter(&f.locker, &c, &name, Mode::Exclusive, secs(30)).await;
+    let wb = spawn_waiter(&f.locker, &b, &name, Mode::Exclusive, within(wait)).await;
+    let wc = spawn_waiter(&f.locker, &c, &name, Mode::Exclusive, within(wait)).await;
     ha.release().await.unwrap();
     let hb = wb.await.unwrap().unwrap();
-    // As the service does: the hold object goes, its (lock, lease, mode, grant_rev) stays.
     let grant_rev = hb.grant_rev().unwrap();
     hb.forget();
-    let mut holds = PrefixWatch::start(f.locker.client(), &format!("{}h/", base("handover-by"))).await;
-    f.locker.release_by(&name, b.lease(), Mode::Exclusive, grant_rev).await.unwrap();
-    let (gone, released_at) = holds.next(EventType::Delete).await;
-    assert!(gone.ends_with(&b.lease().to_string()), "{gone}");
-    let hc = tokio::time::timeout(Duration::from_secs(5), wc)
-        .await
-        .expect("C granted after B's release")
-        .unwrap()
-        .unwrap();
-    assert_eq!(hc.grant_rev().unwrap().as_i64(), released_at, "C's grant is B's release revision");
-    // A second release_by of the same grant finds nothing (and hands over nothing).
-    let again = f.locker.release_by(&name, b.lease(), Mode::Exclusive, grant_rev).await.unwrap_err();
-    assert_eq!(*again.kind(), ErrorKind::NotHeld);
-    hc.release().await.unwrap();
+    ([a, b, c], wc, grant_rev)
 }
 
-#[tokio::test]
-async fn etcd_release_by_that_could_not_commit_still_hands_over_when_retried() {
-    let mut f = fixture(1).await;
-    let name = lock("handover-retry");
-    let (a, b, c) = (session(&f.locker, 20).await, session(&f.locker, 20).await, session(&f.locker, 20).await);
-    let ha = f.locker.acquire(&a, &name, Mode::Exclusive, secs(5)).await.unwrap();
-    let wb = spawn_waiter(&f.locker, &b, &name, Mode::Exclusive, secs(60)).await;
-    let wc = spawn_waiter(&f.locker, &c, &name, Mode::Exclusive, secs(60)).await;
-    ha.release().await.unwrap();
-    let hb = wb.await.unwrap().unwrap();
-    let grant_rev = hb.grant_rev().unwrap();
-    hb.forget();
-    // etcd is down: the release cannot commit.
-    f.cluster.stop(0).await;
-    let err = f.locker.release_by(&name, b.lease(), Mode::Exclusive, grant_rev).await.unwrap_err();
-    assert!(err.is_quorum_lost(), "{err:?}");
-    f.cluster.restart(0).await;
-    // The retry hands over as the first attempt would have.
-    let mut holds = PrefixWatch::start(f.locker.client(), &format!("{}h/", base("handover-retry"))).await;
-    f.locker.release_by(&name, b.lease(), Mode::Exclusive, grant_rev).await.unwrap();
+/// `release_by` of B's forgotten grant (see [`handed_to_b_and_forgotten`]) hands over:
+/// B's hold key is deleted, and C is granted in that same revision. Returns C's hold.
+async fn release_by_hands_over_to_c(
+    f: &Fixture,
+    key: &str,
+    b: &Session,
+    grant_rev: Revision,
+    wc: tokio::task::JoinHandle<Result<Hold, Error>>,
+) -> Hold {
+    let mut holds = PrefixWatch::start(f.locker.client(), &format!("{}h/", base(key))).await;
+    f.locker.release_by(&lock(key), b.lease(), Mode::Exclusive, grant_rev).await.unwrap();
     let (gone, released_at) = holds.next(EventType::Delete).await;
     assert!(gone.ends_with(&b.lease().to_string()), "{gone}");
     let hc = tokio::time::timeout(Duration::from_secs(10), wc)
@@ -2663,5 +2647,38 @@ async fn etcd_release_by_that_could_not_commit_still_hands_over_when_retried() {
         .unwrap()
         .unwrap();
     assert_eq!(hc.grant_rev().unwrap().as_i64(), released_at, "C's grant is B's release revision");
+    hc
+}
+
+#[tokio::test]
+async fn etcd_release_by_of_a_forgotten_hold_hands_over_as_its_release_would() {
+    let f = fixture(1).await;
+    let ([_a, b, _c], wc, grant_rev) = handed_to_b_and_forgotten(&f, "handover-by", 10, Duration::from_secs(30)).await;
+    let hc = release_by_hands_over_to_c(&f, "handover-by", &b, grant_rev, wc).await;
+    // A second release_by of the same grant finds nothing (and hands over nothing).
+    let again = f
+        .locker
+        .release_by(&lock("handover-by"), b.lease(), Mode::Exclusive, grant_rev)
+        .await
+        .unwrap_err();
+    assert_eq!(*again.kind(), ErrorKind::NotHeld);
+    hc.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn etcd_release_by_that_could_not_commit_still_hands_over_when_retried() {
+    let mut f = fixture(1).await;
+    let ([_a, b, _c], wc, grant_rev) = handed_to_b_and_forgotten(&f, "handover-retry", 20, Duration::from_secs(60)).await;
+    // etcd is down: the release cannot commit.
+    f.cluster.stop(0).await;
+    let err = f
+        .locker
+        .release_by(&lock("handover-retry"), b.lease(), Mode::Exclusive, grant_rev)
+        .await
+        .unwrap_err();
+    assert!(err.is_quorum_lost(), "{err:?}");
+    f.cluster.restart(0).await;
+    // The retry hands over as the first attempt would have.
+    let hc = release_by_hands_over_to_c(&f, "handover-retry", &b, grant_rev, wc).await;
     hc.release().await.unwrap();
 }
