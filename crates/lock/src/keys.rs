@@ -189,6 +189,14 @@ impl LockKeys {
         (start, end)
     }
 
+    /// The range of the lock's hold and waiter keys, `h/` to the end of `q/`, as
+    /// `(start, end)` for etcd (end exclusive): what a wait watches (see
+    /// [`crate::lock_watch`]). Grant records (`g/`) and cancel markers (`c/`) sort
+    /// before it, so their writes are not sent to waiters.
+    pub(crate) fn wait_range(&self) -> (String, Vec<u8>) {
+        (self.holds(), prefix_end(&self.queue()))
+    }
+
     /// Whether `key` falls inside one of the lock's bounded `q/`, `h/`, `g/` ranges.
     pub(crate) fn in_lease_ranges(&self, key: &[u8]) -> bool {
         ['q', 'h', 'g'].into_iter().any(|sub| {
@@ -269,6 +277,25 @@ mod tests {
         // A key ending where another's sub-keys begin stays apart.
         let q = r.lock("ns", "c", "a/b/q");
         assert!(!q.queue().starts_with(ab.base()));
+    }
+
+    #[test]
+    fn the_wait_range_holds_every_hold_and_waiter_key_and_nothing_else_of_the_lock() {
+        let r = RootKeys::new("/p/");
+        let k = r.lock("n", "c", "k");
+        let (start, end) = k.wait_range();
+        let inside = |key: &str| key.as_bytes() >= start.as_bytes() && key.as_bytes() < end.as_slice();
+        let l = LeaseId::new(i64::MAX);
+        for m in [Mode::Exclusive, Mode::Shared] {
+            assert!(inside(&k.hold(m, l)) && inside(&k.waiter(m, l)));
+            assert!(!inside(&k.grant(m, l)));
+        }
+        assert!(!inside(&k.cancel_marker(l, 7)));
+        // Nor a key of a lock whose escaped key starts with this one's.
+        let kq = r.lock("n", "c", "kq");
+        assert!(!inside(&kq.hold(Mode::Exclusive, l)) && !inside(&kq.waiter(Mode::Exclusive, l)));
+        let k_q = r.lock("n", "c", "k/q");
+        assert!(!inside(&k_q.waiter(Mode::Exclusive, l)));
     }
 
     #[test]

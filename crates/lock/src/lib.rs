@@ -96,11 +96,14 @@
 //!   it watches that waiter's key and its lease's hold key, and wakes when both are
 //!   gone, that is on the predecessor's release (or its giving up); for a holder, its
 //!   hold key. An exclusive waiter also watches its own hold key (a hand-over, below).
-//!   The waits of a locker share four watch streams (etcd multiplexes watches on a
-//!   stream by watch id); when one fails, every wait on it reads anew and a later wait
-//!   opens it again. The watches start at etcd's current revision (a past
-//!   start revision is served by etcd's 100 ms catch-up loop), and the two keys are read
-//!   once they exist. No polling and no thundering herd: a release wakes one waiter.
+//!   The waiters of a locker on one lock share one watch on its hold and waiter keys,
+//!   created by the first of them from etcd's current revision (a past start revision
+//!   is served by etcd's 100 ms catch-up loop) and cancelled when the last leaves; it
+//!   keeps its latest messages, so a waiter that joins it after its view was read
+//!   misses nothing (else it reads its keys once). These watches share four streams per
+//!   locker (etcd multiplexes watches on a stream by watch id); when one fails, every
+//!   waiter on it reads anew. No polling and no thundering herd: a release wakes one
+//!   waiter.
 //!   Woken, it sends its grant Txn at once (allowing no grant record at all); a grant
 //!   Txn that fails reads the lock in its else branch, and the waiter decides again.
 //!   These reads are keys only (which keys exist, and their revisions); a hold of the
@@ -292,6 +295,8 @@ mod hold;
 #[cfg(feature = "core")]
 mod inspect;
 mod keys;
+#[cfg(feature = "core")]
+mod lock_watch;
 #[cfg(feature = "core")]
 mod locker;
 mod meta;

@@ -23,6 +23,7 @@ use crate::model::Namespace;
 use crate::retry;
 use crate::session::Session;
 use crate::handover::Successors;
+use crate::lock_watch::LockWatches;
 use crate::watches::Watches;
 
 /// The default root prefix of the key space.
@@ -89,8 +90,10 @@ pub(crate) struct LockerInner {
     pub(crate) keys: RootKeys,
     pub(crate) epoch: Arc<EpochState>,
     pub(crate) request_timeout: Duration,
-    /// The watch stream shared by every wait of this locker's acquires.
+    /// The watch streams shared by every wait of this locker's acquires.
     pub(crate) watches: Watches,
+    /// One watch per lock with waiters, on those streams, shared by its waiters.
+    pub(crate) lock_watches: LockWatches,
     /// Whom forgotten holds hand over to, for `release_by`.
     pub(crate) successors: Successors,
     classes: Arc<ClassCache>,
@@ -181,6 +184,7 @@ impl Locker {
         Ok(Locker {
             inner: Arc::new(LockerInner {
                 watches: Watches::new(client.clone(), keys.epoch(), options.request_timeout),
+                lock_watches: LockWatches::default(),
                 successors: Successors::new(),
                 kv: client.kv_client(),
                 client,

@@ -2492,28 +2492,25 @@ async fn etcd_waiters_of_one_locker_share_its_watch_streams_which_survive_a_memb
     let h = session(&f.locker, 20).await;
     let held = f.locker.acquire(&h, &name, Mode::Exclusive, secs(5)).await.unwrap();
     let (tasks, granted) = queue_recording_waiters(&f.locker, &name, "shared-watch", 8, 20).await;
-    // Every wait is set up: the first waiter watches the hold and its own hold key (two
-    // watches), each other its predecessor's waiter and hold keys and its own hold key
-    // (three), plus each shared stream's first watch and the class cache's: 2 + 21 + 4 +
-    // 1 = 28 watches. On five streams (the class cache's and the four shared ones), not
-    // one per waiter.
+    // Every wait is set up, on one watch of the lock shared by the eight waiters: with
+    // the class cache's watch and the shared stream's first watch, 3 watches on 2
+    // streams (the class cache's and one shared stream), where a watch per wait made
+    // 28 (2 + 7 x 3, plus 5) and a stream per wait 9 streams.
     let until = Instant::now() + Duration::from_secs(10);
     let (mut watchers, mut streams);
     loop {
         watchers = f.cluster.metric(0, "etcd_debugging_mvcc_watcher_total", "").await;
         streams = f.cluster.metric(0, "etcd_debugging_mvcc_watch_stream_total", "").await;
-        // Settled at exactly that: a waiter that re-subscribes (its predecessor changed
-        // while it set up) has a watch created before the old one is cancelled, and a
-        // read at that moment counts one more for an instant.
-        if (watchers == 28.0 && streams == 5.0) || Instant::now() > until {
+        if (watchers == 3.0 && streams == 2.0) || Instant::now() > until {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(watchers, 28.0, "{watchers} watchers: not every wait was set up, or more");
-    assert_eq!(streams, 5.0, "{streams} watch streams for {watchers} watchers");
-    // The member restarts: the shared stream fails and every waiter reads again and
-    // opens its watches on a new stream; none is granted while the lock is held.
+    assert_eq!(watchers, 3.0, "{watchers} watchers: not one for the lock");
+    assert_eq!(streams, 2.0, "{streams} watch streams for {watchers} watchers");
+    // The member restarts: the shared stream fails, every waiter reads again, and one of
+    // them creates the lock's watch anew on another stream; none is granted while the
+    // lock is held.
     f.cluster.stop(0).await;
     f.cluster.restart(0).await;
     tokio::time::sleep(Duration::from_millis(500)).await;

@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 
 use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
-    TxnResponse, WatchFilterType, WatchOptions, WatchResponse,
+    TxnResponse, WatchResponse,
 };
 use palisade_fence::{FencingToken, Revision};
 use tokio::time::Instant;
@@ -16,7 +16,7 @@ use crate::handover::{oldest_waiter_op, oldest_waiter_options, Successor};
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::Mode;
 use crate::retry;
-use crate::watches::Subscription;
+use crate::lock_watch::LockSubscription;
 
 /// One key of the lock's queue, holds or grant records, read without its value.
 pub(super) struct Entry {
@@ -55,13 +55,6 @@ enum NoGrantRecords {
     /// None at all.
     Required,
 }
-
-/// How long a waiter whose predecessor's waiter key was deleted waits for the put of
-/// that predecessor's hold key (a grant deletes the one and puts the other in one Txn,
-/// but they reach this waiter as events of two watches) before reading the hold key.
-/// Only a predecessor that gave up makes the wait run out; if a late put is missed, the
-/// grant Txn that follows fails on the hold and the waiter waits on the hold instead.
-const HOLD_PUT_GRACE: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// How a wait on a blocker ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -541,18 +534,20 @@ impl Attempt {
     /// and its lease's hold key (created in the same Txn when that waiter is granted) is
     /// gone too: so the wait is on what actually lets this waiter go, the predecessor's
     /// release, and not on its grant, which would cost another read and another wait.
-    /// Still only the predecessor's two keys are watched (no thundering herd: each
-    /// release wakes one waiter), on the locker's shared watch stream (see
-    /// [`crate::watches`]), so a wait costs two watch creates there, not a stream.
+    /// Only the predecessor's two keys (and this attempt's own hold key, for a
+    /// hand-over) wake this waiter, so a release wakes one waiter: no thundering herd.
+    /// The writes to them come from the locker's one watch on the lock, shared by all
+    /// its waiters there (see [`crate::lock_watch`]): joining it costs no round trip,
+    /// and only the first waiter of a lock creates it, on a shared stream (see
+    /// [`crate::watches`]), from etcd's current revision, never a past one (etcd serves
+    /// a watch that starts in the past from its "unsynced" group, which it catches up
+    /// only every 100 ms).
     ///
-    /// The watches start at etcd's current revision, never at a past one: etcd serves a
-    /// watch that starts in the past from its "unsynced" group, which it catches up only
-    /// every 100 ms, so a past start revision (the view's, once anything was written
-    /// since) costs up to 100 ms per wait. What changed between the view and the
-    /// watches is read once the watches exist, in one Txn of a few gets; only events
-    /// after that read's revision are applied. When etcd created the watches at the
-    /// view's own revision (their confirmations say so), nothing changed in between
-    /// and the read is skipped. Any trouble with the watch stream returns
+    /// Every write to the keys after [`LockSubscription::covered_from`] is passed on.
+    /// When the view is at or after that revision, the view is the state to start from;
+    /// else (the watch was created after the view, or the messages it kept no longer
+    /// reach back to it) the keys are read once, in one Txn of a few gets, and only
+    /// events after that read's revision are applied. Any trouble with the watch returns
     /// [`Woken::WatchFailed`] early (after a short backoff): the caller reads anew.
     async fn wait_released(&self, blocker: &Entry, view: &View) -> Result<Woken> {
         let waiter = self.keys.hold_for_waiter(&blocker.key).map(|hold| (hold, blocker.create_rev));
@@ -562,30 +557,27 @@ impl Attempt {
         };
         // This attempt's own hold key: put when a release hands the lock over to it.
         let own_hold = self.keys.hold(self.mode, self.session.lease()).into_bytes();
-        let mut watches = vec![(hold_key.clone(), WatchOptions::new())];
+        let mut wanted = vec![hold_key.clone()];
         if self.mode == Mode::Exclusive {
             // Only exclusive waiters are handed over to.
-            watches.push((own_hold.clone(), WatchOptions::new().with_filters([WatchFilterType::NoDelete])));
+            wanted.push(own_hold.clone());
         }
         if let Some(key) = &waiter_key {
-            // The waiter key's deletion.
-            watches.push((key.clone(), WatchOptions::new().with_filters([WatchFilterType::NoPut])));
+            wanted.push(key.clone());
         }
         let subscribe = retry::call("acquire.watch", self.deadline, self.locker.request_timeout, || {
-            self.locker.watches.subscribe(watches.clone())
+            self.locker
+                .lock_watches
+                .subscribe(&self.locker.watches, &self.keys, wanted.clone())
         });
         let mut stream = subscribe
             .await
             .map_err(|e| e.into_caller_error(ErrorKind::QuorumLost))?;
-        let created = stream.created().unwrap_or_default();
-        for h in created {
-            self.locker.epoch.observe_header(Some(h))?;
-        }
-        let created_at = stream.created().and_then(|hs| hs.iter().map(|h| h.revision()).max());
-        let (mut seen, mut hold_present, mut waiter_present);
-        if created_at == Some(view.revision) {
-            // Nothing was written since the view: the watches see every write after
-            // it, and the view is the state to start from (it had no hold of ours).
+        self.locker.epoch.observe_header(Some(stream.created()))?;
+        let (seen, mut hold_present, mut waiter_present);
+        if stream.covered_from() <= view.revision {
+            // Every write to the keys after the view is passed on: the view is the state
+            // to start from (it had no hold of ours).
             seen = view.revision;
             hold_present = view.holds.iter().any(|h| h.key == hold_key);
             waiter_present = waiter.is_some();
@@ -619,12 +611,10 @@ impl Attempt {
             };
         }
         let mut pending: Vec<WatchEvent> = Vec::new();
-        // Set when the predecessor's waiter key went while its hold key was absent: it was
-        // granted (the hold put of the same revision comes from the other watch, most
-        // often right after) or it gave up. Until when to wait for that put before
-        // reading the hold key instead.
-        let mut unsure_until: Option<Instant> = None;
         loop {
+            // A message holds every event of its revision: a grant's waiter-key delete
+            // and hold put, or a release's hold delete and the hand-over's put, come
+            // together, so the state after a message is a state etcd was in.
             let mut handed = None;
             for WatchEvent { key, kind, rev, handed_over } in pending.drain(..) {
                 if rev <= seen {
@@ -636,55 +626,14 @@ impl Attempt {
                     }
                 } else if key == hold_key {
                     hold_present = kind == EventType::Put;
-                    unsure_until = None;
                 } else if waiter_key.as_ref() == Some(&key) && kind == EventType::Delete {
                     waiter_present = false;
-                    if !hold_present {
-                        unsure_until = Some(Instant::now() + HOLD_PUT_GRACE);
-                    }
                 }
             }
             if let Some(rev) = handed {
                 return Ok(Woken::HandedOver(rev));
             }
-            if let Some(until) = unsure_until {
-                let next = tokio::time::timeout_at(until, self.next_watch_message(&mut stream));
-                match next.await {
-                    Ok(msg) => match msg? {
-                        Some(resp) if !resp.canceled() => pending.extend(self.events(&resp)),
-                        _ => return self.watch_trouble().await,
-                    },
-                    Err(_) => {
-                        // No put came: read the hold key (it gave up, or the put is late).
-                        let resp = self
-                            .read_txn([TxnOp::get(
-                                hold_key.clone(),
-                                Some(GetOptions::new().with_keys_only()),
-                            )])
-                            .await?;
-                        seen = resp.header().map(|h| h.revision()).unwrap_or(seen);
-                        hold_present = matches!(
-                            resp.op_responses().first(),
-                            Some(TxnOpResponse::Get(g)) if !g.kvs().is_empty()
-                        );
-                        unsure_until = None;
-                    }
-                }
-                continue;
-            }
             if !hold_present && !waiter_present {
-                // A release that hands over to us is one revision, but its events come
-                // as messages of two watches: take what has already arrived first.
-                while let Some(resp) = stream.try_next() {
-                    self.locker.epoch.observe_header(resp.header())?;
-                    if resp.canceled() {
-                        return self.watch_trouble().await;
-                    }
-                    pending.extend(self.events(&resp));
-                }
-                if !pending.is_empty() {
-                    continue;
-                }
                 return Ok(Woken::Released);
             }
             match self.next_watch_message(&mut stream).await? {
@@ -698,7 +647,7 @@ impl Attempt {
     /// or the deadline, or the session's loss.
     async fn next_watch_message(
         &self,
-        stream: &mut Subscription,
+        stream: &mut LockSubscription,
     ) -> Result<Option<WatchResponse>> {
         tokio::select! {
             msg = stream.next() => {
