@@ -93,14 +93,17 @@
 //! - A waiter decides on queue, holds and grant records read at one revision. Exclusive:
 //!   it waits for the waiter just ahead of it, else for one holder. Shared: for the
 //!   exclusive waiter just ahead of it, else for one exclusive holder. For a waiter ahead
-//!   it watches that waiter's key and its lease's hold key, and wakes when both are
-//!   gone, that is on the predecessor's release (or its giving up); for a holder, its
-//!   hold key. An exclusive waiter also watches its own hold key (a hand-over, below).
+//!   it waits on that waiter's key and its lease's hold key, and wakes when both are
+//!   gone, that is on the predecessor's release (or its giving up); for a holder, on its
+//!   hold key. An exclusive waiter also wakes when its own hold key is put (a
+//!   hand-over, below).
 //!   The waiters of a locker on one lock share one watch on its hold and waiter keys,
 //!   created by the first of them from etcd's current revision (a past start revision
 //!   is served by etcd's 100 ms catch-up loop) and cancelled when the last leaves; it
 //!   keeps its latest messages, so a waiter that joins it after its view was read
-//!   misses nothing (else it reads its keys once). These watches share four streams per
+//!   misses nothing (else it reads its keys once). A waiter whose lock's watch passed
+//!   nothing on for ten request timeouts reads its keys anyway, and a write found that
+//!   way ends the watch, which the next waiter creates anew. These watches share four streams per
 //!   locker (etcd multiplexes watches on a stream by watch id); when one fails, every
 //!   waiter on it reads anew. No polling and no thundering herd: a release wakes one
 //!   waiter.

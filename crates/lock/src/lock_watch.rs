@@ -23,8 +23,16 @@
 //! its own did (see `wait_released` in the waiter loop).
 //!
 //! A locker with waiters on a lock so receives every write to the lock's hold and waiter
-//! keys, and wakes only the waiters whose keys a write touches. Lockers are few (a
-//! process, a replica of the lock service), so etcd sends each write to a few watchers.
+//! keys, and wakes only the waiters whose keys a write touches. This assumes lockers are
+//! few (a process, a replica of the lock service): etcd sends each write to one watcher
+//! per locker with waiters on the lock, where a watch per waiter sent it to the one or
+//! two waiters it concerned.
+//!
+//! **A silent watch.** A waiter whose lock's watch has passed nothing on (to any waiter)
+//! for [`QUIET_TIMEOUTS`] request timeouts reads its keys; if they changed, the watch
+//! missed a write (its member stopped passing them on while its connection stayed up)
+//! and the waiter ends it for all ([`LockSubscription::distrust`]), so the next waiter
+//! creates it anew.
 //!
 //! etcd sends a watch's events in revision order, and the events of one revision in one
 //! message (etcd 3.4 fragments a message only when asked to, which this watch does not),
@@ -38,15 +46,24 @@ use std::sync::{Arc, Mutex, Weak};
 use etcd_client::{ResponseHeader, WatchOptions, WatchResponse};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::keys::LockKeys;
 use crate::watches::{Subscription, Watches};
 
 /// How many of its latest messages (those with events) a lock's watch keeps for waiters
-/// that join it. A waiter joins right after the read it decides on (one round trip), so a
+/// that join it. A waiter joins right after the read it decides on (one round trip, or
+/// the time another waiter takes to create the watch), so a
 /// few dozen cover even a lock cycling a thousand times a second; one whose view is older
 /// than what is kept reads its keys once instead.
 pub(crate) const RECENT: usize = 128;
+
+/// How long, in request timeouts, a lock's watch may pass nothing on before a waiter on
+/// it reads its keys anyway: a watch whose member stopped passing writes on (while its
+/// connection stays up) would otherwise keep every waiter of the locker on the lock
+/// waiting until its deadline. A read that finds a write the watch never passed on ends
+/// the watch ([`LockSubscription::distrust`]).
+pub(crate) const QUIET_TIMEOUTS: u32 = 10;
 
 /// Every lock of the locker that has a watch, or is having one created, by the lock's
 /// base path. A slot's async lock makes one waiter create the watch while the others
@@ -86,6 +103,8 @@ struct State {
     open: bool,
     /// Every message with an event above this revision is in `recent` or still to come.
     covered: i64,
+    /// When the watch last passed a message on (or was created).
+    last_message: Instant,
     /// The latest messages with events, oldest first, each with its highest revision.
     recent: VecDeque<(i64, WatchResponse)>,
     subscribers: HashMap<u64, Subscriber>,
@@ -135,6 +154,22 @@ impl LockSubscription {
         self.covered_from
     }
 
+    /// When the lock's watch last had a message from etcd, for any waiter (or was
+    /// created).
+    pub(crate) fn last_message(&self) -> Instant {
+        guard(&self.shared.state).last_message
+    }
+
+    /// Ends the lock's watch for every waiter on it (each one's [`LockSubscription::next`]
+    /// returns `None`; the next waiter creates a new watch): a read found a write to a
+    /// waited-on key that the watch, silent all along, never passed on.
+    pub(crate) fn distrust(&self) {
+        let mut s = guard(&self.shared.state);
+        s.open = false;
+        s.subscribers.clear();
+        s.recent.clear();
+    }
+
     /// etcd's confirmation of the lock's watch (its revision is the watch's start).
     pub(crate) fn created(&self) -> &ResponseHeader {
         &self.shared.created
@@ -163,20 +198,23 @@ impl LockWatches {
         wanted: Vec<Vec<u8>>,
     ) -> Result<LockSubscription, etcd_client::Error> {
         let base = keys.base();
-        let slot = guard(&self.registry).entry(base.to_owned()).or_default().clone();
-        let mut current = slot.lock().await;
+        // Whatever way this call ends (joined, failed, or dropped by a timeout while it
+        // waited), the lock's slot does not outlive the last watch in it. Declared
+        // first, so it runs after the slot's lock below is released.
+        let _forget = Forget { registry: &self.registry, base };
+        let mut current = loop {
+            let slot = guard(&self.registry).entry(base.to_owned()).or_default().clone();
+            let current = slot.clone().lock_owned().await;
+            // The slot may have been removed (its last watch ended) while this call
+            // waited for it: a watch created in it could never be found by others.
+            if guard(&self.registry).get(base).is_some_and(|s| Arc::ptr_eq(s, &slot)) {
+                break current;
+            }
+        };
         if let Some(sub) = current.upgrade().and_then(|shared| join(&shared, &wanted)) {
             return Ok(sub);
         }
-        let created = self.create(watches, keys).await;
-        let shared = match created {
-            Ok(shared) => shared,
-            Err(e) => {
-                drop(current);
-                forget_if_unused(&self.registry, base);
-                return Err(e);
-            }
-        };
+        let shared = self.create(watches, keys).await?;
         *current = Arc::downgrade(&shared);
         drop(current);
         join(&shared, &wanted).ok_or_else(|| {
@@ -197,6 +235,7 @@ impl LockWatches {
         let state = Arc::new(Mutex::new(State {
             open: true,
             covered: created.revision(),
+            last_message: Instant::now(),
             recent: VecDeque::new(),
             subscribers: HashMap::new(),
             next_id: 0,
@@ -208,6 +247,18 @@ impl LockWatches {
             registry: Arc::downgrade(&self.registry),
             task: tokio::spawn(pass_on(inner, state)),
         }))
+    }
+}
+
+/// Runs [`forget_if_unused`] when dropped.
+struct Forget<'a> {
+    registry: &'a Registry,
+    base: &'a str,
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        forget_if_unused(self.registry, self.base);
     }
 }
 
@@ -251,11 +302,12 @@ async fn pass_on(mut inner: Subscription, state: Arc<Mutex<State>>) {
         if msg.canceled() {
             break;
         }
+        let mut s = guard(&state);
+        s.last_message = Instant::now();
         let Some(rev) = msg.events().iter().filter_map(|e| e.kv()).map(|kv| kv.mod_revision()).max()
         else {
             continue;
         };
-        let mut s = guard(&state);
         for sub in s.subscribers.values() {
             if sub.wants(&msg) {
                 let _ = sub.tx.send(msg.clone());
@@ -385,5 +437,70 @@ mod etcd_tests {
         assert!(d.covered_from() >= last);
         // On the next shared stream, which opens with a first watch of its own.
         assert_eq!(watchers().await, 3.0);
+    }
+
+    /// The lock's watch in `locker`, once `n` waiters are on it.
+    async fn with_waiters(locker: &crate::Locker, base: &str, n: usize) -> Arc<Shared> {
+        let until = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let slot = guard(&locker.inner.lock_watches.registry).get(base).cloned();
+            let shared = slot.and_then(|s| s.try_lock().ok().and_then(|w| w.upgrade()));
+            if let Some(shared) = shared.filter(|s| guard(&s.state).subscribers.len() == n) {
+                return shared;
+            }
+            assert!(tokio::time::Instant::now() < until, "{n} waiters never joined the lock's watch");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn etcd_a_waiter_on_a_silent_lock_watch_reads_its_keys_and_the_watch_is_made_anew() {
+        use crate::{FileEpochStore, LockClass, LockName, Locker, LockerOptions, Mode, Namespace, SpiffeId};
+        let cluster = EtcdCluster::single().await;
+        let dir = tempfile::tempdir().unwrap();
+        let timeout = Duration::from_millis(500);
+        let options = LockerOptions::new(cluster.endpoints()).with_request_timeout(timeout);
+        let locker = Locker::connect(options, FileEpochStore::new(dir.path().join("epoch.json")))
+            .await
+            .unwrap();
+        locker.config().put_namespace(&Namespace::new("n", "t")).await.unwrap();
+        locker.config().put_class(&LockClass::new("n", "c", "")).await.unwrap();
+        let name = LockName::new("n", "c", "k");
+        let base = locker.inner.keys.lock("n", "c", "k").base().to_owned();
+        let session = || async {
+            let id = SpiffeId::new("spiffe://test/w").unwrap();
+            locker.open_session(id, Duration::from_secs(20)).await.unwrap()
+        };
+        let (a, b, c) = (session().await, session().await, session().await);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
+        let waiter = |s: &crate::Session| {
+            let (l, s, n) = (locker.clone(), s.clone(), name.clone());
+            tokio::spawn(async move { l.acquire(&s, &n, Mode::Exclusive, deadline).await })
+        };
+        let quiet = timeout * QUIET_TIMEOUTS;
+
+        // B waits on A's hold; then the lock's watch goes silent: its task is gone, so
+        // nothing is passed on and nothing ends.
+        let ha = locker.acquire(&a, &name, Mode::Exclusive, deadline).await.unwrap();
+        let wb = waiter(&b);
+        let silent = with_waiters(&locker, &base, 1).await;
+        silent.task.abort();
+        let released = tokio::time::Instant::now();
+        ha.release().await.unwrap();
+        // B finds the release by reading its keys once the watch was quiet long enough,
+        // and ends the watch it no longer trusts.
+        let hb = tokio::time::timeout(quiet * 3, wb).await.expect("B granted after a quiet period").unwrap().unwrap();
+        assert!(released.elapsed() >= quiet / 2, "B was woken by something else: {:?}", released.elapsed());
+        assert!(!guard(&silent.state).open, "the silent watch was ended");
+
+        // C's wait creates a new watch, which passes B's release on at once.
+        let wc = waiter(&c);
+        let fresh = with_waiters(&locker, &base, 1).await;
+        assert!(!Arc::ptr_eq(&fresh, &silent));
+        let released = tokio::time::Instant::now();
+        hb.release().await.unwrap();
+        let hc = tokio::time::timeout(quiet / 2, wc).await.expect("C granted through the new watch").unwrap().unwrap();
+        assert!(released.elapsed() < quiet / 2);
+        hc.release().await.unwrap();
     }
 }

@@ -240,8 +240,8 @@ impl Locker {
     /// Acquires `lock` in `mode` for `session`, waiting until `deadline` at most.
     ///
     /// Uncontended, this is one etcd Txn. Otherwise the session waits in the lock's
-    /// queue (FIFO by the waiter key's create revision), watching only the one key that
-    /// blocks it, and is granted by a Txn whose header revision becomes the token's
+    /// queue (FIFO by the waiter key's create revision), woken only by writes to the
+    /// keys of the one waiter or holder that blocks it, and is granted by a Txn whose header revision becomes the token's
     /// revision. See the crate docs for the exact rules.
     ///
     /// # Errors

@@ -12,7 +12,7 @@
 //! message then goes through one sender in etcd and one reader here; four measured
 //! 382–386.)
 //!
-//! A stream is opened lazily by the first wait that needs it, with a first watch on the epoch key
+//! A stream is opened lazily by the first watch given to it, with a first watch on the epoch key
 //! (etcd-client opens a stream only together with a watch; that key is written only when
 //! the epoch advances, and its events are ignored). When the stream fails or ends (a
 //! member went away, it lost its leader: the client sends etcd's require-leader
@@ -36,7 +36,7 @@ fn down() -> etcd_client::Error {
     etcd_client::Error::WatchError("the shared watch stream is down".to_owned())
 }
 
-/// How many watch streams a locker shares among its waits.
+/// How many watch streams a locker shares among its lock watches.
 pub(crate) const STREAMS: usize = 4;
 
 /// The locker's shared watch streams, each opened on first use.
@@ -90,7 +90,8 @@ fn lock(routes: &Mutex<Routes>) -> std::sync::MutexGuard<'_, Routes> {
     routes.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// The watches of one wait, on the shared stream. Dropping it cancels them.
+/// Watches added together to a shared stream (a lock's watch, see
+/// [`crate::lock_watch`]). Dropping it cancels them.
 pub(crate) struct Subscription {
     ids: Vec<i64>,
     /// Messages that came while the watches were being set up.

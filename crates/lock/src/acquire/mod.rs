@@ -1,5 +1,6 @@
 //! Acquire: one Txn when uncontended (it grants, or enqueues and reads the lock);
-//! otherwise a FIFO waiter that watches only its predecessor's keys, and a grant Txn
+//! otherwise a FIFO waiter woken only by writes to its predecessor's keys (from the
+//! locker's one watch on the lock), and a grant Txn
 //! whose header revision is the token's revision.
 
 use std::collections::HashMap;

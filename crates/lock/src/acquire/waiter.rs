@@ -16,7 +16,7 @@ use crate::handover::{oldest_waiter_op, oldest_waiter_options, Successor};
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::Mode;
 use crate::retry;
-use crate::lock_watch::LockSubscription;
+use crate::lock_watch::{LockSubscription, QUIET_TIMEOUTS};
 
 /// One key of the lock's queue, holds or grant records, read without its value.
 pub(super) struct Entry {
@@ -422,7 +422,7 @@ impl Attempt {
     }
 
     /// The release of the predecessor handed the lock to this waiter: its hold key was
-    /// put at `rev` (seen by a watch, or by the read after the watches, both above the
+    /// put at `rev` (seen by the lock's watch, or by a read of the wait's keys, both above the
     /// view this waiter waited on). Confirms it with a read checked against the epoch:
     /// the hold key is still this attempt's (create revision `rev`, this attempt's meta,
     /// this lease) and the epoch key is still at this attempt's mod revision, which the
@@ -550,11 +550,13 @@ impl Attempt {
     /// events after that read's revision are applied. Any trouble with the watch returns
     /// [`Woken::WatchFailed`] early (after a short backoff): the caller reads anew.
     async fn wait_released(&self, blocker: &Entry, view: &View) -> Result<Woken> {
-        let waiter = self.keys.hold_for_waiter(&blocker.key).map(|hold| (hold, blocker.create_rev));
-        let (hold_key, waiter_key): (Vec<u8>, Option<Vec<u8>>) = match &waiter {
-            Some((hold, _)) => (hold.clone().into_bytes(), Some(blocker.key.clone())),
-            None => (blocker.key.clone(), None),
-        };
+        let (hold_key, waiter_key): (Vec<u8>, Option<Vec<u8>>) =
+            match self.keys.hold_for_waiter(&blocker.key) {
+                Some(hold) => (hold.into_bytes(), Some(blocker.key.clone())),
+                None => (blocker.key.clone(), None),
+            };
+        // The blocking waiter key and the create revision the view saw.
+        let waiter = waiter_key.as_deref().map(|k| (k, blocker.create_rev));
         // This attempt's own hold key: put when a release hands the lock over to it.
         let own_hold = self.keys.hold(self.mode, self.session.lease()).into_bytes();
         let mut wanted = vec![hold_key.clone()];
@@ -574,7 +576,7 @@ impl Attempt {
             .await
             .map_err(|e| e.into_caller_error(ErrorKind::QuorumLost))?;
         self.locker.epoch.observe_header(Some(stream.created()))?;
-        let (seen, mut hold_present, mut waiter_present);
+        let (mut seen, mut hold_present, mut waiter_present);
         if stream.covered_from() <= view.revision {
             // Every write to the keys after the view is passed on: the view is the state
             // to start from (it had no hold of ours).
@@ -582,34 +584,17 @@ impl Attempt {
             hold_present = view.holds.iter().any(|h| h.key == hold_key);
             waiter_present = waiter.is_some();
         } else {
-            let mut ops = vec![
-                TxnOp::get(hold_key.clone(), Some(GetOptions::new().with_keys_only())),
-                TxnOp::get(own_hold.clone(), None),
-            ];
-            if let Some(key) = &waiter_key {
-                ops.push(TxnOp::get(key.clone(), Some(GetOptions::new().with_keys_only())));
+            let read = self.read_wait_keys(&hold_key, &own_hold, waiter).await?;
+            if let Some(own) = read.own {
+                return Ok(self.own_hold_seen(&own, view));
             }
-            let resp = self.read_txn(ops).await?;
-            seen = resp.header().map(|h| h.revision()).unwrap_or(0);
-            let mut got = resp.op_responses().into_iter().map(|r| match r {
-                TxnOpResponse::Get(g) => g.kvs().first().cloned(),
-                _ => None,
-            });
-            hold_present = got.next().flatten().is_some();
-            if let Some(own) = got.next().flatten() {
-                // Handed over between the view and the watches. The view had no hold of
-                // ours, so a hand-over is newer than it; anything else is read anew.
-                return Ok(if self.is_handed_over(&own) && own.create_revision() > view.revision {
-                    Woken::HandedOver(own.create_revision())
-                } else {
-                    Woken::WatchFailed
-                });
-            }
-            waiter_present = match &waiter {
-                Some((_, rev)) => got.next().flatten().map(|kv| kv.create_revision()) == Some(*rev),
-                None => false,
-            };
+            (seen, hold_present, waiter_present) = (read.revision, read.hold_present, read.waiter_present);
         }
+        // How long the lock's watch may stay silent before this waiter reads its keys
+        // anyway (a watch whose member stopped passing writes on would otherwise keep
+        // every waiter of the locker on the lock waiting until its deadline).
+        let quiet = self.locker.request_timeout * QUIET_TIMEOUTS;
+        let mut recheck_at = Instant::now() + quiet;
         let mut pending: Vec<WatchEvent> = Vec::new();
         loop {
             // A message holds every event of its revision: a grant's waiter-key delete
@@ -636,27 +621,91 @@ impl Attempt {
             if !hold_present && !waiter_present {
                 return Ok(Woken::Released);
             }
-            match self.next_watch_message(&mut stream).await? {
-                Some(resp) if !resp.canceled() => pending.extend(self.events(&resp)),
-                _ => return self.watch_trouble().await,
+            match self.next_watch_message(&mut stream, recheck_at).await? {
+                Next::Message(resp) if !resp.canceled() => pending.extend(self.events(&resp)),
+                Next::Message(_) | Next::Ended => return self.watch_trouble().await,
+                Next::Quiet => {
+                    let heard = stream.last_message();
+                    if heard + quiet > Instant::now() {
+                        // The watch is alive (it passed a write on, for some waiter).
+                        recheck_at = heard + quiet;
+                        continue;
+                    }
+                    let read = self.read_wait_keys(&hold_key, &own_hold, waiter).await?;
+                    if let Some(own) = read.own {
+                        return Ok(self.own_hold_seen(&own, view));
+                    }
+                    if (read.hold_present, read.waiter_present) != (hold_present, waiter_present) {
+                        tracing::warn!(lock = ?self.name, revision = read.revision, "a silent lock watch missed a write; creating it anew");
+                        stream.distrust();
+                    }
+                    (seen, hold_present, waiter_present) =
+                        (seen.max(read.revision), read.hold_present, read.waiter_present);
+                    recheck_at = Instant::now() + quiet;
+                }
             }
         }
     }
 
-    /// The next message of a wait's watch stream, `None` if the stream failed or ended;
-    /// or the deadline, or the session's loss.
+    /// Reads the keys a wait is on, in one Txn checked against the epoch: the blocking
+    /// hold key, this attempt's own hold key (with its value) and, when the blocker is a
+    /// waiter, its waiter key (`waiter`: the key and the create revision it had).
+    async fn read_wait_keys(
+        &self,
+        hold_key: &[u8],
+        own_hold: &[u8],
+        waiter: Option<(&[u8], i64)>,
+    ) -> Result<WaitKeys> {
+        let keys_only = || Some(GetOptions::new().with_keys_only());
+        let mut ops = vec![TxnOp::get(hold_key, keys_only()), TxnOp::get(own_hold, None)];
+        if let Some((key, _)) = waiter {
+            ops.push(TxnOp::get(key, keys_only()));
+        }
+        let resp = self.read_txn(ops).await?;
+        let mut got = resp.op_responses().into_iter().map(|r| match r {
+            TxnOpResponse::Get(g) => g.kvs().first().cloned(),
+            _ => None,
+        });
+        Ok(WaitKeys {
+            revision: resp.header().map(|h| h.revision()).unwrap_or(0),
+            hold_present: got.next().flatten().is_some(),
+            own: got.next().flatten(),
+            waiter_present: match waiter {
+                Some((_, rev)) => got.next().flatten().map(|kv| kv.create_revision()) == Some(rev),
+                None => false,
+            },
+        })
+    }
+
+    /// What a hold key of this attempt's, found by a read during a wait, means: a
+    /// hand-over if it holds what a hand-over writes and is newer than the view (which
+    /// had no hold of ours); anything else is read anew.
+    fn own_hold_seen(&self, own: &KeyValue, view: &View) -> Woken {
+        if self.is_handed_over(own) && own.create_revision() > view.revision {
+            Woken::HandedOver(own.create_revision())
+        } else {
+            Woken::WatchFailed
+        }
+    }
+
+    /// The next message of a wait's watch, [`Next::Ended`] if the watch failed or
+    /// ended, [`Next::Quiet`] at `recheck_at`; or the deadline, or the session's loss.
     async fn next_watch_message(
         &self,
         stream: &mut LockSubscription,
-    ) -> Result<Option<WatchResponse>> {
+        recheck_at: Instant,
+    ) -> Result<Next> {
         tokio::select! {
-            msg = stream.next() => {
-                if let Some(resp) = &msg {
+            msg = stream.next() => match msg {
+                Some(resp) => {
                     self.locker.epoch.observe_header(resp.header())?;
+                    Ok(Next::Message(resp))
                 }
-                Ok(msg)
+                None => Ok(Next::Ended),
+            },
+            _ = tokio::time::sleep_until(recheck_at.min(self.deadline)) => {
+                if recheck_at < self.deadline { Ok(Next::Quiet) } else { Err(Error::new(ErrorKind::DeadlineExceeded)) }
             }
-            _ = tokio::time::sleep_until(self.deadline) => Err(Error::new(ErrorKind::DeadlineExceeded)),
             _ = self.session.lost() => Err(Error::new(ErrorKind::SessionLost)),
         }
     }
@@ -681,7 +730,26 @@ fn caught_up(header_rev: Option<i64>, rev: i64, hw: u64) -> bool {
     header_rev.is_some_and(|r| r >= rev && u64::try_from(r).is_ok_and(|r| r >= hw))
 }
 
-/// One event of a wait's watches.
+/// What a wait got from its lock's watch.
+enum Next {
+    Message(WatchResponse),
+    /// The watch failed or ended.
+    Ended,
+    /// Nothing came before the re-check time.
+    Quiet,
+}
+
+/// The keys a wait is on, read at one revision.
+struct WaitKeys {
+    revision: i64,
+    hold_present: bool,
+    /// This attempt's own hold key, if there is one.
+    own: Option<KeyValue>,
+    /// Whether the blocking waiter key is still there, at the create revision seen.
+    waiter_present: bool,
+}
+
+/// One event of the lock's watch.
 struct WatchEvent {
     key: Vec<u8>,
     kind: EventType,
