@@ -108,6 +108,9 @@ struct State {
     /// The latest messages with events, oldest first, each with its highest revision.
     recent: VecDeque<(i64, WatchResponse)>,
     subscribers: HashMap<u64, Subscriber>,
+    /// The subscribers of each wanted key (a message is routed by its events' keys, not
+    /// matched against every subscriber: a lock with 64 waiters has 64 subscribers).
+    by_key: HashMap<Vec<u8>, Vec<u64>>,
     next_id: u64,
 }
 
@@ -116,12 +119,39 @@ struct Subscriber {
     tx: mpsc::UnboundedSender<WatchResponse>,
 }
 
-impl Subscriber {
-    fn wants(&self, msg: &WatchResponse) -> bool {
-        msg.events()
+impl State {
+    /// The subscribers that want `msg` (an event on one of their keys), each once.
+    fn wanting(&self, msg: &WatchResponse) -> Vec<u64> {
+        let mut ids: Vec<u64> = msg
+            .events()
             .iter()
-            .filter_map(|e| e.kv())
-            .any(|kv| self.keys.iter().any(|k| k.as_slice() == kv.key()))
+            .filter_map(|e| self.by_key.get(e.kv()?.key()))
+            .flatten()
+            .copied()
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
+    fn remove(&mut self, id: u64) {
+        let Some(sub) = self.subscribers.remove(&id) else { return };
+        for key in sub.keys {
+            if let Some(ids) = self.by_key.get_mut(&key) {
+                ids.retain(|&i| i != id);
+                if ids.is_empty() {
+                    self.by_key.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// Ends every subscription (dropping the senders ends their receivers).
+    fn end(&mut self) {
+        self.open = false;
+        self.subscribers.clear();
+        self.by_key.clear();
+        self.recent.clear();
     }
 }
 
@@ -142,7 +172,7 @@ pub(crate) struct LockSubscription {
 
 impl Drop for LockSubscription {
     fn drop(&mut self) {
-        guard(&self.shared.state).subscribers.remove(&self.id);
+        guard(&self.shared.state).remove(self.id);
     }
 }
 
@@ -164,10 +194,7 @@ impl LockSubscription {
     /// returns `None`; the next waiter creates a new watch): a read found a write to a
     /// waited-on key that the watch, silent all along, never passed on.
     pub(crate) fn distrust(&self) {
-        let mut s = guard(&self.shared.state);
-        s.open = false;
-        s.subscribers.clear();
-        s.recent.clear();
+        guard(&self.shared.state).end();
     }
 
     /// etcd's confirmation of the lock's watch (its revision is the watch's start).
@@ -186,7 +213,9 @@ impl LockSubscription {
 impl LockWatches {
     /// Joins the locker's watch on the lock of `keys` for writes to `wanted` (keys of
     /// that lock inside its [`LockKeys::wait_range`]), creating the watch on one of the
-    /// shared streams of `watches` when the lock has none that is open.
+    /// shared streams of `watches` when the lock has none that is open. Of the messages
+    /// the watch kept, those above revision `after` (the state the waiter decided on)
+    /// about its keys are passed on first.
     ///
     /// # Errors
     ///
@@ -196,6 +225,7 @@ impl LockWatches {
         watches: &Watches,
         keys: &LockKeys,
         wanted: Vec<Vec<u8>>,
+        after: i64,
     ) -> Result<LockSubscription, etcd_client::Error> {
         let base = keys.base();
         // Whatever way this call ends (joined, failed, or dropped by a timeout while it
@@ -211,13 +241,13 @@ impl LockWatches {
                 break current;
             }
         };
-        if let Some(sub) = current.upgrade().and_then(|shared| join(&shared, &wanted)) {
+        if let Some(sub) = current.upgrade().and_then(|shared| join(&shared, &wanted, after)) {
             return Ok(sub);
         }
         let shared = self.create(watches, keys).await?;
         *current = Arc::downgrade(&shared);
         drop(current);
-        join(&shared, &wanted).ok_or_else(|| {
+        join(&shared, &wanted, after).ok_or_else(|| {
             etcd_client::Error::WatchError("the lock's watch ended as it was joined".to_owned())
         })
     }
@@ -238,6 +268,7 @@ impl LockWatches {
             last_message: Instant::now(),
             recent: VecDeque::new(),
             subscribers: HashMap::new(),
+            by_key: HashMap::new(),
             next_id: 0,
         }));
         Ok(Arc::new(Shared {
@@ -275,23 +306,32 @@ fn forget_if_unused(registry: &Registry, base: &str) {
 }
 
 /// Adds a subscriber for `wanted` to an open watch, with the kept messages about its
-/// keys; `None` if the watch has ended.
-fn join(shared: &Arc<Shared>, wanted: &[Vec<u8>]) -> Option<LockSubscription> {
+/// keys above revision `after`; `None` if the watch has ended.
+fn join(shared: &Arc<Shared>, wanted: &[Vec<u8>], after: i64) -> Option<LockSubscription> {
     let mut s = guard(&shared.state);
     if !s.open {
         return None;
     }
     let (tx, rx) = mpsc::unbounded_channel();
-    let sub = Subscriber { keys: wanted.to_vec(), tx };
-    for (_, msg) in &s.recent {
-        if sub.wants(msg) {
-            let _ = sub.tx.send(msg.clone());
+    // Kept messages are in revision order: only the newest few are above `after`.
+    let above = s.recent.iter().rev().take_while(|(rev, _)| *rev > after).count();
+    for (_, msg) in s.recent.iter().skip(s.recent.len() - above) {
+        let touches = msg
+            .events()
+            .iter()
+            .filter_map(|e| e.kv())
+            .any(|kv| wanted.iter().any(|k| k.as_slice() == kv.key()));
+        if touches {
+            let _ = tx.send(msg.clone());
         }
     }
     let id = s.next_id;
     s.next_id += 1;
+    for key in wanted {
+        s.by_key.entry(key.clone()).or_default().push(id);
+    }
+    s.subscribers.insert(id, Subscriber { keys: wanted.to_vec(), tx });
     let covered_from = s.covered;
-    s.subscribers.insert(id, sub);
     Some(LockSubscription { shared: shared.clone(), id, covered_from, rx })
 }
 
@@ -308,8 +348,8 @@ async fn pass_on(mut inner: Subscription, state: Arc<Mutex<State>>) {
         else {
             continue;
         };
-        for sub in s.subscribers.values() {
-            if sub.wants(&msg) {
+        for id in s.wanting(&msg) {
+            if let Some(sub) = s.subscribers.get(&id) {
                 let _ = sub.tx.send(msg.clone());
             }
         }
@@ -320,11 +360,7 @@ async fn pass_on(mut inner: Subscription, state: Arc<Mutex<State>>) {
             }
         }
     }
-    let mut s = guard(&state);
-    s.open = false;
-    // Dropping the senders ends every subscription's receiver.
-    s.subscribers.clear();
-    s.recent.clear();
+    guard(&state).end();
 }
 
 #[cfg(test)]
@@ -369,7 +405,7 @@ mod etcd_tests {
         let (hold, waiter) = (format!("{}x/1", keys.holds()), format!("{}x/2", keys.queue()));
         let watchers = || cluster.metric(0, "etcd_debugging_mvcc_watcher_total", "");
 
-        let mut a = lw.subscribe(&watches, &keys, vec![hold.clone().into_bytes()]).await.unwrap();
+        let mut a = lw.subscribe(&watches, &keys, vec![hold.clone().into_bytes()], 0).await.unwrap();
         let start = a.covered_from();
         assert_eq!(start, a.created().revision());
         // The stream's first watch, and the lock's.
@@ -389,7 +425,7 @@ mod etcd_tests {
         // B joins after all that, with no round trip: it is handed what it missed on
         // its keys, and the promise still reaches back to the watch's start.
         let mut b = lw
-            .subscribe(&watches, &keys, vec![hold.clone().into_bytes(), waiter.clone().into_bytes()])
+            .subscribe(&watches, &keys, vec![hold.clone().into_bytes(), waiter.clone().into_bytes()], 0)
             .await
             .unwrap();
         assert_eq!(b.covered_from(), start);
@@ -403,6 +439,16 @@ mod etcd_tests {
             ]
         );
         assert_eq!(watchers().await, 2.0, "B shares A's watch");
+        // One that decided on the state at r2 is passed on only what came after it.
+        let mut b2 = lw.subscribe(&watches, &keys, vec![hold.clone().into_bytes()], r2).await.unwrap();
+        assert_eq!(ready(&mut b2), vec![vec![(r3, EventType::Delete, "1".to_owned())]]);
+        drop(b2);
+        {
+            let st = guard(&a.shared.state);
+            assert_eq!(st.by_key.get(hold.as_bytes()).map(Vec::len), Some(2), "A and B on the hold key");
+            assert_eq!(st.by_key.get(waiter.as_bytes()).map(Vec::len), Some(1), "B on the waiter key");
+            assert_eq!(st.by_key.len(), 2);
+        }
         assert!(ready(&mut a).is_empty(), "A got nothing it did not ask for");
 
         // Once more than RECENT messages went by, a late joiner is told how far back
@@ -418,7 +464,7 @@ mod etcd_tests {
                 break;
             }
         }
-        let mut c = lw.subscribe(&watches, &keys, vec![waiter.clone().into_bytes()]).await.unwrap();
+        let mut c = lw.subscribe(&watches, &keys, vec![waiter.clone().into_bytes()], 0).await.unwrap();
         // Kept: the last RECENT messages with events (r1 to r3 and the first puts gone).
         let kept = ready(&mut c);
         assert_eq!(kept.len(), RECENT);
@@ -433,7 +479,7 @@ mod etcd_tests {
         }
         assert_eq!(watchers().await, 1.0, "the lock's watch is cancelled");
         assert!(guard(&lw.registry).is_empty(), "and forgotten");
-        let d = lw.subscribe(&watches, &keys, vec![hold.into_bytes()]).await.unwrap();
+        let d = lw.subscribe(&watches, &keys, vec![hold.into_bytes()], 0).await.unwrap();
         assert!(d.covered_from() >= last);
         // On the next shared stream, which opens with a first watch of its own.
         assert_eq!(watchers().await, 3.0);

@@ -570,7 +570,7 @@ impl Attempt {
         let subscribe = retry::call("acquire.watch", self.deadline, self.locker.request_timeout, || {
             self.locker
                 .lock_watches
-                .subscribe(&self.locker.watches, &self.keys, wanted.clone())
+                .subscribe(&self.locker.watches, &self.keys, wanted.clone(), view.revision)
         });
         let mut stream = subscribe
             .await
