@@ -15,7 +15,7 @@
 //! revision `V`, and needs every write to its keys after `V`. A shared watch that has run
 //! for a while may already have passed such writes along before the waiter joined, so
 //! the watch keeps its latest messages ([`RECENT`] of them) and gives a joining waiter
-//! those about its keys. What a [`LockSubscription`] promises is stated by
+//! those about its keys above `V`. What a [`LockSubscription`] promises is stated by
 //! [`LockSubscription::covered_from`]: every write to its keys at a revision above it is
 //! passed on, from the kept messages or as it comes. A waiter whose view is at or above
 //! that revision decides on the view; one whose view is older (a watch created after the
@@ -53,9 +53,9 @@ use crate::watches::{Subscription, Watches};
 
 /// How many of its latest messages (those with events) a lock's watch keeps for waiters
 /// that join it. A waiter joins right after the read it decides on (one round trip, or
-/// the time another waiter takes to create the watch), so a
-/// few dozen cover even a lock cycling a thousand times a second; one whose view is older
-/// than what is kept reads its keys once instead.
+/// the time another waiter takes to create the watch), so a few dozen cover even a lock
+/// cycling a thousand times a second; one whose view is older than what is kept reads
+/// its keys once instead.
 pub(crate) const RECENT: usize = 128;
 
 /// How long, in request timeouts, a lock's watch may pass nothing on before a waiter on
@@ -178,8 +178,8 @@ impl Drop for LockSubscription {
 
 impl LockSubscription {
     /// Every write to this subscription's keys at a revision above this one is passed
-    /// on by [`LockSubscription::next`] (some of them perhaps more than once, and some
-    /// at or below it too: a waiter skips what it has already accounted for).
+    /// on by [`LockSubscription::next`], once (and some at or below it too: a waiter
+    /// skips what it has already accounted for).
     pub(crate) fn covered_from(&self) -> i64 {
         self.covered_from
     }
