@@ -108,7 +108,7 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// As [`Client::open_session`]; also [`ClientErrorKind::QuotaExceeded`](super::ClientErrorKind::QuotaExceeded)
+    /// As [`Client::open_session`]; also [`ClientErrorKind::QuotaExceeded`]
     /// when the namespace's quota is full, `Forbidden` when the caller may not use the
     /// namespace, `NotFound` when it does not exist.
     pub async fn open_session_in(&self, namespace: &str, ttl: Duration) -> Result<ClientSession, ClientError> {

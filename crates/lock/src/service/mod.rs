@@ -42,7 +42,7 @@
 //! every etcd call attempt it makes in a child span `etcd` (`op`, `attempt`, `outcome`;
 //! see the shared retry policy).
 //!
-//! The router is built from one route table ([`routes`]); the OpenAPI document
+//! The router is built from one route table ([`routes()`](fn@routes)); the OpenAPI document
 //! ([`openapi_json`]) is generated (utoipa) from the handlers and their request and
 //! response types, so its schemas say what the handlers accept: unknown fields are
 //! refused (`additionalProperties: false`), names, session ids and key lengths have
