@@ -82,6 +82,10 @@ impl LockerOptions {
     }
 }
 
+/// A class lookup's own budget when it has a last known class to fall back on, in
+/// request timeouts (see `Locker::class`).
+const CLASS_LOOKUP_TIMEOUTS: u32 = 3;
+
 pub(crate) struct LockerInner {
     pub(crate) client: Client,
     /// The KV service alone, for the acquire and release Txns: a clone per call of it
@@ -351,16 +355,20 @@ impl Locker {
     }
 
     /// The class: from the cache while its watch on the config prefix is up (see
-    /// `class_cache`), else from etcd (one request timeout at most, never past
-    /// `deadline`), else, if etcd cannot answer, the last class this locker read.
+    /// `class_cache`), else from etcd, else, if etcd cannot answer, the last class this
+    /// locker read. With such a class to fall back on, etcd gets three request timeouts
+    /// at most, never past `deadline`; without one, all of `deadline` (failing sooner
+    /// would only fail the acquire: an attempt sent to a member that stopped answering,
+    /// while its connection stays up, costs a whole request timeout, and a retry may
+    /// reach another member).
     async fn class(&self, ns: &str, class: &str, deadline: Instant) -> Result<Arc<LockClass>> {
         let cache = &self.inner.classes;
         if let Some(c) = cache.get(ns, class) {
             return Ok(c);
         }
         let generation = cache.generation();
-        let own = Instant::now() + self.inner.request_timeout;
-        let until = if deadline <= own {
+        let own = Instant::now() + self.inner.request_timeout * CLASS_LOOKUP_TIMEOUTS;
+        let until = if deadline <= own || cache.last_known(ns, class).is_none() {
             crate::config_store::Until::Callers(deadline)
         } else {
             crate::config_store::Until::Own(own)

@@ -2679,3 +2679,29 @@ async fn etcd_release_by_that_could_not_commit_still_hands_over_when_retried() {
     let hc = release_by_hands_over_to_c(&f, "handover-retry", &b, grant_rev, wc).await;
     hc.release().await.unwrap();
 }
+
+#[tokio::test]
+async fn etcd_a_paused_follower_fails_no_first_acquire_of_a_class() {
+    let mut f = fixture(3).await;
+    // Classes whose first acquire reads the class from etcd (nothing cached yet, nothing
+    // to fall back on).
+    for i in 0..8 {
+        let c = class(NS2, &format!("cold{i}"), &format!("cold{i}/"));
+        f.locker.config().put_class(&c).await.unwrap();
+    }
+    let s = session(&f.locker, 20).await;
+    // The follower stops answering but its connections stay up: a request the client
+    // sends it gets no answer until its request timeout.
+    let follower = f.cluster.follower().await;
+    f.cluster.pause(follower);
+    let mut holds = Vec::new();
+    for i in 0..8 {
+        let name = LockName::new(NS2, format!("cold{i}"), format!("cold{i}/k"));
+        let h = f.locker.acquire(&s, &name, Mode::Exclusive, secs(20)).await;
+        holds.push(h.unwrap_or_else(|e| panic!("first acquire of class cold{i}: {e}")));
+    }
+    f.cluster.resume(follower);
+    for h in holds {
+        h.release().await.unwrap();
+    }
+}
