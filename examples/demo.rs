@@ -61,7 +61,10 @@ impl Procs {
             if let Some(pid) = child.id() {
                 let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
             }
-            if tokio::time::timeout(Duration::from_secs(5), child.wait()).await.is_err() {
+            if tokio::time::timeout(Duration::from_secs(5), child.wait())
+                .await
+                .is_err()
+            {
                 eprintln!("{name} did not stop on SIGTERM; killing it");
                 let _ = child.kill().await;
             }
@@ -84,12 +87,17 @@ fn command(program: &Path) -> Command {
 }
 
 fn which(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")
-        .and_then(|paths| std::env::split_paths(&paths).map(|p| p.join(name)).find(|p| p.is_file()))
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(name))
+            .find(|p| p.is_file())
+    })
 }
 
 fn free_port() -> Result<u16, Error> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 /// Reads the child's stdout until a line starting with `prefix`; returns the rest of it.
@@ -113,7 +121,10 @@ async fn announced(child: &mut Child, prefix: &str) -> Result<String, Error> {
 
 async fn wait_port(port: u16) -> Result<(), Error> {
     for _ in 0..600 {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -145,7 +156,10 @@ impl Worker {
                 .map_err(|_| format!("worker {} did not answer in 60 s", self.name))?
                 .ok_or_else(|| format!("worker {} exited", self.name))?;
             if v["event"] == "lost" {
-                println!("      worker {}: its hold is lost (the lost signal fired)", self.name.to_uppercase());
+                println!(
+                    "      worker {}: its hold is lost (the lost signal fired)",
+                    self.name.to_uppercase()
+                );
             } else if v["event"] == "error" {
                 return Err(format!("worker {}: {}", self.name, v["error"]).into());
             } else {
@@ -164,10 +178,17 @@ struct Tally {
 impl Tally {
     fn count(&mut self, who: &str, answers: &[Value]) {
         for a in answers {
-            match (a["via"].as_str(), a["status"].as_u64(), a["committed"].as_bool()) {
+            match (
+                a["via"].as_str(),
+                a["status"].as_u64(),
+                a["committed"].as_bool(),
+            ) {
                 (Some("http"), Some(200), _) => {
                     self.admitted += 1;
-                    println!("      {who} PUT {RESOURCE} with token {} -> 200 admitted", a["token"]);
+                    println!(
+                        "      {who} PUT {RESOURCE} with token {} -> 200 admitted",
+                        a["token"]
+                    );
                 }
                 (Some("http"), Some(status), _) => {
                     self.rejected += 1;
@@ -175,7 +196,10 @@ impl Tally {
                 }
                 (Some("postgres"), _, Some(true)) => {
                     self.admitted += 1;
-                    println!("      {who} fenced_transaction with token {} -> committed", a["token"]);
+                    println!(
+                        "      {who} fenced_transaction with token {} -> committed",
+                        a["token"]
+                    );
                 }
                 (Some("postgres"), _, Some(false)) => {
                     self.rejected += 1;
@@ -198,8 +222,13 @@ fn step(n: u32, text: &str) {
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let keep_running = args.iter().any(|a| a == "--keep-running");
-    let summary = args.iter().position(|a| a == "--summary").and_then(|i| args.get(i + 1)).map(PathBuf::from);
-    let admin = std::env::var("PALISADE_PG_ADMIN").unwrap_or_else(|_| "host=127.0.0.1 port=5432 user=postgres".into());
+    let summary = args
+        .iter()
+        .position(|a| a == "--summary")
+        .and_then(|i| args.get(i + 1))
+        .map(PathBuf::from);
+    let admin = std::env::var("PALISADE_PG_ADMIN")
+        .unwrap_or_else(|_| "host=127.0.0.1 port=5432 user=postgres".into());
     let dbname = format!("palisade_demo_{}", std::process::id());
     let mut procs = Procs::default();
     let dir = match tempfile::Builder::new().prefix("palisade-demo-").tempdir() {
@@ -233,9 +262,16 @@ async fn main() {
             }
         }
         Err(e) => {
-            eprintln!("\ndemo failed: {e}\n(logs were in {})", dir.path().display());
+            eprintln!(
+                "\ndemo failed: {e}\n(logs were in {})",
+                dir.path().display()
+            );
             if std::env::var_os("PALISADE_DEMO_SHOW_LOGS").is_some() {
-                for entry in std::fs::read_dir(dir.path()).into_iter().flatten().flatten() {
+                for entry in std::fs::read_dir(dir.path())
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                {
                     if entry.path().extension().is_some_and(|x| x == "log") {
                         let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
                         let tail: Vec<&str> = text.lines().rev().take(20).collect();
@@ -258,18 +294,34 @@ async fn pg(conn: &str) -> Result<tokio_postgres::Client, Error> {
 }
 
 async fn drop_database(admin: &str, dbname: &str) -> Result<(), Error> {
-    pg(admin).await?.batch_execute(&format!("DROP DATABASE IF EXISTS {dbname} WITH (FORCE)")).await?;
+    pg(admin)
+        .await?
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {dbname} WITH (FORCE)"))
+        .await?;
     Ok(())
 }
 
-async fn run(procs: &mut Procs, dir: &Path, admin: &str, dbname: &str, keep_running: bool) -> Result<Value, Error> {
+async fn run(
+    procs: &mut Procs,
+    dir: &Path,
+    admin: &str,
+    dbname: &str,
+    keep_running: bool,
+) -> Result<Value, Error> {
     let started = Instant::now();
-    let bin_dir = std::env::current_exe()?.parent().ok_or("no exe dir")?.to_owned();
+    let bin_dir = std::env::current_exe()?
+        .parent()
+        .ok_or("no exe dir")?
+        .to_owned();
     let palisade = bin_dir.parent().ok_or("no target dir")?.join("palisade");
     let example = |name: &str| bin_dir.join(name);
     for p in [&palisade, &example("worker"), &example("protected_service")] {
         if !p.is_file() {
-            return Err(format!("{} is missing: build with `cargo build --bins --examples`", p.display()).into());
+            return Err(format!(
+                "{} is missing: build with `cargo build --bins --examples`",
+                p.display()
+            )
+            .into());
         }
     }
     let etcd = which("etcd").ok_or("etcd is not on PATH")?;
@@ -277,14 +329,26 @@ async fn run(procs: &mut Procs, dir: &Path, admin: &str, dbname: &str, keep_runn
 
     step(0, "starting everything on loopback");
     // Postgres: a fresh database.
-    pg(admin).await?.batch_execute(&format!("CREATE DATABASE {dbname}")).await?;
+    pg(admin)
+        .await?
+        .batch_execute(&format!("CREATE DATABASE {dbname}"))
+        .await?;
     let database = format!("{admin} dbname={dbname}");
     println!("    postgres database {dbname}");
 
     // etcd: three members.
-    let ports: Vec<(u16, u16)> = (0..3).map(|_| Ok((free_port()?, free_port()?))).collect::<Result<_, Error>>()?;
-    let initial: Vec<String> = ports.iter().enumerate().map(|(i, (_, p))| format!("m{i}=http://127.0.0.1:{p}")).collect();
-    let endpoints: Vec<String> = ports.iter().map(|(c, _)| format!("http://127.0.0.1:{c}")).collect();
+    let ports: Vec<(u16, u16)> = (0..3)
+        .map(|_| Ok((free_port()?, free_port()?)))
+        .collect::<Result<_, Error>>()?;
+    let initial: Vec<String> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, (_, p))| format!("m{i}=http://127.0.0.1:{p}"))
+        .collect();
+    let endpoints: Vec<String> = ports
+        .iter()
+        .map(|(c, _)| format!("http://127.0.0.1:{c}"))
+        .collect();
     let mut etcd_pids = Vec::new();
     for (i, (client, peer)) in ports.iter().enumerate() {
         let mut cmd = command(&etcd);
@@ -296,7 +360,10 @@ async fn run(procs: &mut Procs, dir: &Path, admin: &str, dbname: &str, keep_runn
             format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
             format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
             format!("--initial-cluster={}", initial.join(",")),
-            format!("--initial-cluster-token=palisade-demo-{}", std::process::id()),
+            format!(
+                "--initial-cluster-token=palisade-demo-{}",
+                std::process::id()
+            ),
             "--initial-cluster-state=new".into(),
             "--pre-vote=true".into(),
         ])
@@ -318,26 +385,49 @@ async fn run(procs: &mut Procs, dir: &Path, admin: &str, dbname: &str, keep_runn
     let lock_port = free_port()?;
     let lock_url = format!("http://127.0.0.1:{lock_port}");
     let mut cmd = command(&palisade);
-    cmd.args(["serve", "--etcd", &etcd_list, "--listen", &format!("127.0.0.1:{lock_port}"), "--insecure-dev-identity"])
-        .arg("--config")
-        .arg(&authz)
-        .arg("--epoch-file")
-        .arg(dir.join("epoch.json"))
-        .stdout(Stdio::null());
+    cmd.args([
+        "serve",
+        "--etcd",
+        &etcd_list,
+        "--listen",
+        &format!("127.0.0.1:{lock_port}"),
+        "--insecure-dev-identity",
+    ])
+    .arg("--config")
+    .arg(&authz)
+    .arg("--epoch-file")
+    .arg(dir.join("epoch.json"))
+    .stdout(Stdio::null());
     procs.spawn("lock-service", cmd, dir)?;
     wait_port(lock_port).await?;
     println!("    lock service {lock_url}");
     for admin_cmd in [
         vec!["namespace", "create", "orders", "--tenant", "acme"],
-        vec!["class", "create", "orders", "invoices", "--ttl-max-ms", "60000"],
+        vec![
+            "class",
+            "create",
+            "orders",
+            "invoices",
+            "--ttl-max-ms",
+            "60000",
+        ],
     ] {
         let out = tokio::process::Command::new(&palisade)
             .args(&admin_cmd)
-            .args(["--service", &lock_url, "--dev-identity", "spiffe://acme/admin"])
+            .args([
+                "--service",
+                &lock_url,
+                "--dev-identity",
+                "spiffe://acme/admin",
+            ])
             .output()
             .await?;
         if !out.status.success() {
-            return Err(format!("palisade {admin_cmd:?}: {}", String::from_utf8_lossy(&out.stderr)).into());
+            return Err(format!(
+                "palisade {admin_cmd:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+            .into());
         }
     }
 
@@ -348,10 +438,26 @@ async fn run(procs: &mut Procs, dir: &Path, admin: &str, dbname: &str, keep_runn
         cmd.args(["--etcd", e]);
     }
     cmd.stdout(Stdio::piped());
-    announced(procs.spawn("audit-tailer", cmd, dir)?, "palisade audit tailer on").await?;
+    announced(
+        procs.spawn("audit-tailer", cmd, dir)?,
+        "palisade audit tailer on",
+    )
+    .await?;
     let mut cmd = command(&palisade);
-    cmd.args(["audit", "serve", "--listen", "127.0.0.1:0", "--database", &database]).stdout(Stdio::piped());
-    let dashboard = announced(procs.spawn("audit-dashboard", cmd, dir)?, "palisade audit dashboard on").await?;
+    cmd.args([
+        "audit",
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--database",
+        &database,
+    ])
+    .stdout(Stdio::piped());
+    let dashboard = announced(
+        procs.spawn("audit-dashboard", cmd, dir)?,
+        "palisade audit dashboard on",
+    )
+    .await?;
     println!("    audit dashboard {dashboard}");
 
     // The fenced service and the advisory one.
@@ -366,7 +472,10 @@ async fn run(procs: &mut Procs, dir: &Path, admin: &str, dbname: &str, keep_runn
             cmd.arg("--advisory");
         }
         let url = announced(procs.spawn(name, cmd, dir)?, "listening on").await?;
-        println!("    {name} {url} ({})", if advisory { "advisory" } else { "fenced" });
+        println!(
+            "    {name} {url} ({})",
+            if advisory { "advisory" } else { "fenced" }
+        );
         services.insert(name, url);
     }
     let orders = services["orders-api"].clone();
@@ -374,11 +483,25 @@ async fn run(procs: &mut Procs, dir: &Path, admin: &str, dbname: &str, keep_runn
     // The workers: separate processes, so that one can really be paused.
     let mut spawn_worker = |name: &'static str, ttl: u64| -> Result<Worker, Error> {
         let mut cmd = command(&example("worker"));
-        cmd.args(["--service", &lock_url, "--identity", &format!("spiffe://acme/workers/{name}"), "--lock", LOCK])
-            .args(["--target", &format!("{orders}{RESOURCE}"), "--resource", RESOURCE, "--database", &database])
-            .args(["--ttl", &ttl.to_string()])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
+        cmd.args([
+            "--service",
+            &lock_url,
+            "--identity",
+            &format!("spiffe://acme/workers/{name}"),
+            "--lock",
+            LOCK,
+        ])
+        .args([
+            "--target",
+            &format!("{orders}{RESOURCE}"),
+            "--resource",
+            RESOURCE,
+            "--database",
+            &database,
+        ])
+        .args(["--ttl", &ttl.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
         let child = procs.spawn(&format!("worker-{name}"), cmd, dir)?;
         let pid = child.id().ok_or("worker exited")?;
         let stdin = child.stdin.take().ok_or("stdin")?;
@@ -392,16 +515,26 @@ async fn run(procs: &mut Procs, dir: &Path, admin: &str, dbname: &str, keep_runn
                 }
             }
         });
-        Ok(Worker { name, pid, stdin, events })
+        Ok(Worker {
+            name,
+            pid,
+            stdin,
+            events,
+        })
     };
     // A's TTL is short, so the pause below outlives it; B's is long enough to ride out
     // an etcd leader election.
     let mut a = spawn_worker("a", 2)?;
     let mut b = spawn_worker("b", 10)?;
-    let mut tally = Tally { admitted: 0, rejected: 0 };
+    let mut tally = Tally {
+        admitted: 0,
+        rejected: 0,
+    };
 
     step(1, &format!("worker A acquires {LOCK} and writes"));
-    let token_a = a.send("acquire", 1).await?[0]["token"].as_u64().ok_or("A got no token")?;
+    let token_a = a.send("acquire", 1).await?[0]["token"]
+        .as_u64()
+        .ok_or("A got no token")?;
     println!("      worker A holds the lock with token {token_a}");
     let answers = a.send("write", 2).await?;
     tally.count("worker A", &answers);
@@ -410,12 +543,23 @@ async fn run(procs: &mut Procs, dir: &Path, admin: &str, dbname: &str, keep_runn
     step(2, "worker A is paused (SIGSTOP) past its 2 s TTL");
     kill(Pid::from_raw(a.pid as i32), Signal::SIGSTOP)?;
     procs.stopped.push(a.pid);
-    println!("      worker A (pid {}) stopped; its session can no longer be renewed", a.pid);
+    println!(
+        "      worker A (pid {}) stopped; its session can no longer be renewed",
+        a.pid
+    );
 
-    step(3, "worker B acquires the lock (it waits for A's lease to expire) and writes");
+    step(
+        3,
+        "worker B acquires the lock (it waits for A's lease to expire) and writes",
+    );
     let waited = Instant::now();
-    let token_b = b.send("acquire", 1).await?[0]["token"].as_u64().ok_or("B got no token")?;
-    println!("      worker B holds the lock with token {token_b} after {:.1} s (A had {token_a})", waited.elapsed().as_secs_f64());
+    let token_b = b.send("acquire", 1).await?[0]["token"]
+        .as_u64()
+        .ok_or("B got no token")?;
+    println!(
+        "      worker B holds the lock with token {token_b} after {:.1} s (A had {token_a})",
+        waited.elapsed().as_secs_f64()
+    );
     if token_b <= token_a {
         return Err(format!("tokens did not increase: {token_b} <= {token_a}").into());
     }
@@ -423,7 +567,10 @@ async fn run(procs: &mut Procs, dir: &Path, admin: &str, dbname: &str, keep_runn
     tally.count("worker B", &answers);
     expect(&answers, 200, true)?;
 
-    step(4, "worker A resumes (SIGCONT) and finishes the write it had started, with its old token");
+    step(
+        4,
+        "worker A resumes (SIGCONT) and finishes the write it had started, with its old token",
+    );
     // The command is queued while A is stopped, as a write already under way would be.
     a.stdin.write_all(b"write-in-flight\n").await?;
     a.stdin.flush().await?;
@@ -433,7 +580,10 @@ async fn run(procs: &mut Procs, dir: &Path, admin: &str, dbname: &str, keep_runn
     tally.count("worker A", &stale);
     expect(&stale, 409, false)?;
 
-    step(5, "a legacy job writes to the advisory service without a token");
+    step(
+        5,
+        "a legacy job writes to the advisory service without a token",
+    );
     let legacy_url = format!("{}/legacy/report-7", services["reports-legacy"]);
     let http = HttpClient::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let req = http::Request::put(&legacy_url)
@@ -492,7 +642,9 @@ async fn run(procs: &mut Procs, dir: &Path, admin: &str, dbname: &str, keep_runn
     leader(&etcdctl, &survivors.join(",")).await?;
     let released = b.send("release", 1).await?;
     println!("      worker B released token {}", released[0]["token"]);
-    let token_a2 = a.send("acquire", 1).await?[0]["token"].as_u64().ok_or("A got no token")?;
+    let token_a2 = a.send("acquire", 1).await?[0]["token"]
+        .as_u64()
+        .ok_or("A got no token")?;
     println!("      worker A, with a new session, acquires again: token {token_a2}");
     if token_a2 <= token_b {
         return Err(format!("tokens did not increase: {token_a2} <= {token_b}").into());
@@ -505,8 +657,13 @@ async fn run(procs: &mut Procs, dir: &Path, admin: &str, dbname: &str, keep_runn
     let unprotected_count = unprotected["count"].as_u64().unwrap_or(0);
     println!("\n== summary ({:.1} s)", started.elapsed().as_secs_f64());
     println!("   writes admitted:    {}", tally.admitted);
-    println!("   writes rejected:    {} (stale token {token_a}: by the fence layer and by the database)", tally.rejected);
-    println!("   unprotected writes: {unprotected_count} (advisory service, no token; on the dashboard)");
+    println!(
+        "   writes rejected:    {} (stale token {token_a}: by the fence layer and by the database)",
+        tally.rejected
+    );
+    println!(
+        "   unprotected writes: {unprotected_count} (advisory service, no token; on the dashboard)"
+    );
     println!("   tokens:             A {token_a} < B {token_b} < A again {token_a2}");
     println!("   dashboard:          {dashboard}unprotected   lock timeline: {dashboard}locks");
 
@@ -540,12 +697,19 @@ async fn interrupted() {
 
 /// Checks a `write` answer pair: HTTP `status`, and the database write `committed` or not.
 fn expect(answers: &[Value], status: u64, committed: bool) -> Result<(), Error> {
-    let ok = answers.iter().any(|a| a["via"] == "http" && a["status"] == status)
-        && answers.iter().any(|a| a["via"] == "postgres" && a["committed"] == committed);
+    let ok = answers
+        .iter()
+        .any(|a| a["via"] == "http" && a["status"] == status)
+        && answers
+            .iter()
+            .any(|a| a["via"] == "postgres" && a["committed"] == committed);
     if ok {
         Ok(())
     } else {
-        Err(format!("expected HTTP {status} and database committed={committed}, got {answers:?}").into())
+        Err(
+            format!("expected HTTP {status} and database committed={committed}, got {answers:?}")
+                .into(),
+        )
     }
 }
 

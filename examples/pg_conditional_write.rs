@@ -19,7 +19,9 @@ use palisade_fence::{fenced_transaction, Epoch, FenceError, FencedUpdate, Fencin
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let conn = std::env::args().nth(1).unwrap_or_else(|| "host=127.0.0.1 user=postgres dbname=postgres".into());
+    let conn = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "host=127.0.0.1 user=postgres dbname=postgres".into());
     let (mut client, connection) = tokio_postgres::connect(&conn, tokio_postgres::NoTls).await?;
     tokio::spawn(connection);
 
@@ -39,7 +41,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for t in [token(5), token(7), token(5)] {
         let result = fenced_transaction(&mut client, &resource, t, |tx| {
             Box::pin(async move {
-                tx.execute("INSERT INTO example_ledger (entry, token) VALUES ('payment', $1)", &[&t]).await?;
+                tx.execute(
+                    "INSERT INTO example_ledger (entry, token) VALUES ('payment', $1)",
+                    &[&t],
+                )
+                .await?;
                 Ok::<_, FenceError>(())
             })
         })
@@ -47,19 +53,33 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         match result {
             Ok(()) => println!("fenced_transaction with token {t}: committed"),
             // The stale writer learns the mark it lost to; nothing of it was written.
-            Err(e) if e.is_stale() => println!("fenced_transaction with token {t}: refused, the resource has seen {}", e.highest().unwrap_or(t)),
+            Err(e) if e.is_stale() => println!(
+                "fenced_transaction with token {t}: refused, the resource has seen {}",
+                e.highest().unwrap_or(t)
+            ),
             Err(e) => return Err(e.into()),
         }
     }
 
     // 2. FencedUpdate: `UPDATE … SET balance = …, fence_token = $1 WHERE id = $2 AND
     //    (fence_token IS NULL OR fence_token <= $1)`.
-    client.execute("UPDATE example_account SET fence_token = NULL WHERE id = 'acct-1'", &[]).await?;
+    client
+        .execute(
+            "UPDATE example_account SET fence_token = NULL WHERE id = 'acct-1'",
+            &[],
+        )
+        .await?;
     let update = FencedUpdate::new("example_account", "id");
     for (t, balance) in [(token(5), 10_i64), (token(7), 20), (token(5), 30)] {
-        match update.execute(&client, &"acct-1", "balance = $3", &[&balance], t).await {
+        match update
+            .execute(&client, &"acct-1", "balance = $3", &[&balance], t)
+            .await
+        {
             Ok(n) => println!("FencedUpdate with token {t}: {n} row(s) set to {balance}"),
-            Err(e) if e.is_stale() => println!("FencedUpdate with token {t}: refused, the resource has seen {}", e.highest().unwrap_or(t)),
+            Err(e) if e.is_stale() => println!(
+                "FencedUpdate with token {t}: refused, the resource has seen {}",
+                e.highest().unwrap_or(t)
+            ),
             Err(e) => return Err(e.into()),
         }
     }

@@ -35,7 +35,8 @@ use axum::{Extension, Router};
 use clap::Parser;
 use palisade_audit::{AuditSink, Labels};
 use palisade_fence::{
-    fenced_transaction, Enforcement, EnforcementTable, FenceError, FenceLayer, PostgresStore, VerifiedToken,
+    fenced_transaction, Enforcement, EnforcementTable, FenceError, FenceLayer, PostgresStore,
+    VerifiedToken,
 };
 
 /// Command-line flags.
@@ -68,7 +69,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // layer's high-water store.
     let pool = palisade_audit::pool(&args.database, 8)?;
     palisade_audit::migrate(&pool).await?;
-    let (store_client, connection) = tokio_postgres::connect(&args.database, tokio_postgres::NoTls).await?;
+    let (store_client, connection) =
+        tokio_postgres::connect(&args.database, tokio_postgres::NoTls).await?;
     tokio::spawn(connection);
     let mut setup = pool.get().await?;
     palisade_fence::migrate(&mut **setup).await?; // creates fence_high_water and fence_raise
@@ -94,14 +96,25 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
         .start(pool.clone());
 
-    let default = if args.advisory { Enforcement::Advisory } else { Enforcement::Fenced };
+    let default = if args.advisory {
+        Enforcement::Advisory
+    } else {
+        Enforcement::Fenced
+    };
     let fence = FenceLayer::new(PostgresStore::new(Arc::new(store_client)))
-        .with_enforcement_table(EnforcementTable::new(default).with_prefix("/legacy/", Enforcement::Advisory))
+        .with_enforcement_table(
+            EnforcementTable::new(default).with_prefix("/legacy/", Enforcement::Advisory),
+        )
         .with_observer(sink.observer())
         .with_fenced_events() // also record admitted and refused fenced writes
         // INSECURE, for the demo: the caller names itself in a header. In production take it
         // from the mTLS peer or a trusted proxy (palisade_audit::CallerIdentity).
-        .with_caller(|headers, _| headers.get("x-caller").and_then(|v| v.to_str().ok()).map(str::to_owned));
+        .with_caller(|headers, _| {
+            headers
+                .get("x-caller")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        });
 
     let app = Router::new()
         .route("/orders/{id}", put(write_invoice))
@@ -111,7 +124,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     println!("listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, app).with_graceful_shutdown(shutdown()).await?;
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown())
+        .await?;
     let stats = sink.shutdown().await; // flush what is queued
     eprintln!("audit sink: {stats:?}");
     Ok(())
@@ -145,13 +160,20 @@ async fn write_invoice(
     .await;
     match result {
         Ok(()) => (StatusCode::OK, format!("written under token {token}\n")),
-        Err(e) if e.is_stale() => (StatusCode::CONFLICT, format!("refused by the database: {e}\n")),
+        Err(e) if e.is_stale() => (
+            StatusCode::CONFLICT,
+            format!("refused by the database: {e}\n"),
+        ),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }
 
 /// An advisory write: no token needed; the layer has already reported it.
-async fn write_report(State(pool): State<Pool>, Path(id): Path<String>, body: String) -> (StatusCode, String) {
+async fn write_report(
+    State(pool): State<Pool>,
+    Path(id): Path<String>,
+    body: String,
+) -> (StatusCode, String) {
     let result = async {
         let client = pool.get().await.map_err(|e| e.to_string())?;
         client
@@ -170,7 +192,8 @@ async fn write_report(State(pool): State<Pool>, Path(id): Path<String>, body: St
 }
 
 async fn shutdown() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM handler");
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}

@@ -85,7 +85,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let current: Arc<Mutex<Option<FencingToken>>> = Arc::default();
     let source = current.clone();
     let http = ServiceBuilder::new()
-        .layer(FencingTokenLayer::new(move || *source.lock().expect("token lock")))
+        .layer(FencingTokenLayer::new(move || {
+            *source.lock().expect("token lock")
+        }))
         .service(HttpClient::builder(TokioExecutor::new()).build_http::<Full<Bytes>>());
 
     let db = match &args.database {
@@ -110,7 +112,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     session = Some(client.open_session(Duration::from_secs(args.ttl)).await?);
                 }
                 let s = session.as_ref().expect("just opened");
-                match s.acquire(&ns, &class, &key, Mode::Exclusive, Duration::from_secs(30)).await {
+                match s
+                    .acquire(&ns, &class, &key, Mode::Exclusive, Duration::from_secs(30))
+                    .await
+                {
                     Ok(h) => {
                         *current.lock().expect("token lock") = h.token();
                         lost.store(false, std::sync::atomic::Ordering::SeqCst);
@@ -150,7 +155,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     }
                     Err(e) => (0, e.to_string()),
                 };
-                say(json!({"event": "write", "via": "http", "token": token.map(|t| t.get()), "status": status, "body": text}));
+                say(
+                    json!({"event": "write", "via": "http", "token": token.map(|t| t.get()), "status": status, "body": text}),
+                );
                 // 2. Straight to the database: the check and the write in one transaction.
                 if let (Some(client), Some(t)) = (db.as_mut(), token) {
                     let resource = args.resource.clone();
@@ -168,7 +175,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     })
                     .await;
                     match result {
-                        Ok(()) => say(json!({"event": "write", "via": "postgres", "token": t.get(), "committed": true})),
+                        Ok(()) => say(
+                            json!({"event": "write", "via": "postgres", "token": t.get(), "committed": true}),
+                        ),
                         Err(e) => say(json!({
                             "event": "write", "via": "postgres", "token": t.get(), "committed": false,
                             "stale": e.is_stale(), "highest": e.highest().map(|h| h.get()), "error": e.to_string(),

@@ -46,7 +46,9 @@ pub(crate) struct ServeArgs {
 
 /// Runs an audit subcommand; returns what to print when it ends.
 pub(crate) fn run(command: AuditCommand) -> Result<String, Box<dyn Error>> {
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     match command {
         AuditCommand::Serve(args) => runtime.block_on(serve(args)),
         AuditCommand::Tail(args) => runtime.block_on(tail(args)),
@@ -57,7 +59,10 @@ async fn serve(args: ServeArgs) -> Result<String, Box<dyn Error>> {
     let pool = palisade_audit::pool(&args.database, 8)?;
     palisade_audit::migrate(&pool).await?;
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
-    println!("palisade audit dashboard on http://{}/", listener.local_addr()?);
+    println!(
+        "palisade audit dashboard on http://{}/",
+        listener.local_addr()?
+    );
     axum::serve(listener, palisade_audit::dashboard::router(pool))
         .with_graceful_shutdown(interrupted())
         .await?;
@@ -67,7 +72,9 @@ async fn serve(args: ServeArgs) -> Result<String, Box<dyn Error>> {
 async fn tail(args: TailArgs) -> Result<String, Box<dyn Error>> {
     let pool = palisade_audit::pool(&args.database, 2)?;
     palisade_audit::migrate(&pool).await?;
-    let tailer = palisade_audit::Tailer::connect(&args.etcd, pool).await?.with_root(args.root);
+    let tailer = palisade_audit::Tailer::connect(&args.etcd, pool)
+        .await?
+        .with_root(args.root);
     println!("palisade audit tailer on {}", args.etcd.join(","));
     tokio::select! {
         never = tailer.run() => match never {},
@@ -79,7 +86,8 @@ async fn tail(args: TailArgs) -> Result<String, Box<dyn Error>> {
 /// Resolves on Ctrl-C, or SIGTERM on Unix.
 async fn interrupted() {
     #[cfg(unix)]
-    if let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+    if let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}

@@ -113,7 +113,8 @@ fn run(cli: Cli) -> Result<String, Box<dyn std::error::Error>> {
         }
         Command::Token(TokenCommand::Compose { epoch, revision }) => {
             let epoch = Epoch::new(epoch).map_err(|e| bad(&e))?;
-            let t = FencingToken::from_parts(epoch, Revision::new(revision)).map_err(|e| bad(&e))?;
+            let t =
+                FencingToken::from_parts(epoch, Revision::new(revision)).map_err(|e| bad(&e))?;
             Ok(t.to_string())
         }
         Command::Audit(command) => audit::run(command),

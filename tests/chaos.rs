@@ -25,12 +25,16 @@ const SHOWN: usize = 20;
 /// Where a failed run's history is kept: `test-artifacts/` in the target directory.
 fn artifacts() -> PathBuf {
     let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    tmp.parent().expect("the target directory").join("test-artifacts")
+    tmp.parent()
+        .expect("the target directory")
+        .join("test-artifacts")
 }
 
 /// Copies the history to the artifacts directory; returns where it is, or why not.
 fn keep(history: &Path) -> String {
-    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     let dir = artifacts();
     let kept = dir.join(format!("chaos-{SEED}-{stamp}.jsonl"));
     match std::fs::create_dir_all(&dir).and_then(|()| std::fs::copy(history, &kept)) {
@@ -48,12 +52,19 @@ fn violations(report: &CheckReport, entries: &[Entry]) -> String {
         named.sort();
         named.dedup();
         for EntryIndex(i) in named {
-            let line = entries.get(i).and_then(|e| serde_json::to_string(e).ok()).unwrap_or_default();
+            let line = entries
+                .get(i)
+                .and_then(|e| serde_json::to_string(e).ok())
+                .unwrap_or_default();
             let _ = writeln!(text, "    #{i}: {line}");
         }
     }
     if report.violations.len() > SHOWN {
-        let _ = writeln!(text, "({} more; run `palisade chaos check` on the history)", report.violations.len() - SHOWN);
+        let _ = writeln!(
+            text,
+            "({} more; run `palisade chaos check` on the history)",
+            report.violations.len() - SHOWN
+        );
     }
     text
 }
@@ -63,7 +74,18 @@ fn chaos_etcd_sixty_seconds_no_stale_write_lands() {
     let dir = tempfile::tempdir().unwrap();
     let history = dir.path().join("history.jsonl");
     let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
-        .args(["chaos", "--seed", SEED, "--duration", "60s", "--workers", "4", "--keys", "3", "--history"])
+        .args([
+            "chaos",
+            "--seed",
+            SEED,
+            "--duration",
+            "60s",
+            "--workers",
+            "4",
+            "--keys",
+            "3",
+            "--history",
+        ])
         .arg(&history)
         .output()
         .expect("running palisade chaos");
@@ -73,9 +95,16 @@ fn chaos_etcd_sixty_seconds_no_stale_write_lands() {
     let entries = std::fs::File::open(&history)
         .map_err(|e| e.to_string())
         .and_then(|f| read_history(std::io::BufReader::new(f)).map_err(|e| e.to_string()));
-    let report = entries.as_ref().ok().map(|e| palisade_chaos::check::check(e));
+    let report = entries
+        .as_ref()
+        .ok()
+        .map(|e| palisade_chaos::check::check(e));
     let fail = |what: String| -> ! {
-        let kept = if history.exists() { keep(&history) } else { "(none was written)".to_owned() };
+        let kept = if history.exists() {
+            keep(&history)
+        } else {
+            "(none was written)".to_owned()
+        };
         let found = match (&report, &entries) {
             (Some(r), Ok(e)) if !r.is_ok() => violations(r, e),
             (Some(_), Ok(_)) => "none\n".to_owned(),
@@ -92,19 +121,34 @@ fn chaos_etcd_sixty_seconds_no_stale_write_lands() {
     if !stdout.contains(&format!("history: {}", history.display())) {
         fail("the summary does not name the history".into());
     }
-    let (Some(report), Ok(entries)) = (&report, &entries) else { fail("the history was not checked".into()) };
+    let (Some(report), Ok(entries)) = (&report, &entries) else {
+        fail("the history was not checked".into())
+    };
     if !report.is_ok() {
-        fail(format!("{} violation(s) in the history", report.violations.len()));
+        fail(format!(
+            "{} violation(s) in the history",
+            report.violations.len()
+        ));
     }
 
     let mut faults: BTreeMap<FaultKind, u32> = BTreeMap::new();
     let (mut grants, mut stale, mut committed, mut holds, mut audit) = (0, 0, 0, 0, 0);
     for e in entries {
         match &e.event {
-            Event::Fault { kind, phase: Phase::Start, .. } => *faults.entry(*kind).or_default() += 1,
+            Event::Fault {
+                kind,
+                phase: Phase::Start,
+                ..
+            } => *faults.entry(*kind).or_default() += 1,
             Event::Granted { .. } => grants += 1,
-            Event::WriteCompleted { outcome: WriteOutcome::Rejected { .. }, .. } => stale += 1,
-            Event::WriteCompleted { outcome: WriteOutcome::Committed { .. }, .. } => committed += 1,
+            Event::WriteCompleted {
+                outcome: WriteOutcome::Rejected { .. },
+                ..
+            } => stale += 1,
+            Event::WriteCompleted {
+                outcome: WriteOutcome::Committed { .. },
+                ..
+            } => committed += 1,
             Event::EtcdHold { .. } => holds += 1,
             Event::AuditRow { .. } => audit += 1,
             _ => {}
@@ -124,8 +168,13 @@ fn chaos_etcd_sixty_seconds_no_stale_write_lands() {
     if holds == 0 || audit == 0 {
         fail(format!("etcd holds {holds}, audit rows {audit}"));
     }
-    let summary_violations = stdout.lines().find(|l| l.starts_with("violations")).and_then(|l| l.split_whitespace().last());
+    let summary_violations = stdout
+        .lines()
+        .find(|l| l.starts_with("violations"))
+        .and_then(|l| l.split_whitespace().last());
     if summary_violations != Some("0") {
-        fail(format!("the summary's violations line says {summary_violations:?}"));
+        fail(format!(
+            "the summary's violations line says {summary_violations:?}"
+        ));
     }
 }

@@ -48,7 +48,9 @@ fn http_get(addr: &str, path: &str) -> (String, String) {
     write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").expect("a complete response");
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .expect("a complete response");
     (head.lines().next().unwrap().to_owned(), body.to_owned())
 }
 
@@ -57,16 +59,28 @@ fn audit_serve_migrates_and_serves_the_dashboard() {
     use std::io::{BufRead, BufReader};
     use std::process::Stdio;
 
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let db = rt.block_on(palisade_testkit::TestDb::create());
     let mut child = Command::new(env!("CARGO_BIN_EXE_palisade"))
-        .args(["audit", "serve", "--listen", "127.0.0.1:0", "--database", &db.connection_string()])
+        .args([
+            "audit",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--database",
+            &db.connection_string(),
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("run palisade audit serve");
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
     let addr = line
         .trim()
         .strip_prefix("palisade audit dashboard on http://")
@@ -78,15 +92,24 @@ fn audit_serve_migrates_and_serves_the_dashboard() {
     child.kill().unwrap();
     child.wait().unwrap();
     assert_eq!(status, "HTTP/1.0 200 OK");
-    assert_eq!(body, r#"{"force_releases":[]}"#, "the schema was applied at start");
+    assert_eq!(
+        body, r#"{"force_releases":[]}"#,
+        "the schema was applied at start"
+    );
     assert_eq!(page_status, "HTTP/1.0 200 OK");
     assert!(page.contains("No unprotected writes match."));
 }
 
 #[test]
 fn audit_serve_with_an_unreachable_database_exits_with_the_reason() {
-    let (code, out, err) =
-        palisade(&["audit", "serve", "--listen", "127.0.0.1:0", "--database", "host=127.0.0.1 port=1 user=x connect_timeout=2"]);
+    let (code, out, err) = palisade(&[
+        "audit",
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--database",
+        "host=127.0.0.1 port=1 user=x connect_timeout=2",
+    ]);
     // 1: a failure that is not bad input.
     assert_eq!(code, 1);
     assert!(out.is_empty(), "{out}");

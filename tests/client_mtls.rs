@@ -266,7 +266,11 @@ async fn etcd_client_sessions_opened_in_a_namespace_count_against_its_quota() {
     let first = client.open_session_in("ns", ttl).await.unwrap();
     let second = client.open_session_in("ns", ttl).await.unwrap();
     let e = client.open_session_in("ns", ttl).await.unwrap_err();
-    assert_eq!((e.kind(), e.status()), (&ClientErrorKind::QuotaExceeded, Some(429)), "{e}");
+    assert_eq!(
+        (e.kind(), e.status()),
+        (&ClientErrorKind::QuotaExceeded, Some(429)),
+        "{e}"
+    );
     // A session without a namespace takes no slot of its own.
     let free = client.open_session(ttl).await.unwrap();
     // Closing one frees its slot at once.
@@ -274,7 +278,11 @@ async fn etcd_client_sessions_opened_in_a_namespace_count_against_its_quota() {
     let third = client.open_session_in("ns", ttl).await.unwrap();
     // A namespace the caller has no grant in: 403, no session.
     let e = client.open_session_in("nope", ttl).await.unwrap_err();
-    assert_eq!((e.kind(), e.status()), (&ClientErrorKind::Forbidden, Some(403)), "{e}");
+    assert_eq!(
+        (e.kind(), e.status()),
+        (&ClientErrorKind::Forbidden, Some(403)),
+        "{e}"
+    );
     for s in [second, third, free] {
         s.close().await.unwrap();
     }

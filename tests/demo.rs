@@ -13,13 +13,24 @@ fn demo_binary() -> PathBuf {
     let palisade = PathBuf::from(env!("CARGO_BIN_EXE_palisade"));
     let profile_dir = palisade.parent().expect("bin dir").to_owned();
     let examples = profile_dir.join("examples");
-    if ["demo", "worker", "protected_service"].iter().all(|e| examples.join(e).is_file()) {
+    if ["demo", "worker", "protected_service"]
+        .iter()
+        .all(|e| examples.join(e).is_file())
+    {
         return examples.join("demo");
     }
     let target_dir = profile_dir.parent().expect("target dir").to_owned();
     let mut build = Command::new(env!("CARGO"));
     build
-        .args(["build", "--quiet", "--locked", "-p", "palisade", "--bins", "--examples"])
+        .args([
+            "build",
+            "--quiet",
+            "--locked",
+            "-p",
+            "palisade",
+            "--bins",
+            "--examples",
+        ])
         .arg("--manifest-path")
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
         .arg("--target-dir")
@@ -49,23 +60,38 @@ fn etcd_demo_stops_the_stale_writer_and_audits_the_unprotected_write() {
         .output()
         .expect("run the demo");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "demo failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "demo failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let s: Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
 
     // Tokens strictly increase: A, then B after A's lease expired, then A again.
-    let tokens: Vec<u64> = s["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
+    let tokens: Vec<u64> = s["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect();
     assert_eq!(tokens.len(), 3, "{s}");
     assert!(tokens[0] < tokens[1] && tokens[1] < tokens[2], "{tokens:?}");
 
     // A's stale write: refused by the layer (409, nothing reached the handler) and by the
     // database (the fenced transaction saw B's higher mark).
     let stale = s["stale"].as_array().unwrap();
-    let http = stale.iter().find(|a| a["via"] == "http").expect("http answer");
+    let http = stale
+        .iter()
+        .find(|a| a["via"] == "http")
+        .expect("http answer");
     assert_eq!(http["status"], 409, "{http}");
     assert_eq!(http["token"], tokens[0]);
     let problem: Value = serde_json::from_str(http["body"].as_str().unwrap()).unwrap();
     assert_eq!(problem["highest"], tokens[1].to_string(), "{problem}");
-    let db = stale.iter().find(|a| a["via"] == "postgres").expect("postgres answer");
+    let db = stale
+        .iter()
+        .find(|a| a["via"] == "postgres")
+        .expect("postgres answer");
     assert_eq!(db["committed"], false, "{db}");
     assert_eq!(db["stale"], true, "{db}");
     assert_eq!(db["highest"], tokens[1], "{db}");
@@ -89,8 +115,17 @@ fn etcd_demo_stops_the_stale_writer_and_audits_the_unprotected_write() {
     assert_eq!(s["admitted"], 8, "{s}");
 
     // Nothing the demo started is left running.
-    let pids: Vec<u64> = s["pids"].as_array().unwrap().iter().map(|p| p.as_u64().unwrap()).collect();
-    assert_eq!(pids.len(), 10, "three etcd members, lock service, tailer, dashboard, two services, two workers");
+    let pids: Vec<u64> = s["pids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        pids.len(),
+        10,
+        "three etcd members, lock service, tailer, dashboard, two services, two workers"
+    );
     let left: Vec<u64> = pids.into_iter().filter(|p| alive(*p)).collect();
     assert!(left.is_empty(), "still running: {left:?}");
 }

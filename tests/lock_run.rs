@@ -174,9 +174,12 @@ async fn etcd_lock_status_prints_the_service_answer() {
     assert_eq!(v["holders"], serde_json::json!([]));
     assert_eq!(v["class"]["id"], "c");
     // Not allowed to see the class: the service's 403 becomes exit 7 with the problem.
-    let out = as_id("spiffe://test/else", vec!["lock", "status", "ns/c/jobs/a b"])
-        .await
-        .unwrap();
+    let out = as_id(
+        "spiffe://test/else",
+        vec!["lock", "status", "ns/c/jobs/a b"],
+    )
+    .await
+    .unwrap();
     assert_eq!(out.status.code(), Some(7));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("403 forbidden"),

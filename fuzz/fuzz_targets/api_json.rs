@@ -28,12 +28,26 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-const WORDS: [&str; 10] =
-    ["exclusive", "shared", "fenced", "advisory", "closed", "open", "restore", "rehome", "spiffe://acme/w", ""];
+const WORDS: [&str; 10] = [
+    "exclusive",
+    "shared",
+    "fenced",
+    "advisory",
+    "closed",
+    "open",
+    "restore",
+    "rehome",
+    "spiffe://acme/w",
+    "",
+];
 
 /// Content types a body is sent with: JSON, JSON with a parameter, another type, none.
-const CONTENT_TYPES: [Option<&str>; 4] =
-    [Some("application/json"), Some("application/json; charset=utf-8"), Some("text/plain"), None];
+const CONTENT_TYPES: [Option<&str>; 4] = [
+    Some("application/json"),
+    Some("application/json; charset=utf-8"),
+    Some("text/plain"),
+    None,
+];
 
 #[derive(Debug, Arbitrary)]
 struct Request<'a> {
@@ -75,29 +89,74 @@ enum Json {
 /// Valid records: a namespace and a class as stored, then a valid body of each route.
 fn template(which: u8) -> Vec<(&'static str, Value)> {
     let text = match which % 9 {
-        0 => r#"{"id":"orders","tenant_id":"acme","held_lease_quota":10,"op_rate_quota":100,"cluster_tier":"default"}"#,
-        1 => r#"{"id":"jobs","ns_id":"orders","key_prefix":"nightly/","ttl_min":1000,"ttl_max":60000,"mode":"exclusive","enforcement":"fenced","on_quorum_loss":"closed","lock_delay":0}"#,
-        2 => r#"{"session":"00000000000000ab","namespace":"orders","class":"jobs","key":"nightly/1","mode":"shared","wait_ms":1000,"holder_meta":{"job":"n1"}}"#,
-        3 => r#"{"session":"00000000000000ab","namespace":"orders","class":"jobs","key":"nightly/1","mode":"exclusive","grant_rev":4242}"#,
+        0 => {
+            r#"{"id":"orders","tenant_id":"acme","held_lease_quota":10,"op_rate_quota":100,"cluster_tier":"default"}"#
+        }
+        1 => {
+            r#"{"id":"jobs","ns_id":"orders","key_prefix":"nightly/","ttl_min":1000,"ttl_max":60000,"mode":"exclusive","enforcement":"fenced","on_quorum_loss":"closed","lock_delay":0}"#
+        }
+        2 => {
+            r#"{"session":"00000000000000ab","namespace":"orders","class":"jobs","key":"nightly/1","mode":"shared","wait_ms":1000,"holder_meta":{"job":"n1"}}"#
+        }
+        3 => {
+            r#"{"session":"00000000000000ab","namespace":"orders","class":"jobs","key":"nightly/1","mode":"exclusive","grant_rev":4242}"#
+        }
         4 => r#"{"ttl_ms":3000,"namespace":"orders"}"#,
-        5 => r#"{"tenant_id":"acme","held_lease_quota":10,"op_rate_quota":100,"cluster_tier":"default"}"#,
-        6 => r#"{"key_prefix":"nightly/","ttl_min_ms":1000,"ttl_max_ms":60000,"mode":"exclusive","enforcement":"fenced","on_quorum_loss":"closed","lock_delay_ms":0}"#,
+        5 => {
+            r#"{"tenant_id":"acme","held_lease_quota":10,"op_rate_quota":100,"cluster_tier":"default"}"#
+        }
+        6 => {
+            r#"{"key_prefix":"nightly/","ttl_min_ms":1000,"ttl_max_ms":60000,"mode":"exclusive","enforcement":"fenced","on_quorum_loss":"closed","lock_delay_ms":0}"#
+        }
         7 => r#"{"reason":"restore"}"#,
-        _ => r#"{"namespace":"orders","class":"jobs","key":"nightly/1","reason":"stuck after a crash"}"#,
+        _ => {
+            r#"{"namespace":"orders","class":"jobs","key":"nightly/1","reason":"stuck after a crash"}"#
+        }
     };
-    let Value::Object(map) = serde_json::from_str(text).unwrap() else { unreachable!() };
+    let Value::Object(map) = serde_json::from_str(text).unwrap() else {
+        unreachable!()
+    };
     // Field names of the templates above, in order, as `'static` keys.
     const NAMES: [&str; 26] = [
-        "id", "ns_id", "tenant_id", "held_lease_quota", "op_rate_quota", "cluster_tier", "key_prefix", "ttl_min",
-        "ttl_max", "mode", "enforcement", "on_quorum_loss", "lock_delay", "session", "namespace", "class", "key",
-        "wait_ms", "grant_rev", "token", "reason", "ttl_ms", "ttl_min_ms", "ttl_max_ms", "lock_delay_ms",
+        "id",
+        "ns_id",
+        "tenant_id",
+        "held_lease_quota",
+        "op_rate_quota",
+        "cluster_tier",
+        "key_prefix",
+        "ttl_min",
+        "ttl_max",
+        "mode",
+        "enforcement",
+        "on_quorum_loss",
+        "lock_delay",
+        "session",
+        "namespace",
+        "class",
+        "key",
+        "wait_ms",
+        "grant_rev",
+        "token",
+        "reason",
+        "ttl_ms",
+        "ttl_min_ms",
+        "ttl_max_ms",
+        "lock_delay_ms",
         "holder_meta",
     ];
-    map.into_iter().map(|(k, v)| (*NAMES.iter().find(|n| **n == k).unwrap(), v)).collect()
+    map.into_iter()
+        .map(|(k, v)| (*NAMES.iter().find(|n| **n == k).unwrap(), v))
+        .collect()
 }
 
 fn object(fields: &[(String, Json)]) -> Value {
-    Value::Object(fields.iter().map(|(k, v)| (k.clone(), v.to_value())).collect())
+    Value::Object(
+        fields
+            .iter()
+            .map(|(k, v)| (k.clone(), v.to_value()))
+            .collect(),
+    )
 }
 
 impl Json {
@@ -131,7 +190,12 @@ fuzz_target!(|request: Request<'_>| {
     let built;
     let data = match request.input {
         Input::Raw(bytes) => bytes,
-        Input::Record { template: which, changes, drop, extra } => {
+        Input::Record {
+            template: which,
+            changes,
+            drop,
+            extra,
+        } => {
             let mut fields = template(which);
             for (at, value) in &changes {
                 let n = fields.len();
@@ -140,7 +204,8 @@ fuzz_target!(|request: Request<'_>| {
             if let Some(at) = drop {
                 fields.remove(usize::from(at) % fields.len());
             }
-            let mut map: Map<String, Value> = fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+            let mut map: Map<String, Value> =
+                fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
             if let Some((name, value)) = extra {
                 map.insert(name, value.to_value());
             }
@@ -154,7 +219,11 @@ fuzz_target!(|request: Request<'_>| {
     check(data);
     for route in BodyRoute::ALL {
         if let Err(problem) = parse_body(route, ns, class, content_type, data) {
-            assert_eq!(problem.kind(), ProblemKind::InvalidInput, "{route:?}: {problem:?}");
+            assert_eq!(
+                problem.kind(),
+                ProblemKind::InvalidInput,
+                "{route:?}: {problem:?}"
+            );
         }
     }
 });
@@ -175,7 +244,8 @@ fn check(data: &[u8]) {
     }
     // The acquire body's shape, with the public field types: a token in any JSON number
     // or string position never panics the reader.
-    if let Ok(serde_json::Value::Object(fields)) = serde_json::from_slice::<serde_json::Value>(data) {
+    if let Ok(serde_json::Value::Object(fields)) = serde_json::from_slice::<serde_json::Value>(data)
+    {
         for value in fields.values() {
             let _ = serde_json::from_value::<FencingToken>(value.clone());
             let _ = serde_json::from_value::<Mode>(value.clone());

@@ -18,7 +18,8 @@ use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri};
 use libfuzzer_sys::fuzz_target;
 use palisade_fence::{
-    decoded_path, Enforcement, EnforcementTable, FenceLayer, FencingToken, MemoryStore, VerifiedToken, FENCING_TOKEN,
+    decoded_path, Enforcement, EnforcementTable, FenceLayer, FencingToken, MemoryStore,
+    VerifiedToken, FENCING_TOKEN,
 };
 use tower::{Layer, ServiceExt};
 
@@ -37,12 +38,23 @@ struct Input {
     other: Vec<u8>,
 }
 
-const METHODS: [Method; 7] =
-    [Method::GET, Method::POST, Method::PUT, Method::PATCH, Method::DELETE, Method::HEAD, Method::OPTIONS];
+const METHODS: [Method; 7] = [
+    Method::GET,
+    Method::POST,
+    Method::PUT,
+    Method::PATCH,
+    Method::DELETE,
+    Method::HEAD,
+    Method::OPTIONS,
+];
 
 fn runtime() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RT.get_or_init(|| tokio::runtime::Builder::new_current_thread().build().unwrap())
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+    })
 }
 
 /// What the inner service saw: the token the layer verified, if any.
@@ -64,7 +76,9 @@ fn expected_token(values: &[HeaderValue]) -> Result<Option<u64>, ()> {
             if text.is_empty() || !text.iter().all(u8::is_ascii_digit) {
                 return Err(());
             }
-            let value = text.iter().try_fold(0u64, |v, &d| v.checked_mul(10)?.checked_add(u64::from(d - b'0')));
+            let value = text.iter().try_fold(0u64, |v, &d| {
+                v.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+            });
             match value {
                 Some(v) if v <= i64::MAX as u64 => Ok(Some(v)),
                 _ => Err(()),
@@ -75,8 +89,12 @@ fn expected_token(values: &[HeaderValue]) -> Result<Option<u64>, ()> {
 }
 
 fuzz_target!(|input: Input| {
-    let Ok(uri) = Uri::try_from(input.path.as_slice()) else { return };
-    let mark = input.mark.map(|m| FencingToken::from_u64(m & i64::MAX as u64).unwrap());
+    let Ok(uri) = Uri::try_from(input.path.as_slice()) else {
+        return;
+    };
+    let mark = input
+        .mark
+        .map(|m| FencingToken::from_u64(m & i64::MAX as u64).unwrap());
     let mut values: Vec<HeaderValue> = Vec::new();
     if let (Some(m), Some((delta, shape))) = (mark, input.near_mark) {
         let near = m.get().saturating_add_signed(i64::from(delta));
@@ -88,7 +106,12 @@ fuzz_target!(|input: Input| {
         );
         values.push(HeaderValue::from_str(&text).unwrap());
     }
-    values.extend(input.tokens.iter().filter_map(|v| HeaderValue::from_bytes(v).ok()));
+    values.extend(
+        input
+            .tokens
+            .iter()
+            .filter_map(|v| HeaderValue::from_bytes(v).ok()),
+    );
     let method = METHODS[usize::from(input.method) % METHODS.len()].clone();
 
     let store = MemoryStore::new(1_000);
@@ -96,12 +119,19 @@ fuzz_target!(|input: Input| {
     if let Some(m) = mark {
         store.raise_now(&resource, m);
     }
-    let table = EnforcementTable::new(Enforcement::Fenced).with_prefix("/legacy/", Enforcement::Advisory);
+    let table =
+        EnforcementTable::new(Enforcement::Fenced).with_prefix("/legacy/", Enforcement::Advisory);
     let service = FenceLayer::new(store)
         .with_enforcement_table(table.clone())
-        .layer(tower::service_fn(|req| async move { Ok::<_, Infallible>(inner(req)) }));
+        .layer(tower::service_fn(|req| async move {
+            Ok::<_, Infallible>(inner(req))
+        }));
 
-    let mut request = Request::builder().method(method.clone()).uri(uri).body(()).unwrap();
+    let mut request = Request::builder()
+        .method(method.clone())
+        .uri(uri)
+        .body(())
+        .unwrap();
     for v in &values {
         request.headers_mut().append(FENCING_TOKEN, v.clone());
     }
@@ -112,9 +142,16 @@ fuzz_target!(|input: Input| {
     let status = response.status();
     let verified = response.extensions().get::<VerifiedToken>().cloned();
 
-    let checked = matches!(method, Method::POST | Method::PUT | Method::PATCH | Method::DELETE);
+    let checked = matches!(
+        method,
+        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+    );
     if !checked || table.resolve(&resource) == Enforcement::Advisory {
-        assert_eq!(status, StatusCode::OK, "unchecked or advisory requests reach the service");
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "unchecked or advisory requests reach the service"
+        );
         if !checked {
             assert!(verified.is_none());
         }
@@ -125,7 +162,10 @@ fuzz_target!(|input: Input| {
         Err(()) => assert_eq!(status, StatusCode::BAD_REQUEST),
         Ok(Some(t)) if mark.is_some_and(|m| t < m.get()) => {
             assert_eq!(status, StatusCode::CONFLICT);
-            assert_eq!(response.headers()["content-type"], "application/problem+json");
+            assert_eq!(
+                response.headers()["content-type"],
+                "application/problem+json"
+            );
             let body: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
             assert_eq!(body["status"], 409);
             assert_eq!(body["highest"], mark.unwrap().to_string());
@@ -134,13 +174,21 @@ fuzz_target!(|input: Input| {
         }
         Ok(Some(t)) => {
             assert_eq!(status, StatusCode::OK);
-            let verified = verified.as_ref().expect("an admitted request carries its VerifiedToken");
+            let verified = verified
+                .as_ref()
+                .expect("an admitted request carries its VerifiedToken");
             assert_eq!(verified.token.get(), t);
             assert_eq!(verified.resource, resource);
         }
     }
     if status != StatusCode::OK {
-        assert!(verified.is_none(), "a refused request never reaches the service");
-        assert_eq!(response.headers()["content-type"], "application/problem+json");
+        assert!(
+            verified.is_none(),
+            "a refused request never reaches the service"
+        );
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/problem+json"
+        );
     }
 });

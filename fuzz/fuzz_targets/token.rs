@@ -16,7 +16,9 @@ fuzz_target!(|data: &[u8]| {
     // as out of range.
     let first_bad = data.iter().position(|b| !b.is_ascii_digit());
     let digits = &data[..first_bad.unwrap_or(data.len())];
-    let value = digits.iter().try_fold(0u64, |v, &d| v.checked_mul(10)?.checked_add(u64::from(d - b'0')));
+    let value = digits.iter().try_fold(0u64, |v, &d| {
+        v.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+    });
     match (&parsed, first_bad, value) {
         (Err(ParseTokenError::Empty), _, _) => assert!(data.is_empty()),
         (Err(ParseTokenError::OutOfRange), _, None) => {}
@@ -28,7 +30,9 @@ fuzz_target!(|data: &[u8]| {
             assert!(!data.is_empty());
             assert_eq!(t.get(), v);
         }
-        (other, bad, value) => panic!("{data:?}: parsed {other:?}; first bad byte {bad:?}, value {value:?}"),
+        (other, bad, value) => {
+            panic!("{data:?}: parsed {other:?}; first bad byte {bad:?}, value {value:?}")
+        }
     }
 
     // `FromStr` agrees with `parse_bytes` on text.

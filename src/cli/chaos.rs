@@ -64,17 +64,21 @@ pub(crate) enum ChaosCliError {
 /// prints its summary; it fails when the checker found a violation, or the run was
 /// incomplete.
 pub(crate) fn run(args: ChaosArgs) -> Result<String, Box<dyn std::error::Error>> {
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     match args.command {
         Some(ChaosCommand::Worker { config }) => {
-            let config: WorkerConfig = serde_json::from_str(&config)
-                .map_err(|e| CliError::bad_input(format!("the worker configuration is not valid JSON: {e}")))?;
+            let config: WorkerConfig = serde_json::from_str(&config).map_err(|e| {
+                CliError::bad_input(format!("the worker configuration is not valid JSON: {e}"))
+            })?;
             runtime.block_on(palisade_chaos::run_worker(config))?;
             return Ok(String::new());
         }
         Some(ChaosCommand::Check { history }) => {
-            let file = std::fs::File::open(&history)
-                .map_err(|e| std::io::Error::new(e.kind(), format!("reading {}: {e}", history.display())))?;
+            let file = std::fs::File::open(&history).map_err(|e| {
+                std::io::Error::new(e.kind(), format!("reading {}: {e}", history.display()))
+            })?;
             let report = palisade_chaos::check::check_reader(std::io::BufReader::new(file))?;
             println!("{report}");
             return match report.violations.len() {
@@ -87,9 +91,12 @@ pub(crate) fn run(args: ChaosArgs) -> Result<String, Box<dyn std::error::Error>>
     let (Some(seed), Some(duration)) = (args.seed, args.duration) else {
         return Err(CliError::bad_input("--seed and --duration are required").into());
     };
-    let history = args
-        .history
-        .unwrap_or_else(|| std::env::temp_dir().join(format!("palisade-chaos-{seed}-{}.jsonl", std::process::id())));
+    let history = args.history.unwrap_or_else(|| {
+        std::env::temp_dir().join(format!(
+            "palisade-chaos-{seed}-{}.jsonl",
+            std::process::id()
+        ))
+    });
     let exe = std::env::current_exe()?;
     let summary = runtime.block_on(palisade_chaos::run(RunOptions {
         seed,

@@ -88,7 +88,10 @@ pub struct Labels {
 impl Labels {
     /// Both labels.
     pub fn new(namespace: impl Into<String>, class: impl Into<String>) -> Self {
-        Labels { namespace: Some(namespace.into()), class: Some(class.into()) }
+        Labels {
+            namespace: Some(namespace.into()),
+            class: Some(class.into()),
+        }
     }
 }
 
@@ -161,7 +164,10 @@ impl WriteRecord {
     /// every later insert) become U+FFFD in the strings that come from callers'
     /// closures: resource, labels and caller.
     pub fn from_event(service: &str, event: WriteEvent, labels: Labels) -> Self {
-        let labels = Labels { namespace: labels.namespace.map(no_nul), class: labels.class.map(no_nul) };
+        let labels = Labels {
+            namespace: labels.namespace.map(no_nul),
+            class: labels.class.map(no_nul),
+        };
         let outcome = if event.rejected {
             Outcome::Rejected
         } else if event.unprotected {

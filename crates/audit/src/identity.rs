@@ -101,7 +101,9 @@ impl CallerIdentity {
 
     /// This extractor as a closure for
     /// [`FenceLayer::with_caller`](palisade_fence::FenceLayer::with_caller).
-    pub fn into_fn(self) -> impl Fn(&HeaderMap, &Extensions) -> Option<String> + Send + Sync + 'static {
+    pub fn into_fn(
+        self,
+    ) -> impl Fn(&HeaderMap, &Extensions) -> Option<String> + Send + Sync + 'static {
         move |headers, extensions| self.caller(headers, extensions)
     }
 }
@@ -146,7 +148,9 @@ fn split_unquoted(s: &str, sep: char) -> Vec<&str> {
 }
 
 fn unquote(value: &str) -> Option<String> {
-    let Some(inner) = value.strip_prefix('"') else { return Some(value.to_owned()) };
+    let Some(inner) = value.strip_prefix('"') else {
+        return Some(value.to_owned());
+    };
     let inner = inner.strip_suffix('"')?;
     let mut out = String::with_capacity(inner.len());
     let mut chars = inner.chars();
@@ -169,7 +173,8 @@ mod tests {
             req.extensions_mut().insert(PeerSpiffeId::new(p));
         }
         if let Some(a) = addr {
-            req.extensions_mut().insert(ConnectInfo::<SocketAddr>(a.parse().unwrap()));
+            req.extensions_mut()
+                .insert(ConnectInfo::<SocketAddr>(a.parse().unwrap()));
         }
         req
     }
@@ -181,31 +186,64 @@ mod tests {
             .trust_proxy_addr("10.0.0.7".parse().unwrap());
         let caller = |r: http::Request<()>| id.caller(r.headers(), r.extensions());
         let xfcc = "By=spiffe://td/api;Hash=0a;URI=spiffe://td/billing";
-        assert_eq!(caller(request(&[xfcc], Some("spiffe://td/envoy"), None)).as_deref(), Some("spiffe://td/billing"));
-        assert_eq!(caller(request(&[xfcc], None, Some("10.0.0.7:5000"))).as_deref(), Some("spiffe://td/billing"));
+        assert_eq!(
+            caller(request(&[xfcc], Some("spiffe://td/envoy"), None)).as_deref(),
+            Some("spiffe://td/billing")
+        );
+        assert_eq!(
+            caller(request(&[xfcc], None, Some("10.0.0.7:5000"))).as_deref(),
+            Some("spiffe://td/billing")
+        );
         // Untrusted: the header is ignored, the peer (if any) is the caller.
-        assert_eq!(caller(request(&[xfcc], Some("spiffe://td/other"), None)).as_deref(), Some("spiffe://td/other"));
+        assert_eq!(
+            caller(request(&[xfcc], Some("spiffe://td/other"), None)).as_deref(),
+            Some("spiffe://td/other")
+        );
         assert_eq!(caller(request(&[xfcc], None, Some("10.0.0.8:5000"))), None);
-        assert_eq!(caller(request(&[], Some("spiffe://td/writer"), None)).as_deref(), Some("spiffe://td/writer"));
+        assert_eq!(
+            caller(request(&[], Some("spiffe://td/writer"), None)).as_deref(),
+            Some("spiffe://td/writer")
+        );
         // Trusted but no usable header: unknown, not the proxy.
         assert_eq!(caller(request(&[], Some("spiffe://td/envoy"), None)), None);
-        assert_eq!(caller(request(&[xfcc, xfcc], Some("spiffe://td/envoy"), None)), None, "two headers");
-        assert_eq!(caller(request(&["By=spiffe://td/api;URI=https://x"], Some("spiffe://td/envoy"), None)), None);
+        assert_eq!(
+            caller(request(&[xfcc, xfcc], Some("spiffe://td/envoy"), None)),
+            None,
+            "two headers"
+        );
+        assert_eq!(
+            caller(request(
+                &["By=spiffe://td/api;URI=https://x"],
+                Some("spiffe://td/envoy"),
+                None
+            )),
+            None
+        );
     }
 
     #[test]
     fn xfcc_parsing_takes_the_last_element_and_honours_quotes() {
         assert_eq!(
-            last_element_uri("By=spiffe://a/x;URI=spiffe://a/first,By=spiffe://a/y;URI=spiffe://a/second").as_deref(),
+            last_element_uri(
+                "By=spiffe://a/x;URI=spiffe://a/first,By=spiffe://a/y;URI=spiffe://a/second"
+            )
+            .as_deref(),
             Some("spiffe://a/second")
         );
         assert_eq!(
             last_element_uri(r#"By=spiffe://a/x;Subject="CN=a,O=b;c";URI=spiffe://a/q"#).as_deref(),
             Some("spiffe://a/q")
         );
-        assert_eq!(last_element_uri(r#"URI="spiffe://a/\"q\"""#).as_deref(), Some(r#"spiffe://a/"q""#));
+        assert_eq!(
+            last_element_uri(r#"URI="spiffe://a/\"q\"""#).as_deref(),
+            Some(r#"spiffe://a/"q""#)
+        );
         assert_eq!(last_element_uri("By=spiffe://a/x;Hash=1"), None);
-        assert_eq!(last_element_uri("URI=spiffe://a/1;URI=spiffe://a/2"), None, "ambiguous");
+        assert_eq!(
+            last_element_uri("URI=spiffe://a/1;URI=spiffe://a/2"),
+            None,
+            "ambiguous"
+        );
         assert_eq!(last_element_uri("URI"), None);
         assert_eq!(last_element_uri(r#"URI="spiffe://a/unterminated"#), None);
     }

@@ -104,7 +104,12 @@ pub struct LockEvent {
 
 impl LockEvent {
     /// An event on `lock_key` at `revision` (seq 0; set the public fields for the rest).
-    pub fn new(cluster_id: ClusterId, revision: Revision, kind: LockEventKind, lock_key: impl Into<String>) -> Self {
+    pub fn new(
+        cluster_id: ClusterId,
+        revision: Revision,
+        kind: LockEventKind,
+        lock_key: impl Into<String>,
+    ) -> Self {
         LockEvent {
             cluster_id,
             revision,

@@ -21,7 +21,13 @@ pub const POOL_TIMEOUT: Duration = Duration::from_secs(5);
 /// [`AuditError::Config`] when the pool cannot be built.
 pub fn pool(connection_string: &str, max_size: usize) -> Result<Pool, AuditError> {
     let config: tokio_postgres::Config = connection_string.parse()?;
-    let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+    let manager = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
     let pool = Pool::builder(manager)
         .max_size(max_size)
         .runtime(Runtime::Tokio1)

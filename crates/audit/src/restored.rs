@@ -66,15 +66,24 @@ pub(crate) async fn compare<C: GenericClient>(
     digests: &[(i64, Vec<u8>)],
 ) -> Result<Compared, AuditError> {
     let Some(&(last, _)) = digests.last() else {
-        return Ok(Compared { repeated: BTreeSet::new(), repeats: repeats.map(<[i64]>::to_vec) });
+        return Ok(Compared {
+            repeated: BTreeSet::new(),
+            repeats: repeats.map(<[i64]>::to_vec),
+        });
     };
     if repeats.is_some_and(|r| r.is_empty()) {
-        return Ok(Compared { repeated: BTreeSet::new(), repeats: Some(Vec::new()) });
+        return Ok(Compared {
+            repeated: BTreeSet::new(),
+            repeats: Some(Vec::new()),
+        });
     }
     let candidates: Vec<i64> = match repeats {
         Some(r) => r.to_vec(),
         None => client
-            .query("SELECT cluster_id FROM audit_cursor WHERE cluster_id <> $1", &[&cluster.to_sql()])
+            .query(
+                "SELECT cluster_id FROM audit_cursor WHERE cluster_id <> $1",
+                &[&cluster.to_sql()],
+            )
             .await?
             .iter()
             .map(|r| r.get(0))
@@ -82,7 +91,10 @@ pub(crate) async fn compare<C: GenericClient>(
     };
     // How far each candidate was read, and its digests over this batch's range.
     let read_to: HashMap<i64, i64> = client
-        .query("SELECT cluster_id, revision FROM audit_cursor WHERE cluster_id = ANY($1)", &[&candidates])
+        .query(
+            "SELECT cluster_id, revision FROM audit_cursor WHERE cluster_id = ANY($1)",
+            &[&candidates],
+        )
         .await?
         .iter()
         .map(|r| (r.get(0), r.get(1)))
@@ -96,7 +108,10 @@ pub(crate) async fn compare<C: GenericClient>(
         )
         .await?
     {
-        history.entry(r.get(0)).or_default().insert(r.get(1), r.get(2));
+        history
+            .entry(r.get(0))
+            .or_default()
+            .insert(r.get(1), r.get(2));
     }
     Ok(walk(candidates, &read_to, &history, after, digests))
 }
@@ -125,7 +140,10 @@ fn walk(
         repeated.insert(*rev);
         prev = *rev;
     }
-    Compared { repeated, repeats: Some(alive) }
+    Compared {
+        repeated,
+        repeats: Some(alive),
+    }
 }
 
 #[cfg(test)]
@@ -140,13 +158,28 @@ mod tests {
     fn a_repeat_ends_at_the_first_difference_and_never_resumes() {
         let read_to = HashMap::from([(1, 100), (2, 100)]);
         let history = HashMap::from([
-            (1, BTreeMap::from([(3, d(3)), (5, d(5)), (8, d(8)), (9, d(9))])),
+            (
+                1,
+                BTreeMap::from([(3, d(3)), (5, d(5)), (8, d(8)), (9, d(9))]),
+            ),
             (2, BTreeMap::from([(3, d(3)), (5, d(0))])),
         ]);
         // Cluster 2 differs at 5, cluster 1 (a revision 7 it lacks) at 7; 9 matches again
         // but the repeat is over.
-        let got = walk(vec![1, 2], &read_to, &history, 0, &[(3, d(3)), (5, d(5)), (7, d(7)), (9, d(9))]);
-        assert_eq!(got, Compared { repeated: BTreeSet::from([3, 5]), repeats: Some(vec![]) });
+        let got = walk(
+            vec![1, 2],
+            &read_to,
+            &history,
+            0,
+            &[(3, d(3)), (5, d(5)), (7, d(7)), (9, d(9))],
+        );
+        assert_eq!(
+            got,
+            Compared {
+                repeated: BTreeSet::from([3, 5]),
+                repeats: Some(vec![])
+            }
+        );
     }
 
     #[test]
@@ -154,18 +187,42 @@ mod tests {
         let read_to = HashMap::from([(1, 100)]);
         let history = HashMap::from([(1, BTreeMap::from([(3, d(3)), (4, d(4)), (6, d(6))]))]);
         let got = walk(vec![1], &read_to, &history, 0, &[(3, d(3)), (6, d(6))]);
-        assert_eq!(got, Compared { repeated: BTreeSet::from([3]), repeats: Some(vec![]) });
+        assert_eq!(
+            got,
+            Compared {
+                repeated: BTreeSet::from([3]),
+                repeats: Some(vec![])
+            }
+        );
         // From a later position (after a compaction, say), only the range after it counts.
         let got = walk(vec![1], &read_to, &history, 4, &[(6, d(6))]);
-        assert_eq!(got, Compared { repeated: BTreeSet::from([6]), repeats: Some(vec![1]) });
+        assert_eq!(
+            got,
+            Compared {
+                repeated: BTreeSet::from([6]),
+                repeats: Some(vec![1])
+            }
+        );
     }
 
     #[test]
     fn history_the_candidate_never_read_is_not_a_repeat() {
         let read_to = HashMap::from([(1, 5)]);
         let history = HashMap::from([(1, BTreeMap::from([(3, d(3)), (5, d(5))]))]);
-        let got = walk(vec![1], &read_to, &history, 0, &[(3, d(3)), (5, d(5)), (6, d(6))]);
-        assert_eq!(got, Compared { repeated: BTreeSet::from([3, 5]), repeats: Some(vec![]) });
+        let got = walk(
+            vec![1],
+            &read_to,
+            &history,
+            0,
+            &[(3, d(3)), (5, d(5)), (6, d(6))],
+        );
+        assert_eq!(
+            got,
+            Compared {
+                repeated: BTreeSet::from([3, 5]),
+                repeats: Some(vec![])
+            }
+        );
     }
 
     #[test]
@@ -183,22 +240,53 @@ mod tests {
         let base = digests(std::slice::from_ref(&c));
         assert_eq!(base.len(), 1);
         let variants = [
-            Change { delete: true, ..c.clone() },
-            Change { key: b"k2".to_vec(), ..c.clone() },
-            Change { value: b"v2".to_vec(), ..c.clone() },
-            Change { version: 2, ..c.clone() },
-            Change { create_revision: 3, ..c.clone() },
-            Change { lease: 8, ..c.clone() },
+            Change {
+                delete: true,
+                ..c.clone()
+            },
+            Change {
+                key: b"k2".to_vec(),
+                ..c.clone()
+            },
+            Change {
+                value: b"v2".to_vec(),
+                ..c.clone()
+            },
+            Change {
+                version: 2,
+                ..c.clone()
+            },
+            Change {
+                create_revision: 3,
+                ..c.clone()
+            },
+            Change {
+                lease: 8,
+                ..c.clone()
+            },
             // Bytes moved from key to value.
-            Change { key: b"kv".to_vec(), value: vec![], ..c.clone() },
+            Change {
+                key: b"kv".to_vec(),
+                value: vec![],
+                ..c.clone()
+            },
         ];
         for v in variants {
             assert_ne!(digests(std::slice::from_ref(&v)), base, "{v:?}");
         }
         assert_eq!(digests(std::slice::from_ref(&c)), base);
         // Two revisions, two digests; two changes of one revision, one.
-        let next = Change { revision: 5, ..c.clone() };
-        assert_eq!(digests(&[c.clone(), next.clone()]).iter().map(|x| x.0).collect::<Vec<_>>(), [4, 5]);
+        let next = Change {
+            revision: 5,
+            ..c.clone()
+        };
+        assert_eq!(
+            digests(&[c.clone(), next.clone()])
+                .iter()
+                .map(|x| x.0)
+                .collect::<Vec<_>>(),
+            [4, 5]
+        );
         assert_eq!(digests(&[c.clone(), c]).len(), 1);
     }
 }

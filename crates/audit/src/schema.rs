@@ -9,9 +9,21 @@ use crate::AuditError;
 /// transaction, recorded in `audit_schema_migrations`.
 pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     (1, "audit", include_str!("../migrations/0001_audit.sql")),
-    (2, "tailer_cursor", include_str!("../migrations/0002_tailer_cursor.sql")),
-    (3, "unprotected_hourly", include_str!("../migrations/0003_unprotected_hourly.sql")),
-    (4, "audit_history", include_str!("../migrations/0004_audit_history.sql")),
+    (
+        2,
+        "tailer_cursor",
+        include_str!("../migrations/0002_tailer_cursor.sql"),
+    ),
+    (
+        3,
+        "unprotected_hourly",
+        include_str!("../migrations/0003_unprotected_hourly.sql"),
+    ),
+    (
+        4,
+        "audit_history",
+        include_str!("../migrations/0004_audit_history.sql"),
+    ),
 ];
 
 /// The advisory lock key that serializes migrations across processes ("paud").
@@ -40,17 +52,27 @@ pub async fn migrate_client(client: &mut tokio_postgres::Client) -> Result<Vec<i
     let mut applied = Vec::new();
     for (version, name, sql) in MIGRATIONS {
         let tx = client.transaction().await?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY]).await?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY])
+            .await?;
         tx.batch_execute(
             "CREATE TABLE IF NOT EXISTS audit_schema_migrations (\
                 version integer PRIMARY KEY, name text NOT NULL, \
                 applied_at timestamptz NOT NULL DEFAULT now())",
         )
         .await?;
-        let done = tx.query_opt("SELECT 1 FROM audit_schema_migrations WHERE version = $1", &[version]).await?;
+        let done = tx
+            .query_opt(
+                "SELECT 1 FROM audit_schema_migrations WHERE version = $1",
+                &[version],
+            )
+            .await?;
         if done.is_none() {
             tx.batch_execute(sql).await?;
-            tx.execute("INSERT INTO audit_schema_migrations (version, name) VALUES ($1, $2)", &[version, name]).await?;
+            tx.execute(
+                "INSERT INTO audit_schema_migrations (version, name) VALUES ($1, $2)",
+                &[version, name],
+            )
+            .await?;
             applied.push(*version);
         }
         tx.commit().await?;
@@ -64,11 +86,16 @@ pub async fn migrate_client(client: &mut tokio_postgres::Client) -> Result<Vec<i
 ///
 /// [`AuditError::Database`] when the query fails.
 pub async fn is_current<C: GenericClient>(client: &C) -> Result<bool, AuditError> {
-    let table: Option<String> =
-        client.query_one("SELECT to_regclass('audit_schema_migrations')::text", &[]).await?.get(0);
+    let table: Option<String> = client
+        .query_one("SELECT to_regclass('audit_schema_migrations')::text", &[])
+        .await?
+        .get(0);
     if table.is_none() {
         return Ok(false);
     }
-    let n: i64 = client.query_one("SELECT count(*) FROM audit_schema_migrations", &[]).await?.get(0);
+    let n: i64 = client
+        .query_one("SELECT count(*) FROM audit_schema_migrations", &[])
+        .await?
+        .get(0);
     Ok(n as usize == MIGRATIONS.len())
 }

@@ -113,7 +113,10 @@ impl fmt::Debug for SinkBuilder {
             .field("flush_interval", &self.flush_interval)
             .field("retry_interval", &self.retry_interval)
             .field("db_timeout", &self.db_timeout)
-            .field("classify", &self.classify.as_ref().map(|_| format_args!("<fn>")))
+            .field(
+                "classify",
+                &self.classify.as_ref().map(|_| format_args!("<fn>")),
+            )
             .finish()
     }
 }
@@ -173,7 +176,11 @@ impl SinkBuilder {
     /// Outside a tokio runtime, or if the capacity is 0.
     pub fn start(self, pool: Pool) -> AuditSink {
         let (tx, rx) = mpsc::channel(self.capacity);
-        let shared = Arc::new(Shared { service: self.service, classify: self.classify, counters: Counters::default() });
+        let shared = Arc::new(Shared {
+            service: self.service,
+            classify: self.classify,
+            counters: Counters::default(),
+        });
         let (stop, stopped) = oneshot::channel();
         let spool = Spool::new(self.spool);
         let worker = Worker {
@@ -188,7 +195,11 @@ impl SinkBuilder {
             retry_at: None,
         };
         let handle = tokio::spawn(worker.run(rx, stopped));
-        AuditSink { observer: SinkObserver { tx, shared }, stop, worker: handle }
+        AuditSink {
+            observer: SinkObserver { tx, shared },
+            stop,
+            worker: handle,
+        }
     }
 }
 
@@ -221,7 +232,9 @@ pub struct AuditSink {
 
 impl fmt::Debug for AuditSink {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AuditSink").field("service", &self.observer.shared.service).finish_non_exhaustive()
+        f.debug_struct("AuditSink")
+            .field("service", &self.observer.shared.service)
+            .finish_non_exhaustive()
     }
 }
 
@@ -279,7 +292,9 @@ pub struct SinkObserver {
 
 impl fmt::Debug for SinkObserver {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SinkObserver").field("service", &self.shared.service).finish_non_exhaustive()
+        f.debug_struct("SinkObserver")
+            .field("service", &self.shared.service)
+            .finish_non_exhaustive()
     }
 }
 
@@ -297,7 +312,12 @@ impl WriteObserver for SinkObserver {
             // Full (or closed): skip building the row.
             return self.drop_one();
         }
-        let labels = self.shared.classify.as_ref().map(|f| f(&event.resource)).unwrap_or_default();
+        let labels = self
+            .shared
+            .classify
+            .as_ref()
+            .map(|f| f(&event.resource))
+            .unwrap_or_default();
         let record = WriteRecord::from_event(&self.shared.service, event, labels);
         if self.tx.try_send(record).is_err() {
             self.drop_one();
@@ -324,7 +344,8 @@ impl Worker {
         let mut batch = Vec::with_capacity(self.batch_size);
         // The first tick one interval from now (not at once), so a batch is never cut
         // short by the worker's start.
-        let mut tick = tokio::time::interval_at(Instant::now() + self.flush_interval, self.flush_interval);
+        let mut tick =
+            tokio::time::interval_at(Instant::now() + self.flush_interval, self.flush_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -377,8 +398,13 @@ impl Worker {
 
     /// Bounds one database call by `db_timeout`. Spool I/O is never under a timeout, so
     /// it is never left running behind the worker's back.
-    async fn db<T>(&self, call: impl std::future::Future<Output = Result<T, AuditError>>) -> Result<T, AuditError> {
-        tokio::time::timeout(self.db_timeout, call).await.unwrap_or(Err(AuditError::Timeout(self.db_timeout)))
+    async fn db<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, AuditError>>,
+    ) -> Result<T, AuditError> {
+        tokio::time::timeout(self.db_timeout, call)
+            .await
+            .unwrap_or(Err(AuditError::Timeout(self.db_timeout)))
     }
 
     async fn write_database(&mut self, records: &[WriteRecord]) -> Result<(), AuditError> {
@@ -394,14 +420,20 @@ impl Worker {
             let spool = self.spool.clone();
             blocking(move || spool.clear()).await?;
             self.spool_pending = false;
-            counters.drained.fetch_add(contents.records.len() as u64, Ordering::Relaxed);
-            counters.spool_skipped.fetch_add(contents.skipped as u64, Ordering::Relaxed);
+            counters
+                .drained
+                .fetch_add(contents.records.len() as u64, Ordering::Relaxed);
+            counters
+                .spool_skipped
+                .fetch_add(contents.skipped as u64, Ordering::Relaxed);
             if !contents.records.is_empty() {
                 tracing::info!(rows = contents.records.len(), "audit spool replayed");
             }
         }
         self.db(insert_writes(&**client, records)).await?;
-        counters.inserted.fetch_add(records.len() as u64, Ordering::Relaxed);
+        counters
+            .inserted
+            .fetch_add(records.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 
@@ -413,7 +445,9 @@ impl Worker {
         let spool = self.spool.clone();
         let shared = Arc::clone(&self.shared);
         let counters = &shared.counters;
-        match tokio::task::spawn_blocking(move || spool.append(&records).map_err(|e| (e, records))).await {
+        match tokio::task::spawn_blocking(move || spool.append(&records).map_err(|e| (e, records)))
+            .await
+        {
             Ok(Ok(())) => {
                 self.spool_pending = true;
                 counters.spooled.fetch_add(n, Ordering::Relaxed);
@@ -422,8 +456,16 @@ impl Worker {
                 tracing::error!(error = %e, rows = n, "audit spool write failed; events lost");
                 // Report the loss in the next `dropped` row: the events themselves, and
                 // the counts of any `dropped` rows among them.
-                let lost: u64 =
-                    records.iter().map(|r| if r.outcome == Outcome::Dropped { r.dropped.unwrap_or(0) } else { 1 }).sum();
+                let lost: u64 = records
+                    .iter()
+                    .map(|r| {
+                        if r.outcome == Outcome::Dropped {
+                            r.dropped.unwrap_or(0)
+                        } else {
+                            1
+                        }
+                    })
+                    .sum();
                 counters.lost.fetch_add(lost, Ordering::Relaxed);
                 counters.unreported.fetch_add(lost, Ordering::Relaxed);
             }

@@ -37,7 +37,10 @@ impl Spool {
     }
 
     fn error(&self, source: io::Error) -> AuditError {
-        AuditError::Spool { path: self.path.clone(), source }
+        AuditError::Spool {
+            path: self.path.clone(),
+            source,
+        }
     }
 
     /// Appends the records as JSON lines and syncs the file.
@@ -57,7 +60,11 @@ impl Spool {
         if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
             fs::create_dir_all(dir)?;
         }
-        let mut file = OpenOptions::new().read(true).append(true).create(true).open(&self.path)?;
+        let mut file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .open(&self.path)?;
         let len = file.metadata()?.len();
         if len > 0 {
             // A torn last line must not swallow the first line of this batch.
@@ -101,7 +108,10 @@ impl Spool {
     /// Empties the file (after its records are in Postgres) and syncs it.
     pub(crate) fn clear(&self) -> Result<(), AuditError> {
         match OpenOptions::new().write(true).open(&self.path) {
-            Ok(file) => file.set_len(0).and_then(|()| file.sync_data()).map_err(|e| self.error(e)),
+            Ok(file) => file
+                .set_len(0)
+                .and_then(|()| file.sync_data())
+                .map_err(|e| self.error(e)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(self.error(e)),
         }
@@ -116,7 +126,14 @@ mod tests {
     use crate::{Finding, Outcome};
 
     fn record(resource: &str) -> WriteRecord {
-        WriteRecord::new("svc", resource, "PUT", Outcome::Unprotected, Finding::MissingToken, SystemTime::now())
+        WriteRecord::new(
+            "svc",
+            resource,
+            "PUT",
+            Outcome::Unprotected,
+            Finding::MissingToken,
+            SystemTime::now(),
+        )
     }
 
     #[test]
@@ -134,7 +151,11 @@ mod tests {
         spool.append(&b).unwrap();
         let read = spool.read().unwrap();
         assert_eq!(read.skipped, 1);
-        let resources: Vec<_> = read.records.iter().map(|r| r.resource.clone().unwrap()).collect();
+        let resources: Vec<_> = read
+            .records
+            .iter()
+            .map(|r| r.resource.clone().unwrap())
+            .collect();
         assert_eq!(resources, ["/a", "/b", "/c"]);
         assert_eq!(read.records[0], a[0], "a record round-trips exactly");
         spool.clear().unwrap();

@@ -22,25 +22,41 @@ const INSERT_WRITES: &str = "INSERT INTO write_event \
 /// # Errors
 ///
 /// [`AuditError::Database`] when the statement fails (then nothing was inserted).
-pub async fn insert_writes<C: GenericClient>(client: &C, records: &[WriteRecord]) -> Result<u64, AuditError> {
+pub async fn insert_writes<C: GenericClient>(
+    client: &C,
+    records: &[WriteRecord],
+) -> Result<u64, AuditError> {
     if records.is_empty() {
         return Ok(0);
     }
-    let col = |f: &dyn Fn(&WriteRecord) -> Option<String>| records.iter().map(f).collect::<Vec<_>>();
+    let col =
+        |f: &dyn Fn(&WriteRecord) -> Option<String>| records.iter().map(f).collect::<Vec<_>>();
     let ids: Vec<Uuid> = records.iter().map(|r| r.id).collect();
     let ats: Vec<SystemTime> = records.iter().map(|r| r.at).collect();
     let services = col(&|r| Some(r.service.clone()));
     let outcomes = col(&|r| Some(r.outcome.as_str().to_owned()));
     let resources = col(&|r| r.resource.clone());
     let methods = col(&|r| r.method.clone());
-    let tokens: Vec<Option<i64>> = records.iter().map(|r| r.token.map(|t| t.get() as i64)).collect();
-    let highest: Vec<Option<i64>> = records.iter().map(|r| r.highest.map(|t| t.get() as i64)).collect();
+    let tokens: Vec<Option<i64>> = records
+        .iter()
+        .map(|r| r.token.map(|t| t.get() as i64))
+        .collect();
+    let highest: Vec<Option<i64>> = records
+        .iter()
+        .map(|r| r.highest.map(|t| t.get() as i64))
+        .collect();
     let findings = col(&|r| r.finding.map(|f| f.as_str().to_owned()));
-    let enforcement = col(&|r| r.fenced.map(|f| if f { "fenced" } else { "advisory" }.to_owned()));
+    let enforcement = col(&|r| {
+        r.fenced
+            .map(|f| if f { "fenced" } else { "advisory" }.to_owned())
+    });
     let namespaces = col(&|r| r.labels.namespace.clone());
     let classes = col(&|r| r.labels.class.clone());
     let callers = col(&|r| r.caller.clone());
-    let dropped: Vec<Option<i64>> = records.iter().map(|r| r.dropped.map(|n| n.min(i64::MAX as u64) as i64)).collect();
+    let dropped: Vec<Option<i64>> = records
+        .iter()
+        .map(|r| r.dropped.map(|n| n.min(i64::MAX as u64) as i64))
+        .collect();
     let n = client
         .execute(
             INSERT_WRITES,
@@ -72,7 +88,10 @@ pub async fn insert_writes<C: GenericClient>(client: &C, records: &[WriteRecord]
 /// # Errors
 ///
 /// [`AuditError::Database`] when a statement fails.
-pub async fn insert_lock_events<C: GenericClient>(client: &C, events: &[LockEvent]) -> Result<u64, AuditError> {
+pub async fn insert_lock_events<C: GenericClient>(
+    client: &C,
+    events: &[LockEvent],
+) -> Result<u64, AuditError> {
     let statement = client
         .prepare(
             "INSERT INTO audit_event \
@@ -112,7 +131,10 @@ pub async fn insert_lock_events<C: GenericClient>(client: &C, events: &[LockEven
 ///
 /// [`AuditError::Database`] when the statement fails (for example a requester who is
 /// also the approver: SQLSTATE 23514).
-pub async fn insert_force_release<C: GenericClient>(client: &C, f: &ForceRelease) -> Result<bool, AuditError> {
+pub async fn insert_force_release<C: GenericClient>(
+    client: &C,
+    f: &ForceRelease,
+) -> Result<bool, AuditError> {
     let n = client
         .execute(
             "INSERT INTO force_release \

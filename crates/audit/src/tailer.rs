@@ -93,7 +93,10 @@ const INSERT_HISTORY: &str = "INSERT INTO audit_history (cluster_id, revision, d
 /// # Errors
 ///
 /// [`AuditError::Database`] when the query fails.
-pub async fn tailer_position<C: GenericClient>(client: &C, cluster: ClusterId) -> Result<Option<Revision>, AuditError> {
+pub async fn tailer_position<C: GenericClient>(
+    client: &C,
+    cluster: ClusterId,
+) -> Result<Option<Revision>, AuditError> {
     let row = client
         .query_one(
             "SELECT GREATEST(\
@@ -127,7 +130,9 @@ pub struct Tailer {
 
 impl std::fmt::Debug for Tailer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tailer").field("root", &self.root).finish_non_exhaustive()
+        f.debug_struct("Tailer")
+            .field("root", &self.root)
+            .finish_non_exhaustive()
     }
 }
 
@@ -206,7 +211,10 @@ impl Tailer {
         let mut etcd = self.client.clone();
         let resp = tokio::time::timeout(
             ETCD_TIMEOUT,
-            etcd.get(prefix.clone(), Some(GetOptions::new().with_prefix().with_count_only())),
+            etcd.get(
+                prefix.clone(),
+                Some(GetOptions::new().with_prefix().with_count_only()),
+            ),
         )
         .await
         .map_err(|_| AuditError::Timeout(ETCD_TIMEOUT))??;
@@ -215,7 +223,10 @@ impl Tailer {
             let client = self.pool.get().await?;
             let position = tailer_position(&**client, cluster).await?;
             let repeats: Option<Vec<i64>> = client
-                .query_opt("SELECT repeats FROM audit_cursor WHERE cluster_id = $1", &[&cluster.to_sql()])
+                .query_opt(
+                    "SELECT repeats FROM audit_cursor WHERE cluster_id = $1",
+                    &[&cluster.to_sql()],
+                )
                 .await?
                 .and_then(|r| r.get(0));
             Ok((position, repeats))
@@ -224,7 +235,10 @@ impl Tailer {
         let mut position = position.map_or(0, Revision::as_i64);
         loop {
             let start = position + 1;
-            let options = WatchOptions::new().with_prefix().with_prev_key().with_start_revision(start);
+            let options = WatchOptions::new()
+                .with_prefix()
+                .with_prev_key()
+                .with_start_revision(start);
             let (_watcher, mut stream) = etcd.watch(prefix.clone(), Some(options)).await?;
             loop {
                 let Some(resp) = stream.message().await? else {
@@ -245,21 +259,30 @@ impl Tailer {
                     let (from, to) = (revision(start)?, revision(compacted)?);
                     tracing::warn!(%cluster, from = start, to = compacted, "etcd compacted past the audit position");
                     let gap = [LockEvent::gap(cluster, from, to)];
-                    self.store(cluster, &gap, &[], position, compacted, &mut repeats).await?;
+                    self.store(cluster, &gap, &[], position, compacted, &mut repeats)
+                        .await?;
                     position = compacted;
                     *progressed = true;
                     break;
                 }
                 if resp.canceled() {
-                    return Err(watch_error(&format!("watch canceled: {}", resp.cancel_reason())));
+                    return Err(watch_error(&format!(
+                        "watch canceled: {}",
+                        resp.cancel_reason()
+                    )));
                 }
-                let changes: Vec<Change> = resp.events().iter().filter_map(Change::from_event).collect();
+                let changes: Vec<Change> = resp
+                    .events()
+                    .iter()
+                    .filter_map(Change::from_event)
+                    .collect();
                 let Some(last) = changes.iter().map(|c| c.revision).max() else {
                     continue;
                 };
                 let events = classify(cluster, &prefix, &changes);
                 let digests = restored::digests(&changes);
-                self.store(cluster, &events, &digests, position, last, &mut repeats).await?;
+                self.store(cluster, &events, &digests, position, last, &mut repeats)
+                    .await?;
                 position = position.max(last);
                 *progressed = true;
             }
@@ -282,12 +305,16 @@ impl Tailer {
         let still = db(async {
             let mut client = self.pool.get().await?;
             let tx = client.transaction().await?;
-            let compared = restored::compare(&*tx, cluster, after, repeats.as_deref(), digests).await?;
+            let compared =
+                restored::compare(&*tx, cluster, after, repeats.as_deref(), digests).await?;
             if compared.repeated.is_empty() {
                 insert_lock_events(&*tx, events).await?;
             } else {
-                let new: Vec<LockEvent> =
-                    events.iter().filter(|e| !compared.repeated.contains(&e.revision.as_i64())).cloned().collect();
+                let new: Vec<LockEvent> = events
+                    .iter()
+                    .filter(|e| !compared.repeated.contains(&e.revision.as_i64()))
+                    .cloned()
+                    .collect();
                 insert_lock_events(&*tx, &new).await?;
                 tracing::info!(
                     %cluster,
@@ -297,10 +324,16 @@ impl Tailer {
                 );
             }
             if !digests.is_empty() {
-                let (revs, sums): (Vec<i64>, Vec<&[u8]>) = digests.iter().map(|(r, d)| (*r, d.as_slice())).unzip();
-                tx.execute(INSERT_HISTORY, &[&cluster.to_sql(), &revs, &sums]).await?;
+                let (revs, sums): (Vec<i64>, Vec<&[u8]>) =
+                    digests.iter().map(|(r, d)| (*r, d.as_slice())).unzip();
+                tx.execute(INSERT_HISTORY, &[&cluster.to_sql(), &revs, &sums])
+                    .await?;
             }
-            tx.execute(UPSERT_CURSOR, &[&cluster.to_sql(), &through, &compared.repeats]).await?;
+            tx.execute(
+                UPSERT_CURSOR,
+                &[&cluster.to_sql(), &through, &compared.repeats],
+            )
+            .await?;
             tx.commit().await?;
             Ok(compared.repeats)
         })
@@ -310,8 +343,12 @@ impl Tailer {
     }
 }
 
-async fn db<T>(f: impl std::future::Future<Output = Result<T, AuditError>>) -> Result<T, AuditError> {
-    tokio::time::timeout(DB_TIMEOUT, f).await.map_err(|_| AuditError::Timeout(DB_TIMEOUT))?
+async fn db<T>(
+    f: impl std::future::Future<Output = Result<T, AuditError>>,
+) -> Result<T, AuditError> {
+    tokio::time::timeout(DB_TIMEOUT, f)
+        .await
+        .map_err(|_| AuditError::Timeout(DB_TIMEOUT))?
 }
 
 fn watch_error(what: &str) -> AuditError {
@@ -347,7 +384,9 @@ impl Change {
             version: kv.version(),
             create_revision: kv.create_revision(),
             lease: kv.lease(),
-            prev: e.prev_kv().map(|p| (p.value().to_vec(), p.create_revision())),
+            prev: e
+                .prev_kv()
+                .map(|p| (p.value().to_vec(), p.create_revision())),
         })
     }
 }
@@ -367,7 +406,11 @@ struct LockPath<'a> {
 
 impl LockPath<'_> {
     fn grant_record(&self, prefix: &str) -> Vec<u8> {
-        format!("{prefix}{}/{}/{}/g/{}/{}", self.ns, self.class, self.escaped, self.mode, self.lease).into_bytes()
+        format!(
+            "{prefix}{}/{}/{}/g/{}/{}",
+            self.ns, self.class, self.escaped, self.mode, self.lease
+        )
+        .into_bytes()
     }
 }
 
@@ -390,7 +433,10 @@ fn parse_path<'a>(prefix: &str, key: &'a [u8]) -> Option<LockPath<'a>> {
         && matches!(path.kind, "h" | "g")
         && matches!(path.mode, "x" | "s")
         && path.lease.len() == 16
-        && path.lease.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        && path
+            .lease
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
     ok.then_some(path)
 }
 
@@ -400,7 +446,8 @@ fn is_name(s: &str) -> bool {
     !b.is_empty()
         && b.len() <= 63
         && matches!(b[0], b'a'..=b'z' | b'0'..=b'9')
-        && b.iter().all(|c| matches!(c, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-'))
+        && b.iter()
+            .all(|c| matches!(c, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-'))
 }
 
 /// Undoes the lock core's escaping (`%25`, `%2F`, `%20`); `None` for an empty key or any
@@ -486,7 +533,9 @@ pub(crate) fn classify(cluster: ClusterId, prefix: &str, changes: &[Change]) -> 
                 };
                 let kind = match grant_records.get(path.grant_record(prefix).as_slice()) {
                     Some(g) if g.delete => LockEventKind::Release,
-                    Some(g) if serde_json::from_slice::<Forced>(&g.value).is_ok() => LockEventKind::Force,
+                    Some(g) if serde_json::from_slice::<Forced>(&g.value).is_ok() => {
+                        LockEventKind::Force
+                    }
                     _ => LockEventKind::Expire,
                 };
                 (kind, meta)
@@ -525,15 +574,36 @@ mod tests {
     }
 
     fn put(rev: i64, key: &str, value: Vec<u8>, version: i64, create: i64) -> Change {
-        Change { revision: rev, delete: false, key: key.into(), value, version, create_revision: create, lease: 0, prev: None }
+        Change {
+            revision: rev,
+            delete: false,
+            key: key.into(),
+            value,
+            version,
+            create_revision: create,
+            lease: 0,
+            prev: None,
+        }
     }
 
     fn del(rev: i64, key: &str, prev: Option<(Vec<u8>, i64)>) -> Change {
-        Change { revision: rev, delete: true, key: key.into(), value: vec![], version: 0, create_revision: 0, lease: 0, prev }
+        Change {
+            revision: rev,
+            delete: true,
+            key: key.into(),
+            value: vec![],
+            version: 0,
+            create_revision: 0,
+            lease: 0,
+            prev,
+        }
     }
 
     fn kinds(events: &[LockEvent]) -> Vec<(u64, u32, LockEventKind)> {
-        events.iter().map(|e| (e.revision.get(), e.seq, e.kind)).collect()
+        events
+            .iter()
+            .map(|e| (e.revision.get(), e.seq, e.kind))
+            .collect()
     }
 
     #[test]
@@ -541,7 +611,8 @@ mod tests {
         let h = format!("{P}ns/c/a%2Fb/h/x/{LEASE}");
         let g = format!("{P}ns/c/a%2Fb/g/x/{LEASE}");
         let q = format!("{P}ns/c/a%2Fb/q/x/{LEASE}");
-        let forced = br#"{"forced":{"request_id":"r1","requester":"alice","reason":"stuck"}}"#.to_vec();
+        let forced =
+            br#"{"forced":{"request_id":"r1","requester":"alice","reason":"stuck"}}"#.to_vec();
         let changes = vec![
             del(5, &q, Some((meta(1), 4))),
             put(5, &h, meta(1), 1, 5),
@@ -559,7 +630,14 @@ mod tests {
         use LockEventKind::*;
         assert_eq!(
             kinds(&events),
-            [(5, 0, Grant), (6, 0, Release), (7, 0, Grant), (8, 0, Expire), (9, 0, Grant), (10, 0, Force)]
+            [
+                (5, 0, Grant),
+                (6, 0, Release),
+                (7, 0, Grant),
+                (8, 0, Expire),
+                (9, 0, Grant),
+                (10, 0, Force)
+            ]
         );
         let token = FencingToken::from_parts(Epoch::new(1).unwrap(), Revision::new(5)).unwrap();
         assert_eq!(events[0].token, Some(token));
@@ -575,7 +653,8 @@ mod tests {
         const NEXT: &str = "0000000000000100";
         let lock = format!("{P}ns/c/k");
         let next_meta = || {
-            br#"{"spiffe_id":"spiffe://t/b","class":"c","mode":"exclusive","epoch":1,"attempt":8}"#.to_vec()
+            br#"{"spiffe_id":"spiffe://t/b","class":"c","mode":"exclusive","epoch":1,"attempt":8}"#
+                .to_vec()
         };
         let changes = vec![
             del(12, &format!("{lock}/h/x/{LEASE}"), Some((meta(1), 9))),
@@ -585,10 +664,22 @@ mod tests {
             put(12, &format!("{lock}/g/x/{NEXT}"), next_meta(), 1, 12),
         ];
         let events = classify(ClusterId(1), P, &changes);
-        assert_eq!(kinds(&events), [(12, 0, LockEventKind::Release), (12, 1, LockEventKind::Grant)]);
+        assert_eq!(
+            kinds(&events),
+            [
+                (12, 0, LockEventKind::Release),
+                (12, 1, LockEventKind::Grant)
+            ]
+        );
         let epoch = Epoch::new(1).unwrap();
-        assert_eq!(events[0].token, Some(FencingToken::from_parts(epoch, Revision::new(9)).unwrap()));
-        assert_eq!(events[1].token, Some(FencingToken::from_parts(epoch, Revision::new(12)).unwrap()));
+        assert_eq!(
+            events[0].token,
+            Some(FencingToken::from_parts(epoch, Revision::new(9)).unwrap())
+        );
+        assert_eq!(
+            events[1].token,
+            Some(FencingToken::from_parts(epoch, Revision::new(12)).unwrap())
+        );
         assert_eq!(events[0].spiffe_id.as_deref(), Some("spiffe://t/a"));
         assert_eq!(events[1].spiffe_id.as_deref(), Some("spiffe://t/b"));
     }
@@ -598,9 +689,16 @@ mod tests {
         let a = format!("{P}ns/c/a/h/s/{LEASE}");
         let b = format!("{P}ns/c/b/h/s/{LEASE}");
         let cancel = format!("{P}ns/c/a/c/{LEASE}/7");
-        let changes = vec![del(4, &a, Some((meta(0), 2))), del(4, &cancel, None), del(4, &b, Some((meta(0), 3)))];
+        let changes = vec![
+            del(4, &a, Some((meta(0), 2))),
+            del(4, &cancel, None),
+            del(4, &b, Some((meta(0), 3))),
+        ];
         let events = classify(ClusterId(1), P, &changes);
-        assert_eq!(kinds(&events), [(4, 0, LockEventKind::Expire), (4, 1, LockEventKind::Expire)]);
+        assert_eq!(
+            kinds(&events),
+            [(4, 0, LockEventKind::Expire), (4, 1, LockEventKind::Expire)]
+        );
         assert_eq!(events[1].lock_key.as_deref(), Some("b"));
     }
 

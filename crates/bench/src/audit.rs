@@ -36,7 +36,10 @@ pub(crate) async fn run(events: usize, requests: usize) -> Result<Table> {
     let db = TestDb::create().await;
     let pool = palisade_audit::pool(&db.connection_string(), 4)?;
     palisade_audit::migrate(&pool).await?;
-    let client = pool.get().await.map_err(|_| BenchError::Unexpected("no audit connection"))?;
+    let client = pool
+        .get()
+        .await
+        .map_err(|_| BenchError::Unexpected("no audit connection"))?;
     let now = SystemTime::now();
     let week = Duration::from_secs(7 * 24 * 3600);
     let t0 = Instant::now();
@@ -47,10 +50,20 @@ pub(crate) async fn run(events: usize, requests: usize) -> Result<Table> {
         let batch: Vec<WriteRecord> = (done..done + n)
             .map(|i| {
                 let unprotected = i % 5 == 0;
-                let (outcome, finding) =
-                    if unprotected { (Outcome::Unprotected, Finding::MissingToken) } else { (Outcome::Admitted, Finding::Current) };
+                let (outcome, finding) = if unprotected {
+                    (Outcome::Unprotected, Finding::MissingToken)
+                } else {
+                    (Outcome::Admitted, Finding::Current)
+                };
                 let at = now - week.mul_f64(1.0 - i as f64 / events as f64);
-                let mut r = WriteRecord::new(format!("svc-{}", i % 100), format!("orders/{}", i % 10_000), "PUT", outcome, finding, at);
+                let mut r = WriteRecord::new(
+                    format!("svc-{}", i % 100),
+                    format!("orders/{}", i % 10_000),
+                    "PUT",
+                    outcome,
+                    finding,
+                    at,
+                );
                 r.fenced = Some(!unprotected);
                 r.labels = Labels::new(format!("ns{}", i % 10), "rows");
                 r.caller = Some(format!("spiffe://bench/caller-{}", i % 50));
@@ -64,7 +77,10 @@ pub(crate) async fn run(events: usize, requests: usize) -> Result<Table> {
         }
     }
     client.batch_execute("ANALYZE write_event").await?;
-    eprintln!("audit: {events} events in {:.1} s", t0.elapsed().as_secs_f64());
+    eprintln!(
+        "audit: {events} events in {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
     drop(client);
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -123,7 +139,9 @@ async fn get(sender: &mut Sender, path: &str) -> Result<Bytes> {
     sender.ready().await?;
     let res = sender.send_request(req).await?;
     if res.status() != http::StatusCode::OK {
-        return Err(BenchError::Unexpected("a dashboard URL was not answered 200"));
+        return Err(BenchError::Unexpected(
+            "a dashboard URL was not answered 200",
+        ));
     }
     Ok(res.into_body().collect().await?.to_bytes())
 }

@@ -43,7 +43,9 @@ pub(crate) async fn drive(ops: Vec<Op>, secs: Duration) -> Result<(Vec<Op>, Samp
     let mut back = Vec::with_capacity(tasks.len());
     let mut first_error = None;
     for t in tasks {
-        let (op, n, h, failed) = t.await.map_err(|_| BenchError::Unexpected("a worker panicked"))?;
+        let (op, n, h, failed) = t
+            .await
+            .map_err(|_| BenchError::Unexpected("a worker panicked"))?;
         sample.ops += n;
         let _ = sample.latency_us.add(&h);
         if first_error.is_none() {
@@ -86,18 +88,29 @@ impl Interleaved {
 
 /// Runs each variant's workers for `secs`, `rounds` times, in turn (variant 0, 1, ...,
 /// then again), and returns what each variant did.
-pub(crate) async fn interleave(mut variants: Vec<Vec<Op>>, rounds: usize, secs: Duration) -> Result<Interleaved> {
+pub(crate) async fn interleave(
+    mut variants: Vec<Vec<Op>>,
+    rounds: usize,
+    secs: Duration,
+) -> Result<Interleaved> {
     let mut merged: Vec<Sample> = variants.iter().map(|_| Sample::new()).collect();
     let mut per_round: Vec<Vec<f64>> = variants.iter().map(|_| Vec::new()).collect();
     for round in 0..rounds {
         for (i, slot) in variants.iter_mut().enumerate() {
             let ops = std::mem::take(slot);
             let (ops, s) = drive(ops, secs).await?;
-            eprintln!("  round {round} variant {i}: {} ops, {:.0}/s", s.ops, s.rate());
+            eprintln!(
+                "  round {round} variant {i}: {} ops, {:.0}/s",
+                s.ops,
+                s.rate()
+            );
             merged[i].add(&s);
             per_round[i].push(s.rate());
             *slot = ops;
         }
     }
-    Ok(Interleaved { merged, rounds: per_round })
+    Ok(Interleaved {
+        merged,
+        rounds: per_round,
+    })
 }

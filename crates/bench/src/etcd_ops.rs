@@ -3,8 +3,8 @@
 //! and the raw acquire-shaped Txn; and etcd's own count of the RPCs it served.
 
 use etcd_client::{
-    Client, Compare, CompareOp, EventType, GetOptions, LockOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse, WatchOptions,
+    Client, Compare, CompareOp, EventType, GetOptions, LockOptions, PutOptions, SortOrder,
+    SortTarget, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
@@ -13,7 +13,9 @@ use crate::error::{BenchError, Result};
 
 /// One v3lock cycle: `Lock` (the server enqueues, waits and grants) then `Unlock`.
 pub(crate) async fn v3lock_cycle(client: &mut Client, name: &str, lease: i64) -> Result<()> {
-    let locked = client.lock(name, Some(LockOptions::new().with_lease(lease))).await?;
+    let locked = client
+        .lock(name, Some(LockOptions::new().with_lease(lease)))
+        .await?;
     client.unlock(locked.key().to_vec()).await?;
     Ok(())
 }
@@ -27,20 +29,40 @@ pub(crate) async fn recipe_cycle(client: &mut Client, prefix: &str, lease: i64) 
     let owner = || {
         TxnOp::get(
             prefix,
-            Some(GetOptions::new().with_prefix().with_sort(SortTarget::Create, SortOrder::Ascend).with_limit(1)),
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_sort(SortTarget::Create, SortOrder::Ascend)
+                    .with_limit(1),
+            ),
         )
     };
     let txn = Txn::new()
-        .when([Compare::create_revision(my_key.as_str(), CompareOp::Equal, 0)])
-        .and_then([TxnOp::put(my_key.as_str(), "", Some(PutOptions::new().with_lease(lease))), owner()])
+        .when([Compare::create_revision(
+            my_key.as_str(),
+            CompareOp::Equal,
+            0,
+        )])
+        .and_then([
+            TxnOp::put(
+                my_key.as_str(),
+                "",
+                Some(PutOptions::new().with_lease(lease)),
+            ),
+            owner(),
+        ])
         .or_else([TxnOp::get(my_key.as_str(), None), owner()]);
     let resp = client.txn(txn).await?;
     let ops = resp.op_responses();
     let my_rev = if resp.succeeded() {
-        resp.header().map(|h| h.revision()).ok_or(BenchError::Unexpected("txn without header"))?
+        resp.header()
+            .map(|h| h.revision())
+            .ok_or(BenchError::Unexpected("txn without header"))?
     } else {
         match ops.first() {
-            Some(TxnOpResponse::Get(g)) => g.kvs().first().map(|kv| kv.create_revision()).unwrap_or(0),
+            Some(TxnOpResponse::Get(g)) => {
+                g.kvs().first().map(|kv| kv.create_revision()).unwrap_or(0)
+            }
             _ => 0,
         }
     };
@@ -63,12 +85,22 @@ pub(crate) async fn recipe_cycle(client: &mut Client, prefix: &str, lease: i64) 
                     ),
                 )
                 .await?;
-            let Some(last) = before.kvs().first() else { break };
+            let Some(last) = before.kvs().first() else {
+                break;
+            };
             let rev = before.header().map(|h| h.revision()).unwrap_or(0);
-            let (mut watcher, mut stream) =
-                client.watch(last.key().to_vec(), Some(WatchOptions::new().with_start_revision(rev + 1))).await?;
+            let (mut watcher, mut stream) = client
+                .watch(
+                    last.key().to_vec(),
+                    Some(WatchOptions::new().with_start_revision(rev + 1)),
+                )
+                .await?;
             'wait: while let Some(msg) = stream.message().await? {
-                if msg.events().iter().any(|e| e.event_type() == EventType::Delete) {
+                if msg
+                    .events()
+                    .iter()
+                    .any(|e| e.event_type() == EventType::Delete)
+                {
                     break 'wait;
                 }
             }
@@ -84,7 +116,11 @@ pub(crate) async fn recipe_cycle(client: &mut Client, prefix: &str, lease: i64) 
 pub(crate) async fn raw_txn(client: &mut Client, key: &str, lease: i64) -> Result<()> {
     let txn = Txn::new()
         .when([Compare::create_revision(key, CompareOp::Equal, 0)])
-        .and_then([TxnOp::put(key, "", Some(PutOptions::new().with_lease(lease)))])
+        .and_then([TxnOp::put(
+            key,
+            "",
+            Some(PutOptions::new().with_lease(lease)),
+        )])
         .or_else([TxnOp::delete(key, None)]);
     client.txn(txn).await?;
     Ok(())
@@ -97,8 +133,14 @@ pub(crate) async fn unary_calls(endpoints: &[String]) -> Result<u64> {
     for e in endpoints {
         let text = get_text(e, "/metrics").await?;
         for line in text.lines() {
-            if line.starts_with("grpc_server_handled_total{") && line.contains("grpc_type=\"unary\"") {
-                let value = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+            if line.starts_with("grpc_server_handled_total{")
+                && line.contains("grpc_type=\"unary\"")
+            {
+                let value = line
+                    .rsplit(' ')
+                    .next()
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .unwrap_or(0.0);
                 total += value as u64;
             }
         }
@@ -116,6 +158,12 @@ async fn get_text(endpoint: &str, path: &str) -> Result<String> {
         .header(http::header::HOST, authority)
         .body(Empty::<bytes::Bytes>::new())
         .map_err(|_| BenchError::Unexpected("request did not build"))?;
-    let body = sender.send_request(req).await?.into_body().collect().await?.to_bytes();
+    let body = sender
+        .send_request(req)
+        .await?
+        .into_body()
+        .collect()
+        .await?
+        .to_bytes();
     Ok(String::from_utf8_lossy(&body).into_owned())
 }

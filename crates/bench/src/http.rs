@@ -34,7 +34,11 @@ pub(crate) struct HttpArgs {
     pub(crate) rounds: usize,
 }
 
-const VARIANTS: [&str; 3] = ["bare axum", "FenceLayer + MemoryStore", "FenceLayer + PostgresStore"];
+const VARIANTS: [&str; 3] = [
+    "bare axum",
+    "FenceLayer + MemoryStore",
+    "FenceLayer + PostgresStore",
+];
 const TARGETS: [&str; 3] = ["", ">= 0.97x", ""];
 
 /// Starts the three servers, runs the comparison, returns its table.
@@ -45,7 +49,10 @@ pub(crate) async fn run(args: &HttpArgs) -> Result<Table> {
     let store_client = Arc::new(db.connect().await);
 
     // The servers' runtime: one worker thread, kept alive until the bench ends.
-    let server_rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    let server_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
     let handler = || put(|| async { "ok" });
     let bare = Router::new().route("/r/{id}", handler());
     let memory = Router::new()
@@ -53,7 +60,9 @@ pub(crate) async fn run(args: &HttpArgs) -> Result<Table> {
         .route_layer(FenceLayer::new(MemoryStore::new(1_000_000)));
     let postgres = Router::new()
         .route("/r/{id}", handler())
-        .route_layer(FenceLayer::new(PostgresStore::new(Arc::clone(&store_client))));
+        .route_layer(FenceLayer::new(PostgresStore::new(Arc::clone(
+            &store_client,
+        ))));
     let mut addrs = Vec::new();
     for app in [bare, memory, postgres] {
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
@@ -66,7 +75,9 @@ pub(crate) async fn run(args: &HttpArgs) -> Result<Table> {
         });
     }
 
-    let token = FencingToken::from_u64(1 << 48).unwrap_or(FencingToken::MIN).to_string();
+    let token = FencingToken::from_u64(1 << 48)
+        .unwrap_or(FencingToken::MIN)
+        .to_string();
     let mut variants: Vec<Vec<Op>> = Vec::new();
     for &addr in &addrs {
         let mut ops = Vec::with_capacity(args.connections);

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use etcd_client::Client;
 use palisade_lock::{
-    BoxFuture, EpochRecord, EpochStore, FileEpochStore, Hold, LockClass, LockName, Locker, LockerOptions, Mode, Namespace,
-    Session, SpiffeId, StoreError,
+    BoxFuture, EpochRecord, EpochStore, FileEpochStore, Hold, LockClass, LockName, Locker,
+    LockerOptions, Mode, Namespace, Session, SpiffeId, StoreError,
 };
 use palisade_testkit::EtcdCluster;
 use tokio::sync::Mutex;
@@ -59,7 +59,11 @@ struct MemoryEpochStore {
 
 impl EpochStore for MemoryEpochStore {
     fn load(&self) -> BoxFuture<'_, Result<Option<EpochRecord>, StoreError>> {
-        let r = self.record.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let r = self
+            .record
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         Box::pin(async move { Ok(r) })
     }
 
@@ -67,9 +71,10 @@ impl EpochStore for MemoryEpochStore {
         let mut r = self.record.lock().unwrap_or_else(|e| e.into_inner());
         *r = Some(match r.take() {
             Some(old) if old.epoch > new.epoch => old,
-            Some(old) if old.epoch == new.epoch => {
-                EpochRecord { highest_grant_rev: old.highest_grant_rev.max(new.highest_grant_rev), ..new }
-            }
+            Some(old) if old.epoch == new.epoch => EpochRecord {
+                highest_grant_rev: old.highest_grant_rev.max(new.highest_grant_rev),
+                ..new
+            },
             _ => new,
         });
         Box::pin(async { Ok(()) })
@@ -94,27 +99,47 @@ pub(crate) async fn run(args: &LockArgs) -> Result<Table> {
         let cluster = EtcdCluster::start(members).await;
         let endpoints = cluster.endpoints();
         let dir = tempfile::tempdir()?;
-        let options = LockerOptions::new(endpoints.clone()).with_request_timeout(Duration::from_secs(2));
-        let locker = Locker::connect(options.clone(), FileEpochStore::new(dir.path().join("epoch.json"))).await?;
+        let options =
+            LockerOptions::new(endpoints.clone()).with_request_timeout(Duration::from_secs(2));
+        let locker = Locker::connect(
+            options.clone(),
+            FileEpochStore::new(dir.path().join("epoch.json")),
+        )
+        .await?;
         // The diagnosis locker has its own key space (and so its own epoch record).
-        let nodurable =
-            Locker::connect(options.with_root("/palisade-nodurable/"), MemoryEpochStore::default()).await?;
+        let nodurable = Locker::connect(
+            options.with_root("/palisade-nodurable/"),
+            MemoryEpochStore::default(),
+        )
+        .await?;
         let mut class = LockClass::new("bench", "c", "");
         class.mode = Mode::Exclusive;
         for l in [&locker, &nodurable] {
-            l.config().put_namespace(&Namespace::new("bench", "bench")).await?;
+            l.config()
+                .put_namespace(&Namespace::new("bench", "bench"))
+                .await?;
             l.config().put_class(&class).await?;
         }
         let etcd = Client::connect(endpoints.clone(), None).await?;
         let pids: Vec<u32> = (0..members).filter_map(|i| cluster.pid(i)).collect();
-        let env = Env { lockers: [&locker, &nodurable], etcd: &etcd, endpoints: &endpoints, pids: &pids };
+        let env = Env {
+            lockers: [&locker, &nodurable],
+            etcd: &etcd,
+            endpoints: &endpoints,
+            pids: &pids,
+        };
         let mut holder = Holder::default();
         for &held in &args.held {
             holder.fill(&nodurable, held).await?;
             for &keys in &args.keys {
                 for &clients in &args.clients {
                     eprintln!("lock: {members} member(s), {held} held, {keys} key(s), {clients} client(s)");
-                    let at = Cell { members, held, keys, clients };
+                    let at = Cell {
+                        members,
+                        held,
+                        keys,
+                        clients,
+                    };
                     cell(&mut table, &env, at, args).await?;
                 }
             }
@@ -157,9 +182,15 @@ impl Holder {
         while self.holds.len() < target {
             if self.holds.len() >= self.sessions.len() * 100 {
                 let id = SpiffeId::new(format!("spiffe://bench/holder{}", self.sessions.len()))?;
-                self.sessions.push(Arc::new(locker.open_session(id, Duration::from_secs(60)).await?));
+                self.sessions.push(Arc::new(
+                    locker.open_session(id, Duration::from_secs(60)).await?,
+                ));
             }
-            let session = Arc::clone(self.sessions.last().ok_or(BenchError::Unexpected("no session"))?);
+            let session = Arc::clone(
+                self.sessions
+                    .last()
+                    .ok_or(BenchError::Unexpected("no session"))?,
+            );
             let room = (self.sessions.len() * 100).min(target) - self.holds.len();
             let batch = room.min(16);
             let start = self.holds.len();
@@ -168,15 +199,29 @@ impl Holder {
                 let (locker, session) = (locker.clone(), Arc::clone(&session));
                 tasks.push(tokio::spawn(async move {
                     let name = LockName::new("bench", "c", format!("held/{n}"));
-                    locker.acquire(&session, &name, Mode::Exclusive, Instant::now() + Duration::from_secs(60)).await
+                    locker
+                        .acquire(
+                            &session,
+                            &name,
+                            Mode::Exclusive,
+                            Instant::now() + Duration::from_secs(60),
+                        )
+                        .await
                 }));
             }
             for t in tasks {
-                self.holds.push(t.await.map_err(|_| BenchError::Unexpected("an acquire panicked"))??);
+                self.holds.push(
+                    t.await
+                        .map_err(|_| BenchError::Unexpected("an acquire panicked"))??,
+                );
             }
         }
         if target > 0 {
-            eprintln!("lock: {} holds held ({:.1} s to fill)", self.holds.len(), t0.elapsed().as_secs_f64());
+            eprintln!(
+                "lock: {} holds held ({:.1} s to fill)",
+                self.holds.len(),
+                t0.elapsed().as_secs_f64()
+            );
         }
         Ok(())
     }
@@ -217,10 +262,17 @@ fn cpu_us(pids: &[Option<u32>]) -> u64 {
 }
 
 async fn cell(table: &mut Table, env: &Env<'_>, at: Cell, args: &LockArgs) -> Result<()> {
-    let Cell { members, held, keys, clients } = at;
+    let Cell {
+        members,
+        held,
+        keys,
+        clients,
+    } = at;
     let (lockers, etcd, endpoints) = (env.lockers, env.etcd, env.endpoints);
     let etcd_pids: Vec<Option<u32>> = env.pids.iter().map(|p| Some(*p)).collect();
-    let mut variants: Vec<Vec<Op>> = (0..VARIANTS.len()).map(|_| Vec::with_capacity(clients)).collect();
+    let mut variants: Vec<Vec<Op>> = (0..VARIANTS.len())
+        .map(|_| Vec::with_capacity(clients))
+        .collect();
     let mut sessions = Vec::with_capacity(clients);
     let mut leases = Vec::with_capacity(clients);
     for i in 0..clients {
@@ -228,7 +280,10 @@ async fn cell(table: &mut Table, env: &Env<'_>, at: Cell, args: &LockArgs) -> Re
         for (v, locker) in [(PALISADE, lockers[0]), (PALISADE_MEM, lockers[1])] {
             let session = Arc::new(
                 locker
-                    .open_session(SpiffeId::new(format!("spiffe://bench/w{i}"))?, Duration::from_secs(30))
+                    .open_session(
+                        SpiffeId::new(format!("spiffe://bench/w{i}"))?,
+                        Duration::from_secs(30),
+                    )
                     .await?,
             );
             sessions.push(Arc::clone(&session));
@@ -257,13 +312,23 @@ async fn cell(table: &mut Table, env: &Env<'_>, at: Cell, args: &LockArgs) -> Re
             calls[v] += after.saturating_sub(before);
             etcd_cpu[v] += e1.saturating_sub(e0);
             own_cpu[v] += o1.saturating_sub(o0);
-            eprintln!("  round {round} {}: {} cycles, {:.0}/s", VARIANTS[v], s.ops, s.rate());
+            eprintln!(
+                "  round {round} {}: {} cycles, {:.0}/s",
+                VARIANTS[v],
+                s.ops,
+                s.rate()
+            );
             rates[v].push(s.rate());
             merged[v].add(&s);
         }
     }
     let median_ratio = |a: usize, b: usize| {
-        let mut r: Vec<f64> = rates[a].iter().zip(&rates[b]).filter(|(_, y)| **y > 0.0).map(|(x, y)| x / y).collect();
+        let mut r: Vec<f64> = rates[a]
+            .iter()
+            .zip(&rates[b])
+            .filter(|(_, y)| **y > 0.0)
+            .map(|(x, y)| x / y)
+            .collect();
         r.sort_by(|x, y| x.total_cmp(y));
         if r.is_empty() {
             0.0
@@ -274,7 +339,13 @@ async fn cell(table: &mut Table, env: &Env<'_>, at: Cell, args: &LockArgs) -> Re
         }
     };
     for (v, s) in merged.iter().enumerate() {
-        let per = |x: u64| if s.ops > 0 { x as f64 / s.ops as f64 } else { 0.0 };
+        let per = |x: u64| {
+            if s.ops > 0 {
+                x as f64 / s.ops as f64
+            } else {
+                0.0
+            }
+        };
         table.row(vec![
             members.to_string(),
             held.to_string(),
@@ -287,7 +358,11 @@ async fn cell(table: &mut Table, env: &Env<'_>, at: Cell, args: &LockArgs) -> Re
             f(per(calls[v]), 2),
             f(per(etcd_cpu[v]), 0),
             f(per(own_cpu[v]), 0),
-            if v == RAW { "-".to_owned() } else { ratio(median_ratio(v, V3LOCK)) },
+            if v == RAW {
+                "-".to_owned()
+            } else {
+                ratio(median_ratio(v, V3LOCK))
+            },
             ratio(median_ratio(v, RAW)),
         ]);
     }
@@ -314,7 +389,14 @@ fn palisade_op(locker: Locker, session: Arc<Session>, keys: usize, mut rng: u64)
         let name = LockName::new("bench", "c", format!("k{}", next_key(&mut rng, keys)));
         let (locker, session) = (locker.clone(), Arc::clone(&session));
         Box::pin(async move {
-            let hold = locker.acquire(&session, &name, Mode::Exclusive, Instant::now() + Duration::from_secs(60)).await?;
+            let hold = locker
+                .acquire(
+                    &session,
+                    &name,
+                    Mode::Exclusive,
+                    Instant::now() + Duration::from_secs(60),
+                )
+                .await?;
             if hold.token().is_none() {
                 return Err(BenchError::Unexpected("a grant without a token"));
             }

@@ -132,7 +132,10 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("palisade-bench: cannot start the runtime: {e}");
@@ -156,7 +159,14 @@ fn main() -> std::process::ExitCode {
 
 async fn run(command: Command) -> error::Result<()> {
     match command {
-        Command::Pg { clients, rows, synchronous_commit, writes_per_token, cpu_writes, timing } => {
+        Command::Pg {
+            clients,
+            rows,
+            synchronous_commit,
+            writes_per_token,
+            cpu_writes,
+            timing,
+        } => {
             let args = pg::PgArgs {
                 clients,
                 rows,
@@ -170,7 +180,11 @@ async fn run(command: Command) -> error::Result<()> {
                 table.print();
             }
         }
-        Command::FenceLayer { connections, resources, timing } => {
+        Command::FenceLayer {
+            connections,
+            resources,
+            timing,
+        } => {
             let args = http::HttpArgs {
                 connections,
                 resources_per_connection: resources,
@@ -180,23 +194,45 @@ async fn run(command: Command) -> error::Result<()> {
             http::run(&args).await?.print();
         }
         Command::Service { clients, timing } => {
-            service::run(&clients, timing.secs(), timing.rounds).await?.print();
+            service::run(&clients, timing.secs(), timing.rounds)
+                .await?
+                .print();
         }
         Command::Audit { events, requests } => audit::run(events.max(1), requests).await?.print(),
-        Command::Lock { members, clients, keys, held, timing } => {
+        Command::Lock {
+            members,
+            clients,
+            keys,
+            held,
+            timing,
+        } => {
             let mut held = held;
             held.sort_unstable();
-            let args = lock::LockArgs { members, clients, keys, held, secs: timing.secs(), rounds: timing.rounds };
+            let args = lock::LockArgs {
+                members,
+                clients,
+                keys,
+                held,
+                secs: timing.secs(),
+                rounds: timing.rounds,
+            };
             lock::run(&args).await?.print();
         }
-        Command::MemoryStore { resources, ops, child } => {
+        Command::MemoryStore {
+            resources,
+            ops,
+            child,
+        } => {
             let resources = resources.max(1);
             match child {
                 Some(which) => memory::child(which, resources)?,
                 None => {
-                    let (footprint, cost) = tokio::task::spawn_blocking(move || memory::run(resources, ops.max(1)))
-                        .await
-                        .map_err(|_| error::BenchError::Unexpected("the memory bench panicked"))??;
+                    let (footprint, cost) =
+                        tokio::task::spawn_blocking(move || memory::run(resources, ops.max(1)))
+                            .await
+                            .map_err(|_| {
+                                error::BenchError::Unexpected("the memory bench panicked")
+                            })??;
                     footprint.print();
                     cost.print();
                 }

@@ -14,7 +14,12 @@ use crate::error::{BenchError, Result};
 use crate::report::{f, Table};
 
 /// The structures whose footprint is measured.
-pub(crate) const STRUCTURES: [&str; 4] = ["MemoryStore", "moka Cache<u64, u64>", "HashMap<Box<str>, u64>", "HashMap<u64, u64>"];
+pub(crate) const STRUCTURES: [&str; 4] = [
+    "MemoryStore",
+    "moka Cache<u64, u64>",
+    "HashMap<Box<str>, u64>",
+    "HashMap<u64, u64>",
+];
 
 /// What the `MemoryStore` design notes say each structure is.
 const NOTES: [&str; 4] = [
@@ -53,7 +58,9 @@ fn thread_cpu_ns() -> Result<u64> {
     let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok());
     match (ticks(11), ticks(12)) {
         (Some(u), Some(s)) => Ok((u + s) * 10_000_000),
-        _ => Err(BenchError::Unexpected("no CPU times in /proc/thread-self/stat")),
+        _ => Err(BenchError::Unexpected(
+            "no CPU times in /proc/thread-self/stat",
+        )),
     }
 }
 
@@ -118,7 +125,13 @@ pub(crate) fn run(n: usize, ops: usize) -> Result<(Table, Table)> {
     for (i, name) in STRUCTURES.iter().enumerate() {
         eprintln!("memory-store: {name}");
         let out = Command::new(&exe)
-            .args(["memory-store", "--resources", &n.to_string(), "--child", &i.to_string()])
+            .args([
+                "memory-store",
+                "--resources",
+                &n.to_string(),
+                "--child",
+                &i.to_string(),
+            ])
             .output()?;
         let text = String::from_utf8_lossy(&out.stdout);
         let bytes: f64 = text
@@ -147,7 +160,11 @@ pub(crate) fn run(n: usize, ops: usize) -> Result<(Table, Table)> {
         format!("MemoryStore raise at {n} resources ({ops} raises per row, one thread, random resources; CPU time has 10 ms ticks)"),
         &["raise", "ns/op (wall)", "ns/op (this thread's CPU)", "admitted"],
     );
-    for kind in ["equal token (hit, no insert)", "newer token (insert)", "older token (refused)"] {
+    for kind in [
+        "equal token (hit, no insert)",
+        "newer token (insert)",
+        "older token (refused)",
+    ] {
         let mut admitted = 0usize;
         let t0 = Instant::now();
         let cpu0 = thread_cpu_ns()?;
@@ -168,7 +185,12 @@ pub(crate) fn run(n: usize, ops: usize) -> Result<(Table, Table)> {
         }
         let ns = t0.elapsed().as_nanos() as f64 / ops as f64;
         let cpu = thread_cpu_ns()?.saturating_sub(cpu0) as f64 / ops as f64;
-        cost.row(vec![kind.to_owned(), f(ns, 0), f(cpu, 0), format!("{admitted}/{ops}")]);
+        cost.row(vec![
+            kind.to_owned(),
+            f(ns, 0),
+            f(cpu, 0),
+            format!("{admitted}/{ops}"),
+        ]);
     }
     Ok((footprint, cost))
 }

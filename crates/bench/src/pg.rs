@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use palisade_fence::{
-    fenced_execute, fenced_transaction, migrate, FenceError, FencedUpdate, FencingToken, PreparedFence,
-    PreparedFencedUpdate,
+    fenced_execute, fenced_transaction, migrate, FenceError, FencedUpdate, FencingToken,
+    PreparedFence, PreparedFencedUpdate,
 };
 use palisade_testkit::TestDb;
 use tokio::sync::Mutex;
@@ -54,7 +54,9 @@ const VARIANTS: [&str; 7] = [
     "PreparedFencedUpdate (folded)",
     "BEGIN + UPDATE + COMMIT (no check)",
 ];
-const TARGETS: [&str; 7] = ["", ">= 0.85x", ">= 0.85x", ">= 0.85x", ">= 0.95x", ">= 0.95x", ""];
+const TARGETS: [&str; 7] = [
+    "", ">= 0.85x", ">= 0.85x", ">= 0.85x", ">= 0.95x", ">= 0.95x", "",
+];
 const PLAIN: &str = "UPDATE bench_account SET balance = balance + 1 WHERE id = $1";
 
 /// Runs the comparison on a fresh database and returns its tables: the interleaved
@@ -72,8 +74,12 @@ pub(crate) async fn run(args: &PgArgs) -> Result<Vec<Table>> {
         ))
         .await?;
     setup.batch_execute("VACUUM ANALYZE bench_account").await?;
-    setup.batch_execute("VACUUM ANALYZE fence_high_water").await?;
-    let clock = Arc::new(AtomicU64::new(FencingToken::from_u64(1 << 48).map_or(1, |t| t.get())));
+    setup
+        .batch_execute("VACUUM ANALYZE fence_high_water")
+        .await?;
+    let clock = Arc::new(AtomicU64::new(
+        FencingToken::from_u64(1 << 48).map_or(1, |t| t.get()),
+    ));
     let folded = FencedUpdate::new("bench_account", "id");
     let mut table = Table::new(
         format!(
@@ -125,7 +131,13 @@ async fn cell(
     for v in 0..VARIANTS.len() {
         let mut ops = Vec::with_capacity(c);
         for ((client, prepared), writes) in conns.iter().zip(&writes) {
-            ops.push(worker(v, Arc::clone(client), prepared.clone(), Arc::clone(writes), folded.clone()));
+            ops.push(worker(
+                v,
+                Arc::clone(client),
+                prepared.clone(),
+                Arc::clone(writes),
+                folded.clone(),
+            ));
         }
         variants.push(ops);
     }
@@ -158,7 +170,14 @@ async fn connect(
     let plain = client.prepare(PLAIN).await?;
     let fence = PreparedFence::prepare(&client).await?;
     let prepared = folded.prepare(&client, "balance = balance + 1").await?;
-    Ok((Arc::new(Mutex::new(client)), Prepared { plain, fence, folded: prepared }))
+    Ok((
+        Arc::new(Mutex::new(client)),
+        Prepared {
+            plain,
+            fence,
+            folded: prepared,
+        },
+    ))
 }
 
 /// CPU time (user + system) of process `pid` in microseconds, from `/proc/<pid>/stat`
@@ -178,9 +197,19 @@ fn process_cpu_us(pid: i32) -> Result<u64> {
 /// after another, and the CPU time its backend process used (from `/proc`, so only a
 /// server on this machine) is divided by the writes. Round trips cost the server
 /// nothing while it waits, so this is the work of the statements themselves.
-async fn server_cpu(db: &TestDb, args: &PgArgs, folded: &FencedUpdate, clock: &Arc<AtomicU64>) -> Result<Table> {
+async fn server_cpu(
+    db: &TestDb,
+    args: &PgArgs,
+    folded: &FencedUpdate,
+    clock: &Arc<AtomicU64>,
+) -> Result<Table> {
     let (client, prepared) = connect(db, args, folded).await?;
-    let pid: i32 = client.lock().await.query_one("SELECT pg_backend_pid()", &[]).await?.get(0);
+    let pid: i32 = client
+        .lock()
+        .await
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await?
+        .get(0);
     let ids: Vec<i64> = (1..=args.rows).collect();
     let mut table = Table::new(
         format!(
@@ -194,7 +223,13 @@ async fn server_cpu(db: &TestDb, args: &PgArgs, folded: &FencedUpdate, clock: &A
         let writes = Writes::new(ids.clone(), per_token, clock);
         let mut base = 0.0;
         for (v, name) in VARIANTS.iter().enumerate() {
-            let mut op = worker(v, Arc::clone(&client), prepared.clone(), Arc::clone(&writes), folded.clone());
+            let mut op = worker(
+                v,
+                Arc::clone(&client),
+                prepared.clone(),
+                Arc::clone(&writes),
+                folded.clone(),
+            );
             // Warm up (plans, caches), then measure.
             for _ in 0..args.cpu_writes.min(200) {
                 op().await?;
@@ -240,7 +275,11 @@ struct Writes {
 }
 
 impl Writes {
-    fn new(ids: Vec<i64>, per_token: usize, clock: &Arc<AtomicU64>) -> Arc<std::sync::Mutex<Writes>> {
+    fn new(
+        ids: Vec<i64>,
+        per_token: usize,
+        clock: &Arc<AtomicU64>,
+    ) -> Arc<std::sync::Mutex<Writes>> {
         let per_token = per_token.max(1);
         Arc::new(std::sync::Mutex::new(Writes {
             ids,
@@ -255,8 +294,8 @@ impl Writes {
     fn next(&mut self) -> (i64, FencingToken) {
         let id = self.ids[(self.next / self.per_token) % self.ids.len()];
         if self.next % self.per_token == 0 {
-            self.token =
-                FencingToken::from_u64(self.clock.fetch_add(1, Ordering::Relaxed)).unwrap_or(FencingToken::MAX);
+            self.token = FencingToken::from_u64(self.clock.fetch_add(1, Ordering::Relaxed))
+                .unwrap_or(FencingToken::MAX);
         }
         self.next += 1;
         (id, self.token)
@@ -286,13 +325,23 @@ fn worker(
                 1 => {
                     let plain = plain.clone();
                     fenced_transaction(&mut *c, &resource, token, move |tx| {
-                        Box::pin(async move { Ok::<_, FenceError>(tx.execute(&plain, &[&id]).await?) })
+                        Box::pin(
+                            async move { Ok::<_, FenceError>(tx.execute(&plain, &[&id]).await?) },
+                        )
                     })
                     .await?
                 }
                 2 => fenced_execute(&c, &resource, token, &[(plain, &[&id])]).await?[0],
-                3 => p.fence.execute(&c, &resource, token, &[(plain, &[&id])]).await?[0],
-                4 => folded.execute(&*c, &id, "balance = balance + 1", &[], token).await?,
+                3 => {
+                    p.fence
+                        .execute(&c, &resource, token, &[(plain, &[&id])])
+                        .await?[0]
+                }
+                4 => {
+                    folded
+                        .execute(&*c, &id, "balance = balance + 1", &[], token)
+                        .await?
+                }
                 5 => p.folded.execute(&*c, &id, &[], token).await?,
                 _ => {
                     let tx = c.transaction().await?;
@@ -304,7 +353,9 @@ fn worker(
             if n == 1 {
                 Ok(())
             } else {
-                Err(BenchError::Unexpected("an update did not change exactly one row"))
+                Err(BenchError::Unexpected(
+                    "an update did not change exactly one row",
+                ))
             }
         })
     })

@@ -15,7 +15,11 @@ pub(crate) struct Sample {
 
 impl Sample {
     pub(crate) fn new() -> Sample {
-        Sample { ops: 0, elapsed: Duration::ZERO, latency_us: histogram() }
+        Sample {
+            ops: 0,
+            elapsed: Duration::ZERO,
+            latency_us: histogram(),
+        }
     }
 
     pub(crate) fn add(&mut self, other: &Sample) {
@@ -43,7 +47,8 @@ impl Sample {
 
 /// A histogram of microseconds from 1 µs to 60 s, 3 significant digits.
 pub(crate) fn histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 60_000_000, 3).expect("constant bounds are valid: 1 <= low, high >= 2 * low, 3 digits")
+    Histogram::new_with_bounds(1, 60_000_000, 3)
+        .expect("constant bounds are valid: 1 <= low, high >= 2 * low, 3 digits")
 }
 
 /// Records a latency, clamped into the histogram's range.
@@ -62,7 +67,11 @@ pub(crate) struct Table {
 
 impl Table {
     pub(crate) fn new(title: impl Into<String>, header: &[&str]) -> Table {
-        Table { title: title.into(), header: header.iter().map(|h| (*h).to_owned()).collect(), rows: Vec::new() }
+        Table {
+            title: title.into(),
+            header: header.iter().map(|h| (*h).to_owned()).collect(),
+            rows: Vec::new(),
+        }
     }
 
     pub(crate) fn row(&mut self, cells: Vec<String>) {

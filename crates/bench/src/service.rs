@@ -15,7 +15,9 @@ use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use palisade_lock::service::{serve_tls, server_config, Authz, AuthzConfig, ServiceOptions};
-use palisade_lock::{FileEpochStore, LockClass, LockName, Locker, LockerOptions, Mode, Namespace, Session, SpiffeId};
+use palisade_lock::{
+    FileEpochStore, LockClass, LockName, Locker, LockerOptions, Mode, Namespace, Session, SpiffeId,
+};
 use palisade_testkit::EtcdCluster;
 use rcgen::{BasicConstraints, Certificate, CertificateParams, IsCa, KeyPair, SanType};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
@@ -51,7 +53,9 @@ impl Pki {
         let ca_key = KeyPair::generate()?;
         let mut params = CertificateParams::new(Vec::<String>::new())?;
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(rcgen::DnType::CommonName, "palisade-bench CA");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "palisade-bench CA");
         let ca = params.self_signed(&ca_key)?;
         Ok(Pki { ca, ca_key })
     }
@@ -63,7 +67,10 @@ impl Pki {
             params.subject_alt_names.push(SanType::URI(u.try_into()?));
         }
         let cert = params.signed_by(&key, &self.ca, &self.ca_key)?;
-        Ok((vec![cert.der().clone()], PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()))))
+        Ok((
+            vec![cert.der().clone()],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+        ))
     }
 }
 
@@ -75,10 +82,18 @@ fn setup(_: impl std::fmt::Debug) -> BenchError {
 pub(crate) async fn run(clients: &[usize], secs: Duration, rounds: usize) -> Result<Table> {
     let cluster = EtcdCluster::single().await;
     let dir = tempfile::tempdir()?;
-    let options = LockerOptions::new(cluster.endpoints()).with_request_timeout(Duration::from_secs(2));
-    let locker = Locker::connect(options, FileEpochStore::new(dir.path().join("epoch.json"))).await?;
-    locker.config().put_namespace(&Namespace::new("bench", "bench")).await?;
-    locker.config().put_class(&LockClass::new("bench", "c", "")).await?;
+    let options =
+        LockerOptions::new(cluster.endpoints()).with_request_timeout(Duration::from_secs(2));
+    let locker =
+        Locker::connect(options, FileEpochStore::new(dir.path().join("epoch.json"))).await?;
+    locker
+        .config()
+        .put_namespace(&Namespace::new("bench", "bench"))
+        .await?;
+    locker
+        .config()
+        .put_class(&LockClass::new("bench", "c", ""))
+        .await?;
 
     let pki = Pki::new().map_err(setup)?;
     let (chain, key) = pki.leaf(None).map_err(setup)?;
@@ -86,7 +101,12 @@ pub(crate) async fn run(clients: &[usize], secs: Duration, rounds: usize) -> Res
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let authz = Authz::fixed(AuthzConfig::from_toml(AUTHZ).map_err(setup)?);
-    let server = tokio::spawn(serve_tls(listener, tls, locker.clone(), ServiceOptions::new(authz)));
+    let server = tokio::spawn(serve_tls(
+        listener,
+        tls,
+        locker.clone(),
+        ServiceOptions::new(authz),
+    ));
 
     let mut table = Table::new(
         format!(
@@ -97,27 +117,44 @@ pub(crate) async fn run(clients: &[usize], secs: Duration, rounds: usize) -> Res
     );
     for &c in clients {
         eprintln!("service: {c} clients");
-        let acquire: Vec<Arc<std::sync::Mutex<Histogram<u64>>>> =
-            VARIANTS.iter().map(|_| Arc::new(std::sync::Mutex::new(histogram()))).collect();
+        let acquire: Vec<Arc<std::sync::Mutex<Histogram<u64>>>> = VARIANTS
+            .iter()
+            .map(|_| Arc::new(std::sync::Mutex::new(histogram())))
+            .collect();
         let mut core_ops: Vec<Op> = Vec::with_capacity(c);
         let mut svc_ops: Vec<Op> = Vec::with_capacity(c);
         let mut sessions = Vec::new();
         for i in 0..c {
             let seed = 0x2545_f491_4f6c_dd1d_u64 ^ ((i as u64 + 1) << 21);
             let id = format!("spiffe://bench/w{i}");
-            let session = Arc::new(locker.open_session(SpiffeId::new(id.as_str())?, Duration::from_secs(30)).await?);
+            let session = Arc::new(
+                locker
+                    .open_session(SpiffeId::new(id.as_str())?, Duration::from_secs(30))
+                    .await?,
+            );
             sessions.push(Arc::clone(&session));
-            core_ops.push(core_op(locker.clone(), session, seed, Arc::clone(&acquire[0])));
+            core_ops.push(core_op(
+                locker.clone(),
+                session,
+                seed,
+                Arc::clone(&acquire[0]),
+            ));
             let svid = pki.leaf(Some(&id)).map_err(setup)?;
             let conn = connect(addr, &pki.ca, svid).await?;
             let conn = Arc::new(Mutex::new(conn));
             let opened = call(&conn, "/v1/sessions", json!({ "ttl_ms": 30_000 })).await?;
-            let sid = opened["session"].as_str().ok_or(BenchError::Unexpected("no session id"))?.to_owned();
+            let sid = opened["session"]
+                .as_str()
+                .ok_or(BenchError::Unexpected("no session id"))?
+                .to_owned();
             svc_ops.push(service_op(conn, sid, seed, Arc::clone(&acquire[1])));
         }
         let run = interleave(vec![core_ops, svc_ops], rounds, secs).await?;
         let p = |v: usize, q: f64| {
-            acquire[v].lock().map(|h| h.value_at_quantile(q) as f64 / 1_000.0).unwrap_or(0.0)
+            acquire[v]
+                .lock()
+                .map(|h| h.value_at_quantile(q) as f64 / 1_000.0)
+                .unwrap_or(0.0)
         };
         for (v, s) in run.merged.iter().enumerate() {
             table.row(vec![
@@ -126,7 +163,11 @@ pub(crate) async fn run(clients: &[usize], secs: Duration, rounds: usize) -> Res
                 f(s.rate(), 0),
                 f(p(v, 0.5), 2),
                 f(p(v, 0.99), 2),
-                if v == 0 { "-".to_owned() } else { f(p(v, 0.5) - p(0, 0.5), 2) },
+                if v == 0 {
+                    "-".to_owned()
+                } else {
+                    f(p(v, 0.5) - p(0, 0.5), 2)
+                },
                 ratio(run.ratio(v, 0)),
             ]);
         }
@@ -147,13 +188,25 @@ fn key(rng: &mut u64) -> String {
     format!("k{}", *rng % 1_000)
 }
 
-fn core_op(locker: Locker, session: Arc<Session>, mut rng: u64, hist: Arc<std::sync::Mutex<Histogram<u64>>>) -> Op {
+fn core_op(
+    locker: Locker,
+    session: Arc<Session>,
+    mut rng: u64,
+    hist: Arc<std::sync::Mutex<Histogram<u64>>>,
+) -> Op {
     Box::new(move || {
         let name = LockName::new("bench", "c", key(&mut rng));
         let (locker, session, hist) = (locker.clone(), Arc::clone(&session), Arc::clone(&hist));
         Box::pin(async move {
             let t = Instant::now();
-            let hold = locker.acquire(&session, &name, Mode::Exclusive, Instant::now() + Duration::from_secs(30)).await?;
+            let hold = locker
+                .acquire(
+                    &session,
+                    &name,
+                    Mode::Exclusive,
+                    Instant::now() + Duration::from_secs(30),
+                )
+                .await?;
             if let Ok(mut h) = hist.lock() {
                 record(&mut h, t.elapsed());
             }
@@ -165,7 +218,12 @@ fn core_op(locker: Locker, session: Arc<Session>, mut rng: u64, hist: Arc<std::s
 
 type Conn = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
 
-fn service_op(conn: Arc<Mutex<Conn>>, session: String, mut rng: u64, hist: Arc<std::sync::Mutex<Histogram<u64>>>) -> Op {
+fn service_op(
+    conn: Arc<Mutex<Conn>>,
+    session: String,
+    mut rng: u64,
+    hist: Arc<std::sync::Mutex<Histogram<u64>>>,
+) -> Op {
     Box::new(move || {
         let k = key(&mut rng);
         let (conn, session, hist) = (Arc::clone(&conn), session.clone(), Arc::clone(&hist));
@@ -181,7 +239,9 @@ fn service_op(conn: Arc<Mutex<Conn>>, session: String, mut rng: u64, hist: Arc<s
                 record(&mut h, t.elapsed());
             }
             if held["token"].as_str().is_none() {
-                return Err(BenchError::Unexpected("an acquire over the service gave no token"));
+                return Err(BenchError::Unexpected(
+                    "an acquire over the service gave no token",
+                ));
             }
             call(
                 &conn,
@@ -207,7 +267,9 @@ async fn connect(addr: std::net::SocketAddr, ca: &Certificate, (chain, key): Svi
     let tcp = tokio::net::TcpStream::connect(addr).await?;
     tcp.set_nodelay(true)?;
     let name = ServerName::try_from("localhost").map_err(setup)?;
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await?;
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await?;
     let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
     tokio::spawn(conn);
     Ok(sender)
@@ -216,7 +278,8 @@ async fn connect(addr: std::net::SocketAddr, ca: &Certificate, (chain, key): Svi
 /// `POST path` with a JSON body; the JSON answer (`null` for 204). Any status above 299
 /// is an error.
 async fn call(conn: &Mutex<Conn>, path: &str, body: Value) -> Result<Value> {
-    let bytes = serde_json::to_vec(&body).map_err(|_| BenchError::Unexpected("a body did not serialize"))?;
+    let bytes = serde_json::to_vec(&body)
+        .map_err(|_| BenchError::Unexpected("a body did not serialize"))?;
     let req = http::Request::post(path)
         .header(http::header::HOST, "localhost")
         .header(http::header::CONTENT_TYPE, "application/json")
@@ -233,5 +296,6 @@ async fn call(conn: &Mutex<Conn>, path: &str, body: Value) -> Result<Value> {
     if body.is_empty() {
         return Ok(Value::Null);
     }
-    serde_json::from_slice(&body).map_err(|_| BenchError::Unexpected("the service answered no JSON"))
+    serde_json::from_slice(&body)
+        .map_err(|_| BenchError::Unexpected("the service answered no JSON"))
 }

@@ -6,16 +6,31 @@ use std::process::Command;
 
 /// Runs `palisade-bench <args>` and returns its tables: (title, rows of cells).
 fn bench(args: &[&str]) -> Vec<(String, Vec<Vec<String>>)> {
-    let out = Command::new(env!("CARGO_BIN_EXE_palisade-bench")).args(args).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_palisade-bench"))
+        .args(args)
+        .output()
+        .unwrap();
     let stdout = String::from_utf8(out.stdout).unwrap();
-    assert!(out.status.success(), "{args:?} failed:\n{}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{args:?} failed:\n{}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let mut tables: Vec<(String, Vec<Vec<String>>)> = Vec::new();
     for line in stdout.lines() {
         if let Some(title) = line.strip_prefix("### ") {
             tables.push((title.to_owned(), Vec::new()));
         } else if line.starts_with("| ") {
-            let cells: Vec<String> = line.trim_matches('|').split(" | ").map(|c| c.trim().to_owned()).collect();
-            tables.last_mut().expect("a row before any title").1.push(cells);
+            let cells: Vec<String> = line
+                .trim_matches('|')
+                .split(" | ")
+                .map(|c| c.trim().to_owned())
+                .collect();
+            tables
+                .last_mut()
+                .expect("a row before any title")
+                .1
+                .push(cells);
         }
     }
     // Drop each table's header row (the separator line starts with "|-", not "| ").
@@ -27,7 +42,9 @@ fn bench(args: &[&str]) -> Vec<(String, Vec<Vec<String>>)> {
 }
 
 fn num(cell: &str) -> f64 {
-    cell.trim_end_matches('x').parse().unwrap_or_else(|_| panic!("not a number: {cell:?}"))
+    cell.trim_end_matches('x')
+        .parse()
+        .unwrap_or_else(|_| panic!("not a number: {cell:?}"))
 }
 
 #[test]
@@ -74,7 +91,10 @@ fn pg_bench_prints_every_variant_at_every_client_count_and_writes_per_token() {
     // ticks: 50 writes may read as 0).
     let cpu = &tables[1].1;
     let names: Vec<(&str, &str)> = cpu.iter().map(|r| (r[0].as_str(), r[1].as_str())).collect();
-    let expected: Vec<(&str, &str)> = ["1", "4"].iter().flat_map(|n| variants.iter().map(move |v| (*n, *v))).collect();
+    let expected: Vec<(&str, &str)> = ["1", "4"]
+        .iter()
+        .flat_map(|n| variants.iter().map(move |v| (*n, *v)))
+        .collect();
     assert_eq!(names, expected);
     for r in cpu {
         assert!(num(&r[2]) >= 0.0, "{r:?}");
@@ -83,11 +103,27 @@ fn pg_bench_prints_every_variant_at_every_client_count_and_writes_per_token() {
 
 #[test]
 fn fence_layer_bench_prints_bare_memory_and_postgres() {
-    let tables =
-        bench(&["fence-layer", "--connections", "2", "--resources", "2", "--secs", "0.1", "--rounds", "2"]);
+    let tables = bench(&[
+        "fence-layer",
+        "--connections",
+        "2",
+        "--resources",
+        "2",
+        "--secs",
+        "0.1",
+        "--rounds",
+        "2",
+    ]);
     let rows = &tables[0].1;
     let names: Vec<&str> = rows.iter().map(|r| r[0].as_str()).collect();
-    assert_eq!(names, ["bare axum", "FenceLayer + MemoryStore", "FenceLayer + PostgresStore"]);
+    assert_eq!(
+        names,
+        [
+            "bare axum",
+            "FenceLayer + MemoryStore",
+            "FenceLayer + PostgresStore"
+        ]
+    );
     for r in rows {
         assert!(num(&r[1]) > 0.0, "no requests answered 200: {r:?}");
     }
@@ -99,7 +135,15 @@ fn memory_store_bench_measures_every_structure_and_decides_raises_right() {
     let tables = bench(&["memory-store", "--resources", "2000", "--ops", "1000"]);
     assert_eq!(tables.len(), 2);
     let structures: Vec<&str> = tables[0].1.iter().map(|r| r[0].as_str()).collect();
-    assert_eq!(structures, ["MemoryStore", "moka Cache<u64, u64>", "HashMap<Box<str>, u64>", "HashMap<u64, u64>"]);
+    assert_eq!(
+        structures,
+        [
+            "MemoryStore",
+            "moka Cache<u64, u64>",
+            "HashMap<Box<str>, u64>",
+            "HashMap<u64, u64>"
+        ]
+    );
     for r in &tables[0].1 {
         num(&r[1]);
     }
@@ -115,7 +159,18 @@ fn memory_store_bench_measures_every_structure_and_decides_raises_right() {
 #[test]
 fn lock_bench_on_etcd_counts_the_round_trips_of_each_lock() {
     let tables = bench(&[
-        "lock", "--members", "1,3", "--held", "0,3", "--clients", "2", "--keys", "1,3", "--secs", "0.2", "--rounds",
+        "lock",
+        "--members",
+        "1,3",
+        "--held",
+        "0,3",
+        "--clients",
+        "2",
+        "--keys",
+        "1,3",
+        "--secs",
+        "0.2",
+        "--rounds",
         "1",
     ]);
     let rows = &tables[0].1;
@@ -126,7 +181,11 @@ fn lock_bench_on_etcd_counts_the_round_trips_of_each_lock() {
         "mutex recipe",
         "raw Txn",
     ];
-    assert_eq!(rows.len(), 2 * 2 * 2 * variants.len(), "members x held x keys x variants");
+    assert_eq!(
+        rows.len(),
+        2 * 2 * 2 * variants.len(),
+        "members x held x keys x variants"
+    );
     for (i, r) in rows.iter().enumerate() {
         assert_eq!(r[4], variants[i % variants.len()]);
         assert!(num(&r[5]) > 0.0, "no cycles: {r:?}");
@@ -143,7 +202,10 @@ fn lock_bench_on_etcd_counts_the_round_trips_of_each_lock() {
     }
     for members in ["1", "3"] {
         for held in ["0", "3"] {
-            let n = rows.iter().filter(|r| r[0] == members && r[1] == held).count();
+            let n = rows
+                .iter()
+                .filter(|r| r[0] == members && r[1] == held)
+                .count();
             assert_eq!(n, 2 * variants.len(), "{members} members, {held} held");
         }
     }
@@ -165,7 +227,10 @@ fn audit_bench_times_every_dashboard_url_and_each_answers_rows() {
         ]
     );
     for r in rows {
-        assert!(num(&r[1]) <= num(&r[2]) && num(&r[2]) <= num(&r[3]), "quantiles out of order: {r:?}");
+        assert!(
+            num(&r[1]) <= num(&r[2]) && num(&r[2]) <= num(&r[3]),
+            "quantiles out of order: {r:?}"
+        );
         // Every URL matches unprotected rows: an empty JSON page is `{"rows":[],...}`.
         assert!(num(&r[4]) > 200.0, "{r:?} answered almost nothing");
     }
@@ -173,9 +238,20 @@ fn audit_bench_times_every_dashboard_url_and_each_answers_rows() {
 
 #[test]
 fn service_bench_on_etcd_compares_mtls_with_the_core() {
-    let tables = bench(&["service", "--clients", "1,2", "--secs", "0.2", "--rounds", "1"]);
+    let tables = bench(&[
+        "service",
+        "--clients",
+        "1,2",
+        "--secs",
+        "0.2",
+        "--rounds",
+        "1",
+    ]);
     let rows = &tables[0].1;
-    let cells: Vec<(&str, &str)> = rows.iter().map(|r| (r[0].as_str(), r[1].as_str())).collect();
+    let cells: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|r| (r[0].as_str(), r[1].as_str()))
+        .collect();
     assert_eq!(
         cells,
         [

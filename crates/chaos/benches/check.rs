@@ -21,10 +21,17 @@ fn million(c: &mut Criterion) {
     let mut group = c.benchmark_group("check");
     group.sample_size(10);
     group.throughput(Throughput::Elements(history.len() as u64));
-    group.bench_function(format!("in_memory_{}_entries", history.len()), |b| b.iter(|| check(&history)));
-    group.bench_function(format!("streamed_{}_entries_{}_mb", history.len(), lines.len() >> 20), |b| {
-        b.iter(|| check_reader(&lines[..]).unwrap())
+    group.bench_function(format!("in_memory_{}_entries", history.len()), |b| {
+        b.iter(|| check(&history))
     });
+    group.bench_function(
+        format!(
+            "streamed_{}_entries_{}_mb",
+            history.len(),
+            lines.len() >> 20
+        ),
+        |b| b.iter(|| check_reader(&lines[..]).unwrap()),
+    );
     group.finish();
 }
 

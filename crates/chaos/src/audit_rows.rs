@@ -59,7 +59,9 @@ pub(crate) async fn wait_for_tailer(
     let deadline = tokio::time::Instant::now() + limit;
     loop {
         if let Ok(client) = pool.get().await {
-            let at = palisade_audit::tailer_position(&**client, palisade_audit::ClusterId(cluster_id)).await?;
+            let at =
+                palisade_audit::tailer_position(&**client, palisade_audit::ClusterId(cluster_id))
+                    .await?;
             if at.is_some_and(|r| r.as_i64() >= revision) {
                 return Ok(true);
             }
@@ -73,14 +75,21 @@ pub(crate) async fn wait_for_tailer(
 
 /// The last revision of cluster `cluster_id` the tailer has stored (0: none).
 pub(crate) async fn tailer_through(pool: &Pool, cluster_id: u64) -> Result<i64, ChaosError> {
-    let client = pool.get().await.map_err(|e| ChaosError::NotReady(format!("the audit database ({e})")))?;
-    let at = palisade_audit::tailer_position(&**client, palisade_audit::ClusterId(cluster_id)).await?;
+    let client = pool
+        .get()
+        .await
+        .map_err(|e| ChaosError::NotReady(format!("the audit database ({e})")))?;
+    let at =
+        palisade_audit::tailer_position(&**client, palisade_audit::ClusterId(cluster_id)).await?;
     Ok(at.map_or(0, |r| r.as_i64()))
 }
 
 /// Reads lock events (without copies of restored history) and unprotected writes.
 pub(crate) async fn read(pool: &Pool, replayed: &[Replayed]) -> Result<AuditRead, ChaosError> {
-    let client = pool.get().await.map_err(|e| ChaosError::NotReady(format!("the audit database ({e})")))?;
+    let client = pool
+        .get()
+        .await
+        .map_err(|e| ChaosError::NotReady(format!("the audit database ({e})")))?;
     let mut out = AuditRead::default();
     let rows = client
         .query(
@@ -101,14 +110,27 @@ pub(crate) async fn read(pool: &Pool, replayed: &[Replayed]) -> Result<AuditRead
             out.replayed += 1;
             continue;
         }
-        let lock = match (r.get::<_, Option<String>>(3), r.get::<_, Option<String>>(4), r.get::<_, Option<String>>(5)) {
+        let lock = match (
+            r.get::<_, Option<String>>(3),
+            r.get::<_, Option<String>>(4),
+            r.get::<_, Option<String>>(5),
+        ) {
             (Some(ns), Some(class), Some(key)) => Some(LockName { ns, class, key }),
             _ => None,
         };
-        out.rows.push(Event::AuditRow { kind, lock, resource: None, token, revision: Some(revision) });
+        out.rows.push(Event::AuditRow {
+            kind,
+            lock,
+            resource: None,
+            token,
+            revision: Some(revision),
+        });
     }
     let writes = client
-        .query("SELECT resource, token FROM write_event WHERE outcome = 'unprotected' ORDER BY at, id", &[])
+        .query(
+            "SELECT resource, token FROM write_event WHERE outcome = 'unprotected' ORDER BY at, id",
+            &[],
+        )
         .await
         .map_err(ChaosError::pg("reading write_event"))?;
     for r in writes {

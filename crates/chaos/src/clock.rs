@@ -8,7 +8,11 @@ use nix::time::{clock_gettime, ClockId};
 pub fn monotonic_ns() -> u64 {
     // CLOCK_MONOTONIC cannot fail on Linux; 0 would only make an entry look early.
     clock_gettime(ClockId::CLOCK_MONOTONIC)
-        .map(|t| (t.tv_sec() as u64).saturating_mul(1_000_000_000).saturating_add(t.tv_nsec() as u64))
+        .map(|t| {
+            (t.tv_sec() as u64)
+                .saturating_mul(1_000_000_000)
+                .saturating_add(t.tv_nsec() as u64)
+        })
         .unwrap_or(0)
 }
 
@@ -21,7 +25,9 @@ pub struct RunClock {
 impl RunClock {
     /// A run starting now.
     pub fn start() -> RunClock {
-        RunClock { start_ns: monotonic_ns() }
+        RunClock {
+            start_ns: monotonic_ns(),
+        }
     }
 
     /// A run that started at `start_ns` (as another process read [`monotonic_ns`]).

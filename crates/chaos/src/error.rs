@@ -85,7 +85,9 @@ impl ChaosError {
         move |source| ChaosError::Etcd { what, source }
     }
 
-    pub(crate) fn service(what: impl Into<String>) -> impl FnOnce(palisade_lock::client::ClientError) -> ChaosError {
+    pub(crate) fn service(
+        what: impl Into<String>,
+    ) -> impl FnOnce(palisade_lock::client::ClientError) -> ChaosError {
         let what = what.into();
         move |source| ChaosError::Service { what, source }
     }

@@ -70,13 +70,24 @@ pub(crate) async fn read(
     head: Head,
     initial: bool,
 ) -> Result<Read, ChaosError> {
-    tokio::time::timeout(READ_TIMEOUT, read_inner(endpoints, prefix, from, head, initial))
-        .await
-        .map_err(|_| ChaosError::NotReady("etcd history".into()))?
+    tokio::time::timeout(
+        READ_TIMEOUT,
+        read_inner(endpoints, prefix, from, head, initial),
+    )
+    .await
+    .map_err(|_| ChaosError::NotReady("etcd history".into()))?
 }
 
-async fn read_inner(endpoints: &[String], prefix: &str, from: i64, head: Head, initial: bool) -> Result<Read, ChaosError> {
-    let mut client = Client::connect(endpoints, None).await.map_err(ChaosError::etcd("connecting to etcd"))?;
+async fn read_inner(
+    endpoints: &[String],
+    prefix: &str,
+    from: i64,
+    head: Head,
+    initial: bool,
+) -> Result<Read, ChaosError> {
+    let mut client = Client::connect(endpoints, None)
+        .await
+        .map_err(ChaosError::etcd("connecting to etcd"))?;
     let mut options = GetOptions::new().with_prefix().with_count_only();
     if head == Head::Serializable {
         options = options.with_serializable();
@@ -85,7 +96,9 @@ async fn read_inner(endpoints: &[String], prefix: &str, from: i64, head: Head, i
         .get(prefix, Some(options))
         .await
         .map_err(ChaosError::etcd("reading etcd's revision"))?;
-    let header = now.header().ok_or(ChaosError::NotReady("an etcd response header".into()))?;
+    let header = now
+        .header()
+        .ok_or(ChaosError::NotReady("an etcd response header".into()))?;
     let (cluster_id, through) = (header.cluster_id(), header.revision());
     let mut start = Vec::new();
     if initial && from > 1 {
@@ -93,7 +106,10 @@ async fn read_inner(endpoints: &[String], prefix: &str, from: i64, head: Head, i
         if head == Head::Serializable {
             options = options.with_serializable();
         }
-        let resp = client.get(prefix, Some(options)).await.map_err(ChaosError::etcd("reading the keys a restore brought back"))?;
+        let resp = client
+            .get(prefix, Some(options))
+            .await
+            .map_err(ChaosError::etcd("reading the keys a restore brought back"))?;
         for kv in resp.kvs() {
             start.push(Change {
                 revision: kv.mod_revision(),
@@ -107,23 +123,37 @@ async fn read_inner(endpoints: &[String], prefix: &str, from: i64, head: Head, i
     }
     let mut changes = Vec::new();
     if from > through {
-        return Ok(Read { cluster_id, initial: start, changes });
+        return Ok(Read {
+            cluster_id,
+            initial: start,
+            changes,
+        });
     }
     let options = WatchOptions::new().with_prefix().with_start_revision(from);
-    let (mut watcher, mut stream) =
-        client.watch(prefix, Some(options)).await.map_err(ChaosError::etcd("watching etcd's history"))?;
+    let (mut watcher, mut stream) = client
+        .watch(prefix, Some(options))
+        .await
+        .map_err(ChaosError::etcd("watching etcd's history"))?;
     loop {
         let next = tokio::time::timeout(Duration::from_millis(300), stream.message()).await;
         let Ok(message) = next else {
             // Caught up with nothing more to send: ask where the watch stands.
-            watcher.request_progress().await.map_err(ChaosError::etcd("asking for watch progress"))?;
+            watcher
+                .request_progress()
+                .await
+                .map_err(ChaosError::etcd("asking for watch progress"))?;
             continue;
         };
         let Some(resp) = message.map_err(ChaosError::etcd("reading etcd's history"))? else {
-            return Err(ChaosError::NotReady("etcd's history (the watch ended)".into()));
+            return Err(ChaosError::NotReady(
+                "etcd's history (the watch ended)".into(),
+            ));
         };
         if resp.canceled() {
-            return Err(ChaosError::NotReady(format!("etcd's history (watch canceled: {})", resp.cancel_reason())));
+            return Err(ChaosError::NotReady(format!(
+                "etcd's history (watch canceled: {})",
+                resp.cancel_reason()
+            )));
         }
         for e in resp.events() {
             let Some(kv) = e.kv() else { continue };
@@ -142,7 +172,11 @@ async fn read_inner(endpoints: &[String], prefix: &str, from: i64, head: Head, i
         if last_event >= through || (progress && at >= through) {
             let _ = watcher.cancel().await;
             changes.retain(|c| c.revision <= through);
-            return Ok(Read { cluster_id, initial: start, changes });
+            return Ok(Read {
+                cluster_id,
+                initial: start,
+                changes,
+            });
         }
     }
 }
@@ -157,13 +191,22 @@ struct Path {
 
 fn parse(prefix: &str, key: &str) -> Option<Path> {
     let segs: Vec<&str> = key.strip_prefix(prefix)?.split('/').collect();
-    let [ns, class, escaped, kind, mode, lease] = segs.as_slice() else { return None };
+    let [ns, class, escaped, kind, mode, lease] = segs.as_slice() else {
+        return None;
+    };
     if !matches!(*kind, "h" | "g") || !matches!(*mode, "x" | "s") {
         return None;
     }
-    let key = escaped.replace("%2F", "/").replace("%20", " ").replace("%25", "%");
+    let key = escaped
+        .replace("%2F", "/")
+        .replace("%20", " ")
+        .replace("%25", "%");
     Some(Path {
-        lock: LockName { ns: (*ns).to_owned(), class: (*class).to_owned(), key },
+        lock: LockName {
+            ns: (*ns).to_owned(),
+            class: (*class).to_owned(),
+            key,
+        },
         kind: (*kind).to_owned(),
         mode: (*mode).to_owned(),
         lease: (*lease).to_owned(),
@@ -204,14 +247,29 @@ pub(crate) fn holds(prefix: &str, read: &Read, space: Space) -> Holds {
     let mut open: BTreeMap<String, (LockName, i64, bool, u16, Option<i64>)> = BTreeMap::new();
     let mut restored: BTreeMap<String, (LockName, i64, bool, u16)> = BTreeMap::new();
     for c in &read.initial {
-        let Some(path) = parse(prefix, &c.key).filter(|p| p.kind == "h") else { continue };
+        let Some(path) = parse(prefix, &c.key).filter(|p| p.kind == "h") else {
+            continue;
+        };
         let e = serde_json::from_slice::<Meta>(&c.value).map_or(epoch, |m| m.epoch);
-        restored.insert(c.key.clone(), (path.lock, c.create_revision, path.mode == "x", e));
+        restored.insert(
+            c.key.clone(),
+            (path.lock, c.create_revision, path.mode == "x", e),
+        );
     }
     let restored_rev = space.from - 1;
-    let restored_hold = |(lock, grant_rev, exclusive, hold_epoch): (LockName, i64, bool, u16), end_rev, end| {
-        Event::RestoredHold { lock, epoch: hold_epoch, grant_rev, restored_rev, space: space.number, end_rev, exclusive, end }
-    };
+    let restored_hold =
+        |(lock, grant_rev, exclusive, hold_epoch): (LockName, i64, bool, u16), end_rev, end| {
+            Event::RestoredHold {
+                lock,
+                epoch: hold_epoch,
+                grant_rev,
+                restored_rev,
+                space: space.number,
+                end_rev,
+                exclusive,
+                end,
+            }
+        };
     for group in read.changes.chunk_by(|a, b| a.revision == b.revision) {
         let grant_records: HashMap<&str, &Change> = group
             .iter()
@@ -219,23 +277,36 @@ pub(crate) fn holds(prefix: &str, read: &Read, space: Space) -> Holds {
             .map(|c| (c.key.as_str(), c))
             .collect();
         for c in group {
-            let Some(path) = parse(prefix, &c.key).filter(|p| p.kind == "h") else { continue };
+            let Some(path) = parse(prefix, &c.key).filter(|p| p.kind == "h") else {
+                continue;
+            };
             let exclusive = path.mode == "x";
             if !c.delete {
                 if c.version == 1 {
                     let e = serde_json::from_slice::<Meta>(&c.value).map_or(epoch, |m| m.epoch);
                     let session = i64::from_str_radix(&path.lease, 16).ok();
-                    open.insert(c.key.clone(), (path.lock, c.create_revision, exclusive, e, session));
+                    open.insert(
+                        c.key.clone(),
+                        (path.lock, c.create_revision, exclusive, e, session),
+                    );
                 }
                 continue;
             }
-            let record = format!("{prefix}{}/{}/{}/g/{}/{}", path.lock.ns, path.lock.class, escape(&path.lock.key), path.mode, path.lease);
+            let record = format!(
+                "{prefix}{}/{}/{}/g/{}/{}",
+                path.lock.ns,
+                path.lock.class,
+                escape(&path.lock.key),
+                path.mode,
+                path.lease
+            );
             let end = match grant_records.get(record.as_str()) {
                 Some(g) if g.delete => HoldEnd::Released,
                 Some(g) if serde_json::from_slice::<Forced>(&g.value).is_ok() => HoldEnd::Forced,
                 _ => HoldEnd::Expired,
             };
-            let Some((lock, grant_rev, exclusive, hold_epoch, session)) = open.remove(&c.key) else {
+            let Some((lock, grant_rev, exclusive, hold_epoch, session)) = open.remove(&c.key)
+            else {
                 match restored.remove(&c.key) {
                     Some(hold) => out.push(restored_hold(hold, Some(c.revision), end)),
                     None => result.unmatched_ends += 1,
@@ -275,7 +346,9 @@ pub(crate) fn holds(prefix: &str, read: &Read, space: Space) -> Holds {
 }
 
 fn escape(key: &str) -> String {
-    key.replace('%', "%25").replace('/', "%2F").replace(' ', "%20")
+    key.replace('%', "%25")
+        .replace('/', "%2F")
+        .replace(' ', "%20")
 }
 
 #[cfg(test)]
@@ -303,7 +376,13 @@ mod tests {
             cluster_id: 1,
             initial: vec![
                 change(3, false, &h("00000000000000a0"), meta, 3),
-                change(4, false, &format!("{p}chaos/cells/key-2/h/s/00000000000000b0"), meta, 4),
+                change(
+                    4,
+                    false,
+                    &format!("{p}chaos/cells/key-2/h/s/00000000000000b0"),
+                    meta,
+                    4,
+                ),
             ],
             changes: vec![
                 change(5, false, &h("00000000000000a1"), meta, 5),
@@ -314,14 +393,30 @@ mod tests {
                 change(11, true, &h("00000000000000a2"), "", 9),
                 change(12, false, &h("00000000000000a3"), meta, 12),
                 change(14, true, &h("00000000000000a3"), "", 12),
-                change(14, false, &g("00000000000000a3"), r#"{"forced":{"by":"x"}}"#, 12),
+                change(
+                    14,
+                    false,
+                    &g("00000000000000a3"),
+                    r#"{"forced":{"by":"x"}}"#,
+                    12,
+                ),
                 change(15, true, &h("00000000000000a0"), "", 3),
                 change(15, true, &h("000000000000009f"), "", 2),
                 change(16, false, &h("00000000000000a4"), meta, 16),
-                change(17, false, &format!("{p}chaos/cells/key-1/q/x/00000000000000a5"), "{}", 17),
+                change(
+                    17,
+                    false,
+                    &format!("{p}chaos/cells/key-1/q/x/00000000000000a5"),
+                    "{}",
+                    17,
+                ),
             ],
         };
-        let lock = LockName { ns: "chaos".into(), class: "cells".into(), key: "key-1".into() };
+        let lock = LockName {
+            ns: "chaos".into(),
+            class: "cells".into(),
+            key: "key-1".into(),
+        };
         let hold = |epoch, grant_rev, end_rev, end, lease| Event::EtcdHold {
             lock: lock.clone(),
             epoch,
@@ -332,7 +427,15 @@ mod tests {
             space: 1,
             session: Some(lease),
         };
-        let found = holds(p, &read, Space { epoch: 3, from: 5, number: 1 });
+        let found = holds(
+            p,
+            &read,
+            Space {
+                epoch: 3,
+                from: 5,
+                number: 1,
+            },
+        );
         assert_eq!(
             found.holds,
             vec![
@@ -353,7 +456,10 @@ mod tests {
                 },
                 hold(2, 16, None, HoldEnd::Open, 0xa4),
                 Event::RestoredHold {
-                    lock: LockName { key: "key-2".into(), ..lock.clone() },
+                    lock: LockName {
+                        key: "key-2".into(),
+                        ..lock.clone()
+                    },
                     epoch: 2,
                     grant_rev: 4,
                     restored_rev: 4,

@@ -299,7 +299,10 @@ pub fn read_history(input: impl BufRead) -> Result<Vec<Entry>, ReadError> {
         if line.trim().is_empty() {
             continue;
         }
-        let entry = serde_json::from_str(&line).map_err(|source| ReadError::Parse { line: i + 1, source })?;
+        let entry = serde_json::from_str(&line).map_err(|source| ReadError::Parse {
+            line: i + 1,
+            source,
+        })?;
         entries.push(entry);
     }
     Ok(entries)
@@ -313,7 +316,10 @@ pub fn read_history(input: impl BufRead) -> Result<Vec<Entry>, ReadError> {
 /// Each item is [`ReadError::Io`] if the input cannot be read, or [`ReadError::Parse`]
 /// naming the 1-based line that is not an [`Entry`].
 pub fn entries<R: BufRead>(input: R) -> Entries<R> {
-    Entries { lines: input.lines(), line: 0 }
+    Entries {
+        lines: input.lines(),
+        line: 0,
+    }
 }
 
 /// The iterator of [`entries`].
@@ -337,7 +343,12 @@ impl<R: BufRead> Iterator for Entries<R> {
                 continue;
             }
             let line_no = self.line;
-            return Some(serde_json::from_str(&line).map_err(|source| ReadError::Parse { line: line_no, source }));
+            return Some(
+                serde_json::from_str(&line).map_err(|source| ReadError::Parse {
+                    line: line_no,
+                    source,
+                }),
+            );
         }
     }
 }
@@ -356,7 +367,9 @@ mod tests {
                 target: Target::Postgres,
                 token: Some((1 << 48) + 7),
                 op: 9,
-                outcome: WriteOutcome::Rejected { highest: Some((1 << 48) + 9) },
+                outcome: WriteOutcome::Rejected {
+                    highest: Some((1 << 48) + 9),
+                },
             },
         };
         let mut buf = Vec::new();
@@ -370,7 +383,8 @@ mod tests {
 
     #[test]
     fn a_bad_line_names_its_number() {
-        let text = "\n{\"at_ns\":1,\"worker\":0,\"type\":\"epoch_advanced\",\"epoch\":2}\nnot json\n";
+        let text =
+            "\n{\"at_ns\":1,\"worker\":0,\"type\":\"epoch_advanced\",\"epoch\":2}\nnot json\n";
         match read_history(text.as_bytes()) {
             Err(ReadError::Parse { line, .. }) => assert_eq!(line, 3),
             other => panic!("expected a parse error on line 3, got {other:?}"),
@@ -379,10 +393,14 @@ mod tests {
 
     #[test]
     fn entries_stream_with_line_numbers() {
-        let text = "{\"at_ns\":1,\"worker\":0,\"type\":\"epoch_advanced\",\"epoch\":2}\n\n{\"at_ns\":2}\n";
+        let text =
+            "{\"at_ns\":1,\"worker\":0,\"type\":\"epoch_advanced\",\"epoch\":2}\n\n{\"at_ns\":2}\n";
         let mut read = entries(text.as_bytes());
         assert!(matches!(read.next(), Some(Ok(Entry { at_ns: 1, .. }))));
-        assert!(matches!(read.next(), Some(Err(ReadError::Parse { line: 3, .. }))));
+        assert!(matches!(
+            read.next(),
+            Some(Err(ReadError::Parse { line: 3, .. }))
+        ));
         assert!(read.next().is_none());
     }
 }

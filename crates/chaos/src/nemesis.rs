@@ -26,11 +26,19 @@ use crate::schedule::PlannedFault;
 
 impl Run {
     fn fault(&self, kind: FaultKind, phase: Phase, detail: String) {
-        self.record(Event::Fault { kind, phase, detail });
+        self.record(Event::Fault {
+            kind,
+            phase,
+            detail,
+        });
     }
 
     /// Waits the fault's gap, then injects and heals it.
-    pub(crate) async fn inject(&mut self, f: &PlannedFault, _next: Option<&PlannedFault>) -> Result<(), ChaosError> {
+    pub(crate) async fn inject(
+        &mut self,
+        f: &PlannedFault,
+        _next: Option<&PlannedFault>,
+    ) -> Result<(), ChaosError> {
         if f.kind == FaultKind::RestoreEtcdAndAdvanceEpoch && self.snapshot.is_none() {
             // Taken before the gap, so the workers move etcd on before it is restored.
             self.snapshot = Some(self.etcd.snapshot().await);
@@ -40,7 +48,11 @@ impl Run {
         match kind {
             FaultKind::KillEtcdLeader => {
                 let i = self.etcd.leader().await;
-                self.fault(kind, Phase::Start, format!("etcd member m{i}, the leader, killed"));
+                self.fault(
+                    kind,
+                    Phase::Start,
+                    format!("etcd member m{i}, the leader, killed"),
+                );
                 self.etcd.kill(i);
                 tokio::time::sleep(f.hold).await;
                 self.etcd.restart(i).await;
@@ -48,34 +60,65 @@ impl Run {
             }
             FaultKind::PauseEtcdMember => {
                 let i = f.pick as usize % self.etcd.member_count();
-                self.fault(kind, Phase::Start, format!("etcd member m{i} stopped (SIGSTOP)"));
+                self.fault(
+                    kind,
+                    Phase::Start,
+                    format!("etcd member m{i} stopped (SIGSTOP)"),
+                );
                 self.etcd.pause(i);
                 tokio::time::sleep(f.hold).await;
                 self.etcd.resume(i);
-                self.fault(kind, Phase::End, format!("etcd member m{i} continued (SIGCONT)"));
+                self.fault(
+                    kind,
+                    Phase::End,
+                    format!("etcd member m{i} continued (SIGCONT)"),
+                );
             }
             FaultKind::KillServiceReplica => {
                 let i = f.pick as usize % self.replicas.count();
-                self.fault(kind, Phase::Start, format!("lock-service replica {i} killed"));
+                self.fault(
+                    kind,
+                    Phase::Start,
+                    format!("lock-service replica {i} killed"),
+                );
                 self.replicas.kill(i).await;
                 tokio::time::sleep(f.hold).await;
                 self.replicas.start(i).await?;
-                self.fault(kind, Phase::End, format!("lock-service replica {i} started again"));
+                self.fault(
+                    kind,
+                    Phase::End,
+                    format!("lock-service replica {i} started again"),
+                );
             }
             FaultKind::PauseWorker => {
-                let Some(workers) = self.workers.as_ref() else { return Ok(()) };
+                let Some(workers) = self.workers.as_ref() else {
+                    return Ok(());
+                };
                 // A worker that holds a lock, when one does.
-                let i = self.holding.pick(f.pick).map_or(f.pick as usize % workers.count(), |w| w as usize);
-                let Some(pid) = workers.pid(i) else { return Ok(()) };
+                let i = self
+                    .holding
+                    .pick(f.pick)
+                    .map_or(f.pick as usize % workers.count(), |w| w as usize);
+                let Some(pid) = workers.pid(i) else {
+                    return Ok(());
+                };
                 let pause = TTL + f.hold;
-                self.fault(kind, Phase::Start, format!("worker {i} stopped (SIGSTOP) for {} ms", pause.as_millis()));
+                self.fault(
+                    kind,
+                    Phase::Start,
+                    format!("worker {i} stopped (SIGSTOP) for {} ms", pause.as_millis()),
+                );
                 procs::signal(pid, Signal::SIGSTOP);
                 tokio::time::sleep(pause).await;
                 procs::signal(pid, Signal::SIGCONT);
                 self.fault(kind, Phase::End, format!("worker {i} continued (SIGCONT)"));
             }
             FaultKind::RestartPostgres => {
-                let (mode, how) = if f.crash { (StopMode::Immediate, "crashed") } else { (StopMode::Fast, "shut down") };
+                let (mode, how) = if f.crash {
+                    (StopMode::Immediate, "crashed")
+                } else {
+                    (StopMode::Fast, "shut down")
+                };
                 self.fault(kind, Phase::Start, format!("PostgreSQL {how}"));
                 self.pg.stop(mode)?;
                 tokio::time::sleep(f.hold / 2).await;
@@ -89,8 +132,17 @@ impl Run {
 
     async fn restore(&mut self, f: &PlannedFault) -> Result<(), ChaosError> {
         let kind = f.kind;
-        let Some(snapshot) = self.snapshot.take() else { return Ok(()) };
-        self.fault(kind, Phase::Start, format!("etcd restored from the snapshot at revision {}", snapshot.revision()));
+        let Some(snapshot) = self.snapshot.take() else {
+            return Ok(());
+        };
+        self.fault(
+            kind,
+            Phase::Start,
+            format!(
+                "etcd restored from the snapshot at revision {}",
+                snapshot.revision()
+            ),
+        );
         // The old cluster's history goes with it: read it to its very end. With the
         // replicas stopped nothing is granted or released; with the leader's followers
         // stopped nothing commits at all (not even a lease expiry), so what the leader
@@ -99,18 +151,44 @@ impl Run {
         let prefix = format!("{ROOT}locks/");
         // Let the audit tailer read the space first, while etcd still has quorum (after a
         // restore its backoff can leave it seconds behind).
-        if let Ok(read) = etcd_history::read(&self.etcd.endpoints(), &prefix, self.space.from, Head::Linearizable, false).await {
-            let last = read.changes.last().map_or(0, etcd_history::Change::revision);
-            let _ = audit_rows::wait_for_tailer(&self.audit_pool, read.cluster_id, last, Duration::from_secs(15)).await;
+        if let Ok(read) = etcd_history::read(
+            &self.etcd.endpoints(),
+            &prefix,
+            self.space.from,
+            Head::Linearizable,
+            false,
+        )
+        .await
+        {
+            let last = read
+                .changes
+                .last()
+                .map_or(0, etcd_history::Change::revision);
+            let _ = audit_rows::wait_for_tailer(
+                &self.audit_pool,
+                read.cluster_id,
+                last,
+                Duration::from_secs(15),
+            )
+            .await;
         }
         let leader = self.etcd.leader().await;
-        let followers: Vec<usize> = (0..self.etcd.member_count()).filter(|i| *i != leader).collect();
+        let followers: Vec<usize> = (0..self.etcd.member_count())
+            .filter(|i| *i != leader)
+            .collect();
         for i in &followers {
             self.etcd.pause(*i);
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
         let endpoint = [self.etcd.endpoint(leader)];
-        let read = etcd_history::read(&endpoint, &prefix, self.space.from, Head::Serializable, true).await;
+        let read = etcd_history::read(
+            &endpoint,
+            &prefix,
+            self.space.from,
+            Head::Serializable,
+            true,
+        )
+        .await;
         let read = match read {
             Ok(r) => r,
             Err(e) => {
@@ -128,14 +206,30 @@ impl Run {
         // be watching a stopped follower, and then they are lost with the cluster, as in
         // any restore. The history says how far it got, so that the checker expects rows
         // only of what it could read.
-        let last = read.changes.last().map_or(0, etcd_history::Change::revision);
-        let _ = audit_rows::wait_for_tailer(&self.audit_pool, read.cluster_id, last, Duration::from_secs(3)).await;
+        let last = read
+            .changes
+            .last()
+            .map_or(0, etcd_history::Change::revision);
+        let _ = audit_rows::wait_for_tailer(
+            &self.audit_pool,
+            read.cluster_id,
+            last,
+            Duration::from_secs(3),
+        )
+        .await;
         match audit_rows::tailer_through(&self.audit_pool, read.cluster_id).await {
-            Ok(through) => self.record(Event::AuditCut { space: self.space.number, through: through.min(last) }),
+            Ok(through) => self.record(Event::AuditCut {
+                space: self.space.number,
+                through: through.min(last),
+            }),
             // Without it every event of the space must have its row.
-            Err(e) => tracing::warn!(error = %e, "the audit position before the restore is unknown"),
+            Err(e) => {
+                tracing::warn!(error = %e, "the audit position before the restore is unknown")
+            }
         }
-        self.etcd.restore_in_place(&snapshot, RestoreMode::NewClusterId).await;
+        self.etcd
+            .restore_in_place(&snapshot, RestoreMode::NewClusterId)
+            .await;
         let cluster_id = self.etcd.cluster_id().await;
         self.replicas.signal_all(Signal::SIGCONT);
 
@@ -145,7 +239,9 @@ impl Run {
             let serves = retry(Duration::from_millis(1500), || async {
                 match self.epoch_of(i).await? {
                     (e, false) if e == epoch => Ok(()),
-                    _ => Err(ChaosError::NotReady(format!("replica {i} on the new epoch"))),
+                    _ => Err(ChaosError::NotReady(format!(
+                        "replica {i} on the new epoch"
+                    ))),
                 }
             })
             .await;
@@ -153,9 +249,21 @@ impl Run {
                 epoch = self.advance(i).await?;
             }
         }
-        self.replayed.push(Replayed { cluster_id, through: snapshot.revision(), epoch });
-        self.space = Space { epoch, from: snapshot.revision() + 1, number: self.space.number + 1 };
-        self.fault(kind, Phase::End, format!("etcd cluster {cluster_id:x} serves epoch {epoch}"));
+        self.replayed.push(Replayed {
+            cluster_id,
+            through: snapshot.revision(),
+            epoch,
+        });
+        self.space = Space {
+            epoch,
+            from: snapshot.revision() + 1,
+            number: self.space.number + 1,
+        };
+        self.fault(
+            kind,
+            Phase::End,
+            format!("etcd cluster {cluster_id:x} serves epoch {epoch}"),
+        );
         Ok(())
     }
 
@@ -164,7 +272,11 @@ impl Run {
         let admin = self.admin(i)?;
         let v = retry(Duration::from_secs(30), || async {
             admin
-                .call_json("POST", "/v1/epoch/advance", Some(json!({ "reason": "restore" })))
+                .call_json(
+                    "POST",
+                    "/v1/epoch/advance",
+                    Some(json!({ "reason": "restore" })),
+                )
                 .await
                 .map_err(ChaosError::service("advancing the epoch"))
         })

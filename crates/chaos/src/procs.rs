@@ -21,7 +21,10 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn command(program: &Path) -> Command {
     let mut c = Command::new("setpriv");
-    c.args(["--pdeathsig", "KILL", "--"]).arg(program).stdin(Stdio::null()).kill_on_drop(true);
+    c.args(["--pdeathsig", "KILL", "--"])
+        .arg(program)
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
     c
 }
 
@@ -51,7 +54,12 @@ pub(crate) struct Replicas {
 }
 
 impl Replicas {
-    pub(crate) fn new(exe: PathBuf, dir: PathBuf, etcd: &[String], count: usize) -> Result<Replicas, ChaosError> {
+    pub(crate) fn new(
+        exe: PathBuf,
+        dir: PathBuf,
+        etcd: &[String],
+        count: usize,
+    ) -> Result<Replicas, ChaosError> {
         let ports = (0..count)
             .map(|_| {
                 std::net::TcpListener::bind("127.0.0.1:0")
@@ -60,7 +68,13 @@ impl Replicas {
                     .map_err(ChaosError::io("picking a free port"))
             })
             .collect::<Result<_, _>>()?;
-        Ok(Replicas { exe, dir, etcd: etcd.join(","), ports, children: (0..count).map(|_| None).collect() })
+        Ok(Replicas {
+            exe,
+            dir,
+            etcd: etcd.join(","),
+            ports,
+            children: (0..count).map(|_| None).collect(),
+        })
     }
 
     pub(crate) fn count(&self) -> usize {
@@ -68,26 +82,43 @@ impl Replicas {
     }
 
     pub(crate) fn urls(&self) -> Vec<String> {
-        self.ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect()
+        self.ports
+            .iter()
+            .map(|p| format!("http://127.0.0.1:{p}"))
+            .collect()
     }
 
     /// Starts replica `i` and waits until it listens.
     pub(crate) async fn start(&mut self, i: usize) -> Result<(), ChaosError> {
         let name = format!("replica-{i}");
         let mut cmd = command(&self.exe);
-        cmd.args(["serve", "--etcd", &self.etcd, "--listen", &format!("127.0.0.1:{}", self.ports[i])])
-            .arg("--config")
-            .arg(self.dir.join("authz.toml"))
-            .arg("--epoch-file")
-            .arg(self.dir.join("epoch.json"))
-            .arg("--insecure-dev-identity")
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(log_file(&self.dir, &name)?));
-        self.children[i] = Some(cmd.spawn().map_err(ChaosError::io(format!("starting {name}")))?);
+        cmd.args([
+            "serve",
+            "--etcd",
+            &self.etcd,
+            "--listen",
+            &format!("127.0.0.1:{}", self.ports[i]),
+        ])
+        .arg("--config")
+        .arg(self.dir.join("authz.toml"))
+        .arg("--epoch-file")
+        .arg(self.dir.join("epoch.json"))
+        .arg("--insecure-dev-identity")
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log_file(&self.dir, &name)?));
+        self.children[i] = Some(
+            cmd.spawn()
+                .map_err(ChaosError::io(format!("starting {name}")))?,
+        );
         let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
-        while tokio::net::TcpStream::connect(("127.0.0.1", self.ports[i])).await.is_err() {
+        while tokio::net::TcpStream::connect(("127.0.0.1", self.ports[i]))
+            .await
+            .is_err()
+        {
             if let Some(Ok(Some(_))) = self.children[i].as_mut().map(Child::try_wait) {
-                return Err(ChaosError::NotReady(format!("{name} (it exited; see {name}.log)")));
+                return Err(ChaosError::NotReady(format!(
+                    "{name} (it exited; see {name}.log)"
+                )));
             }
             if tokio::time::Instant::now() >= deadline {
                 return Err(ChaosError::NotReady(name));
@@ -121,7 +152,10 @@ impl Replicas {
                 if let Some(pid) = child.id() {
                     signal(pid, Signal::SIGTERM);
                 }
-                if tokio::time::timeout(Duration::from_secs(5), child.wait()).await.is_err() {
+                if tokio::time::timeout(Duration::from_secs(5), child.wait())
+                    .await
+                    .is_err()
+                {
                     let _ = child.kill().await;
                 }
             }
@@ -143,25 +177,41 @@ impl Workers {
         configs: Vec<WorkerConfig>,
         entries: &mpsc::UnboundedSender<Entry>,
     ) -> Result<Workers, ChaosError> {
-        let mut workers = Workers { children: Vec::new(), readers: Vec::new() };
+        let mut workers = Workers {
+            children: Vec::new(),
+            readers: Vec::new(),
+        };
         for config in configs {
             let name = format!("worker-{}", config.id);
-            let json = serde_json::to_string(&config).map_err(|source| ChaosError::WorkerOutput { worker: config.id, source })?;
+            let json =
+                serde_json::to_string(&config).map_err(|source| ChaosError::WorkerOutput {
+                    worker: config.id,
+                    source,
+                })?;
             let mut cmd = command(exe);
             cmd.args(["chaos", "worker", "--config", &json])
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::from(log_file(dir, &name)?));
-            let mut child = cmd.spawn().map_err(ChaosError::io(format!("starting {name}")))?;
+            let mut child = cmd
+                .spawn()
+                .map_err(ChaosError::io(format!("starting {name}")))?;
             let stdin = child.stdin.take();
-            let stdout = child.stdout.take().ok_or(ChaosError::NotReady(format!("{name}'s stdout")))?;
+            let stdout = child
+                .stdout
+                .take()
+                .ok_or(ChaosError::NotReady(format!("{name}'s stdout")))?;
             let tx = entries.clone();
             let id = config.id;
             workers.readers.push(tokio::spawn(async move {
                 let mut lines = BufReader::new(stdout).lines();
-                while let Some(line) = lines.next_line().await.map_err(ChaosError::io(format!("reading worker {id}")))? {
-                    let entry: Entry =
-                        serde_json::from_str(&line).map_err(|source| ChaosError::WorkerOutput { worker: id, source })?;
+                while let Some(line) = lines
+                    .next_line()
+                    .await
+                    .map_err(ChaosError::io(format!("reading worker {id}")))?
+                {
+                    let entry: Entry = serde_json::from_str(&line)
+                        .map_err(|source| ChaosError::WorkerOutput { worker: id, source })?;
                     let _ = tx.send(entry);
                 }
                 Ok(())
@@ -186,7 +236,9 @@ impl Workers {
         let mut early = Vec::new();
         for (i, (child, _)) in self.children.iter_mut().enumerate() {
             if let Ok(Some(status)) = child.try_wait() {
-                early.push(format!("worker {i} exited early ({status}; see worker-{i}.log)"));
+                early.push(format!(
+                    "worker {i} exited early ({status}; see worker-{i}.log)"
+                ));
             }
         }
         for (child, stdin) in &mut self.children {
@@ -201,7 +253,9 @@ impl Workers {
             }
         }
         for reader in self.readers {
-            reader.await.map_err(|e| ChaosError::NotReady(format!("a worker reader ({e})")))??;
+            reader
+                .await
+                .map_err(|e| ChaosError::NotReady(format!("a worker reader ({e})")))??;
         }
         Ok(early)
     }

@@ -24,7 +24,8 @@ use axum::{Extension, Json, Router};
 use deadpool_postgres::Pool;
 use palisade_audit::{AuditSink, Labels};
 use palisade_fence::{
-    fenced_transaction, Enforcement, EnforcementTable, FenceError, FenceLayer, MemoryStore, VerifiedToken,
+    fenced_transaction, Enforcement, EnforcementTable, FenceError, FenceLayer, MemoryStore,
+    VerifiedToken,
 };
 use serde_json::{json, Value};
 use tokio::task::JoinHandle;
@@ -48,11 +49,17 @@ pub(crate) fn key_name(i: u32) -> String {
 /// Creates the tables and one row per key in each, and the fence's and audit's schemas.
 pub(crate) async fn prepare(pool: &Pool, keys: u32) -> Result<(), ChaosError> {
     palisade_audit::migrate(pool).await?;
-    let mut client = pool.get().await.map_err(|e| ChaosError::NotReady(format!("the resource database ({e})")))?;
+    let mut client = pool
+        .get()
+        .await
+        .map_err(|e| ChaosError::NotReady(format!("the resource database ({e})")))?;
     palisade_fence::migrate(&mut **client)
         .await
         .map_err(|e| ChaosError::NotReady(format!("the fence schema ({e})")))?;
-    client.batch_execute(SCHEMA).await.map_err(ChaosError::pg("creating the resource tables"))?;
+    client
+        .batch_execute(SCHEMA)
+        .await
+        .map_err(ChaosError::pg("creating the resource tables"))?;
     for i in 0..keys {
         let id = key_name(i);
         for table in ["chaos_pg_cell", "chaos_http_cell"] {
@@ -62,7 +69,10 @@ pub(crate) async fn prepare(pool: &Pool, keys: u32) -> Result<(), ChaosError> {
                 .map_err(ChaosError::pg("inserting the resource rows"))?;
         }
         client
-            .execute("INSERT INTO chaos_advisory (id, version) VALUES ($1, 0) ON CONFLICT DO NOTHING", &[&id])
+            .execute(
+                "INSERT INTO chaos_advisory (id, version) VALUES ($1, 0) ON CONFLICT DO NOTHING",
+                &[&id],
+            )
             .await
             .map_err(ChaosError::pg("inserting the advisory rows"))?;
     }
@@ -94,10 +104,16 @@ impl ResourceService {
         // handler's transaction orders the writes themselves.
         let fence = FenceLayer::new(MemoryStore::new(100_000))
             .with_enforcement_table(
-                EnforcementTable::new(Enforcement::Fenced).with_prefix("/advisory/", Enforcement::Advisory),
+                EnforcementTable::new(Enforcement::Fenced)
+                    .with_prefix("/advisory/", Enforcement::Advisory),
             )
             .with_observer(sink.observer())
-            .with_caller(|headers, _| headers.get("x-caller").and_then(|v| v.to_str().ok()).map(str::to_owned));
+            .with_caller(|headers, _| {
+                headers
+                    .get("x-caller")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned)
+            });
         let app = Router::new()
             .route("/cells/{id}", put(write_cell))
             .route("/advisory/{id}", put(write_advisory))
@@ -106,13 +122,19 @@ impl ResourceService {
         let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
             .await
             .map_err(ChaosError::io("binding the resource service"))?;
-        let addr = listener.local_addr().map_err(ChaosError::io("the resource service's address"))?;
+        let addr = listener
+            .local_addr()
+            .map_err(ChaosError::io("the resource service's address"))?;
         let task = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
                 tracing::error!(error = %e, "the resource service stopped");
             }
         });
-        Ok(ResourceService { url: format!("http://{addr}"), sink, task })
+        Ok(ResourceService {
+            url: format!("http://{addr}"),
+            sink,
+            task,
+        })
     }
 
     /// Stops serving and flushes the audit sink; returns how many events it dropped.
@@ -126,7 +148,10 @@ impl ResourceService {
 type Answer = (StatusCode, Json<Value>);
 
 fn unavailable(e: impl std::fmt::Display) -> Answer {
-    (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "error": e.to_string() })))
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        Json(json!({ "error": e.to_string() })),
+    )
 }
 
 /// A fenced read-modify-write of one cell; the layer has admitted `verified`.
@@ -157,7 +182,9 @@ async fn write_cell(
         Ok(version) => (StatusCode::OK, Json(json!({ "seq": version }))),
         Err(e) if e.is_stale() => (
             StatusCode::CONFLICT,
-            Json(json!({ "error": e.to_string(), "highest": e.highest().map(|h| h.get().to_string()) })),
+            Json(
+                json!({ "error": e.to_string(), "highest": e.highest().map(|h| h.get().to_string()) }),
+            ),
         ),
         Err(e) => unavailable(e),
     }
@@ -169,7 +196,12 @@ async fn write_advisory(State(pool): State<Pool>, Path(id): Path<String>) -> Ans
         Ok(c) => c,
         Err(e) => return unavailable(e),
     };
-    match client.query_one("UPDATE chaos_advisory SET version = version + 1 WHERE id = $1 RETURNING version", &[&id]).await
+    match client
+        .query_one(
+            "UPDATE chaos_advisory SET version = version + 1 WHERE id = $1 RETURNING version",
+            &[&id],
+        )
+        .await
     {
         Ok(row) => (StatusCode::OK, Json(json!({ "seq": row.get::<_, i64>(0) }))),
         Err(e) => unavailable(e),

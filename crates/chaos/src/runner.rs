@@ -1,8 +1,8 @@
 //! The run: start every part, let the workers work while the nemesis injects faults,
 //! stop, read etcd's history and the audit trail back, and summarize.
 
-use std::io::Write;
 use std::collections::BTreeSet;
+use std::io::Write;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -114,24 +114,37 @@ impl Holding {
 impl Run {
     /// Records a runner entry.
     pub(crate) fn record(&self, event: Event) {
-        let _ = self.entries.send(Entry { at_ns: self.clock.at_ns(), worker: RUNNER, event });
+        let _ = self.entries.send(Entry {
+            at_ns: self.clock.at_ns(),
+            worker: RUNNER,
+            event,
+        });
     }
 
     /// The admin client of replica `i`.
     pub(crate) fn admin(&self, i: usize) -> Result<Client, ChaosError> {
         let url = self.replicas.urls()[i].clone();
-        Client::new(url).map(|c| c.with_dev_identity(ADMIN)).map_err(ChaosError::service("building the admin client"))
+        Client::new(url)
+            .map(|c| c.with_dev_identity(ADMIN))
+            .map_err(ChaosError::service("building the admin client"))
     }
 
     /// The epoch replica `i` serves, and whether it refuses grants.
     pub(crate) async fn epoch_of(&self, i: usize) -> Result<(u16, bool), ChaosError> {
-        let v = self.admin(i)?.call_json("GET", "/v1/epoch", None).await.map_err(ChaosError::service("reading the epoch"))?;
+        let v = self
+            .admin(i)?
+            .call_json("GET", "/v1/epoch", None)
+            .await
+            .map_err(ChaosError::service("reading the epoch"))?;
         Ok((epoch_field(&v), !v["grants_refused"].is_null()))
     }
 }
 
 pub(crate) fn epoch_field(v: &Value) -> u16 {
-    v["epoch"].as_u64().and_then(|e| u16::try_from(e).ok()).unwrap_or(0)
+    v["epoch"]
+        .as_u64()
+        .and_then(|e| u16::try_from(e).ok())
+        .unwrap_or(0)
 }
 
 /// Calls `f` until it succeeds or `limit` passes; returns the last error.
@@ -158,14 +171,18 @@ where
 /// are not errors: they are in the returned summary.
 pub async fn run(options: RunOptions) -> Result<Summary, ChaosError> {
     if options.workers == 0 || options.keys == 0 {
-        return Err(ChaosError::InvalidOptions("--workers and --keys must be at least 1"));
+        return Err(ChaosError::InvalidOptions(
+            "--workers and --keys must be at least 1",
+        ));
     }
     let dir = tempfile::Builder::new()
         .prefix("palisade-chaos-")
         .tempdir()
         .map_err(ChaosError::io("creating the run directory"))?;
-    let file = std::fs::File::create(&options.history)
-        .map_err(ChaosError::io(format!("creating {}", options.history.display())))?;
+    let file = std::fs::File::create(&options.history).map_err(ChaosError::io(format!(
+        "creating {}",
+        options.history.display()
+    )))?;
     let (tx, mut rx) = mpsc::unbounded_channel::<Entry>();
     let holding = Holding::default();
     let seen = holding.clone();
@@ -179,8 +196,13 @@ pub async fn run(options: RunOptions) -> Result<Summary, ChaosError> {
     });
     let clock = RunClock::start();
     let result = drive(&options, dir.path().to_owned(), clock, tx, holding).await;
-    let written = writer.await.map_err(|e| ChaosError::NotReady(format!("the history writer ({e})")))?;
-    written.map_err(ChaosError::io(format!("writing {}", options.history.display())))?;
+    let written = writer
+        .await
+        .map_err(|e| ChaosError::NotReady(format!("the history writer ({e})")))?;
+    written.map_err(ChaosError::io(format!(
+        "writing {}",
+        options.history.display()
+    )))?;
     let extra = match result {
         Ok(extra) => extra,
         Err(e) => {
@@ -191,8 +213,10 @@ pub async fn run(options: RunOptions) -> Result<Summary, ChaosError> {
             return Err(e);
         }
     };
-    let file = std::fs::File::open(&options.history)
-        .map_err(ChaosError::io(format!("reading {}", options.history.display())))?;
+    let file = std::fs::File::open(&options.history).map_err(ChaosError::io(format!(
+        "reading {}",
+        options.history.display()
+    )))?;
     let entries = history::read_history(std::io::BufReader::new(file))?;
     let report = crate::check::check(&entries);
     let mut summary = Summary::of(&options, &entries, extra);
@@ -237,7 +261,12 @@ async fn drive(
 
     let etcd = EtcdCluster::start(3).await;
     std::fs::write(dir.join("authz.toml"), AUTHZ).map_err(ChaosError::io("writing authz.toml"))?;
-    let mut replicas = Replicas::new(options.exe.clone(), dir.clone(), &etcd.endpoints(), REPLICAS)?;
+    let mut replicas = Replicas::new(
+        options.exe.clone(),
+        dir.clone(),
+        &etcd.endpoints(),
+        REPLICAS,
+    )?;
     for i in 0..REPLICAS {
         replicas.start(i).await?;
     }
@@ -249,7 +278,11 @@ async fn drive(
         workers: None,
         entries,
         audit_pool: pool.clone(),
-        space: Space { epoch: 0, from: 1, number: 0 },
+        space: Space {
+            epoch: 0,
+            from: 1,
+            number: 0,
+        },
         holds: Vec::new(),
         unmatched_ends: 0,
         replayed: Vec::new(),
@@ -259,7 +292,11 @@ async fn drive(
     let admin = run.admin(0)?;
     retry(Duration::from_secs(30), || async {
         admin
-            .call_json("PUT", &format!("/v1/namespaces/{NAMESPACE}"), Some(json!({ "tenant_id": "chaos" })))
+            .call_json(
+                "PUT",
+                &format!("/v1/namespaces/{NAMESPACE}"),
+                Some(json!({ "tenant_id": "chaos" })),
+            )
             .await
             .map_err(ChaosError::service("creating the namespace"))?;
         admin
@@ -275,7 +312,9 @@ async fn drive(
     run.space.epoch = run.epoch_of(0).await?.0;
 
     // The audit tailer, in this process, into the private PostgreSQL.
-    let tailer = palisade_audit::Tailer::connect(&run.etcd.endpoints(), pool.clone()).await?.with_root(ROOT);
+    let tailer = palisade_audit::Tailer::connect(&run.etcd.endpoints(), pool.clone())
+        .await?
+        .with_root(ROOT);
     let tailer = tokio::spawn(async move {
         let never = tailer.run().await;
         match never {}
@@ -300,13 +339,17 @@ async fn drive(
     tokio::time::sleep(Duration::from_secs(2)).await;
     let plan = schedule::plan(options.seed, 10_000);
     for (n, fault) in plan.iter().enumerate() {
-        let left = options.duration.saturating_sub(Duration::from_nanos(run.clock.at_ns()));
+        let left = options
+            .duration
+            .saturating_sub(Duration::from_nanos(run.clock.at_ns()));
         if n >= schedule::ALL_KINDS.len() && left < fault.gap + fault.hold + TTL * 2 {
             break;
         }
         run.inject(fault, plan.get(n + 1)).await?;
     }
-    let left = options.duration.saturating_sub(Duration::from_nanos(run.clock.at_ns()));
+    let left = options
+        .duration
+        .saturating_sub(Duration::from_nanos(run.clock.at_ns()));
     tokio::time::sleep(left).await;
 
     // Stop the writers, then the replicas; wait until every session's lease is gone.
@@ -320,14 +363,29 @@ async fn drive(
 
     // etcd's history of the last revision space.
     let prefix = format!("{ROOT}locks/");
-    let read =
-        etcd_history::read(&run.etcd.endpoints(), &prefix, run.space.from, etcd_history::Head::Linearizable, true).await?;
+    let read = etcd_history::read(
+        &run.etcd.endpoints(),
+        &prefix,
+        run.space.from,
+        etcd_history::Head::Linearizable,
+        true,
+    )
+    .await?;
     let mut holds = std::mem::take(&mut run.holds);
     let found = etcd_history::holds(&prefix, &read, run.space);
     holds.extend(found.holds);
     let unmatched_ends = run.unmatched_ends + found.unmatched_ends;
-    let last_lock_rev = read.changes.last().map_or(0, etcd_history::Change::revision);
-    let caught_up = audit_rows::wait_for_tailer(&pool, read.cluster_id, last_lock_rev, Duration::from_secs(60)).await?;
+    let last_lock_rev = read
+        .changes
+        .last()
+        .map_or(0, etcd_history::Change::revision);
+    let caught_up = audit_rows::wait_for_tailer(
+        &pool,
+        read.cluster_id,
+        last_lock_rev,
+        Duration::from_secs(60),
+    )
+    .await?;
     tailer.abort();
     let audit = audit_rows::read(&pool, &run.replayed).await?;
     for e in holds.into_iter().chain(audit.rows) {

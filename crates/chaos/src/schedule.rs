@@ -41,7 +41,11 @@ pub fn plan(seed: u64, count: usize) -> Vec<PlannedFault> {
     first.shuffle(&mut rng);
     (0..count)
         .map(|i| {
-            let kind = if i < first.len() { first[i] } else { ALL_KINDS[rng.gen_range(0..ALL_KINDS.len())] };
+            let kind = if i < first.len() {
+                first[i]
+            } else {
+                ALL_KINDS[rng.gen_range(0..ALL_KINDS.len())]
+            };
             PlannedFault {
                 kind,
                 gap: Duration::from_millis(rng.gen_range(1_500..4_000)),
@@ -67,6 +71,8 @@ mod tests {
         let mut all = ALL_KINDS.to_vec();
         all.sort();
         assert_eq!(first, all);
-        assert!(a.iter().all(|f| f.gap >= Duration::from_millis(1_500) && f.hold < Duration::from_secs(4)));
+        assert!(a
+            .iter()
+            .all(|f| f.gap >= Duration::from_millis(1_500) && f.hold < Duration::from_secs(4)));
     }
 }

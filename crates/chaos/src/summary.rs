@@ -122,7 +122,12 @@ impl Summary {
                 Event::AcquireFailed { .. } => s.acquire_failures += 1,
                 Event::Released { .. } => s.releases += 1,
                 Event::Lost { .. } => s.losses += 1,
-                Event::WriteCompleted { target, token, outcome, .. } => {
+                Event::WriteCompleted {
+                    target,
+                    token,
+                    outcome,
+                    ..
+                } => {
                     let counts = match (target, token) {
                         (_, None) => &mut s.advisory,
                         (Target::Postgres, Some(_)) => &mut s.postgres,
@@ -134,7 +139,11 @@ impl Summary {
                         WriteOutcome::Indeterminate { .. } => counts.indeterminate += 1,
                     }
                 }
-                Event::Fault { kind, phase: Phase::Start, .. } => *s.faults.entry(*kind).or_default() += 1,
+                Event::Fault {
+                    kind,
+                    phase: Phase::Start,
+                    ..
+                } => *s.faults.entry(*kind).or_default() += 1,
                 Event::EpochAdvanced { .. } => s.epochs_advanced += 1,
                 Event::EtcdHold { .. } => s.etcd_holds += 1,
                 Event::RestoredHold { end, .. } => {
@@ -153,7 +162,11 @@ impl Summary {
     /// Operations: acquires, releases and write attempts.
     pub fn operations(&self) -> u64 {
         let writes = |w: &WriteCounts| w.committed + w.rejected + w.indeterminate;
-        self.acquires + self.releases + writes(&self.postgres) + writes(&self.http) + writes(&self.advisory)
+        self.acquires
+            + self.releases
+            + writes(&self.postgres)
+            + writes(&self.http)
+            + writes(&self.advisory)
     }
 
     /// Stale writes the resources refused.
@@ -164,7 +177,9 @@ impl Summary {
     /// Whether the run passed: every worker ran to the end, the audit tailer caught up,
     /// and the checker found no violation.
     pub fn passed(&self) -> bool {
-        self.workers_failed.is_empty() && self.tailer_caught_up && self.violations.as_ref().is_some_and(Vec::is_empty)
+        self.workers_failed.is_empty()
+            && self.tailer_caught_up
+            && self.violations.as_ref().is_some_and(Vec::is_empty)
     }
 }
 
@@ -188,33 +203,87 @@ impl fmt::Display for Summary {
         ] {
             writeln!(f, "{name:<34} {n:>10}")?;
         }
-        writeln!(f, "{:<34} {:>10} {:>10} {:>13}", "writes", "committed", "stale", "indeterminate")?;
+        writeln!(
+            f,
+            "{:<34} {:>10} {:>10} {:>13}",
+            "writes", "committed", "stale", "indeterminate"
+        )?;
         for (name, w) in [
             ("  postgres, fenced_transaction", self.postgres),
             ("  http, FenceLayer", self.http),
             ("  http, advisory, no token", self.advisory),
         ] {
-            writeln!(f, "{name:<34} {:>10} {:>10} {:>13}", w.committed, w.rejected, w.indeterminate)?;
+            writeln!(
+                f,
+                "{name:<34} {:>10} {:>10} {:>13}",
+                w.committed, w.rejected, w.indeterminate
+            )?;
         }
-        writeln!(f, "{:<34} {:>10}", "stale writes rejected", self.stale_rejected())?;
-        writeln!(f, "{:<34} {:>10}", "faults injected", self.faults.values().sum::<u64>())?;
+        writeln!(
+            f,
+            "{:<34} {:>10}",
+            "stale writes rejected",
+            self.stale_rejected()
+        )?;
+        writeln!(
+            f,
+            "{:<34} {:>10}",
+            "faults injected",
+            self.faults.values().sum::<u64>()
+        )?;
         for (kind, n) in &self.faults {
-            let name = serde_json::to_value(kind).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+            let name = serde_json::to_value(kind)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
             writeln!(f, "  {name:<32} {n:>10}")?;
         }
         writeln!(f, "{:<34} {:>10}", "epochs advanced", self.epochs_advanced)?;
-        writeln!(f, "{:<34} {:>10}", "holds in etcd's history", self.etcd_holds)?;
-        writeln!(f, "{:<34} {:>10}", "holds brought back by a restore", self.restored_holds)?;
-        writeln!(f, "{:<34} {:>10}", "  ended by the restored cluster", self.restored_holds_ended)?;
+        writeln!(
+            f,
+            "{:<34} {:>10}",
+            "holds in etcd's history", self.etcd_holds
+        )?;
+        writeln!(
+            f,
+            "{:<34} {:>10}",
+            "holds brought back by a restore", self.restored_holds
+        )?;
+        writeln!(
+            f,
+            "{:<34} {:>10}",
+            "  ended by the restored cluster", self.restored_holds_ended
+        )?;
         if self.unmatched_hold_ends > 0 {
-            writeln!(f, "{:<34} {:>10}", "  hold ends matching no hold (!)", self.unmatched_hold_ends)?;
+            writeln!(
+                f,
+                "{:<34} {:>10}",
+                "  hold ends matching no hold (!)", self.unmatched_hold_ends
+            )?;
         }
         writeln!(f, "{:<34} {:>10}", "audit rows", self.audit_rows)?;
-        writeln!(f, "{:<34} {:>10}", "  restored history, left out", self.audit_replayed)?;
+        writeln!(
+            f,
+            "{:<34} {:>10}",
+            "  restored history, left out", self.audit_replayed
+        )?;
         writeln!(f, "{:<34} {:>10}", "  gaps", self.audit_gaps)?;
-        writeln!(f, "{:<34} {:>10}", "  lost with a restored cluster", self.audit_lost_with_cluster)?;
-        writeln!(f, "{:<34} {:>10}", "  write events dropped by the sink", self.audit_dropped)?;
-        writeln!(f, "{:<34} {:>10}", "  tailer caught up", if self.tailer_caught_up { "yes" } else { "NO" })?;
+        writeln!(
+            f,
+            "{:<34} {:>10}",
+            "  lost with a restored cluster", self.audit_lost_with_cluster
+        )?;
+        writeln!(
+            f,
+            "{:<34} {:>10}",
+            "  write events dropped by the sink", self.audit_dropped
+        )?;
+        writeln!(
+            f,
+            "{:<34} {:>10}",
+            "  tailer caught up",
+            if self.tailer_caught_up { "yes" } else { "NO" }
+        )?;
         for w in &self.workers_failed {
             writeln!(f, "{w}")?;
         }

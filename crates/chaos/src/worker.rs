@@ -68,10 +68,17 @@ struct Recorder {
 
 impl Recorder {
     fn record(&self, event: Event) {
-        let entry = Entry { at_ns: self.clock.at_ns(), worker: self.worker, event };
+        let entry = Entry {
+            at_ns: self.clock.at_ns(),
+            worker: self.worker,
+            event,
+        };
         let mut out = std::io::stdout().lock();
         // A closed stdout means the runner is gone; nothing is left to record for.
-        if write_entry(&mut out, &entry).and_then(|()| std::io::Write::flush(&mut out)).is_err() {
+        if write_entry(&mut out, &entry)
+            .and_then(|()| std::io::Write::flush(&mut out))
+            .is_err()
+        {
             std::process::exit(0);
         }
     }
@@ -90,7 +97,9 @@ type TokenCell = Arc<Mutex<Option<FencingToken>>>;
 /// [`ChaosError::Audit`] if the database pool cannot be built.
 pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
     if config.services.is_empty() || config.keys == 0 {
-        return Err(ChaosError::InvalidOptions("a worker needs at least one service and one key"));
+        return Err(ChaosError::InvalidOptions(
+            "a worker needs at least one service and one key",
+        ));
     }
     let stop = Arc::new(AtomicBool::new(false));
     let stopping = stop.clone();
@@ -100,8 +109,13 @@ pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
         while matches!(stdin.read(&mut buf).await, Ok(n) if n > 0) {}
         stopping.store(true, Ordering::SeqCst);
     });
-    let rec = Recorder { clock: RunClock::from_start(config.start_ns), worker: config.id };
-    let mut rng = StdRng::seed_from_u64(config.seed ^ (u64::from(config.id) + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let rec = Recorder {
+        clock: RunClock::from_start(config.start_ns),
+        worker: config.id,
+    };
+    let mut rng = StdRng::seed_from_u64(
+        config.seed ^ (u64::from(config.id) + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+    );
     let identity = format!("spiffe://chaos/workers/w{}", config.id);
     let clients: Vec<Client> = config
         .services
@@ -113,7 +127,9 @@ pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
     let token: TokenCell = Arc::default();
     let source = token.clone();
     let fenced_http = ServiceBuilder::new()
-        .layer(FencingTokenLayer::new(move || *source.lock().unwrap_or_else(|e| e.into_inner())))
+        .layer(FencingTokenLayer::new(move || {
+            *source.lock().unwrap_or_else(|e| e.into_inner())
+        }))
         .service(HttpClient::builder(TokioExecutor::new()).build_http::<Full<Bytes>>());
     let plain_http = HttpClient::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let current: Current = Arc::default();
@@ -139,15 +155,24 @@ pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
         }
         let Some(s) = session.clone() else { continue };
         let key = key_name(rng.gen_range(0..config.keys));
-        let lock = LockName { ns: NAMESPACE.into(), class: CLASS.into(), key: key.clone() };
+        let lock = LockName {
+            ns: NAMESPACE.into(),
+            class: CLASS.into(),
+            key: key.clone(),
+        };
         rec.record(Event::AcquireInvoked { lock: lock.clone() });
-        let acquired =
-            tokio::time::timeout(ACQUIRE_WAIT + WRITE_TIMEOUT, s.acquire(NAMESPACE, CLASS, &key, Mode::Exclusive, ACQUIRE_WAIT))
-                .await;
+        let acquired = tokio::time::timeout(
+            ACQUIRE_WAIT + WRITE_TIMEOUT,
+            s.acquire(NAMESPACE, CLASS, &key, Mode::Exclusive, ACQUIRE_WAIT),
+        )
+        .await;
         let hold = match acquired {
             Ok(Ok(hold)) => hold,
             Ok(Err(e)) => {
-                rec.record(Event::AcquireFailed { lock, error: e.to_string() });
+                rec.record(Event::AcquireFailed {
+                    lock,
+                    error: e.to_string(),
+                });
                 if e.is_session_lost() {
                     session = None;
                 }
@@ -155,33 +180,57 @@ pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
                 continue;
             }
             Err(_) => {
-                rec.record(Event::AcquireFailed { lock, error: "no answer in time".into() });
+                rec.record(Event::AcquireFailed {
+                    lock,
+                    error: "no answer in time".into(),
+                });
                 abandon(&mut session, &current).await;
                 continue;
             }
         };
         let (Some(t), Some(rev)) = (hold.token(), hold.grant_rev()) else {
-            rec.record(Event::AcquireFailed { lock, error: "granted without a fencing token".into() });
+            rec.record(Event::AcquireFailed {
+                lock,
+                error: "granted without a fencing token".into(),
+            });
             let _ = hold.release().await;
             continue;
         };
         let lease = i64::from_str_radix(s.id(), 16).unwrap_or(-1);
-        *current.lock().unwrap_or_else(|e| e.into_inner()) = Some((s.id().to_owned(), lock.clone(), t.get()));
+        *current.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((s.id().to_owned(), lock.clone(), t.get()));
         *token.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
-        rec.record(Event::Granted { lock: lock.clone(), token: t.get(), session: lease, grant_rev: rev.as_i64() });
+        rec.record(Event::Granted {
+            lock: lock.clone(),
+            token: t.get(),
+            session: lease,
+            grant_rev: rev.as_i64(),
+        });
 
         // Rounds of writes with pauses between them: a pause here (SIGSTOP from the
         // nemesis, or the occasional long one here) is followed by a write with a token
         // that may have gone stale meanwhile.
         for round in 0..rng.gen_range(2..=4) {
             if round > 0 {
-                let pause = if rng.gen_bool(0.04) { ttl + ttl / 2 } else { Duration::from_millis(rng.gen_range(0..200)) };
+                let pause = if rng.gen_bool(0.04) {
+                    ttl + ttl / 2
+                } else {
+                    Duration::from_millis(rng.gen_range(0..200))
+                };
                 tokio::time::sleep(pause).await;
             }
             op += 1;
             write_pg(&rec, &pool, &key, t, op).await;
             op += 1;
-            write_http(&rec, &fenced_http, &config.resource_url, &format!("/cells/{key}"), Some(t), op).await;
+            write_http(
+                &rec,
+                &fenced_http,
+                &config.resource_url,
+                &format!("/cells/{key}"),
+                Some(t),
+                op,
+            )
+            .await;
         }
         if rng.gen_bool(0.25) {
             op += 1;
@@ -204,7 +253,11 @@ fn watch_loss(s: &ClientSession, current: Current, rec: Recorder) {
         s.lost().await;
         let mine = {
             let mut cur = current.lock().unwrap_or_else(|e| e.into_inner());
-            if cur.as_ref().is_some_and(|(id, _, _)| id == s.id()) { cur.take() } else { None }
+            if cur.as_ref().is_some_and(|(id, _, _)| id == s.id()) {
+                cur.take()
+            } else {
+                None
+            }
         };
         if let Some((_, lock, token)) = mine {
             rec.record(Event::Lost { lock, token });
@@ -232,13 +285,25 @@ async fn release(
     match tokio::time::timeout(WRITE_TIMEOUT, hold.release()).await {
         Ok(Ok(())) => {
             current.lock().unwrap_or_else(|e| e.into_inner()).take();
-            rec.record(Event::Released { lock: lock.clone(), token, release_rev: None });
+            rec.record(Event::Released {
+                lock: lock.clone(),
+                token,
+                release_rev: None,
+            });
         }
         Ok(Err(e)) if e.is_not_held() || e.is_session_lost() => {
             // The service says the hold is gone: that is the loss signal, unless the
             // session's own signal told it first.
-            if current.lock().unwrap_or_else(|e| e.into_inner()).take().is_some() {
-                rec.record(Event::Lost { lock: lock.clone(), token });
+            if current
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+                .is_some()
+            {
+                rec.record(Event::Lost {
+                    lock: lock.clone(),
+                    token,
+                });
             }
             if e.is_session_lost() {
                 *session = None;
@@ -250,14 +315,21 @@ async fn release(
 
 async fn write_pg(rec: &Recorder, pool: &Pool, key: &str, token: FencingToken, op: u64) {
     let resource = format!("pg/{key}");
-    rec.record(Event::WriteInvoked { resource: resource.clone(), target: Target::Postgres, token: Some(token.get()), op });
+    rec.record(Event::WriteInvoked {
+        resource: resource.clone(),
+        target: Target::Postgres,
+        token: Some(token.get()),
+        op,
+    });
     let outcome = match tokio::time::timeout(WRITE_TIMEOUT, pool.get()).await {
         Ok(Ok(mut client)) => {
             let id = key.to_owned();
             let result = fenced_transaction(&mut **client, &resource, token, |tx| {
                 Box::pin(async move {
-                    let value: i64 =
-                        tx.query_one("SELECT value FROM chaos_pg_cell WHERE id = $1", &[&id]).await?.get(0);
+                    let value: i64 = tx
+                        .query_one("SELECT value FROM chaos_pg_cell WHERE id = $1", &[&id])
+                        .await?
+                        .get(0);
                     let version: i64 = tx
                         .query_one(
                             "UPDATE chaos_pg_cell SET value = $2, version = version + 1 WHERE id = $1 RETURNING version",
@@ -269,46 +341,98 @@ async fn write_pg(rec: &Recorder, pool: &Pool, key: &str, token: FencingToken, o
                 })
             });
             match tokio::time::timeout(WRITE_TIMEOUT, result).await {
-                Ok(Ok(version)) => WriteOutcome::Committed { seq: version.max(0) as u64 },
-                Ok(Err(e)) if e.is_stale() => WriteOutcome::Rejected { highest: e.highest().map(FencingToken::get) },
-                Ok(Err(e)) => WriteOutcome::Indeterminate { reason: e.to_string() },
-                Err(_) => WriteOutcome::Indeterminate { reason: "no answer in time".into() },
+                Ok(Ok(version)) => WriteOutcome::Committed {
+                    seq: version.max(0) as u64,
+                },
+                Ok(Err(e)) if e.is_stale() => WriteOutcome::Rejected {
+                    highest: e.highest().map(FencingToken::get),
+                },
+                Ok(Err(e)) => WriteOutcome::Indeterminate {
+                    reason: e.to_string(),
+                },
+                Err(_) => WriteOutcome::Indeterminate {
+                    reason: "no answer in time".into(),
+                },
             }
         }
-        Ok(Err(e)) => WriteOutcome::Indeterminate { reason: format!("no connection: {e}") },
-        Err(_) => WriteOutcome::Indeterminate { reason: "no connection in time".into() },
+        Ok(Err(e)) => WriteOutcome::Indeterminate {
+            reason: format!("no connection: {e}"),
+        },
+        Err(_) => WriteOutcome::Indeterminate {
+            reason: "no connection in time".into(),
+        },
     };
-    rec.record(Event::WriteCompleted { resource, target: Target::Postgres, token: Some(token.get()), op, outcome });
+    rec.record(Event::WriteCompleted {
+        resource,
+        target: Target::Postgres,
+        token: Some(token.get()),
+        op,
+        outcome,
+    });
 }
 
-async fn write_http<S>(rec: &Recorder, http: &S, base: &str, path: &str, token: Option<FencingToken>, op: u64)
-where
-    S: Service<http::Request<Full<Bytes>>, Response = http::Response<hyper::body::Incoming>> + Clone,
+async fn write_http<S>(
+    rec: &Recorder,
+    http: &S,
+    base: &str,
+    path: &str,
+    token: Option<FencingToken>,
+    op: u64,
+) where
+    S: Service<http::Request<Full<Bytes>>, Response = http::Response<hyper::body::Incoming>>
+        + Clone,
     S::Error: std::fmt::Display,
 {
     let token = token.map(FencingToken::get);
-    rec.record(Event::WriteInvoked { resource: path.to_owned(), target: Target::Http, token, op });
-    let outcome = match tokio::time::timeout(WRITE_TIMEOUT, send(http, base, path, rec.worker)).await {
-        Ok(Ok((200, body))) => match body["seq"].as_u64() {
-            Some(seq) => WriteOutcome::Committed { seq },
-            None => WriteOutcome::Indeterminate { reason: format!("200 without a seq: {body}") },
-        },
-        Ok(Ok((409, body))) => WriteOutcome::Rejected { highest: number(&body["highest"]) },
-        Ok(Ok((status, body))) => WriteOutcome::Indeterminate { reason: format!("HTTP {status}: {body}") },
-        Ok(Err(e)) => WriteOutcome::Indeterminate { reason: e },
-        Err(_) => WriteOutcome::Indeterminate { reason: "no answer in time".into() },
-    };
-    rec.record(Event::WriteCompleted { resource: path.to_owned(), target: Target::Http, token, op, outcome });
+    rec.record(Event::WriteInvoked {
+        resource: path.to_owned(),
+        target: Target::Http,
+        token,
+        op,
+    });
+    let outcome =
+        match tokio::time::timeout(WRITE_TIMEOUT, send(http, base, path, rec.worker)).await {
+            Ok(Ok((200, body))) => match body["seq"].as_u64() {
+                Some(seq) => WriteOutcome::Committed { seq },
+                None => WriteOutcome::Indeterminate {
+                    reason: format!("200 without a seq: {body}"),
+                },
+            },
+            Ok(Ok((409, body))) => WriteOutcome::Rejected {
+                highest: number(&body["highest"]),
+            },
+            Ok(Ok((status, body))) => WriteOutcome::Indeterminate {
+                reason: format!("HTTP {status}: {body}"),
+            },
+            Ok(Err(e)) => WriteOutcome::Indeterminate { reason: e },
+            Err(_) => WriteOutcome::Indeterminate {
+                reason: "no answer in time".into(),
+            },
+        };
+    rec.record(Event::WriteCompleted {
+        resource: path.to_owned(),
+        target: Target::Http,
+        token,
+        op,
+        outcome,
+    });
 }
 
 /// A JSON number, or a decimal string (how problem+json carries tokens).
 fn number(v: &serde_json::Value) -> Option<u64> {
-    v.as_u64().or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+    v.as_u64()
+        .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
 }
 
-async fn send<S>(http: &S, base: &str, path: &str, worker: u32) -> Result<(u16, serde_json::Value), String>
+async fn send<S>(
+    http: &S,
+    base: &str,
+    path: &str,
+    worker: u32,
+) -> Result<(u16, serde_json::Value), String>
 where
-    S: Service<http::Request<Full<Bytes>>, Response = http::Response<hyper::body::Incoming>> + Clone,
+    S: Service<http::Request<Full<Bytes>>, Response = http::Response<hyper::body::Incoming>>
+        + Clone,
     S::Error: std::fmt::Display,
 {
     let req = http::Request::put(format!("{base}{path}"))
@@ -316,8 +440,22 @@ where
         .body(Full::new(Bytes::new()))
         .map_err(|e| e.to_string())?;
     let mut svc = http.clone();
-    let resp = svc.ready().await.map_err(|e| e.to_string())?.call(req).await.map_err(|e| e.to_string())?;
+    let resp = svc
+        .ready()
+        .await
+        .map_err(|e| e.to_string())?
+        .call(req)
+        .await
+        .map_err(|e| e.to_string())?;
     let status = resp.status().as_u16();
-    let bytes = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
-    Ok((status, serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null)))
+    let bytes = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok((
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+    ))
 }

@@ -50,13 +50,14 @@ mod token;
 pub use client::{FencingTokenLayer, SetFencingToken, TokenSource};
 #[cfg(feature = "tower")]
 pub use fence::{
-    decoded_path, ChannelObserver, Enforcement, EnforcementTable, Fence, FenceLayer, Rejection, RejectionKind,
-    ResponseFuture, VerifiedToken, WriteEvent, WriteObserver, WriteOutcome, FENCING_TOKEN,
+    decoded_path, ChannelObserver, Enforcement, EnforcementTable, Fence, FenceLayer, Rejection,
+    RejectionKind, ResponseFuture, VerifiedToken, WriteEvent, WriteObserver, WriteOutcome,
+    FENCING_TOKEN,
 };
 #[cfg(feature = "postgres")]
 pub use postgres::{
-    begin_fenced, fenced_execute, fenced_transaction, migrate, FencedStatement, PreparedFence, PreparedFencedUpdate, FenceError, FenceErrorKind, FencedUpdate, TxFuture,
-    MIGRATION,
+    begin_fenced, fenced_execute, fenced_transaction, migrate, FenceError, FenceErrorKind,
+    FencedStatement, FencedUpdate, PreparedFence, PreparedFencedUpdate, TxFuture, MIGRATION,
 };
 #[cfg(feature = "memory")]
 pub use store::MemoryStore;

@@ -18,7 +18,9 @@ const EPOCH_LIMIT: u16 = 1 << 15;
 /// etcd restored from a snapshot, or a namespace rehomed to another etcd cluster. A new
 /// epoch is always greater than every epoch used before, so tokens stay monotonic across
 /// the change. The upper bound keeps every token below 2^63, so it fits a signed `BIGINT`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
 #[serde(try_from = "u16", into = "u16")]
 pub struct Epoch(u16);
 
@@ -81,7 +83,9 @@ impl fmt::Display for Epoch {
 ///
 /// etcd reports revisions as `int64`; a `Revision` holds any non-negative one. Only
 /// revisions below 2^48 fit a [`FencingToken`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
 #[serde(transparent)]
 pub struct Revision(u64);
 
@@ -158,7 +162,9 @@ impl FencingToken {
         if revision.0 >= REVISION_LIMIT {
             return Err(TokenRangeError::Revision(revision.0));
         }
-        Ok(FencingToken(((epoch.0 as u64) << REVISION_BITS) | revision.0))
+        Ok(FencingToken(
+            ((epoch.0 as u64) << REVISION_BITS) | revision.0,
+        ))
     }
 
     /// Interprets a raw token value.
@@ -283,7 +289,9 @@ impl<'de> Deserialize<'de> for FencingToken {
         impl de::Visitor<'_> for Visitor {
             type Value = FencingToken;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a fencing token: a decimal string or a non-negative integer below 2^63")
+                f.write_str(
+                    "a fencing token: a decimal string or a non-negative integer below 2^63",
+                )
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<FencingToken, E> {
                 v.parse().map_err(E::custom)
@@ -364,7 +372,10 @@ mod sql {
         /// # Errors
         ///
         /// A negative value is refused with [`TokenRangeError::NegativeToken`](super::TokenRangeError).
-        fn from_sql(ty: &Type, raw: &'a [u8]) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        fn from_sql(
+            ty: &Type,
+            raw: &'a [u8],
+        ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
             Ok(FencingToken::try_from(i64::from_sql(ty, raw)?)?)
         }
         accepts!(INT8);
@@ -398,9 +409,18 @@ mod tests {
             FencingToken::from_parts(Epoch::ZERO, Revision::new(1 << 48)),
             Err(TokenRangeError::Revision(1 << 48))
         );
-        assert_eq!(FencingToken::from_u64(1 << 63), Err(TokenRangeError::Token(1 << 63)));
-        assert_eq!(FencingToken::try_from(-1i64), Err(TokenRangeError::NegativeToken(-1)));
-        assert_eq!(Revision::from_i64(-5), Err(TokenRangeError::NegativeRevision(-5)));
+        assert_eq!(
+            FencingToken::from_u64(1 << 63),
+            Err(TokenRangeError::Token(1 << 63))
+        );
+        assert_eq!(
+            FencingToken::try_from(-1i64),
+            Err(TokenRangeError::NegativeToken(-1))
+        );
+        assert_eq!(
+            Revision::from_i64(-5),
+            Err(TokenRangeError::NegativeRevision(-5))
+        );
     }
 
     #[test]
@@ -412,16 +432,58 @@ mod tests {
     fn parser_refuses_what_u64_from_str_would_accept_and_more() {
         use ParseTokenError::*;
         assert_eq!("".parse::<FencingToken>(), Err(Empty));
-        assert_eq!("+5".parse::<FencingToken>(), Err(InvalidByte { position: 0, byte: b'+' }));
-        assert_eq!("-5".parse::<FencingToken>(), Err(InvalidByte { position: 0, byte: b'-' }));
-        assert_eq!("1 2".parse::<FencingToken>(), Err(InvalidByte { position: 1, byte: b' ' }));
-        assert_eq!(" 12".parse::<FencingToken>(), Err(InvalidByte { position: 0, byte: b' ' }));
-        assert_eq!("12\n".parse::<FencingToken>(), Err(InvalidByte { position: 2, byte: b'\n' }));
+        assert_eq!(
+            "+5".parse::<FencingToken>(),
+            Err(InvalidByte {
+                position: 0,
+                byte: b'+'
+            })
+        );
+        assert_eq!(
+            "-5".parse::<FencingToken>(),
+            Err(InvalidByte {
+                position: 0,
+                byte: b'-'
+            })
+        );
+        assert_eq!(
+            "1 2".parse::<FencingToken>(),
+            Err(InvalidByte {
+                position: 1,
+                byte: b' '
+            })
+        );
+        assert_eq!(
+            " 12".parse::<FencingToken>(),
+            Err(InvalidByte {
+                position: 0,
+                byte: b' '
+            })
+        );
+        assert_eq!(
+            "12\n".parse::<FencingToken>(),
+            Err(InvalidByte {
+                position: 2,
+                byte: b'\n'
+            })
+        );
         // ARABIC-INDIC DIGIT ONE (U+0661) is a digit to char::is_numeric, not to us.
-        assert!(matches!("1\u{0661}".parse::<FencingToken>(), Err(InvalidByte { position: 1, .. })));
-        assert_eq!("9223372036854775808".parse::<FencingToken>(), Err(OutOfRange));
-        assert_eq!("99999999999999999999999".parse::<FencingToken>(), Err(OutOfRange));
-        assert_eq!("9223372036854775807".parse::<FencingToken>(), Ok(FencingToken::MAX));
+        assert!(matches!(
+            "1\u{0661}".parse::<FencingToken>(),
+            Err(InvalidByte { position: 1, .. })
+        ));
+        assert_eq!(
+            "9223372036854775808".parse::<FencingToken>(),
+            Err(OutOfRange)
+        );
+        assert_eq!(
+            "99999999999999999999999".parse::<FencingToken>(),
+            Err(OutOfRange)
+        );
+        assert_eq!(
+            "9223372036854775807".parse::<FencingToken>(),
+            Ok(FencingToken::MAX)
+        );
         assert_eq!("0".parse::<FencingToken>(), Ok(FencingToken::MIN));
     }
 
@@ -431,7 +493,10 @@ mod tests {
         let json = serde_json::to_string(&t).unwrap();
         assert_eq!(json, format!("\"{}\"", t.get()));
         assert_eq!(serde_json::from_str::<FencingToken>(&json).unwrap(), t);
-        assert_eq!(serde_json::from_str::<FencingToken>(&t.get().to_string()).unwrap(), t);
+        assert_eq!(
+            serde_json::from_str::<FencingToken>(&t.get().to_string()).unwrap(),
+            t
+        );
         assert!(serde_json::from_str::<FencingToken>("-1").is_err());
         assert!(serde_json::from_str::<FencingToken>("\"+1\"").is_err());
         assert!(serde_json::from_str::<FencingToken>("1.5").is_err());

@@ -241,7 +241,10 @@ mod tests {
         };
         let g = cache.generation();
         cache.fill_namespace(g, ns(1));
-        assert!(cache.namespace("ns").is_none(), "not served before the watch is up");
+        assert!(
+            cache.namespace("ns").is_none(),
+            "not served before the watch is up"
+        );
         cache.clear();
         let g = cache.generation();
         cache.fill_namespace(g, ns(2));
@@ -255,6 +258,9 @@ mod tests {
         let g = cache.generation();
         cache.fill_namespace(g, ns(4));
         cache.suspend();
-        assert!(cache.namespace("ns").is_none(), "not served while the watch is down");
+        assert!(
+            cache.namespace("ns").is_none(),
+            "not served while the watch is down"
+        );
     }
 }

@@ -175,7 +175,8 @@ impl ConfigStore {
     /// [`InvalidInput::UnknownNamespace`], [`InvalidInput::UnknownClass`],
     /// [`InvalidInput::BadName`], [`ErrorKind::CorruptRecord`], [`ErrorKind::QuorumLost`].
     pub async fn class(&self, ns: &str, class: &str) -> Result<LockClass> {
-        self.class_until(ns, class, Until::Own(self.deadline())).await
+        self.class_until(ns, class, Until::Own(self.deadline()))
+            .await
     }
 
     /// [`ConfigStore::class`], retried until `until` at most.

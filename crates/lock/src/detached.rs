@@ -254,7 +254,8 @@ impl Locker {
         let keys = self.inner.keys.lock(&lock.ns, &lock.class, &lock.key);
         let hold_key = keys.hold(mode, lease);
         let to = self.inner.successors.take(hold_key.clone(), grant_rev);
-        let result = release_lease_txn(&self.inner, &keys, mode, lease, grant_rev, to.as_ref()).await;
+        let result =
+            release_lease_txn(&self.inner, &keys, mode, lease, grant_rev, to.as_ref()).await;
         if let (Err(e), Some(to)) = (&result, to) {
             if e.is_quorum_lost() {
                 // Not released (or not known to be): a retry hands over as this one would.

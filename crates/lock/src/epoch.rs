@@ -525,8 +525,7 @@ impl EpochState {
             let _flusher = this.flush.lock().await;
             let needed = {
                 let s = this.lock();
-                s.generation == generation
-                    && s.reservation_left() < this.window / 2
+                s.generation == generation && s.reservation_left() < this.window / 2
             };
             if needed {
                 if let Err(e) = this.flush_locked(generation).await {
@@ -600,7 +599,10 @@ pub(crate) async fn move_revision_to(
                 .await
                 .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
                 writes.fetch_add(1, Ordering::SeqCst);
-                let rev = resp.header().map(|h| h.revision().max(0) as u64).unwrap_or(0);
+                let rev = resp
+                    .header()
+                    .map(|h| h.revision().max(0) as u64)
+                    .unwrap_or(0);
                 reached.fetch_max(rev, Ordering::SeqCst);
             }
             Ok::<(), Error>(())
@@ -622,7 +624,10 @@ pub(crate) async fn move_revision_to(
         }
     }
     outcome?;
-    Ok((reached.load(Ordering::SeqCst), writes.load(Ordering::SeqCst)))
+    Ok((
+        reached.load(Ordering::SeqCst),
+        writes.load(Ordering::SeqCst),
+    ))
 }
 
 #[cfg(test)]
@@ -828,12 +833,18 @@ mod tests {
         }
         // Each write raises the reservation by at least half the window.
         let writes = store.writes.load(Ordering::SeqCst);
-        assert!((10..=21).contains(&writes), "1000 grants took {writes} writes");
+        assert!(
+            (10..=21).contains(&writes),
+            "1000 grants took {writes} writes"
+        );
         // A grant of another epoch (replaced meanwhile) is refused, not covered.
         let mut next = s.snapshot();
         next.record.epoch = Epoch::new(1).unwrap();
         s.replace(next);
-        let e = s.commit(Epoch::ZERO, Revision::new(1101)).await.unwrap_err();
+        let e = s
+            .commit(Epoch::ZERO, Revision::new(1101))
+            .await
+            .unwrap_err();
         assert!(matches!(
             e.kind(),
             ErrorKind::EpochMismatch(EpochMismatch::Advanced)
@@ -850,7 +861,10 @@ mod tests {
         new.reserved_rev = Revision::new(90);
         let back: EpochRecord = serde_json::from_slice(&serde_json::to_vec(&new).unwrap()).unwrap();
         assert_eq!(back, new);
-        assert_eq!(merge(Some(new.clone()), r.clone()).reserved_rev, Revision::new(90));
+        assert_eq!(
+            merge(Some(new.clone()), r.clone()).reserved_rev,
+            Revision::new(90)
+        );
         assert_eq!(merge(Some(r), new).reserved_rev, Revision::new(90));
     }
 }

@@ -34,7 +34,9 @@
 //! failed meanwhile deletes the hold in its cleanup (the hold's value is the attempt's
 //! meta, which the cleanup compares).
 
-use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
+use etcd_client::{
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+};
 
 use std::time::Duration;
 
@@ -133,13 +135,25 @@ impl Successor {
         let opts = || Some(PutOptions::new().with_lease(self.lease.get()));
         Txn::new()
             .when([
-                Compare::create_revision(self.waiter_key.clone(), CompareOp::Equal, self.create_rev),
+                Compare::create_revision(
+                    self.waiter_key.clone(),
+                    CompareOp::Equal,
+                    self.create_rev,
+                ),
                 Compare::mod_revision(epoch_key, CompareOp::Equal, self.epoch_mod_rev),
             ])
             .and_then([
                 TxnOp::delete(self.waiter_key.clone(), None),
-                TxnOp::put(keys.hold(Mode::Exclusive, self.lease), self.meta.clone(), opts()),
-                TxnOp::put(keys.grant(Mode::Exclusive, self.lease), self.meta.clone(), None),
+                TxnOp::put(
+                    keys.hold(Mode::Exclusive, self.lease),
+                    self.meta.clone(),
+                    opts(),
+                ),
+                TxnOp::put(
+                    keys.grant(Mode::Exclusive, self.lease),
+                    self.meta.clone(),
+                    None,
+                ),
             ])
     }
 }

@@ -284,7 +284,8 @@ mod tests {
         let r = RootKeys::new("/p/");
         let k = r.lock("n", "c", "k");
         let (start, end) = k.wait_range();
-        let inside = |key: &str| key.as_bytes() >= start.as_bytes() && key.as_bytes() < end.as_slice();
+        let inside =
+            |key: &str| key.as_bytes() >= start.as_bytes() && key.as_bytes() < end.as_slice();
         let l = LeaseId::new(i64::MAX);
         for m in [Mode::Exclusive, Mode::Shared] {
             assert!(inside(&k.hold(m, l)) && inside(&k.waiter(m, l)));

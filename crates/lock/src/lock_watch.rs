@@ -135,7 +135,9 @@ impl State {
     }
 
     fn remove(&mut self, id: u64) {
-        let Some(sub) = self.subscribers.remove(&id) else { return };
+        let Some(sub) = self.subscribers.remove(&id) else {
+            return;
+        };
         for key in sub.keys {
             if let Some(ids) = self.by_key.get_mut(&key) {
                 ids.retain(|&i| i != id);
@@ -231,17 +233,29 @@ impl LockWatches {
         // Whatever way this call ends (joined, failed, or dropped by a timeout while it
         // waited), the lock's slot does not outlive the last watch in it. Declared
         // first, so it runs after the slot's lock below is released.
-        let _forget = Forget { registry: &self.registry, base };
+        let _forget = Forget {
+            registry: &self.registry,
+            base,
+        };
         let mut current = loop {
-            let slot = guard(&self.registry).entry(base.to_owned()).or_default().clone();
+            let slot = guard(&self.registry)
+                .entry(base.to_owned())
+                .or_default()
+                .clone();
             let current = slot.clone().lock_owned().await;
             // The slot may have been removed (its last watch ended) while this call
             // waited for it: a watch created in it could never be found by others.
-            if guard(&self.registry).get(base).is_some_and(|s| Arc::ptr_eq(s, &slot)) {
+            if guard(&self.registry)
+                .get(base)
+                .is_some_and(|s| Arc::ptr_eq(s, &slot))
+            {
                 break current;
             }
         };
-        if let Some(sub) = current.upgrade().and_then(|shared| join(&shared, &wanted, after)) {
+        if let Some(sub) = current
+            .upgrade()
+            .and_then(|shared| join(&shared, &wanted, after))
+        {
             return Ok(sub);
         }
         let shared = self.create(watches, keys).await?;
@@ -253,15 +267,24 @@ impl LockWatches {
     }
 
     /// Creates the lock's watch and starts passing its messages on.
-    async fn create(&self, watches: &Watches, keys: &LockKeys) -> Result<Arc<Shared>, etcd_client::Error> {
+    async fn create(
+        &self,
+        watches: &Watches,
+        keys: &LockKeys,
+    ) -> Result<Arc<Shared>, etcd_client::Error> {
         let (start, end) = keys.wait_range();
         let inner = watches
-            .subscribe(vec![(start.into_bytes(), WatchOptions::new().with_range(end))])
+            .subscribe(vec![(
+                start.into_bytes(),
+                WatchOptions::new().with_range(end),
+            )])
             .await?;
         let created = inner
             .created()
             .and_then(|hs| hs.first().cloned())
-            .ok_or_else(|| etcd_client::Error::WatchError("a watch confirmed without a header".to_owned()))?;
+            .ok_or_else(|| {
+                etcd_client::Error::WatchError("a watch confirmed without a header".to_owned())
+            })?;
         let state = Arc::new(Mutex::new(State {
             open: true,
             covered: created.revision(),
@@ -314,7 +337,12 @@ fn join(shared: &Arc<Shared>, wanted: &[Vec<u8>], after: i64) -> Option<LockSubs
     }
     let (tx, rx) = mpsc::unbounded_channel();
     // Kept messages are in revision order: only the newest few are above `after`.
-    let above = s.recent.iter().rev().take_while(|(rev, _)| *rev > after).count();
+    let above = s
+        .recent
+        .iter()
+        .rev()
+        .take_while(|(rev, _)| *rev > after)
+        .count();
     for (_, msg) in s.recent.iter().skip(s.recent.len() - above) {
         let touches = msg
             .events()
@@ -330,9 +358,20 @@ fn join(shared: &Arc<Shared>, wanted: &[Vec<u8>], after: i64) -> Option<LockSubs
     for key in wanted {
         s.by_key.entry(key.clone()).or_default().push(id);
     }
-    s.subscribers.insert(id, Subscriber { keys: wanted.to_vec(), tx });
+    s.subscribers.insert(
+        id,
+        Subscriber {
+            keys: wanted.to_vec(),
+            tx,
+        },
+    );
     let covered_from = s.covered;
-    Some(LockSubscription { shared: shared.clone(), id, covered_from, rx })
+    Some(LockSubscription {
+        shared: shared.clone(),
+        id,
+        covered_from,
+        rx,
+    })
 }
 
 /// Passes each message of the lock's watch to the subscribers whose keys it touches,
@@ -344,7 +383,12 @@ async fn pass_on(mut inner: Subscription, state: Arc<Mutex<State>>) {
         }
         let mut s = guard(&state);
         s.last_message = Instant::now();
-        let Some(rev) = msg.events().iter().filter_map(|e| e.kv()).map(|kv| kv.mod_revision()).max()
+        let Some(rev) = msg
+            .events()
+            .iter()
+            .filter_map(|e| e.kv())
+            .map(|kv| kv.mod_revision())
+            .max()
         else {
             continue;
         };
@@ -377,7 +421,13 @@ mod etcd_tests {
     fn events(msg: &WatchResponse) -> Vec<(i64, EventType, String)> {
         msg.events()
             .iter()
-            .filter_map(|e| Some((e.kv()?.mod_revision(), e.event_type(), e.kv()?.key_str().ok()?.rsplit('/').next()?.to_owned())))
+            .filter_map(|e| {
+                Some((
+                    e.kv()?.mod_revision(),
+                    e.event_type(),
+                    e.kv()?.key_str().ok()?.rsplit('/').next()?.to_owned(),
+                ))
+            })
             .collect()
     }
 
@@ -391,7 +441,9 @@ mod etcd_tests {
 
     /// Messages that have already arrived.
     fn ready(sub: &mut LockSubscription) -> Vec<Vec<(i64, EventType, String)>> {
-        std::iter::from_fn(|| sub.rx.try_recv().ok()).map(|m| events(&m)).collect()
+        std::iter::from_fn(|| sub.rx.try_recv().ok())
+            .map(|m| events(&m))
+            .collect()
     }
 
     #[tokio::test]
@@ -402,30 +454,73 @@ mod etcd_tests {
         let keys = root.lock("n", "c", "k");
         let watches = Watches::new(client.clone(), root.epoch(), Duration::from_secs(2));
         let lw = LockWatches::default();
-        let (hold, waiter) = (format!("{}x/1", keys.holds()), format!("{}x/2", keys.queue()));
+        let (hold, waiter) = (
+            format!("{}x/1", keys.holds()),
+            format!("{}x/2", keys.queue()),
+        );
         let watchers = || cluster.metric(0, "etcd_debugging_mvcc_watcher_total", "");
 
-        let mut a = lw.subscribe(&watches, &keys, vec![hold.clone().into_bytes()], 0).await.unwrap();
+        let mut a = lw
+            .subscribe(&watches, &keys, vec![hold.clone().into_bytes()], 0)
+            .await
+            .unwrap();
         let start = a.covered_from();
         assert_eq!(start, a.created().revision());
         // The stream's first watch, and the lock's.
         assert_eq!(watchers().await, 2.0);
 
         let mut kv = client.kv_client();
-        let r1 = kv.put(hold.as_str(), "a", None).await.unwrap().header().unwrap().revision();
-        let r2 = kv.put(waiter.as_str(), "b", None).await.unwrap().header().unwrap().revision();
-        let r3 = kv.delete(hold.as_str(), None).await.unwrap().header().unwrap().revision();
+        let r1 = kv
+            .put(hold.as_str(), "a", None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+        let r2 = kv
+            .put(waiter.as_str(), "b", None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+        let r3 = kv
+            .delete(hold.as_str(), None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
         // A grant record and a key of another lock are outside the watch.
-        kv.put(format!("{}x/1", keys.grants()), "g", None).await.unwrap();
-        kv.put(format!("{}x/1", root.lock("n", "c", "kq").holds()), "o", None).await.unwrap();
+        kv.put(format!("{}x/1", keys.grants()), "g", None)
+            .await
+            .unwrap();
+        kv.put(
+            format!("{}x/1", root.lock("n", "c", "kq").holds()),
+            "o",
+            None,
+        )
+        .await
+        .unwrap();
         // A sees the writes to its key only, in order.
-        assert_eq!(next(&mut a).await, vec![(r1, EventType::Put, "1".to_owned())]);
-        assert_eq!(next(&mut a).await, vec![(r3, EventType::Delete, "1".to_owned())]);
+        assert_eq!(
+            next(&mut a).await,
+            vec![(r1, EventType::Put, "1".to_owned())]
+        );
+        assert_eq!(
+            next(&mut a).await,
+            vec![(r3, EventType::Delete, "1".to_owned())]
+        );
 
         // B joins after all that, with no round trip: it is handed what it missed on
         // its keys, and the promise still reaches back to the watch's start.
         let mut b = lw
-            .subscribe(&watches, &keys, vec![hold.clone().into_bytes(), waiter.clone().into_bytes()], 0)
+            .subscribe(
+                &watches,
+                &keys,
+                vec![hold.clone().into_bytes(), waiter.clone().into_bytes()],
+                0,
+            )
             .await
             .unwrap();
         assert_eq!(b.covered_from(), start);
@@ -440,13 +535,27 @@ mod etcd_tests {
         );
         assert_eq!(watchers().await, 2.0, "B shares A's watch");
         // One that decided on the state at r2 is passed on only what came after it.
-        let mut b2 = lw.subscribe(&watches, &keys, vec![hold.clone().into_bytes()], r2).await.unwrap();
-        assert_eq!(ready(&mut b2), vec![vec![(r3, EventType::Delete, "1".to_owned())]]);
+        let mut b2 = lw
+            .subscribe(&watches, &keys, vec![hold.clone().into_bytes()], r2)
+            .await
+            .unwrap();
+        assert_eq!(
+            ready(&mut b2),
+            vec![vec![(r3, EventType::Delete, "1".to_owned())]]
+        );
         drop(b2);
         {
             let st = guard(&a.shared.state);
-            assert_eq!(st.by_key.get(hold.as_bytes()).map(Vec::len), Some(2), "A and B on the hold key");
-            assert_eq!(st.by_key.get(waiter.as_bytes()).map(Vec::len), Some(1), "B on the waiter key");
+            assert_eq!(
+                st.by_key.get(hold.as_bytes()).map(Vec::len),
+                Some(2),
+                "A and B on the hold key"
+            );
+            assert_eq!(
+                st.by_key.get(waiter.as_bytes()).map(Vec::len),
+                Some(1),
+                "B on the waiter key"
+            );
             assert_eq!(st.by_key.len(), 2);
         }
         assert!(ready(&mut a).is_empty(), "A got nothing it did not ask for");
@@ -456,7 +565,13 @@ mod etcd_tests {
         let mut last = r3;
         let mut revs = Vec::new();
         for i in 0..RECENT + 3 {
-            last = kv.put(waiter.as_str(), format!("{i}"), None).await.unwrap().header().unwrap().revision();
+            last = kv
+                .put(waiter.as_str(), format!("{i}"), None)
+                .await
+                .unwrap()
+                .header()
+                .unwrap()
+                .revision();
             revs.push(last);
         }
         loop {
@@ -464,7 +579,10 @@ mod etcd_tests {
                 break;
             }
         }
-        let mut c = lw.subscribe(&watches, &keys, vec![waiter.clone().into_bytes()], 0).await.unwrap();
+        let mut c = lw
+            .subscribe(&watches, &keys, vec![waiter.clone().into_bytes()], 0)
+            .await
+            .unwrap();
         // Kept: the last RECENT messages with events (r1 to r3 and the first puts gone).
         let kept = ready(&mut c);
         assert_eq!(kept.len(), RECENT);
@@ -479,7 +597,10 @@ mod etcd_tests {
         }
         assert_eq!(watchers().await, 1.0, "the lock's watch is cancelled");
         assert!(guard(&lw.registry).is_empty(), "and forgotten");
-        let d = lw.subscribe(&watches, &keys, vec![hold.into_bytes()], 0).await.unwrap();
+        let d = lw
+            .subscribe(&watches, &keys, vec![hold.into_bytes()], 0)
+            .await
+            .unwrap();
         assert!(d.covered_from() >= last);
         // On the next shared stream, which opens with a first watch of its own.
         assert_eq!(watchers().await, 3.0);
@@ -489,19 +610,26 @@ mod etcd_tests {
     async fn with_waiters(locker: &crate::Locker, base: &str, n: usize) -> Arc<Shared> {
         let until = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {
-            let slot = guard(&locker.inner.lock_watches.registry).get(base).cloned();
+            let slot = guard(&locker.inner.lock_watches.registry)
+                .get(base)
+                .cloned();
             let shared = slot.and_then(|s| s.try_lock().ok().and_then(|w| w.upgrade()));
             if let Some(shared) = shared.filter(|s| guard(&s.state).subscribers.len() == n) {
                 return shared;
             }
-            assert!(tokio::time::Instant::now() < until, "{n} waiters never joined the lock's watch");
+            assert!(
+                tokio::time::Instant::now() < until,
+                "{n} waiters never joined the lock's watch"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 
     #[tokio::test]
     async fn etcd_a_waiter_on_a_silent_lock_watch_reads_its_keys_and_the_watch_is_made_anew() {
-        use crate::{FileEpochStore, LockClass, LockName, Locker, LockerOptions, Mode, Namespace, SpiffeId};
+        use crate::{
+            FileEpochStore, LockClass, LockName, Locker, LockerOptions, Mode, Namespace, SpiffeId,
+        };
         let cluster = EtcdCluster::single().await;
         let dir = tempfile::tempdir().unwrap();
         let timeout = Duration::from_millis(500);
@@ -509,13 +637,24 @@ mod etcd_tests {
         let locker = Locker::connect(options, FileEpochStore::new(dir.path().join("epoch.json")))
             .await
             .unwrap();
-        locker.config().put_namespace(&Namespace::new("n", "t")).await.unwrap();
-        locker.config().put_class(&LockClass::new("n", "c", "")).await.unwrap();
+        locker
+            .config()
+            .put_namespace(&Namespace::new("n", "t"))
+            .await
+            .unwrap();
+        locker
+            .config()
+            .put_class(&LockClass::new("n", "c", ""))
+            .await
+            .unwrap();
         let name = LockName::new("n", "c", "k");
         let base = locker.inner.keys.lock("n", "c", "k").base().to_owned();
         let session = || async {
             let id = SpiffeId::new("spiffe://test/w").unwrap();
-            locker.open_session(id, Duration::from_secs(20)).await.unwrap()
+            locker
+                .open_session(id, Duration::from_secs(20))
+                .await
+                .unwrap()
         };
         let (a, b, c) = (session().await, session().await, session().await);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
@@ -527,7 +666,10 @@ mod etcd_tests {
 
         // B waits on A's hold; then the lock's watch goes silent: its task is gone, so
         // nothing is passed on and nothing ends.
-        let ha = locker.acquire(&a, &name, Mode::Exclusive, deadline).await.unwrap();
+        let ha = locker
+            .acquire(&a, &name, Mode::Exclusive, deadline)
+            .await
+            .unwrap();
         let wb = waiter(&b);
         let silent = with_waiters(&locker, &base, 1).await;
         silent.task.abort();
@@ -535,8 +677,16 @@ mod etcd_tests {
         ha.release().await.unwrap();
         // B finds the release by reading its keys once the watch was quiet long enough,
         // and ends the watch it no longer trusts.
-        let hb = tokio::time::timeout(quiet * 3, wb).await.expect("B granted after a quiet period").unwrap().unwrap();
-        assert!(released.elapsed() >= quiet / 2, "B was woken by something else: {:?}", released.elapsed());
+        let hb = tokio::time::timeout(quiet * 3, wb)
+            .await
+            .expect("B granted after a quiet period")
+            .unwrap()
+            .unwrap();
+        assert!(
+            released.elapsed() >= quiet / 2,
+            "B was woken by something else: {:?}",
+            released.elapsed()
+        );
         assert!(!guard(&silent.state).open, "the silent watch was ended");
 
         // C's wait creates a new watch, which passes B's release on at once.
@@ -545,7 +695,11 @@ mod etcd_tests {
         assert!(!Arc::ptr_eq(&fresh, &silent));
         let released = tokio::time::Instant::now();
         hb.release().await.unwrap();
-        let hc = tokio::time::timeout(quiet / 2, wc).await.expect("C granted through the new watch").unwrap().unwrap();
+        let hc = tokio::time::timeout(quiet / 2, wc)
+            .await
+            .expect("C granted through the new watch")
+            .unwrap()
+            .unwrap();
         assert!(released.elapsed() < quiet / 2);
         hc.release().await.unwrap();
     }

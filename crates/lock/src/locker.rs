@@ -14,16 +14,16 @@ use crate::epoch::{
     DEFAULT_EPOCH_WINDOW, MAX_EPOCH_WINDOW,
 };
 use crate::error::{EpochMismatch, Error, ErrorKind, InvalidInput, Result};
+use crate::handover::Successors;
 use crate::hold::Hold;
 use crate::keys::{validate_key, RootKeys};
+use crate::lock_watch::LockWatches;
 use crate::meta::HolderMeta;
-use crate::model::{validate_name, LockClass, Mode, SpiffeId};
 #[cfg(feature = "service")]
 use crate::model::Namespace;
+use crate::model::{validate_name, LockClass, Mode, SpiffeId};
 use crate::retry;
 use crate::session::Session;
-use crate::handover::Successors;
-use crate::lock_watch::LockWatches;
 use crate::watches::Watches;
 
 /// The default root prefix of the key space.

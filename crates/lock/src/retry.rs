@@ -270,8 +270,14 @@ mod tests {
         .await;
         assert!(matches!(r, Err(CallError::Cut)), "{r:?}");
         let e = CallError::Cut;
-        assert_eq!(e.into_caller_error(ErrorKind::QuorumLost).kind(), &ErrorKind::DeadlineExceeded);
-        assert_eq!(CallError::Cut.into_error(ErrorKind::QuorumLost).kind(), &ErrorKind::QuorumLost);
+        assert_eq!(
+            e.into_caller_error(ErrorKind::QuorumLost).kind(),
+            &ErrorKind::DeadlineExceeded
+        );
+        assert_eq!(
+            CallError::Cut.into_error(ErrorKind::QuorumLost).kind(),
+            &ErrorKind::QuorumLost
+        );
         // One whole attempt without an answer, then the deadline cuts the next: etcd
         // was seen failing.
         let r: Result<(), _> = call(

@@ -87,7 +87,9 @@ impl Conn {
 fn lock(routes: &Mutex<Routes>) -> std::sync::MutexGuard<'_, Routes> {
     // A panic while holding the lock leaves the map consistent (inserts and removes
     // only), so a poisoned lock is used as is.
-    routes.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    routes
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Watches added together to a shared stream (a lock's watch, see
@@ -147,7 +149,9 @@ impl Watches {
             client,
             anchor,
             request_timeout,
-            conns: (0..STREAMS).map(|_| tokio::sync::Mutex::new(None)).collect(),
+            conns: (0..STREAMS)
+                .map(|_| tokio::sync::Mutex::new(None))
+                .collect(),
             next_id: AtomicI64::new(1),
             next_conn: std::sync::atomic::AtomicUsize::new(0),
         }
@@ -198,14 +202,23 @@ impl Watches {
             drop(tx);
             for ((key, options), &id) in watches.into_iter().zip(&ids) {
                 // Sent back to back: etcd confirms them in order, in one round trip.
-                if c.requests.send(Request::Create(key, options.with_watch_id(id))).is_err() {
+                if c.requests
+                    .send(Request::Create(key, options.with_watch_id(id)))
+                    .is_err()
+                {
                     return Err(down());
                 }
             }
             (c.routes.clone(), c.requests.clone(), ids)
         };
-        let mut sub =
-            Subscription { ids, early: VecDeque::new(), created: Vec::new(), rx, routes, requests };
+        let mut sub = Subscription {
+            ids,
+            early: VecDeque::new(),
+            created: Vec::new(),
+            rx,
+            routes,
+            requests,
+        };
         let mut pending = sub.ids.len();
         while pending > 0 {
             let msg = match tokio::time::timeout_at(until, sub.rx.recv()).await {
@@ -251,11 +264,19 @@ impl Watches {
             Ok(Err(e)) => return Err(e),
             Err(_) => return Err(down()),
         };
-        let routes = Arc::new(Mutex::new(Routes { open: true, by_id: HashMap::new() }));
+        let routes = Arc::new(Mutex::new(Routes {
+            open: true,
+            by_id: HashMap::new(),
+        }));
         let (requests, rx) = mpsc::unbounded_channel();
         let reader = tokio::spawn(read(stream, routes.clone()));
         let writer = tokio::spawn(write(watcher, rx, routes.clone()));
-        Ok(Conn { routes, requests, reader, writer })
+        Ok(Conn {
+            routes,
+            requests,
+            reader,
+            writer,
+        })
     }
 }
 

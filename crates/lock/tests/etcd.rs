@@ -268,7 +268,10 @@ async fn queue_recording_waiters(
     key: &str,
     n: usize,
     ttl_secs: u64,
-) -> (Vec<tokio::task::JoinHandle<()>>, Arc<Mutex<Vec<(usize, FencingToken)>>>) {
+) -> (
+    Vec<tokio::task::JoinHandle<()>>,
+    Arc<Mutex<Vec<(usize, FencingToken)>>>,
+) {
     let granted = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for i in 0..n {
@@ -287,10 +290,18 @@ async fn queue_recording_waiters(
 
 /// That the waiters of [`queue_recording_waiters`] were granted in enqueue order, each
 /// with a token above the one before (the first above `t0`).
-fn assert_granted_in_order(granted: &Mutex<Vec<(usize, FencingToken)>>, n: usize, t0: FencingToken) {
+fn assert_granted_in_order(
+    granted: &Mutex<Vec<(usize, FencingToken)>>,
+    n: usize,
+    t0: FencingToken,
+) {
     let granted = granted.lock().unwrap().clone();
     let order: Vec<usize> = granted.iter().map(|(i, _)| *i).collect();
-    assert_eq!(order, (0..n).collect::<Vec<_>>(), "grant order is enqueue order");
+    assert_eq!(
+        order,
+        (0..n).collect::<Vec<_>>(),
+        "grant order is enqueue order"
+    );
     let mut prev = t0;
     for (i, t) in granted {
         assert!(t > prev, "waiter {i}: token {t} not above {prev}");
@@ -1053,15 +1064,32 @@ async fn etcd_a_deadline_that_cuts_a_call_short_is_no_quorum_loss_and_grants_not
     let name = LockName::new(NS2, "open", "open/cut");
     let (a, b) = (session(&f.locker, 10).await, session(&f.locker, 10).await);
     // Warm the class cache, then hold the lock.
-    f.locker.acquire(&b, &name, Mode::Exclusive, secs(5)).await.unwrap().release().await.unwrap();
-    let held = f.locker.acquire(&a, &name, Mode::Exclusive, secs(5)).await.unwrap();
+    f.locker
+        .acquire(&b, &name, Mode::Exclusive, secs(5))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let held = f
+        .locker
+        .acquire(&a, &name, Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
     assert!(held.is_protected());
     let mut cut = 0;
     for i in 0..200u64 {
         // From 50 µs to 5 ms: most of these end inside the enqueue Txn or the cleanup.
         let wait = Duration::from_micros(50 + (i * 25) % 5_000);
-        match f.locker.acquire(&b, &name, Mode::Exclusive, within(wait)).await {
-            Ok(h) => panic!("granted while held (protected: {}) after {wait:?}", h.is_protected()),
+        match f
+            .locker
+            .acquire(&b, &name, Mode::Exclusive, within(wait))
+            .await
+        {
+            Ok(h) => panic!(
+                "granted while held (protected: {}) after {wait:?}",
+                h.is_protected()
+            ),
             Err(e) => {
                 assert!(e.is_deadline_exceeded(), "{e:?} after {wait:?}");
                 cut += 1;
@@ -1086,20 +1114,38 @@ async fn etcd_a_deadline_cut_short_by_a_silent_member_returns_promptly_and_clean
     let s = session(&f.locker, 30).await;
     let name = lock("silent");
     // Warm the class cache.
-    f.locker.acquire(&s, &name, Mode::Exclusive, secs(5)).await.unwrap().release().await.unwrap();
+    f.locker
+        .acquire(&s, &name, Mode::Exclusive, secs(5))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
     f.cluster.pause(0);
     let started = Instant::now();
     let result = f
         .locker
-        .acquire(&s, &name, Mode::Exclusive, within(Duration::from_millis(200)))
+        .acquire(
+            &s,
+            &name,
+            Mode::Exclusive,
+            within(Duration::from_millis(200)),
+        )
         .await;
     let took = started.elapsed();
     f.cluster.resume(0);
     let err = result.unwrap_err();
     assert!(err.is_deadline_exceeded(), "{err:?}");
     // The deadline, then one request timeout of cleanup at most (three before).
-    assert!(took < Duration::from_millis(1_400), "returned after {took:?}");
-    let h = f.locker.acquire(&s, &name, Mode::Exclusive, secs(5)).await.unwrap();
+    assert!(
+        took < Duration::from_millis(1_400),
+        "returned after {took:?}"
+    );
+    let h = f
+        .locker
+        .acquire(&s, &name, Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
     let state = f.locker.lock_state(&name).await.unwrap();
     assert!(state.waiters.is_empty(), "{:?}", state.waiters);
     assert_eq!(state.holders.len(), 1);
@@ -1578,7 +1624,10 @@ async fn etcd_two_lockers_sharing_a_file_store_grant_without_store_errors() {
         .unwrap();
     // Every token is covered by the reservation; the confirmed revision lags.
     assert!(durable.reserved_rev.get() >= max, "{durable:?} vs {max}");
-    assert!(durable.highest_grant_rev.get() <= max, "{durable:?} vs {max}");
+    assert!(
+        durable.highest_grant_rev.get() <= max,
+        "{durable:?} vs {max}"
+    );
 }
 
 #[test]
@@ -1841,7 +1890,10 @@ async fn etcd_two_lockers_sharing_a_postgres_epoch_store_both_grant_increasing_t
     }
     let durable = store.load().await.unwrap().unwrap();
     assert!(durable.reserved_rev.get() >= max, "{durable:?} vs {max}");
-    assert!(durable.highest_grant_rev.get() <= max, "{durable:?} vs {max}");
+    assert!(
+        durable.highest_grant_rev.get() <= max,
+        "{durable:?} vs {max}"
+    );
 }
 
 #[tokio::test]
@@ -1996,7 +2048,11 @@ async fn etcd_sequential_grants_inside_the_reservation_cost_few_durable_writes()
         .put_namespace(&Namespace::new(NS, "tenant"))
         .await
         .unwrap();
-    locker.config().put_class(&class(NS, "c", "")).await.unwrap();
+    locker
+        .config()
+        .put_class(&class(NS, "c", ""))
+        .await
+        .unwrap();
     let s = session(&locker, 10).await;
     let at_start = writes.load(Ordering::SeqCst);
     let durable = FileEpochStore::new(&path);
@@ -2004,7 +2060,12 @@ async fn etcd_sequential_grants_inside_the_reservation_cost_few_durable_writes()
     let mut last = FencingToken::MIN;
     for i in 0..grants {
         let h = locker
-            .acquire(&s, &lock(&format!("seq/{}", i % 7)), Mode::Exclusive, secs(5))
+            .acquire(
+                &s,
+                &lock(&format!("seq/{}", i % 7)),
+                Mode::Exclusive,
+                secs(5),
+            )
             .await
             .unwrap();
         let t = token(&h);
@@ -2077,7 +2138,11 @@ async fn etcd_restart_after_a_crash_moves_etcd_past_the_reservation_before_grant
     let restarted = connect_window(cluster.endpoints(), dir, window)
         .await
         .unwrap();
-    assert_eq!(restarted.epoch().1, None, "a restore within the reservation is harmless");
+    assert_eq!(
+        restarted.epoch().1,
+        None,
+        "a restore within the reservation is harmless"
+    );
     // Before its first grant, etcd's revision is already at the old reservation.
     assert!(revision(&client).await as u64 >= durable.reserved_rev.get());
     let s = session(&restarted, 10).await;
@@ -2158,7 +2223,11 @@ async fn etcd_replica_that_saw_a_new_cluster_id_adopts_the_epoch_advanced_throug
         .await
         .unwrap_or_else(|e| panic!("B still refuses after the advance: {e:?}"));
     assert_eq!(token(&h).epoch(), advanced.epoch);
-    assert!(token(&h) > old && token(&h) > a_token, "{} vs {old}, {a_token}", token(&h));
+    assert!(
+        token(&h) > old && token(&h) > a_token,
+        "{} vs {old}, {a_token}",
+        token(&h)
+    );
     h.release().await.unwrap();
     assert_eq!(b.epoch().1, None);
     assert_eq!(b.epoch().0.epoch, advanced.epoch);
@@ -2188,7 +2257,11 @@ async fn pg_epoch_store_reads_rows_from_before_the_reservation_and_max_merges_it
     let old = store.load().await.unwrap().unwrap();
     assert_eq!(old.epoch.get(), 2);
     assert_eq!(old.highest_grant_rev, Revision::new(40));
-    assert_eq!(old.reserved_rev, Revision::new(40), "no reservation: the confirmed one");
+    assert_eq!(
+        old.reserved_rev,
+        Revision::new(40),
+        "no reservation: the confirmed one"
+    );
 
     let mut r = old.clone();
     r.highest_grant_rev = Revision::new(50);
@@ -2245,7 +2318,10 @@ type LockEvent = (EventType, String, i64, i64);
 
 /// Watches everything under `prefix` from the current revision + 1, with each event's
 /// create revision (a put's; 0 for a delete).
-async fn history_watch(client: &Client, prefix: &str) -> (etcd_client::Watcher, etcd_client::WatchStream) {
+async fn history_watch(
+    client: &Client,
+    prefix: &str,
+) -> (etcd_client::Watcher, etcd_client::WatchStream) {
     let from = revision(client).await + 1;
     client
         .clone()
@@ -2258,7 +2334,10 @@ async fn history_watch(client: &Client, prefix: &str) -> (etcd_client::Watcher, 
 }
 
 /// Events of `stream` until `holds_ended` hold keys were deleted.
-async fn history_until(stream: &mut etcd_client::WatchStream, holds_ended: usize) -> Vec<LockEvent> {
+async fn history_until(
+    stream: &mut etcd_client::WatchStream,
+    holds_ended: usize,
+) -> Vec<LockEvent> {
     let mut seen = Vec::new();
     let mut ended = 0;
     let wait = async {
@@ -2310,18 +2389,32 @@ fn check_fifo(base: &str, events: &[LockEvent]) -> Vec<(i64, String)> {
             }
         }
         for (kind, key, _, _) in &batch {
-            let Some(lease) = key.strip_prefix(&h) else { continue };
+            let Some(lease) = key.strip_prefix(&h) else {
+                continue;
+            };
             match kind {
                 EventType::Delete => holds.retain(|l| l != lease),
                 EventType::Put => {
-                    assert!(holds.is_empty(), "rev {rev}: {lease} granted while {holds:?} hold");
+                    assert!(
+                        holds.is_empty(),
+                        "rev {rev}: {lease} granted while {holds:?} hold"
+                    );
                     holds.push(lease.to_owned());
-                    let first = before.iter().min_by_key(|(_, c)| **c).map(|(l, _)| l.clone());
+                    let first = before
+                        .iter()
+                        .min_by_key(|(_, c)| **c)
+                        .map(|(l, _)| l.clone());
                     match first {
                         None => {}
                         Some(first) => {
-                            assert_eq!(first, lease, "rev {rev}: granted {lease}, first in queue {first}");
-                            assert!(!queue.contains_key(lease), "rev {rev}: the grant deletes the waiter key");
+                            assert_eq!(
+                                first, lease,
+                                "rev {rev}: granted {lease}, first in queue {first}"
+                            );
+                            assert!(
+                                !queue.contains_key(lease),
+                                "rev {rev}: the grant deletes the waiter key"
+                            );
                         }
                     }
                     grants.push((rev, lease.to_owned()));
@@ -2344,12 +2437,24 @@ async fn etcd_sixteen_contending_acquirers_are_granted_fifo_with_rising_tokens()
     let mut tasks = Vec::new();
     for _ in 0..CLIENTS {
         let s = session(&f.locker, 10).await;
-        let (l, n, inside, tokens) = (f.locker.clone(), name.clone(), inside.clone(), tokens.clone());
+        let (l, n, inside, tokens) = (
+            f.locker.clone(),
+            name.clone(),
+            inside.clone(),
+            tokens.clone(),
+        );
         tasks.push(tokio::spawn(async move {
             for _ in 0..CYCLES {
                 let h = l.acquire(&s, &n, Mode::Exclusive, secs(60)).await.unwrap();
-                assert_eq!(inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst), 0, "two holders at once");
-                tokens.lock().unwrap().push((token(&h), s.lease().to_string()));
+                assert_eq!(
+                    inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst),
+                    0,
+                    "two holders at once"
+                );
+                tokens
+                    .lock()
+                    .unwrap()
+                    .push((token(&h), s.lease().to_string()));
                 tokio::time::sleep(Duration::from_millis(1)).await;
                 inside.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
                 h.release().await.unwrap();
@@ -2375,8 +2480,14 @@ async fn etcd_sixteen_contending_acquirers_are_granted_fifo_with_rising_tokens()
         .iter()
         .filter(|e| e.0 == EventType::Delete && e.1.contains("/q/x/"))
         .count();
-    assert!(queued >= CLIENTS * CYCLES / 2, "only {queued} grants from the queue");
-    assert_eq!(keys_under(f.locker.client(), &format!("{}q/", base("contend"))).await, Vec::<String>::new());
+    assert!(
+        queued >= CLIENTS * CYCLES / 2,
+        "only {queued} grants from the queue"
+    );
+    assert_eq!(
+        keys_under(f.locker.client(), &format!("{}q/", base("contend"))).await,
+        Vec::<String>::new()
+    );
 }
 
 #[tokio::test]
@@ -2418,7 +2529,9 @@ async fn etcd_cancelled_waits_under_contention_leave_no_waiter_key_and_never_sta
                     }
                 } else {
                     // The caller gives up: the acquire future is dropped mid-wait.
-                    match tokio::time::timeout(wait, l.acquire(&s, &n, Mode::Exclusive, secs(60))).await {
+                    match tokio::time::timeout(wait, l.acquire(&s, &n, Mode::Exclusive, secs(60)))
+                        .await
+                    {
                         Ok(h) => h.unwrap().release().await.unwrap(),
                         Err(_) => outcomes.1 += 1,
                     }
@@ -2432,7 +2545,10 @@ async fn etcd_cancelled_waits_under_contention_leave_no_waiter_key_and_never_sta
         let (a, b) = q.await.unwrap();
         gave_up = (gave_up.0 + a, gave_up.1 + b);
     }
-    assert!(gave_up.0 > 0 && gave_up.1 > 0, "cancellations happened: {gave_up:?}");
+    assert!(
+        gave_up.0 > 0 && gave_up.1 > 0,
+        "cancellations happened: {gave_up:?}"
+    );
     tokio::time::timeout(Duration::from_secs(30), async {
         for w in workers {
             w.await.unwrap();
@@ -2442,11 +2558,22 @@ async fn etcd_cancelled_waits_under_contention_leave_no_waiter_key_and_never_sta
     .expect("the workers finish: no cancelled waiter stalls the queue");
     assert_eq!(done.load(std::sync::atomic::Ordering::SeqCst), 40);
     // The dropped acquires clean up in the background: no key of the lock is left.
-    assert_eq!(lock_keys_left(f.locker.client(), "cancel").await, Vec::<String>::new());
+    assert_eq!(
+        lock_keys_left(f.locker.client(), "cancel").await,
+        Vec::<String>::new()
+    );
     let s = session(&f.locker, 10).await;
     let before = revision(f.locker.client()).await;
-    let h = f.locker.acquire(&s, &name, Mode::Exclusive, secs(5)).await.unwrap();
-    assert_eq!(token(&h).revision().get(), (before + 1) as u64, "an empty queue: one Txn");
+    let h = f
+        .locker
+        .acquire(&s, &name, Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
+    assert_eq!(
+        token(&h).revision().get(),
+        (before + 1) as u64,
+        "an empty queue: one Txn"
+    );
 }
 
 #[tokio::test]
@@ -2454,7 +2581,11 @@ async fn etcd_waiter_whose_predecessor_gives_up_is_granted_on_the_holders_releas
     let f = fixture(1).await;
     let name = lock("pred");
     let h = session(&f.locker, 10).await;
-    let held = f.locker.acquire(&h, &name, Mode::Exclusive, secs(5)).await.unwrap();
+    let held = f
+        .locker
+        .acquire(&h, &name, Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
     let p = session(&f.locker, 10).await;
     let pred = spawn_waiter(&f.locker, &p, &name, Mode::Exclusive, secs(30)).await;
     let b = session(&f.locker, 10).await;
@@ -2466,7 +2597,9 @@ async fn etcd_waiter_whose_predecessor_gives_up_is_granted_on_the_holders_releas
     assert!(gone.ends_with(&p.lease().to_string()), "{gone}");
     // B still waits: the lock is held.
     assert!(
-        tokio::time::timeout(Duration::from_millis(300), &mut next).await.is_err(),
+        tokio::time::timeout(Duration::from_millis(300), &mut next)
+            .await
+            .is_err(),
         "granted while the lock is held"
     );
     let t0 = token(&held);
@@ -2490,7 +2623,11 @@ async fn etcd_waiters_of_one_locker_share_its_watch_streams_which_survive_a_memb
     let mut f = fixture(1).await;
     let name = lock("shared-watch");
     let h = session(&f.locker, 20).await;
-    let held = f.locker.acquire(&h, &name, Mode::Exclusive, secs(5)).await.unwrap();
+    let held = f
+        .locker
+        .acquire(&h, &name, Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
     let (tasks, granted) = queue_recording_waiters(&f.locker, &name, "shared-watch", 8, 20).await;
     // Every wait is set up, on one watch of the lock shared by the eight waiters: with
     // the class cache's watch and the shared stream's first watch, 3 watches on 2
@@ -2499,22 +2636,34 @@ async fn etcd_waiters_of_one_locker_share_its_watch_streams_which_survive_a_memb
     let until = Instant::now() + Duration::from_secs(10);
     let (mut watchers, mut streams);
     loop {
-        watchers = f.cluster.metric(0, "etcd_debugging_mvcc_watcher_total", "").await;
-        streams = f.cluster.metric(0, "etcd_debugging_mvcc_watch_stream_total", "").await;
+        watchers = f
+            .cluster
+            .metric(0, "etcd_debugging_mvcc_watcher_total", "")
+            .await;
+        streams = f
+            .cluster
+            .metric(0, "etcd_debugging_mvcc_watch_stream_total", "")
+            .await;
         if (watchers == 3.0 && streams == 2.0) || Instant::now() > until {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(watchers, 3.0, "{watchers} watchers: not one for the lock");
-    assert_eq!(streams, 2.0, "{streams} watch streams for {watchers} watchers");
+    assert_eq!(
+        streams, 2.0,
+        "{streams} watch streams for {watchers} watchers"
+    );
     // The member restarts: the shared stream fails, every waiter reads again, and one of
     // them creates the lock's watch anew on another stream; none is granted while the
     // lock is held.
     f.cluster.stop(0).await;
     f.cluster.restart(0).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(granted.lock().unwrap().is_empty(), "granted while the lock is held");
+    assert!(
+        granted.lock().unwrap().is_empty(),
+        "granted while the lock is held"
+    );
     let t0 = token(&held);
     held.release().await.unwrap();
     for t in tasks {
@@ -2524,16 +2673,30 @@ async fn etcd_waiters_of_one_locker_share_its_watch_streams_which_survive_a_memb
             .unwrap();
     }
     assert_granted_in_order(&granted, 8, t0);
-    let streams = f.cluster.metric(0, "etcd_debugging_mvcc_watch_stream_total", "").await;
-    assert!(streams <= 5.0, "{streams} watch streams once every waiter is done");
+    let streams = f
+        .cluster
+        .metric(0, "etcd_debugging_mvcc_watch_stream_total", "")
+        .await;
+    assert!(
+        streams <= 5.0,
+        "{streams} watch streams once every waiter is done"
+    );
 }
 
 #[tokio::test]
 async fn etcd_a_contended_release_hands_the_lock_to_the_oldest_waiter_in_its_own_revision() {
     let f = fixture(1).await;
     let name = lock("handover");
-    let (a, b, c) = (session(&f.locker, 10).await, session(&f.locker, 10).await, session(&f.locker, 10).await);
-    let ha = f.locker.acquire(&a, &name, Mode::Exclusive, secs(5)).await.unwrap();
+    let (a, b, c) = (
+        session(&f.locker, 10).await,
+        session(&f.locker, 10).await,
+        session(&f.locker, 10).await,
+    );
+    let ha = f
+        .locker
+        .acquire(&a, &name, Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
     let wb = spawn_waiter(&f.locker, &b, &name, Mode::Exclusive, secs(30)).await;
     let wc = spawn_waiter(&f.locker, &c, &name, Mode::Exclusive, secs(30)).await;
     // A was granted with nobody waiting: a plain release, and B grants itself.
@@ -2551,8 +2714,16 @@ async fn etcd_a_contended_release_hands_the_lock_to_the_oldest_waiter_in_its_own
         .expect("C granted after B's release")
         .unwrap()
         .unwrap();
-    assert_eq!(released_at, before + 1, "the release is the one write after `before`");
-    assert_eq!(hc.grant_rev().unwrap().as_i64(), released_at, "C's grant is B's release revision");
+    assert_eq!(
+        released_at,
+        before + 1,
+        "the release is the one write after `before`"
+    );
+    assert_eq!(
+        hc.grant_rev().unwrap().as_i64(),
+        released_at,
+        "C's grant is B's release revision"
+    );
     assert_eq!(token(&hc).revision().as_i64(), released_at);
     assert!(token(&hc) > tb);
     // C's waiter key went in that revision; its hold and grant record are C's.
@@ -2562,7 +2733,10 @@ async fn etcd_a_contended_release_hands_the_lock_to_the_oldest_waiter_in_its_own
     assert!(under.iter().all(|k| k.ends_with(&lease)), "{under:?}");
     assert!(under.iter().any(|k| k.contains("/h/x/")) && under.iter().any(|k| k.contains("/g/x/")));
     hc.release().await.unwrap();
-    assert_eq!(keys_under(f.locker.client(), &base("handover")).await, Vec::<String>::new());
+    assert_eq!(
+        keys_under(f.locker.client(), &base("handover")).await,
+        Vec::<String>::new()
+    );
 }
 
 #[tokio::test]
@@ -2576,18 +2750,24 @@ async fn etcd_a_release_whose_next_waiter_gave_up_hands_over_to_nobody() {
         }
         v
     };
-    let ha = f.locker.acquire(&s[0], &name, Mode::Exclusive, secs(5)).await.unwrap();
+    let ha = f
+        .locker
+        .acquire(&s[0], &name, Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
     let wb = spawn_waiter(&f.locker, &s[1], &name, Mode::Exclusive, secs(30)).await;
     let wc = spawn_waiter(&f.locker, &s[2], &name, Mode::Exclusive, secs(30)).await;
     let wd = spawn_waiter(&f.locker, &s[3], &name, Mode::Exclusive, secs(30)).await;
     ha.release().await.unwrap();
     let hb = wb.await.unwrap().unwrap();
     // C, whom B's release would hand over to, gives up.
-    let mut queue = PrefixWatch::start(f.locker.client(), &format!("{}q/", base("handover-gone"))).await;
+    let mut queue =
+        PrefixWatch::start(f.locker.client(), &format!("{}q/", base("handover-gone"))).await;
     wc.abort();
     let (gone, _) = queue.next(EventType::Delete).await;
     assert!(gone.ends_with(&s[2].lease().to_string()), "{gone}");
-    let mut holds = PrefixWatch::start(f.locker.client(), &format!("{}h/", base("handover-gone"))).await;
+    let mut holds =
+        PrefixWatch::start(f.locker.client(), &format!("{}h/", base("handover-gone"))).await;
     hb.release().await.unwrap();
     let (_, released_at) = holds.next(EventType::Delete).await;
     let hd = tokio::time::timeout(Duration::from_secs(5), wd)
@@ -2612,10 +2792,22 @@ async fn handed_to_b_and_forgotten(
     key: &str,
     ttl_secs: u64,
     wait: Duration,
-) -> ([Session; 3], tokio::task::JoinHandle<Result<Hold, Error>>, Revision) {
+) -> (
+    [Session; 3],
+    tokio::task::JoinHandle<Result<Hold, Error>>,
+    Revision,
+) {
     let name = lock(key);
-    let (a, b, c) = (session(&f.locker, ttl_secs).await, session(&f.locker, ttl_secs).await, session(&f.locker, ttl_secs).await);
-    let ha = f.locker.acquire(&a, &name, Mode::Exclusive, secs(5)).await.unwrap();
+    let (a, b, c) = (
+        session(&f.locker, ttl_secs).await,
+        session(&f.locker, ttl_secs).await,
+        session(&f.locker, ttl_secs).await,
+    );
+    let ha = f
+        .locker
+        .acquire(&a, &name, Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
     let wb = spawn_waiter(&f.locker, &b, &name, Mode::Exclusive, within(wait)).await;
     let wc = spawn_waiter(&f.locker, &c, &name, Mode::Exclusive, within(wait)).await;
     ha.release().await.unwrap();
@@ -2635,7 +2827,10 @@ async fn release_by_hands_over_to_c(
     wc: tokio::task::JoinHandle<Result<Hold, Error>>,
 ) -> Hold {
     let mut holds = PrefixWatch::start(f.locker.client(), &format!("{}h/", base(key))).await;
-    f.locker.release_by(&lock(key), b.lease(), Mode::Exclusive, grant_rev).await.unwrap();
+    f.locker
+        .release_by(&lock(key), b.lease(), Mode::Exclusive, grant_rev)
+        .await
+        .unwrap();
     let (gone, released_at) = holds.next(EventType::Delete).await;
     assert!(gone.ends_with(&b.lease().to_string()), "{gone}");
     let hc = tokio::time::timeout(Duration::from_secs(10), wc)
@@ -2643,14 +2838,19 @@ async fn release_by_hands_over_to_c(
         .expect("C granted after B's release")
         .unwrap()
         .unwrap();
-    assert_eq!(hc.grant_rev().unwrap().as_i64(), released_at, "C's grant is B's release revision");
+    assert_eq!(
+        hc.grant_rev().unwrap().as_i64(),
+        released_at,
+        "C's grant is B's release revision"
+    );
     hc
 }
 
 #[tokio::test]
 async fn etcd_release_by_of_a_forgotten_hold_hands_over_as_its_release_would() {
     let f = fixture(1).await;
-    let ([_a, b, _c], wc, grant_rev) = handed_to_b_and_forgotten(&f, "handover-by", 10, Duration::from_secs(30)).await;
+    let ([_a, b, _c], wc, grant_rev) =
+        handed_to_b_and_forgotten(&f, "handover-by", 10, Duration::from_secs(30)).await;
     let hc = release_by_hands_over_to_c(&f, "handover-by", &b, grant_rev, wc).await;
     // A second release_by of the same grant finds nothing (and hands over nothing).
     let again = f
@@ -2665,12 +2865,18 @@ async fn etcd_release_by_of_a_forgotten_hold_hands_over_as_its_release_would() {
 #[tokio::test]
 async fn etcd_release_by_that_could_not_commit_still_hands_over_when_retried() {
     let mut f = fixture(1).await;
-    let ([_a, b, _c], wc, grant_rev) = handed_to_b_and_forgotten(&f, "handover-retry", 20, Duration::from_secs(60)).await;
+    let ([_a, b, _c], wc, grant_rev) =
+        handed_to_b_and_forgotten(&f, "handover-retry", 20, Duration::from_secs(60)).await;
     // etcd is down: the release cannot commit.
     f.cluster.stop(0).await;
     let err = f
         .locker
-        .release_by(&lock("handover-retry"), b.lease(), Mode::Exclusive, grant_rev)
+        .release_by(
+            &lock("handover-retry"),
+            b.lease(),
+            Mode::Exclusive,
+            grant_rev,
+        )
         .await
         .unwrap_err();
     assert!(err.is_quorum_lost(), "{err:?}");

@@ -870,11 +870,20 @@ mod mtls {
             assert_problem(&r, 401, "unauthenticated");
         }
         // No client certificate: 401 on every route, metrics included.
-        let r = tls_call(addr, &pki.ca, None, "POST", "/v1/sessions", json!({ "ttl_ms": 5000 }))
+        let r = tls_call(
+            addr,
+            &pki.ca,
+            None,
+            "POST",
+            "/v1/sessions",
+            json!({ "ttl_ms": 5000 }),
+        )
+        .await
+        .unwrap();
+        assert_problem(&r, 401, "unauthenticated");
+        let r = tls_call(addr, &pki.ca, None, "GET", "/metrics", json!(null))
             .await
             .unwrap();
-        assert_problem(&r, 401, "unauthenticated");
-        let r = tls_call(addr, &pki.ca, None, "GET", "/metrics", json!(null)).await.unwrap();
         assert_problem(&r, 401, "unauthenticated");
         // A certificate from another CA: the handshake is refused.
         let rogue = Pki::new("rogue CA").leaf(&[OWNER]);
@@ -1306,7 +1315,14 @@ async fn etcd_held_lease_quota_holds_under_64_concurrent_acquirers_on_2_replicas
 
 /// One acquire and release of `key` through the service, both answered with success.
 async fn cycle(addr: SocketAddr, session: &str, key: &str) {
-    let r = call(addr, "POST", "/v1/locks/acquire", OWNER, acquire_body(session, key, 1_000)).await;
+    let r = call(
+        addr,
+        "POST",
+        "/v1/locks/acquire",
+        OWNER,
+        acquire_body(session, key, 1_000),
+    )
+    .await;
     assert_eq!(r.status, 200, "{:?}", r.body);
     let rel = json!({ "session": session, "namespace": "ns", "class": "c", "key": key,
                       "mode": "exclusive", "grant_rev": r.body["grant_rev"] });
@@ -1323,7 +1339,10 @@ async fn etcd_namespace_records_are_cached_and_an_update_reaches_the_service() {
     let addr = f.replicas[0].addr;
     let s = open(addr, OWNER, 10_000).await;
     cycle(addr, &s, "warm").await;
-    let ranges = || f.cluster.metric(0, "grpc_server_handled_total", "grpc_method=\"Range\"");
+    let ranges = || {
+        f.cluster
+            .metric(0, "grpc_server_handled_total", "grpc_method=\"Range\"")
+    };
     let before = ranges().await;
     for i in 0..10 {
         cycle(addr, &s, &format!("c{i}")).await;
@@ -1334,7 +1353,14 @@ async fn etcd_namespace_records_are_cached_and_an_update_reaches_the_service() {
     assert_eq!(per_cycle, 3.0, "{per_cycle} Range calls per cycle");
 
     // A quota of one slot, written through another locker: the replica enforces it.
-    let held = call(addr, "POST", "/v1/locks/acquire", OWNER, acquire_body(&s, "q0", 1_000)).await;
+    let held = call(
+        addr,
+        "POST",
+        "/v1/locks/acquire",
+        OWNER,
+        acquire_body(&s, "q0", 1_000),
+    )
+    .await;
     assert_eq!(held.status, 200, "{:?}", held.body);
     let mut ns = Namespace::new("ns", "tenant");
     ns.held_lease_quota = 1;
@@ -1342,13 +1368,30 @@ async fn etcd_namespace_records_are_cached_and_an_update_reaches_the_service() {
     let until = tokio::time::Instant::now() + Duration::from_secs(3);
     let mut n = 0;
     loop {
-        let r = call(addr, "POST", "/v1/locks/acquire", OWNER, acquire_body(&s, &format!("q{}", n + 1), 200)).await;
+        let r = call(
+            addr,
+            "POST",
+            "/v1/locks/acquire",
+            OWNER,
+            acquire_body(&s, &format!("q{}", n + 1), 200),
+        )
+        .await;
         if r.status == 429 {
-            assert!(r.body["detail"].as_str().unwrap().contains("held_lease_quota"), "{:?}", r.body);
+            assert!(
+                r.body["detail"]
+                    .as_str()
+                    .unwrap()
+                    .contains("held_lease_quota"),
+                "{:?}",
+                r.body
+            );
             break;
         }
         assert_eq!(r.status, 200, "{:?}", r.body);
-        assert!(tokio::time::Instant::now() < until, "the quota of one never reached the service");
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the quota of one never reached the service"
+        );
         n += 1;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

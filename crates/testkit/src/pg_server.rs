@@ -112,25 +112,46 @@ impl PgServer {
     /// does not accept connections within 60 s.
     pub async fn start() -> Result<PgServer, PgServerError> {
         let bin = server_bin().ok_or(PgServerError::BinariesMissing)?;
-        let root = if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
+        let root = if Path::new("/dev/shm").is_dir() {
+            PathBuf::from("/dev/shm")
+        } else {
+            std::env::temp_dir()
+        };
         let dir = tempfile::Builder::new()
             .prefix("palisade-pg-")
             .tempdir_in(root)
-            .map_err(|source| PgServerError::Io { what: "creating the cluster's temp dir".into(), source })?;
+            .map_err(|source| PgServerError::Io {
+                what: "creating the cluster's temp dir".into(),
+                source,
+            })?;
         let as_postgres = is_root()?;
         if as_postgres {
-            run(Command::new("chown").arg(format!("{PG_OS_USER}:")).arg(dir.path()), "chown of the cluster dir")?;
+            run(
+                Command::new("chown")
+                    .arg(format!("{PG_OS_USER}:"))
+                    .arg(dir.path()),
+                "chown of the cluster dir",
+            )?;
         }
         let data = dir.path().join("data");
         let mut initdb = setpriv(as_postgres, false);
-        initdb
-            .arg(bin.join("initdb"))
-            .arg("-D")
-            .arg(&data)
-            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C"]);
+        initdb.arg(bin.join("initdb")).arg("-D").arg(&data).args([
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--locale=C",
+        ]);
         run(&mut initdb, "initdb")?;
         let port = free_port()?;
-        let mut server = PgServer { bin, port, as_postgres, process: None, dir };
+        let mut server = PgServer {
+            bin,
+            port,
+            as_postgres,
+            process: None,
+            dir,
+        };
         server.start_again().await?;
         Ok(server)
     }
@@ -142,7 +163,10 @@ impl PgServer {
 
     /// A libpq key/value connection string for `dbname` as the `postgres` role.
     pub fn connection_string(&self, dbname: &str) -> String {
-        format!("host=127.0.0.1 port={} user=postgres dbname={dbname}", self.port)
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname={dbname}",
+            self.port
+        )
     }
 
     /// The server's process id while it runs.
@@ -162,26 +186,41 @@ impl PgServer {
     ///
     /// [`PgServerError::Io`] if it cannot be signalled or reaped.
     pub fn stop(&mut self, mode: StopMode) -> Result<(), PgServerError> {
-        let Some(mut child) = self.process.take() else { return Ok(()) };
+        let Some(mut child) = self.process.take() else {
+            return Ok(());
+        };
         let signal = match mode {
             StopMode::Fast => "INT",
             StopMode::Immediate => "QUIT",
         };
         let pid = child.id().to_string();
-        run(Command::new("kill").args(["-s", signal, &pid]), "signalling postgres")?;
+        run(
+            Command::new("kill").args(["-s", signal, &pid]),
+            "signalling postgres",
+        )?;
         let deadline = Instant::now() + STOP_TIMEOUT;
         loop {
             match child.try_wait() {
                 Ok(Some(_)) => return Ok(()),
-                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
                 Ok(None) => {
                     let _ = child.kill();
-                    return child.wait().map(|_| ()).map_err(|source| PgServerError::Io {
-                        what: "reaping postgres".into(),
-                        source,
-                    });
+                    return child
+                        .wait()
+                        .map(|_| ())
+                        .map_err(|source| PgServerError::Io {
+                            what: "reaping postgres".into(),
+                            source,
+                        });
                 }
-                Err(source) => return Err(PgServerError::Io { what: "waiting for postgres".into(), source }),
+                Err(source) => {
+                    return Err(PgServerError::Io {
+                        what: "waiting for postgres".into(),
+                        source,
+                    })
+                }
             }
         }
     }
@@ -200,22 +239,36 @@ impl PgServer {
             .create(true)
             .append(true)
             .open(self.log_path())
-            .map_err(|source| PgServerError::Io { what: "opening the server log".into(), source })?;
-        let stderr =
-            log.try_clone().map_err(|source| PgServerError::Io { what: "opening the server log".into(), source })?;
+            .map_err(|source| PgServerError::Io {
+                what: "opening the server log".into(),
+                source,
+            })?;
+        let stderr = log.try_clone().map_err(|source| PgServerError::Io {
+            what: "opening the server log".into(),
+            source,
+        })?;
         let mut command = setpriv(self.as_postgres, true);
         command
             .arg(self.bin.join("postgres"))
             .arg("-D")
             .arg(self.dir.path().join("data"))
-            .args(["-p", &self.port.to_string(), "-c", "listen_addresses=127.0.0.1", "-c", "max_connections=200"])
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                "max_connections=200",
+            ])
             .arg("-k")
             .arg(self.dir.path())
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(stderr));
-        let child =
-            command.spawn().map_err(|source| PgServerError::Io { what: "starting postgres".into(), source })?;
+        let child = command.spawn().map_err(|source| PgServerError::Io {
+            what: "starting postgres".into(),
+            source,
+        })?;
         self.process = Some(child);
         let deadline = Instant::now() + START_TIMEOUT;
         let conn = self.connection_string("postgres");
@@ -251,7 +304,11 @@ impl PgServer {
     }
 
     fn not_started(&self, reason: String) -> PgServerError {
-        PgServerError::NotStarted { port: self.port, reason, log: self.log_tail(20) }
+        PgServerError::NotStarted {
+            port: self.port,
+            reason,
+            log: self.log_tail(20),
+        }
     }
 }
 
@@ -285,7 +342,13 @@ fn server_bin() -> Option<PathBuf> {
 fn setpriv(as_postgres: bool, pdeathsig: bool) -> Command {
     let mut command = Command::new("setpriv");
     if as_postgres {
-        command.args(["--reuid", PG_OS_USER, "--regid", PG_OS_USER, "--init-groups"]);
+        command.args([
+            "--reuid",
+            PG_OS_USER,
+            "--regid",
+            PG_OS_USER,
+            "--init-groups",
+        ]);
     }
     if pdeathsig {
         command.args(["--pdeathsig", "KILL"]);
@@ -298,19 +361,29 @@ fn is_root() -> Result<bool, PgServerError> {
     let out = Command::new("id")
         .arg("-u")
         .output()
-        .map_err(|source| PgServerError::Io { what: "running id -u".into(), source })?;
+        .map_err(|source| PgServerError::Io {
+            what: "running id -u".into(),
+            source,
+        })?;
     Ok(String::from_utf8_lossy(&out.stdout).trim() == "0")
 }
 
 fn run(command: &mut Command, what: &str) -> Result<(), PgServerError> {
-    let out = command.output().map_err(|source| PgServerError::Io { what: what.to_owned(), source })?;
+    let out = command.output().map_err(|source| PgServerError::Io {
+        what: what.to_owned(),
+        source,
+    })?;
     if out.status.success() {
         return Ok(());
     }
     Err(PgServerError::Command {
         what: what.to_owned(),
         status: out.status,
-        output: format!("{}{}", String::from_utf8_lossy(&out.stderr), String::from_utf8_lossy(&out.stdout)),
+        output: format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        ),
     })
 }
 
@@ -318,7 +391,10 @@ fn free_port() -> Result<u16, PgServerError> {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
-        .map_err(|source| PgServerError::Io { what: "picking a free port".into(), source })
+        .map_err(|source| PgServerError::Io {
+            what: "picking a free port".into(),
+            source,
+        })
 }
 
 #[cfg(test)]
@@ -331,23 +407,36 @@ mod tests {
         let conn = pg.connection_string("postgres");
         let (client, connection) = tokio_postgres::connect(&conn, NoTls).await.unwrap();
         let driver = tokio::spawn(connection);
-        client.batch_execute("CREATE TABLE t (x int); INSERT INTO t VALUES (7)").await.unwrap();
+        client
+            .batch_execute("CREATE TABLE t (x int); INSERT INTO t VALUES (7)")
+            .await
+            .unwrap();
         pg.stop(StopMode::Immediate).unwrap();
         assert!(!pg.is_running());
         // The old connection is gone with the server.
         assert!(client.query_one("SELECT 1", &[]).await.is_err());
         let _ = driver.await;
-        assert!(tokio_postgres::connect(&conn, NoTls).await.is_err(), "nothing listens while stopped");
+        assert!(
+            tokio_postgres::connect(&conn, NoTls).await.is_err(),
+            "nothing listens while stopped"
+        );
         pg.start_again().await.unwrap();
         let (client, connection) = tokio_postgres::connect(&conn, NoTls).await.unwrap();
         tokio::spawn(connection);
-        let x: i32 = client.query_one("SELECT x FROM t", &[]).await.unwrap().get(0);
+        let x: i32 = client
+            .query_one("SELECT x FROM t", &[])
+            .await
+            .unwrap()
+            .get(0);
         assert_eq!(x, 7, "a committed row survives crash recovery");
         let port = pg.port();
         assert_ne!(port, 5432, "never the shared server's port");
         let dir = pg.dir.path().to_owned();
         drop(pg);
         assert!(!dir.exists(), "the cluster dir is removed");
-        assert!(tokio_postgres::connect(&conn, NoTls).await.is_err(), "the server is gone");
+        assert!(
+            tokio_postgres::connect(&conn, NoTls).await.is_err(),
+            "the server is gone"
+        );
     }
 }

@@ -29,7 +29,10 @@ impl TestDb {
     /// If the server does not answer or refuses: the message names `scripts/test`.
     pub async fn create() -> TestDb {
         let admin = std::env::var("PALISADE_PG_ADMIN").unwrap_or_else(|_| DEFAULT_ADMIN.to_owned());
-        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
         let name = format!(
             "palisade_test_{}_{}_{}",
             std::process::id(),
@@ -41,9 +44,15 @@ impl TestDb {
             .batch_execute(&format!("CREATE DATABASE {name}"))
             .await
             .unwrap_or_else(|e| panic!("creating test database {name}: {e}"));
-        let mut config: Config = admin.parse().expect("PALISADE_PG_ADMIN is a valid connection string");
+        let mut config: Config = admin
+            .parse()
+            .expect("PALISADE_PG_ADMIN is a valid connection string");
         config.dbname(&name);
-        TestDb { name, admin, config }
+        TestDb {
+            name,
+            admin,
+            config,
+        }
     }
 
     /// The database's name.
@@ -83,11 +92,17 @@ impl Drop for TestDb {
         let name = self.name.clone();
         // Drop runs inside or outside a runtime; a thread of its own works in both.
         let dropped = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
             rt.block_on(async {
                 let (client, connection) = tokio_postgres::connect(&admin, NoTls).await.ok()?;
                 tokio::spawn(connection);
-                client.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await.ok()
+                client
+                    .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .await
+                    .ok()
             })
         })
         .join();
@@ -111,7 +126,10 @@ async fn connect_admin(admin: &str) -> Client {
 }
 
 fn strip_dbname(conn: &str) -> String {
-    conn.split_whitespace().filter(|kv| !kv.starts_with("dbname=")).collect::<Vec<_>>().join(" ")
+    conn.split_whitespace()
+        .filter(|kv| !kv.starts_with("dbname="))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 #[cfg(test)]
@@ -124,16 +142,25 @@ mod tests {
         let b = TestDb::create().await;
         assert_ne!(a.name(), b.name());
         let client = a.connect().await;
-        client.batch_execute("CREATE TABLE t (x int); INSERT INTO t VALUES (1)").await.unwrap();
+        client
+            .batch_execute("CREATE TABLE t (x int); INSERT INTO t VALUES (1)")
+            .await
+            .unwrap();
         let other = b.connect().await;
         let err = other.query("SELECT x FROM t", &[]).await.unwrap_err();
-        assert_eq!(err.code(), Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE));
+        assert_eq!(
+            err.code(),
+            Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE)
+        );
         let name = a.name().to_owned();
         drop(client);
         drop(a);
         let admin = connect_admin(DEFAULT_ADMIN).await;
         let n: i64 = admin
-            .query_one("SELECT count(*) FROM pg_database WHERE datname = $1", &[&name])
+            .query_one(
+                "SELECT count(*) FROM pg_database WHERE datname = $1",
+                &[&name],
+            )
             .await
             .unwrap()
             .get(0);

@@ -9,8 +9,14 @@ use palisade_testkit::{EtcdCluster, RestoreMode};
 
 /// Pids of processes whose command line contains `pattern`.
 fn pgrep(pattern: &str) -> Vec<u32> {
-    let out = Command::new("pgrep").args(["-f", pattern]).output().expect("pgrep runs");
-    String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.trim().parse().ok()).collect()
+    let out = Command::new("pgrep")
+        .args(["-f", pattern])
+        .output()
+        .expect("pgrep runs");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
 }
 
 /// The process state letter from `/proc/<pid>/stat` (`R`, `S`, `T` stopped, `Z` zombie),
@@ -23,9 +29,21 @@ fn proc_state(pid: u32) -> Option<char> {
 /// Asserts that no process runs from `dir` and that `pid` is gone (not even a zombie).
 fn assert_gone(dir: &Path, pid: u32) {
     let pattern = dir.join("data").display().to_string();
-    assert_eq!(pgrep(&pattern), Vec::<u32>::new(), "an etcd process still runs from {pattern}");
-    assert_eq!(proc_state(pid), None, "etcd pid {pid} still exists (zombie?)");
-    assert!(!dir.exists(), "member dir {} was not removed", dir.display());
+    assert_eq!(
+        pgrep(&pattern),
+        Vec::<u32>::new(),
+        "an etcd process still runs from {pattern}"
+    );
+    assert_eq!(
+        proc_state(pid),
+        None,
+        "etcd pid {pid} still exists (zombie?)"
+    );
+    assert!(
+        !dir.exists(),
+        "member dir {} was not removed",
+        dir.display()
+    );
 }
 
 /// Polls member `i` until its revision reaches `revision`.
@@ -36,7 +54,11 @@ async fn wait_revision(cluster: &EtcdCluster, i: usize, revision: i64) {
         if status.revision >= revision {
             return;
         }
-        assert!(Instant::now() < deadline, "member {i} stuck at revision {} < {revision}", status.revision);
+        assert!(
+            Instant::now() < deadline,
+            "member {i} stuck at revision {} < {revision}",
+            status.revision
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -48,13 +70,19 @@ async fn etcd_single_member_serves_put_and_get() {
     eprintln!("single member healthy after {:?}", started.elapsed());
     let endpoints = cluster.endpoints();
     assert_eq!(endpoints.len(), 1);
-    assert!(endpoints[0].starts_with("http://127.0.0.1:"), "{endpoints:?}");
+    assert!(
+        endpoints[0].starts_with("http://127.0.0.1:"),
+        "{endpoints:?}"
+    );
     assert_eq!(cluster.member_names(), ["m0"]);
 
     let first = cluster.put("greeting", "hello").await;
     let second = cluster.put("greeting", "hello again").await;
     assert_eq!(second, first + 1);
-    assert_eq!(cluster.get("greeting").await.as_deref(), Some("hello again"));
+    assert_eq!(
+        cluster.get("greeting").await.as_deref(),
+        Some("hello again")
+    );
     assert_eq!(cluster.get("missing").await, None);
 
     let status = cluster.status(0).await;
@@ -67,10 +95,20 @@ async fn etcd_single_member_serves_put_and_get() {
     // A gRPC client (etcdctl) reaches the same member through the endpoint.
     let out = Command::new("etcdctl")
         .env("ETCDCTL_API", "3")
-        .args(["--endpoints", &endpoints[0], "get", "greeting", "--print-value-only"])
+        .args([
+            "--endpoints",
+            &endpoints[0],
+            "get",
+            "greeting",
+            "--print-value-only",
+        ])
         .output()
         .expect("etcdctl runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "hello again");
 }
 
@@ -81,7 +119,10 @@ async fn etcd_three_members_survive_leader_kill_and_rejoin() {
     eprintln!("three members healthy after {:?}", started.elapsed());
     assert_eq!(cluster.member_count(), 3);
     let ids = cluster.member_ids();
-    assert!(ids.iter().all(|&id| id != 0) && ids[0] != ids[1] && ids[1] != ids[2], "{ids:?}");
+    assert!(
+        ids.iter().all(|&id| id != 0) && ids[0] != ids[1] && ids[1] != ids[2],
+        "{ids:?}"
+    );
     let cluster_id = cluster.cluster_id().await;
     for i in 0..3 {
         assert_eq!(cluster.status(i).await.cluster_id, cluster_id);
@@ -96,7 +137,10 @@ async fn etcd_three_members_survive_leader_kill_and_rejoin() {
     cluster.kill(leader);
     assert_eq!(cluster.pid(leader), None);
     let written = cluster.put("k", "after").await;
-    eprintln!("write resumed {:?} after the leader was killed", killed.elapsed());
+    eprintln!(
+        "write resumed {:?} after the leader was killed",
+        killed.elapsed()
+    );
     let new_leader = cluster.leader().await;
     assert_ne!(new_leader, leader);
     assert_eq!(cluster.get("k").await.as_deref(), Some("after"));
@@ -106,7 +150,10 @@ async fn etcd_three_members_survive_leader_kill_and_rejoin() {
     assert!(cluster.pid(leader).is_some());
     wait_revision(&cluster, leader, written).await;
     let status = cluster.status(leader).await;
-    assert_eq!(status.member_id, ids[leader], "a restarted member keeps its id");
+    assert_eq!(
+        status.member_id, ids[leader],
+        "a restarted member keeps its id"
+    );
     assert_eq!(status.cluster_id, cluster_id);
     assert_ne!(status.leader, 0, "the restarted member sees a leader");
     cluster.put("k", "rejoined").await;
@@ -133,7 +180,10 @@ async fn etcd_pause_and_resume_members() {
     cluster.pause(leader);
     let paused = Instant::now();
     let written = cluster.put("k", "leader paused").await;
-    eprintln!("write resumed {:?} after the leader was paused", paused.elapsed());
+    eprintln!(
+        "write resumed {:?} after the leader was paused",
+        paused.elapsed()
+    );
     let new_leader = cluster.leader().await;
     assert_ne!(new_leader, leader);
     assert!(cluster.status(new_leader).await.raft_term > old_term);
@@ -166,13 +216,19 @@ async fn etcd_snapshot_restores_into_a_new_cluster() {
 #[tokio::test]
 async fn etcd_restore_in_place_keeps_or_changes_the_cluster_id() {
     let mut cluster = EtcdCluster::start(3).await;
-    let (endpoints, ids, cluster_id) = (cluster.endpoints(), cluster.member_ids(), cluster.cluster_id().await);
+    let (endpoints, ids, cluster_id) = (
+        cluster.endpoints(),
+        cluster.member_ids(),
+        cluster.cluster_id().await,
+    );
     let before = cluster.put("before", "1").await;
     let snapshot = cluster.snapshot().await;
     let after = cluster.put("after", "2").await;
     assert!(after > before);
 
-    cluster.restore_in_place(&snapshot, RestoreMode::SameClusterId).await;
+    cluster
+        .restore_in_place(&snapshot, RestoreMode::SameClusterId)
+        .await;
     assert_eq!(cluster.endpoints(), endpoints);
     assert_eq!(cluster.member_ids(), ids);
     assert_eq!(cluster.cluster_id().await, cluster_id);
@@ -183,11 +239,16 @@ async fn etcd_restore_in_place_keeps_or_changes_the_cluster_id() {
     assert_eq!(revision, before);
     assert!(revision < after);
 
-    cluster.restore_in_place(&snapshot, RestoreMode::NewClusterId).await;
+    cluster
+        .restore_in_place(&snapshot, RestoreMode::NewClusterId)
+        .await;
     assert_eq!(cluster.endpoints(), endpoints);
     assert_ne!(cluster.cluster_id().await, cluster_id);
     let new_ids = cluster.member_ids();
-    assert!(new_ids.iter().all(|id| !ids.contains(id)), "{ids:?} vs {new_ids:?}");
+    assert!(
+        new_ids.iter().all(|id| !ids.contains(id)),
+        "{ids:?} vs {new_ids:?}"
+    );
     assert_eq!(cluster.get("before").await.as_deref(), Some("1"));
     assert_eq!(cluster.get("after").await, None);
     cluster.put("later", "3").await;
@@ -196,7 +257,9 @@ async fn etcd_restore_in_place_keeps_or_changes_the_cluster_id() {
 #[tokio::test]
 async fn etcd_drop_kills_and_reaps_every_member() {
     let mut cluster = EtcdCluster::start(3).await;
-    let members: Vec<_> = (0..3).map(|i| (cluster.member_dir(i), cluster.pid(i).unwrap())).collect();
+    let members: Vec<_> = (0..3)
+        .map(|i| (cluster.member_dir(i), cluster.pid(i).unwrap()))
+        .collect();
     for (dir, pid) in &members {
         let found = pgrep(&dir.join("data").display().to_string());
         assert_eq!(found, vec![*pid], "pgrep finds member {}", dir.display());
@@ -215,7 +278,8 @@ async fn etcd_members_die_when_a_test_panics() {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let task = tokio::spawn(async move {
         let cluster = EtcdCluster::single().await;
-        tx.send((cluster.member_dir(0), cluster.pid(0).unwrap())).unwrap();
+        tx.send((cluster.member_dir(0), cluster.pid(0).unwrap()))
+            .unwrap();
         panic!("a failing test");
     });
     let (dir, pid) = rx.await.expect("the task started a member");
@@ -243,10 +307,20 @@ async fn etcd_graceful_stop_hands_over_leadership() {
 #[tokio::test]
 #[ignore = "helper run by etcd_members_die_with_a_killed_test_process"]
 async fn etcd_orphan_probe() {
-    let Ok(file) = std::env::var("PALISADE_ETCD_ORPHAN_PROBE") else { return };
+    let Ok(file) = std::env::var("PALISADE_ETCD_ORPHAN_PROBE") else {
+        return;
+    };
     let cluster = EtcdCluster::single().await;
     let written = format!("{file}.partial");
-    std::fs::write(&written, format!("{}\n{}", cluster.member_dir(0).display(), cluster.pid(0).unwrap())).unwrap();
+    std::fs::write(
+        &written,
+        format!(
+            "{}\n{}",
+            cluster.member_dir(0).display(),
+            cluster.pid(0).unwrap()
+        ),
+    )
+    .unwrap();
     std::fs::rename(&written, &file).unwrap();
     tokio::time::sleep(Duration::from_secs(60)).await;
 }

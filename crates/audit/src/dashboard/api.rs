@@ -64,7 +64,10 @@ pub(super) async fn unprotected(
     let (filter, cursor, limit) = params.parse()?;
     let client = pool.get().await?;
     let (rows, next) = query::unprotected_page(&**client, &filter, cursor, limit).await?;
-    Ok(Json(Page { rows: rows.into_iter().map(WriteJson::from).collect(), next: next.map(|c| c.encode()) }))
+    Ok(Json(Page {
+        rows: rows.into_iter().map(WriteJson::from).collect(),
+        next: next.map(|c| c.encode()),
+    }))
 }
 
 #[derive(Debug, Serialize)]
@@ -86,7 +89,15 @@ pub(super) async fn hourly(
     let client = pool.get().await?;
     let (from, to) = chart_window(&filter);
     let hours = query::hourly(&**client, &filter, from, to).await?;
-    Ok(Json(Hourly { hours: hours.into_iter().map(|(h, count)| Hour { hour: rfc3339(h), count }).collect() }))
+    Ok(Json(Hourly {
+        hours: hours
+            .into_iter()
+            .map(|(h, count)| Hour {
+                hour: rfc3339(h),
+                count,
+            })
+            .collect(),
+    }))
 }
 
 #[derive(Debug, Serialize)]
@@ -139,7 +150,10 @@ pub(super) struct Timeline {
     events: Vec<EventJson>,
 }
 
-pub(super) async fn locks(State(pool): State<Pool>, Query(params): Query<KeyParams>) -> Result<Json<Timeline>, DashError> {
+pub(super) async fn locks(
+    State(pool): State<Pool>,
+    Query(params): Query<KeyParams>,
+) -> Result<Json<Timeline>, DashError> {
     let key = params.key.unwrap_or_default();
     let client = pool.get().await?;
     let entries = query::lock_timeline(&**client, &key, query::PAGE_MAX).await?;
@@ -169,5 +183,7 @@ pub(super) struct Forces {
 pub(super) async fn force_releases(State(pool): State<Pool>) -> Result<Json<Forces>, DashError> {
     let client = pool.get().await?;
     let rows = query::force_releases(&**client, query::PAGE_MAX).await?;
-    Ok(Json(Forces { force_releases: rows.into_iter().map(ForceJson::from).collect() }))
+    Ok(Json(Forces {
+        force_releases: rows.into_iter().map(ForceJson::from).collect(),
+    }))
 }

@@ -68,13 +68,20 @@ mod tests {
     #[test]
     fn bars_scale_to_the_busiest_hour_and_text_is_escaped() {
         let t0 = UNIX_EPOCH + Duration::from_secs(1_800_000_000 / 3600 * 3600);
-        let hours = [(t0, 2), (t0 + Duration::from_secs(3600), 0), (t0 + Duration::from_secs(7200), 4)];
+        let hours = [
+            (t0, 2),
+            (t0 + Duration::from_secs(3600), 0),
+            (t0 + Duration::from_secs(7200), 4),
+        ];
         let svg = hourly_svg("resource <script>alert(1)</script>", &hours).into_string();
         assert!(!svg.contains("<script>"));
         assert!(svg.contains("resource &lt;script&gt;alert(1)&lt;/script&gt;"));
         assert_eq!(svg.matches("class=\"bar\"").count(), 3);
         // Plot height 176: the busiest hour fills it, the first is half as tall.
-        assert!(svg.contains("height=\"176.0\" fill=\"#c0392b\" data-count=\"4\""), "{svg}");
+        assert!(
+            svg.contains("height=\"176.0\" fill=\"#c0392b\" data-count=\"4\""),
+            "{svg}"
+        );
         assert!(svg.contains("height=\"88.0\" fill=\"#c0392b\" data-count=\"2\""));
         assert!(svg.contains("(6 in 3 h)"));
     }

@@ -14,8 +14,20 @@ use super::query::{self, FilterParams};
 use super::{rfc3339, DashError};
 
 /// The columns, in order.
-const HEADER: [&str; 12] =
-    ["at", "service", "resource", "method", "token", "finding", "namespace", "class", "caller", "enforcement", "highest", "id"];
+const HEADER: [&str; 12] = [
+    "at",
+    "service",
+    "resource",
+    "method",
+    "token",
+    "finding",
+    "namespace",
+    "class",
+    "caller",
+    "enforcement",
+    "highest",
+    "id",
+];
 
 pub(super) async fn unprotected(
     State(pool): State<Pool>,
@@ -38,16 +50,23 @@ pub(super) async fn unprotected(
             opt(&r.labels.namespace),
             opt(&r.labels.class),
             opt(&r.caller),
-            r.fenced.map(|f| if f { "fenced" } else { "advisory" }.to_owned()).unwrap_or_default(),
+            r.fenced
+                .map(|f| if f { "fenced" } else { "advisory" }.to_owned())
+                .unwrap_or_default(),
             r.highest.map(|t| t.to_string()).unwrap_or_default(),
             r.id.to_string(),
         ])?;
     }
-    let body = out.into_inner().map_err(|e| ::csv::Error::from(e.into_error()))?;
+    let body = out
+        .into_inner()
+        .map_err(|e| ::csv::Error::from(e.into_error()))?;
     Ok((
         [
             (header::CONTENT_TYPE, "text/csv; charset=utf-8"),
-            (header::CONTENT_DISPOSITION, "attachment; filename=\"unprotected-writes.csv\""),
+            (
+                header::CONTENT_DISPOSITION,
+                "attachment; filename=\"unprotected-writes.csv\"",
+            ),
         ],
         body,
     ))
@@ -67,7 +86,14 @@ mod tests {
 
     #[test]
     fn formula_cells_are_made_inert_and_others_kept_verbatim() {
-        for bad in ["=HYPERLINK(\"http://x\")", "+1", "-2+3", "@SUM(A1)", "\tx", "\rx"] {
+        for bad in [
+            "=HYPERLINK(\"http://x\")",
+            "+1",
+            "-2+3",
+            "@SUM(A1)",
+            "\tx",
+            "\rx",
+        ] {
             assert_eq!(inert(bad), format!("'{bad}"));
         }
         for good in ["", "/orders/=1", "spiffe://td/a", "<script>", "'quoted"] {

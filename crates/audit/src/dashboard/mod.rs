@@ -101,7 +101,11 @@ fn chart_window(filter: &query::Filter) -> (std::time::SystemTime, std::time::Sy
     let to = filter.to.unwrap_or_else(std::time::SystemTime::now);
     let from = filter.from.unwrap_or(to - day);
     let longest = std::time::Duration::from_secs(query::CHART_MAX_HOURS * 3600);
-    let from = if to.duration_since(from).is_ok_and(|d| d > longest) { to - longest } else { from };
+    let from = if to.duration_since(from).is_ok_and(|d| d > longest) {
+        to - longest
+    } else {
+        from
+    };
     (from, to)
 }
 

@@ -89,7 +89,11 @@ pub(super) async fn unprotected(
     )?;
     let filters = params.filter_query();
     let field = |name: &str, label: &str, value: &Option<String>| {
-        let hint = if name == "from" || name == "to" { "2026-11-30T10:00" } else { "any" };
+        let hint = if name == "from" || name == "to" {
+            "2026-11-30T10:00"
+        } else {
+            "any"
+        };
         html! { label { (label) input type="text" name=(name) value=(opt(value)) placeholder=(hint); } }
     };
     let body = html! {
@@ -136,7 +140,10 @@ pub(super) async fn chart(
     let (from, to) = chart_window(&filter);
     let hours = query::hourly(&**client, &filter, from, to).await?;
     let svg = chart::hourly_svg(&caption(&filter), &hours).into_string();
-    Ok(([(header::CONTENT_TYPE, "image/svg+xml; charset=utf-8")], svg))
+    Ok((
+        [(header::CONTENT_TYPE, "image/svg+xml; charset=utf-8")],
+        svg,
+    ))
 }
 
 /// The query string of the lock timeline.
@@ -155,8 +162,15 @@ fn kind_class(kind: LockEventKind) -> &'static str {
     }
 }
 
-pub(super) async fn locks(State(pool): State<Pool>, Query(params): Query<KeyParams>) -> Result<Html<String>, DashError> {
-    let key = params.key.as_deref().map(str::trim).filter(|k| !k.is_empty());
+pub(super) async fn locks(
+    State(pool): State<Pool>,
+    Query(params): Query<KeyParams>,
+) -> Result<Html<String>, DashError> {
+    let key = params
+        .key
+        .as_deref()
+        .map(str::trim)
+        .filter(|k| !k.is_empty());
     let entries = match key {
         Some(k) => {
             let client = pool.get().await?;

@@ -8,7 +8,10 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{GenericClient, Row};
 use uuid::Uuid;
 
-use crate::{AuditError, ClusterId, Finding, ForceRelease, Labels, LockEvent, LockEventKind, Outcome, WriteRecord};
+use crate::{
+    AuditError, ClusterId, Finding, ForceRelease, Labels, LockEvent, LockEventKind, Outcome,
+    WriteRecord,
+};
 
 /// Rows per page by default, and at most.
 pub(crate) const PAGE: usize = 50;
@@ -84,7 +87,10 @@ impl Cursor {
     fn decode(s: &str) -> Option<Cursor> {
         let (at, id) = s.split_once('_')?;
         let at: i64 = at.parse().ok()?;
-        Some(Cursor { at: from_micros(at), id: Uuid::parse_str(id).ok()? })
+        Some(Cursor {
+            at: from_micros(at),
+            id: Uuid::parse_str(id).ok()?,
+        })
     }
 }
 
@@ -106,11 +112,16 @@ fn from_micros(m: i64) -> SystemTime {
 /// Parses RFC 3339 in UTC, also without seconds (what `<input type=datetime-local>` sends).
 pub(crate) fn parse_time(s: &str) -> Option<SystemTime> {
     let s = s.trim();
-    humantime::parse_rfc3339_weak(s).ok().or_else(|| humantime::parse_rfc3339_weak(&format!("{s}:00")).ok())
+    humantime::parse_rfc3339_weak(s)
+        .ok()
+        .or_else(|| humantime::parse_rfc3339_weak(&format!("{s}:00")).ok())
 }
 
 fn nonempty(s: &Option<String>) -> Option<String> {
-    s.as_deref().map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned)
+    s.as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
 }
 
 impl FilterParams {
@@ -132,7 +143,11 @@ impl FilterParams {
             None => None,
             Some(s) => Some(Cursor::decode(&s).ok_or(FilterError::Cursor)?),
         };
-        Ok((filter, cursor, self.limit.unwrap_or(PAGE).clamp(1, PAGE_MAX)))
+        Ok((
+            filter,
+            cursor,
+            self.limit.unwrap_or(PAGE).clamp(1, PAGE_MAX),
+        ))
     }
 
     /// The filters (not the cursor or limit) as a query string, for links.
@@ -176,13 +191,17 @@ struct Where {
 
 impl Where {
     fn new(base: &str) -> Self {
-        Where { clauses: vec![base.to_owned()], params: Vec::new() }
+        Where {
+            clauses: vec![base.to_owned()],
+            params: Vec::new(),
+        }
     }
 
     /// Adds `clause`, where each `$?` is the next parameter (all the same value).
     fn add(&mut self, clause: &str, value: impl ToSql + Sync + Send + 'static, ty: Type) {
         self.params.push((Box::new(value), ty));
-        self.clauses.push(clause.replace("$?", &format!("${}", self.params.len())));
+        self.clauses
+            .push(clause.replace("$?", &format!("${}", self.params.len())));
     }
 
     fn filter(filter: &Filter) -> Self {
@@ -206,7 +225,10 @@ impl Where {
     }
 
     fn params(&self) -> Vec<(&(dyn ToSql + Sync), Type)> {
-        self.params.iter().map(|(p, t)| (p.as_ref() as &(dyn ToSql + Sync), t.clone())).collect()
+        self.params
+            .iter()
+            .map(|(p, t)| (p.as_ref() as &(dyn ToSql + Sync), t.clone()))
+            .collect()
     }
 }
 
@@ -241,8 +263,13 @@ fn write_record(row: &Row) -> WriteRecord {
         token: token(row.get("token")),
         highest: token(row.get("highest")),
         finding,
-        fenced: row.get::<_, Option<&str>>("enforcement").map(|e| e == "fenced"),
-        labels: Labels { namespace: row.get("namespace"), class: row.get("class") },
+        fenced: row
+            .get::<_, Option<&str>>("enforcement")
+            .map(|e| e == "fenced"),
+        labels: Labels {
+            namespace: row.get("namespace"),
+            class: row.get("class"),
+        },
         caller: row.get("caller"),
         dropped: row.get::<_, Option<i64>>("dropped").map(|n| n as u64),
     }
@@ -287,7 +314,8 @@ pub(crate) async fn unprotected_all<C: GenericClient>(
     let mut all = Vec::new();
     let mut cursor = None;
     loop {
-        let (page, next) = unprotected_page(client, filter, cursor, PAGE_MAX.min(max - all.len())).await?;
+        let (page, next) =
+            unprotected_page(client, filter, cursor, PAGE_MAX.min(max - all.len())).await?;
         all.extend(page);
         match next {
             Some(c) if all.len() < max => cursor = Some(c),
@@ -358,7 +386,10 @@ pub(crate) async fn hourly<C: GenericClient>(
     let mut out = Vec::new();
     let mut hour = start;
     while hour < to && out.len() < CHART_MAX_HOURS as usize {
-        let n = counts.iter().find(|(h, _)| *h == hour).map_or(0, |(_, n)| *n);
+        let n = counts
+            .iter()
+            .find(|(h, _)| *h == hour)
+            .map_or(0, |(_, n)| *n);
         out.push((hour, n));
         hour += Duration::from_secs(3600);
     }
@@ -376,7 +407,10 @@ fn hour_ceil(t: SystemTime) -> SystemTime {
 }
 
 pub(crate) fn hour_floor(t: SystemTime) -> SystemTime {
-    let secs = t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let secs = t
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
     UNIX_EPOCH + Duration::from_secs(secs - secs % 3600)
 }
 
@@ -437,7 +471,10 @@ pub(crate) async fn lock_timeline<C: GenericClient>(
 }
 
 /// The forced releases, newest first (at most `limit`).
-pub(crate) async fn force_releases<C: GenericClient>(client: &C, limit: usize) -> Result<Vec<ForceRelease>, AuditError> {
+pub(crate) async fn force_releases<C: GenericClient>(
+    client: &C,
+    limit: usize,
+) -> Result<Vec<ForceRelease>, AuditError> {
     let rows = client
         .query(
             "SELECT request_id, cluster_id, revision, lock_key, requester, approver, reason, class_was_fenced, at \

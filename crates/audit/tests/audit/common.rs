@@ -22,7 +22,9 @@ pub(crate) async fn migrated_db() -> (TestDb, Pool) {
 pub(crate) async fn admin() -> tokio_postgres::Client {
     let conn = std::env::var("PALISADE_PG_ADMIN")
         .unwrap_or_else(|_| "host=127.0.0.1 port=5432 user=postgres dbname=postgres".to_owned());
-    let (client, connection) = tokio_postgres::connect(&conn, tokio_postgres::NoTls).await.unwrap();
+    let (client, connection) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
+        .await
+        .unwrap();
     tokio::spawn(connection);
     client
 }
@@ -30,14 +32,29 @@ pub(crate) async fn admin() -> tokio_postgres::Client {
 /// Refuses new connections to `db` and ends the open ones: the database is "down"
 /// while the server keeps serving every other database.
 pub(crate) async fn take_down(admin: &tokio_postgres::Client, db: &TestDb) {
-    admin.batch_execute(&format!("ALTER DATABASE {} ALLOW_CONNECTIONS false", db.name())).await.unwrap();
     admin
-        .execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1", &[&db.name()])
+        .batch_execute(&format!(
+            "ALTER DATABASE {} ALLOW_CONNECTIONS false",
+            db.name()
+        ))
+        .await
+        .unwrap();
+    admin
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1",
+            &[&db.name()],
+        )
         .await
         .unwrap();
     // pg_terminate_backend only signals: wait until the backends are gone.
     eventually("the database's backends to exit", || async {
-        count_with(admin, "SELECT count(*) FROM pg_stat_activity WHERE datname = $1", db.name()).await == 0
+        count_with(
+            admin,
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = $1",
+            db.name(),
+        )
+        .await
+            == 0
     })
     .await;
 }
@@ -47,7 +64,13 @@ async fn count_with(client: &tokio_postgres::Client, sql: &str, param: &str) -> 
 }
 
 pub(crate) async fn bring_up(admin: &tokio_postgres::Client, db: &TestDb) {
-    admin.batch_execute(&format!("ALTER DATABASE {} ALLOW_CONNECTIONS true", db.name())).await.unwrap();
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE {} ALLOW_CONNECTIONS true",
+            db.name()
+        ))
+        .await
+        .unwrap();
 }
 
 /// Waits up to 20 s for `check` to hold.
@@ -74,17 +97,34 @@ pub(crate) struct Reply {
     pub(crate) body: String,
 }
 
-pub(crate) async fn request(app: &Router, method: Method, uri: &str, headers: &[(&str, &str)]) -> Reply {
+pub(crate) async fn request(
+    app: &Router,
+    method: Method,
+    uri: &str,
+    headers: &[(&str, &str)],
+) -> Reply {
     let mut req = Request::builder().method(method).uri(uri);
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
-    let res = app.clone().oneshot(req.body(Body::empty()).unwrap()).await.unwrap();
+    let res = app
+        .clone()
+        .oneshot(req.body(Body::empty()).unwrap())
+        .await
+        .unwrap();
     let status = res.status();
-    let content_type =
-        res.headers().get(http::header::CONTENT_TYPE).map(|v| v.to_str().unwrap().to_owned()).unwrap_or_default();
-    let body = String::from_utf8(res.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
-    Reply { status, content_type, body }
+    let content_type = res
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let body =
+        String::from_utf8(res.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
+    Reply {
+        status,
+        content_type,
+        body,
+    }
 }
 
 pub(crate) async fn get(app: &Router, uri: &str) -> Reply {

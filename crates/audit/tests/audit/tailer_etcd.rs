@@ -11,8 +11,8 @@ use deadpool_postgres::Pool;
 use etcd_client::{CompactionOptions, EventType, GetOptions, WatchOptions};
 use palisade_audit::{insert_force_release, tailer_position, ClusterId, ForceRelease, Tailer};
 use palisade_lock::{
-    EpochReason, FencingToken, FileEpochStore, ForceMarker, Hold, LockClass, LockName, Locker, LockerOptions, Mode,
-    Namespace, Session, SpiffeId,
+    EpochReason, FencingToken, FileEpochStore, ForceMarker, Hold, LockClass, LockName, Locker,
+    LockerOptions, Mode, Namespace, Session, SpiffeId,
 };
 use palisade_testkit::{EtcdCluster, Snapshot, TestDb};
 use tokio::task::JoinHandle;
@@ -37,15 +37,28 @@ async fn fixture() -> Fixture {
     let etcd = EtcdCluster::single().await;
     let dir = tempfile::tempdir().unwrap();
     let options = LockerOptions::new(etcd.endpoints()).with_request_timeout(Duration::from_secs(2));
-    let locker = Locker::connect(options, FileEpochStore::new(dir.path().join("epoch.json"))).await.unwrap();
-    locker.config().put_namespace(&Namespace::new(NS, "acme")).await.unwrap();
+    let locker = Locker::connect(options, FileEpochStore::new(dir.path().join("epoch.json")))
+        .await
+        .unwrap();
+    locker
+        .config()
+        .put_namespace(&Namespace::new(NS, "acme"))
+        .await
+        .unwrap();
     let mut class = LockClass::new(NS, CLASS, "");
     class.ttl_min = Duration::from_secs(1);
     class.ttl_max = Duration::from_secs(30);
     locker.config().put_class(&class).await.unwrap();
     let (db, pool) = migrated_db().await;
     let cluster = ClusterId(etcd.cluster_id().await);
-    Fixture { etcd, locker, dir, db: Arc::new(db), pool, cluster }
+    Fixture {
+        etcd,
+        locker,
+        dir,
+        db: Arc::new(db),
+        pool,
+        cluster,
+    }
 }
 
 impl Fixture {
@@ -54,12 +67,26 @@ impl Fixture {
     async fn restored(&self, snapshot: &Snapshot) -> Fixture {
         let etcd = EtcdCluster::restore(snapshot, 1).await;
         let dir = tempfile::tempdir().unwrap();
-        std::fs::copy(self.dir.path().join("epoch.json"), dir.path().join("epoch.json")).unwrap();
-        let options = LockerOptions::new(etcd.endpoints()).with_request_timeout(Duration::from_secs(2));
-        let locker = Locker::connect(options, FileEpochStore::new(dir.path().join("epoch.json"))).await.unwrap();
+        std::fs::copy(
+            self.dir.path().join("epoch.json"),
+            dir.path().join("epoch.json"),
+        )
+        .unwrap();
+        let options =
+            LockerOptions::new(etcd.endpoints()).with_request_timeout(Duration::from_secs(2));
+        let locker = Locker::connect(options, FileEpochStore::new(dir.path().join("epoch.json")))
+            .await
+            .unwrap();
         locker.advance_epoch(EpochReason::Restore).await.unwrap();
         let cluster = ClusterId(etcd.cluster_id().await);
-        Fixture { etcd, locker, dir, db: self.db.clone(), pool: self.pool.clone(), cluster }
+        Fixture {
+            etcd,
+            locker,
+            dir,
+            db: self.db.clone(),
+            pool: self.pool.clone(),
+            cluster,
+        }
     }
 
     fn start_tailer(&self) -> JoinHandle<Infallible> {
@@ -70,25 +97,44 @@ impl Fixture {
     }
 
     async fn session(&self, who: &str, ttl: Duration) -> Session {
-        self.locker.open_session(SpiffeId::new(format!("spiffe://acme/{who}")).unwrap(), ttl).await.unwrap()
+        self.locker
+            .open_session(SpiffeId::new(format!("spiffe://acme/{who}")).unwrap(), ttl)
+            .await
+            .unwrap()
     }
 
     async fn acquire(&self, session: &Session, key: &str) -> Hold {
         let deadline = Instant::now() + Duration::from_secs(10);
-        self.locker.acquire(session, &LockName::new(NS, CLASS, key), Mode::Exclusive, deadline).await.unwrap()
+        self.locker
+            .acquire(
+                session,
+                &LockName::new(NS, CLASS, key),
+                Mode::Exclusive,
+                deadline,
+            )
+            .await
+            .unwrap()
     }
 
     /// Writes a key the tailer must ignore and waits until the tailer's position reaches
     /// it: everything before it has been stored.
     async fn wait_caught_up(&self) {
         let mut client = self.locker.client().clone();
-        let rev = client.put(format!("{ROOT}locks/zz-sentinel"), "x", None).await.unwrap().header().unwrap().revision();
+        let rev = client
+            .put(format!("{ROOT}locks/zz-sentinel"), "x", None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
         // A connection of its own: the pool may hold connections a test's outage ended.
         let db = Arc::new(self.db.connect().await);
         let cluster = self.cluster;
         eventually("the tailer to catch up", || {
             let db = db.clone();
-            async move { matches!(tailer_position(&*db, cluster).await, Ok(Some(p)) if p.as_i64() >= rev) }
+            async move {
+                matches!(tailer_position(&*db, cluster).await, Ok(Some(p)) if p.as_i64() >= rev)
+            }
         })
         .await;
     }
@@ -118,7 +164,13 @@ impl Fixture {
 
     async fn revision(&self) -> i64 {
         let mut client = self.locker.client().clone();
-        client.get("x", Some(GetOptions::new().with_count_only())).await.unwrap().header().unwrap().revision()
+        client
+            .get("x", Some(GetOptions::new().with_count_only()))
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision()
     }
 
     /// `n` grant-and-release cycles on one session; the tokens granted.
@@ -151,7 +203,11 @@ struct Rng(u64);
 
 impl Rng {
     fn new() -> Rng {
-        let seed = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
+        let seed = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+            | 1;
         println!("rng seed {seed}");
         Rng(seed)
     }
@@ -169,7 +225,10 @@ impl Rng {
 async fn hold_history(locker: &Locker, through: i64) -> (BTreeSet<i64>, BTreeSet<i64>) {
     let mut client = locker.client().clone();
     let options = WatchOptions::new().with_prefix().with_start_revision(1);
-    let (_w, mut stream) = client.watch(format!("{ROOT}locks/"), Some(options)).await.unwrap();
+    let (_w, mut stream) = client
+        .watch(format!("{ROOT}locks/"), Some(options))
+        .await
+        .unwrap();
     let (mut created, mut deleted) = (BTreeSet::new(), BTreeSet::new());
     loop {
         let resp = stream.message().await.unwrap().unwrap();
@@ -220,7 +279,10 @@ async fn etcd_tailer_killed_three_times_during_1000_cycles_loses_and_repeats_not
                 let key = format!("acct/{}", i % 4);
                 let hold = fx.acquire(&session, &key).await;
                 let token = hold.token().unwrap();
-                granted.lock().unwrap().push((key, token, format!("spiffe://acme/{who}")));
+                granted
+                    .lock()
+                    .unwrap()
+                    .push((key, token, format!("spiffe://acme/{who}")));
                 hold.release().await.unwrap();
             }
             session.close().await.unwrap();
@@ -231,7 +293,11 @@ async fn etcd_tailer_killed_three_times_during_1000_cycles_loses_and_repeats_not
     // waits to move its position when it is aborted.
     let blocker = fx.db.connect().await;
     let watcher = fx.db.connect().await;
-    let targets = [150 + rng.below(250) as usize, 400 + rng.below(100) as usize, 650 + rng.below(250) as usize];
+    let targets = [
+        150 + rng.below(250) as usize,
+        400 + rng.below(100) as usize,
+        650 + rng.below(250) as usize,
+    ];
     let mut kills = 0;
     for (n, target) in targets.into_iter().enumerate() {
         while next.load(Ordering::Relaxed) < target {
@@ -239,7 +305,10 @@ async fn etcd_tailer_killed_three_times_during_1000_cycles_loses_and_repeats_not
         }
         let mid_batch = n == 1;
         if mid_batch {
-            blocker.batch_execute("BEGIN; LOCK TABLE audit_cursor IN EXCLUSIVE MODE").await.unwrap();
+            blocker
+                .batch_execute("BEGIN; LOCK TABLE audit_cursor IN EXCLUSIVE MODE")
+                .await
+                .unwrap();
             let (watcher, name) = (&watcher, fx.db.name().to_owned());
             eventually("the tailer to wait inside its transaction", || {
                 let name = name.clone();
@@ -265,7 +334,14 @@ async fn etcd_tailer_killed_three_times_during_1000_cycles_loses_and_repeats_not
             blocker.batch_execute("COMMIT").await.unwrap();
         }
         kills += 1;
-        println!("killed the tailer at cycle {done}{}", if mid_batch { ", inside its transaction" } else { "" });
+        println!(
+            "killed the tailer at cycle {done}{}",
+            if mid_batch {
+                ", inside its transaction"
+            } else {
+                ""
+            }
+        );
     }
     for w in workers {
         w.await.unwrap();
@@ -280,21 +356,38 @@ async fn etcd_tailer_killed_three_times_during_1000_cycles_loses_and_repeats_not
     let granted = granted.lock().unwrap().clone();
     assert_eq!(granted.len(), CYCLES);
     // Grants: exactly the holds handed out, each with its token and holder.
-    let expected: BTreeSet<(String, u64, String)> =
-        granted.iter().map(|(k, t, who)| (k.clone(), t.get(), who.clone())).collect();
+    let expected: BTreeSet<(String, u64, String)> = granted
+        .iter()
+        .map(|(k, t, who)| (k.clone(), t.get(), who.clone()))
+        .collect();
     assert_eq!(expected.len(), CYCLES, "tokens are unique");
     let grants: Vec<&Row> = rows.iter().filter(|r| r.kind == "grant").collect();
     let got: BTreeSet<(String, u64, String)> = grants
         .iter()
-        .map(|r| (r.lock_key.clone().unwrap(), r.token.unwrap(), r.spiffe_id.clone().unwrap()))
+        .map(|r| {
+            (
+                r.lock_key.clone().unwrap(),
+                r.token.unwrap(),
+                r.spiffe_id.clone().unwrap(),
+            )
+        })
         .collect();
     assert_eq!(grants.len(), CYCLES, "one grant row per hold");
     assert_eq!(got, expected);
     for r in &grants {
-        assert_eq!(FencingToken::from_u64(r.token.unwrap()).unwrap().revision().as_i64(), r.revision);
+        assert_eq!(
+            FencingToken::from_u64(r.token.unwrap())
+                .unwrap()
+                .revision()
+                .as_i64(),
+            r.revision
+        );
     }
     // Releases: one per hold, with the hold's token, after its grant.
-    let grant_rev: BTreeMap<u64, i64> = grants.iter().map(|r| (r.token.unwrap(), r.revision)).collect();
+    let grant_rev: BTreeMap<u64, i64> = grants
+        .iter()
+        .map(|r| (r.token.unwrap(), r.revision))
+        .collect();
     let releases: Vec<&Row> = rows.iter().filter(|r| r.kind == "release").collect();
     assert_eq!(releases.len(), CYCLES, "one release row per hold");
     let released: BTreeSet<u64> = releases.iter().map(|r| r.token.unwrap()).collect();
@@ -302,12 +395,24 @@ async fn etcd_tailer_killed_three_times_during_1000_cycles_loses_and_repeats_not
     for r in &releases {
         assert!(r.revision > grant_rev[&r.token.unwrap()]);
     }
-    assert_eq!(rows.len(), 2 * CYCLES, "nothing but grants and releases: {:?}", rows.iter().find(|r| r.kind != "grant" && r.kind != "release"));
+    assert_eq!(
+        rows.len(),
+        2 * CYCLES,
+        "nothing but grants and releases: {:?}",
+        rows.iter()
+            .find(|r| r.kind != "grant" && r.kind != "release")
+    );
     // And the rows sit exactly at the revisions where etcd history creates and deletes holds.
     let last = rows.iter().map(|r| r.revision).max().unwrap();
     let (created, deleted) = hold_history(&fx.locker, last).await;
-    assert_eq!(grants.iter().map(|r| r.revision).collect::<BTreeSet<_>>(), created);
-    assert_eq!(releases.iter().map(|r| r.revision).collect::<BTreeSet<_>>(), deleted);
+    assert_eq!(
+        grants.iter().map(|r| r.revision).collect::<BTreeSet<_>>(),
+        created
+    );
+    assert_eq!(
+        releases.iter().map(|r| r.revision).collect::<BTreeSet<_>>(),
+        deleted
+    );
 }
 
 #[tokio::test]
@@ -322,9 +427,14 @@ async fn etcd_tailer_records_one_expire_when_keepalive_stops() {
     eventually("an expire row", || {
         let pool = pool.clone();
         async move {
-            let Ok(client) = pool.get().await else { return false };
+            let Ok(client) = pool.get().await else {
+                return false;
+            };
             let n: i64 = client
-                .query_one("SELECT count(*) FROM audit_event WHERE cluster_id = $1 AND type = 'expire'", &[&cluster])
+                .query_one(
+                    "SELECT count(*) FROM audit_event WHERE cluster_id = $1 AND type = 'expire'",
+                    &[&cluster],
+                )
                 .await
                 .unwrap()
                 .get(0);
@@ -350,10 +460,17 @@ async fn etcd_tailer_records_a_force_that_joins_its_force_release_row() {
     let session = fx.session("holder", Duration::from_secs(10)).await;
     let hold = fx.acquire(&session, "frc/1").await;
     let token = hold.token().unwrap().get();
-    let marker =
-        ForceMarker { request_id: "req-1".into(), requester: "spiffe://acme/alice".into(), reason: "stuck".into() };
+    let marker = ForceMarker {
+        request_id: "req-1".into(),
+        requester: "spiffe://acme/alice".into(),
+        reason: "stuck".into(),
+    };
     let name = LockName::new(NS, CLASS, "frc/1");
-    let rev = fx.locker.force_release(&name, session.lease(), Mode::Exclusive, &marker).await.unwrap();
+    let rev = fx
+        .locker
+        .force_release(&name, session.lease(), Mode::Exclusive, &marker)
+        .await
+        .unwrap();
     let record = ForceRelease::new(
         "req-1",
         fx.cluster,
@@ -365,7 +482,9 @@ async fn etcd_tailer_records_a_force_that_joins_its_force_release_row() {
         true,
         SystemTime::now(),
     );
-    insert_force_release(&**fx.pool.get().await.unwrap(), &record).await.unwrap();
+    insert_force_release(&**fx.pool.get().await.unwrap(), &record)
+        .await
+        .unwrap();
     assert!(hold.release().await.unwrap_err().is_not_held());
     session.close().await.unwrap();
     fx.wait_caught_up().await;
@@ -400,11 +519,18 @@ async fn etcd_tailer_records_a_gap_when_history_was_compacted() {
     fx.wait_caught_up().await;
     tailer.abort();
     let _ = tailer.await;
-    let position = tailer_position(&**fx.pool.get().await.unwrap(), fx.cluster).await.unwrap().unwrap().as_i64();
+    let position = tailer_position(&**fx.pool.get().await.unwrap(), fx.cluster)
+        .await
+        .unwrap()
+        .unwrap()
+        .as_i64();
     let lost = fx.cycles("b", "cmp/1", 5).await;
     let compacted = fx.revision().await;
     let mut client = fx.locker.client().clone();
-    client.compact(compacted, Some(CompactionOptions::new().with_physical())).await.unwrap();
+    client
+        .compact(compacted, Some(CompactionOptions::new().with_physical()))
+        .await
+        .unwrap();
     let after = fx.cycles("c", "cmp/1", 5).await;
     let tailer = fx.start_tailer();
     fx.wait_caught_up().await;
@@ -416,12 +542,22 @@ async fn etcd_tailer_records_a_gap_when_history_was_compacted() {
     // The compaction revision is part of the gap: compaction drops its deletions.
     assert_eq!(gaps[0].gap, Some((position + 1, compacted)));
     assert_eq!(gaps[0].revision, position + 1);
-    let grants: Vec<u64> = rows.iter().filter(|r| r.kind == "grant").map(|r| r.token.unwrap()).collect();
-    assert_eq!(grants, [before.clone(), after.clone()].concat(), "grants before the gap and after it");
+    let grants: Vec<u64> = rows
+        .iter()
+        .filter(|r| r.kind == "grant")
+        .map(|r| r.token.unwrap())
+        .collect();
+    assert_eq!(
+        grants,
+        [before.clone(), after.clone()].concat(),
+        "grants before the gap and after it"
+    );
     for t in &lost {
         assert!(!grants.contains(t));
     }
-    assert!(rows.iter().all(|r| r.kind == "gap" || r.revision <= position || r.revision > compacted));
+    assert!(rows
+        .iter()
+        .all(|r| r.kind == "gap" || r.revision <= position || r.revision > compacted));
 }
 
 #[tokio::test]
@@ -447,12 +583,21 @@ async fn etcd_tailer_ignores_stray_and_cancel_marker_keys() {
     for k in &strays[1..] {
         client.delete(k.as_str(), None).await.unwrap();
     }
-    let not_utf8 = [ROOT.as_bytes(), b"locks/\xff/rows/k/h/x/", lease_hex.as_bytes()].concat();
+    let not_utf8 = [
+        ROOT.as_bytes(),
+        b"locks/\xff/rows/k/h/x/",
+        lease_hex.as_bytes(),
+    ]
+    .concat();
     client.put(not_utf8.clone(), meta, None).await.unwrap();
     client.delete(not_utf8, None).await.unwrap();
     // A cancel marker on a lease that ends: deleted by the revoke, as the lock core's are.
     client
-        .put(format!("{ROOT}locks/{NS}/{CLASS}/k/c/{lease_hex}/2"), "", Some(etcd_client::PutOptions::new().with_lease(lease)))
+        .put(
+            format!("{ROOT}locks/{NS}/{CLASS}/k/c/{lease_hex}/2"),
+            "",
+            Some(etcd_client::PutOptions::new().with_lease(lease)),
+        )
         .await
         .unwrap();
     client.lease_revoke(lease).await.unwrap();
@@ -478,12 +623,19 @@ async fn etcd_tailer_catches_up_after_a_database_outage_that_never_blocks_locks(
     take_down(&admin, &fx.db).await;
     let started = Instant::now();
     let during = fx.cycles("b", "db/1", 20).await;
-    assert!(started.elapsed() < Duration::from_secs(5), "locks went on while the database was down");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "locks went on while the database was down"
+    );
     bring_up(&admin, &fx.db).await;
     fx.wait_caught_up().await;
     tailer.abort();
     let rows = fx.rows().await;
-    let grants: Vec<u64> = rows.iter().filter(|r| r.kind == "grant").map(|r| r.token.unwrap()).collect();
+    let grants: Vec<u64> = rows
+        .iter()
+        .filter(|r| r.kind == "grant")
+        .map(|r| r.token.unwrap())
+        .collect();
     assert_eq!(grants, [first, during].concat());
     assert_eq!(rows.iter().filter(|r| r.kind == "release").count(), 23);
     assert_eq!(rows.len(), 46);
@@ -521,26 +673,57 @@ async fn etcd_tailer_stores_history_a_restored_cluster_repeats_once() {
     let _ = tailer_b.await;
     let rows_a = a.rows().await;
     let rows_b = b.rows().await;
-    let grants = |rows: &[Row]| rows.iter().filter(|r| r.kind == "grant").map(|r| r.token.unwrap()).collect::<Vec<_>>();
+    let grants = |rows: &[Row]| {
+        rows.iter()
+            .filter(|r| r.kind == "grant")
+            .map(|r| r.token.unwrap())
+            .collect::<Vec<_>>()
+    };
     assert_eq!(grants(&rows_a), [before.clone(), after_a.clone()].concat());
     assert_eq!(rows_a.len(), 12, "{rows_a:?}");
-    assert_eq!(grants(&rows_b), new_b, "B's own grants, none of A's history: {rows_b:?}");
+    assert_eq!(
+        grants(&rows_b),
+        new_b,
+        "B's own grants, none of A's history: {rows_b:?}"
+    );
     assert_eq!(rows_b.iter().filter(|r| r.kind == "release").count(), 3);
     assert_eq!(rows_b.len(), 6, "{rows_b:?}");
     assert!(rows_b.iter().all(|r| r.revision > snapshot.revision()));
     for r in &rows_b {
         assert_eq!(r.spiffe_id.as_deref(), Some("spiffe://acme/b"));
-        assert_eq!(FencingToken::from_u64(r.token.unwrap()).unwrap().epoch().get(), 1);
+        assert_eq!(
+            FencingToken::from_u64(r.token.unwrap())
+                .unwrap()
+                .epoch()
+                .get(),
+            1
+        );
     }
-    let revisions = |rows: &[Row], above: i64| rows.iter().map(|r| r.revision).filter(|r| *r > above).collect::<BTreeSet<_>>();
-    assert_eq!(revisions(&rows_b, 0), revisions(&rows_a, snapshot.revision()), "B's events at A's revision numbers");
+    let revisions = |rows: &[Row], above: i64| {
+        rows.iter()
+            .map(|r| r.revision)
+            .filter(|r| *r > above)
+            .collect::<BTreeSet<_>>()
+    };
+    assert_eq!(
+        revisions(&rows_b, 0),
+        revisions(&rows_a, snapshot.revision()),
+        "B's events at A's revision numbers"
+    );
 
     // B's history read in part, then compacted: a gap, and B's later events.
-    let position = tailer_position(&**b.pool.get().await.unwrap(), b.cluster).await.unwrap().unwrap().as_i64();
+    let position = tailer_position(&**b.pool.get().await.unwrap(), b.cluster)
+        .await
+        .unwrap()
+        .unwrap()
+        .as_i64();
     let lost = b.cycles("b2", "rst/1", 2).await;
     let compacted = b.revision().await;
     let mut client = b.locker.client().clone();
-    client.compact(compacted, Some(CompactionOptions::new().with_physical())).await.unwrap();
+    client
+        .compact(compacted, Some(CompactionOptions::new().with_physical()))
+        .await
+        .unwrap();
     let later = b.cycles("b3", "rst/1", 2).await;
     let tailer_b = b.start_tailer();
     b.wait_caught_up().await;
@@ -583,19 +766,37 @@ async fn etcd_tailer_recognises_restored_history_after_a_compaction() {
     let snapshot = a.etcd.snapshot().await;
     let b = a.restored(&snapshot).await;
     let mut client = b.locker.client().clone();
-    client.compact(middle, Some(CompactionOptions::new().with_physical())).await.unwrap();
+    client
+        .compact(middle, Some(CompactionOptions::new().with_physical()))
+        .await
+        .unwrap();
     let new_b = b.cycles("b", "rst/2", 2).await;
     let tailer_b = b.start_tailer();
     b.wait_caught_up().await;
     tailer_b.abort();
     let rows_b = b.rows().await;
     let kinds: Vec<&str> = rows_b.iter().map(|r| r.kind.as_str()).collect();
-    assert_eq!(kinds, ["gap", "grant", "release", "grant", "release"], "{rows_b:?}");
+    assert_eq!(
+        kinds,
+        ["gap", "grant", "release", "grant", "release"],
+        "{rows_b:?}"
+    );
     assert_eq!(rows_b[0].gap, Some((1, middle)));
-    assert_eq!(rows_b.iter().filter(|r| r.kind == "grant").map(|r| r.token.unwrap()).collect::<Vec<_>>(), new_b);
+    assert_eq!(
+        rows_b
+            .iter()
+            .filter(|r| r.kind == "grant")
+            .map(|r| r.token.unwrap())
+            .collect::<Vec<_>>(),
+        new_b
+    );
     let rows_a = a.rows().await;
     assert_eq!(
-        rows_a.iter().filter(|r| r.kind == "grant").map(|r| r.token.unwrap()).collect::<Vec<_>>(),
+        rows_a
+            .iter()
+            .filter(|r| r.kind == "grant")
+            .map(|r| r.token.unwrap())
+            .collect::<Vec<_>>(),
         [early, late].concat()
     );
 }

@@ -92,8 +92,17 @@ impl Audit {
         end: HoldEnd,
         space: u32,
     ) {
-        self.pending.push(EtcdHold { entry, lock: lock.clone(), token, grant_rev, end_rev, end, space });
-        self.etcd_holds.insert((lock.clone(), token), (grant_rev, end_rev));
+        self.pending.push(EtcdHold {
+            entry,
+            lock: lock.clone(),
+            token,
+            grant_rev,
+            end_rev,
+            end,
+            space,
+        });
+        self.etcd_holds
+            .insert((lock.clone(), token), (grant_rev, end_rev));
     }
 
     /// An `audit_cut`: the tailer had stored `space` through `through` when it was
@@ -109,10 +118,20 @@ impl Audit {
         for h in std::mem::take(&mut self.pending) {
             let cut = self.cuts.get(&h.space).copied().unwrap_or(i64::MAX);
             let needed = |rev: i64| usize::from(rev <= cut);
-            let record = |kind| AuditRecord::Lock { kind, lock: h.lock.clone(), token: h.token };
-            self.tallies.entry(record(LockRecordKind::Grant)).or_default().expect(h.entry, needed(h.grant_rev), 1);
+            let record = |kind| AuditRecord::Lock {
+                kind,
+                lock: h.lock.clone(),
+                token: h.token,
+            };
+            self.tallies
+                .entry(record(LockRecordKind::Grant))
+                .or_default()
+                .expect(h.entry, needed(h.grant_rev), 1);
             if let (Some(kind), Some(end_rev)) = (LockRecordKind::of_end(h.end), h.end_rev) {
-                self.tallies.entry(record(kind)).or_default().expect(h.entry, needed(end_rev), 1);
+                self.tallies
+                    .entry(record(kind))
+                    .or_default()
+                    .expect(h.entry, needed(end_rev), 1);
             }
         }
     }
@@ -124,8 +143,13 @@ impl Audit {
 
     /// A completed write without a token: `committed` or indeterminate.
     pub(crate) fn unprotected_write(&mut self, entry: EntryIndex, resource: &str, committed: bool) {
-        let record = AuditRecord::UnprotectedWrite { resource: resource.to_owned() };
-        self.tallies.entry(record).or_default().expect(entry, usize::from(committed), 1);
+        let record = AuditRecord::UnprotectedWrite {
+            resource: resource.to_owned(),
+        };
+        self.tallies
+            .entry(record)
+            .or_default()
+            .expect(entry, usize::from(committed), 1);
     }
 
     /// An `audit_row` entry.
@@ -148,10 +172,15 @@ impl Audit {
             "unprotected_write" => {
                 match resource {
                     Some(resource) => {
-                        let record = AuditRecord::UnprotectedWrite { resource: resource.to_owned() };
+                        let record = AuditRecord::UnprotectedWrite {
+                            resource: resource.to_owned(),
+                        };
                         self.tallies.entry(record).or_default().rows.push(entry);
                     }
-                    None => out.push(Violation::MalformedEntry { entry, problem: EntryProblem::AuditRowWithoutResource }),
+                    None => out.push(Violation::MalformedEntry {
+                        entry,
+                        problem: EntryProblem::AuditRowWithoutResource,
+                    }),
                 }
                 return;
             }
@@ -163,9 +192,18 @@ impl Audit {
         };
         match lock {
             Some(lock) if token.is_some() || revision.is_some() => {
-                self.lock_rows.push(LockRow { entry, kind, lock: lock.clone(), token, revision });
+                self.lock_rows.push(LockRow {
+                    entry,
+                    kind,
+                    lock: lock.clone(),
+                    token,
+                    revision,
+                });
             }
-            _ => out.push(Violation::MalformedEntry { entry, problem: EntryProblem::AuditRowWithoutLock }),
+            _ => out.push(Violation::MalformedEntry {
+                entry,
+                problem: EntryProblem::AuditRowWithoutLock,
+            }),
         }
     }
 
@@ -186,7 +224,11 @@ impl Audit {
         for ((lock, grant_rev), token) in &self.worker_holds {
             by_grant_rev.entry((lock, *grant_rev)).or_insert(*token);
         }
-        let worker_tokens: HashSet<(&LockName, u64)> = self.worker_holds.iter().map(|((l, _), t)| (l, *t)).collect();
+        let worker_tokens: HashSet<(&LockName, u64)> = self
+            .worker_holds
+            .iter()
+            .map(|((l, _), t)| (l, *t))
+            .collect();
         let mut extra: Vec<(AuditRecord, EntryIndex)> = Vec::new();
         for row in &self.lock_rows {
             let token = row.token.or_else(|| {
@@ -197,18 +239,34 @@ impl Audit {
                 }
             });
             let Some(token) = token else {
-                found.push(Violation::AuditUnexpected { row: row.entry, record: None });
+                found.push(Violation::AuditUnexpected {
+                    row: row.entry,
+                    record: None,
+                });
                 continue;
             };
-            let record = AuditRecord::Lock { kind: row.kind, lock: row.lock.clone(), token };
-            let contradicts = match (row.kind, row.revision, self.etcd_holds.get(&(row.lock.clone(), token))) {
+            let record = AuditRecord::Lock {
+                kind: row.kind,
+                lock: row.lock.clone(),
+                token,
+            };
+            let contradicts = match (
+                row.kind,
+                row.revision,
+                self.etcd_holds.get(&(row.lock.clone(), token)),
+            ) {
                 (_, None, _) => false,
-                (LockRecordKind::Grant, Some(rev), _) => u64::try_from(rev).ok() != Some(token & REVISION_MASK),
+                (LockRecordKind::Grant, Some(rev), _) => {
+                    u64::try_from(rev).ok() != Some(token & REVISION_MASK)
+                }
                 (_, Some(rev), Some((_, end_rev))) => *end_rev != Some(rev),
                 (_, Some(_), None) => false,
             };
             if contradicts {
-                found.push(Violation::AuditUnexpected { row: row.entry, record: Some(record) });
+                found.push(Violation::AuditUnexpected {
+                    row: row.entry,
+                    record: Some(record),
+                });
                 continue;
             }
             let seen_by_worker_only = worker_tokens.contains(&(&row.lock, token))
@@ -216,15 +274,24 @@ impl Audit {
             match self.tallies.get_mut(&record) {
                 Some(tally) => tally.rows.push(row.entry),
                 None if seen_by_worker_only => extra.push((record, row.entry)),
-                None => found.push(Violation::AuditUnexpected { row: row.entry, record: Some(record) }),
+                None => found.push(Violation::AuditUnexpected {
+                    row: row.entry,
+                    record: Some(record),
+                }),
             }
         }
         for (record, entry) in extra {
-            let tally = self.tallies.entry(record).or_insert_with(|| Tally { allowed: 1, ..Tally::default() });
+            let tally = self.tallies.entry(record).or_insert_with(|| Tally {
+                allowed: 1,
+                ..Tally::default()
+            });
             tally.rows.push(entry);
         }
         for (record, tally) in self.tallies {
-            if tally.rows.is_empty() && tally.expected == 0 && matches!(record, AuditRecord::Lock { .. }) {
+            if tally.rows.is_empty()
+                && tally.expected == 0
+                && matches!(record, AuditRecord::Lock { .. })
+            {
                 lost += 1;
             }
             if tally.rows.len() < tally.expected {
@@ -237,10 +304,17 @@ impl Audit {
             } else if tally.rows.len() > tally.allowed {
                 if tally.allowed == 0 {
                     for row in tally.rows {
-                        found.push(Violation::AuditUnexpected { row, record: Some(record.clone()) });
+                        found.push(Violation::AuditUnexpected {
+                            row,
+                            record: Some(record.clone()),
+                        });
                     }
                 } else {
-                    found.push(Violation::AuditDuplicate { record, allowed: tally.allowed, rows: tally.rows });
+                    found.push(Violation::AuditDuplicate {
+                        record,
+                        allowed: tally.allowed,
+                        rows: tally.rows,
+                    });
                 }
             }
         }

@@ -17,7 +17,11 @@ pub(crate) struct Floor<E> {
 
 impl<E: Clone> Floor<E> {
     pub(crate) fn new() -> Self {
-        Floor { settled: None, recent: None, recent_at: 0 }
+        Floor {
+            settled: None,
+            recent: None,
+            recent_at: 0,
+        }
     }
 
     /// Records `value` with ordering key `key` at `at_ns` (fed in non-decreasing `at_ns`).
@@ -65,7 +69,11 @@ mod tests {
         assert!(floor.before(10).is_none(), "same nanosecond is concurrent");
         assert_eq!(floor.before(11).unwrap().1, "a");
         floor.record(12, 3, "b");
-        assert_eq!(floor.before(13).unwrap().1, "a", "a smaller key does not replace a larger");
+        assert_eq!(
+            floor.before(13).unwrap().1,
+            "a",
+            "a smaller key does not replace a larger"
+        );
         floor.record(12, 9, "c");
         assert_eq!(floor.before(12).unwrap().1, "a");
         assert_eq!(floor.before(13).unwrap().1, "c");

@@ -78,12 +78,23 @@ impl Grants {
         grant_rev: i64,
         out: &mut Vec<Violation>,
     ) {
-        let grant = GrantRef { entry: index, worker, token };
+        let grant = GrantRef {
+            entry: index,
+            worker,
+            token,
+        };
         if u64::try_from(grant_rev).ok() != Some(token & ((1 << REVISION_BITS) - 1)) {
-            out.push(Violation::TokenNotFromGrant { lock: lock.clone(), grant: grant.clone(), grant_rev });
+            out.push(Violation::TokenNotFromGrant {
+                lock: lock.clone(),
+                grant: grant.clone(),
+                grant_rev,
+            });
         }
         match self.take(worker, lock) {
-            None => out.push(Violation::GrantWithoutAcquire { lock: lock.clone(), grant: grant.clone() }),
+            None => out.push(Violation::GrantWithoutAcquire {
+                lock: lock.clone(),
+                grant: grant.clone(),
+            }),
             Some(p) => {
                 if let Some(advanced) = p.epoch_before {
                     if token >> REVISION_BITS < u64::from(advanced.epoch) {
@@ -111,8 +122,17 @@ impl Grants {
         self.granted.record(at_ns, token, grant);
     }
 
-    pub(crate) fn epoch_advanced(&mut self, index: EntryIndex, at_ns: u64, epoch: u16, out: &mut Vec<Violation>) {
-        let next = EpochRef { entry: index, epoch };
+    pub(crate) fn epoch_advanced(
+        &mut self,
+        index: EntryIndex,
+        at_ns: u64,
+        epoch: u16,
+        out: &mut Vec<Violation>,
+    ) {
+        let next = EpochRef {
+            entry: index,
+            epoch,
+        };
         if let Some(previous) = self.last_epoch {
             if epoch <= previous.epoch {
                 out.push(Violation::EpochNotIncreasing { previous, next });

@@ -23,7 +23,10 @@ pub(crate) struct Holds {
 
 impl Holds {
     pub(crate) fn add(&mut self, lock: &LockName, epoch: u16, space: u32, hold: HoldRef) {
-        self.by_lock.entry((lock.clone(), epoch, space)).or_default().push(hold);
+        self.by_lock
+            .entry((lock.clone(), epoch, space))
+            .or_default()
+            .push(hold);
     }
 
     pub(crate) fn finish(self, out: &mut Vec<Violation>) {
@@ -60,4 +63,3 @@ impl Holds {
 fn end(hold: &HoldRef) -> i64 {
     hold.end_rev.unwrap_or(i64::MAX)
 }
-

@@ -141,8 +141,8 @@ use crate::history::{entries, Entry, Event, HoldEnd, Phase, ReadError};
 
 pub use report::{CheckReport, Counts};
 pub use violation::{
-    AuditRecord, EntryIndex, EntryProblem, EpochRef, GrantRef, HoldRef, LockRecordKind, Mark, ResourceId, Violation,
-    ViolationKind, WriteRef,
+    AuditRecord, EntryIndex, EntryProblem, EpochRef, GrantRef, HoldRef, LockRecordKind, Mark,
+    ResourceId, Violation, ViolationKind, WriteRef,
 };
 
 /// How far out of `at_ns` order [`check_reader`] accepts entries: 10 s.
@@ -181,7 +181,9 @@ pub fn check_reader_with(input: impl BufRead, window: Duration) -> Result<CheckR
     let mut checker = Checker::new();
     let mut buffer = reorder::Reorder::new(window);
     for (i, entry) in entries(input).enumerate() {
-        buffer.push(EntryIndex(i), entry?, |index, entry| checker.push(index, &entry));
+        buffer.push(EntryIndex(i), entry?, |index, entry| {
+            checker.push(index, &entry)
+        });
     }
     buffer.drain(|index, entry| checker.push(index, &entry));
     Ok(checker.finish())
@@ -229,7 +231,11 @@ impl Checker {
     pub fn push(&mut self, index: EntryIndex, entry: &Entry) {
         let (at, worker, out) = (entry.at_ns, entry.worker, &mut self.violations);
         if at < self.last_at {
-            out.push(Violation::OutOfOrder { entry: index, at_ns: at, after_ns: self.last_at });
+            out.push(Violation::OutOfOrder {
+                entry: index,
+                at_ns: at,
+                after_ns: self.last_at,
+            });
         }
         self.last_at = self.last_at.max(at);
         let c = &mut self.counts;
@@ -239,21 +245,39 @@ impl Checker {
                 c.acquires += 1;
                 self.grants.acquire(index, at, worker, lock);
             }
-            Event::Granted { lock, token, session, grant_rev } => {
+            Event::Granted {
+                lock,
+                token,
+                session,
+                grant_rev,
+            } => {
                 c.grants += 1;
                 self.restored.handed_out(lock, *session, *token);
-                self.grants.granted(index, at, worker, lock, *token, *grant_rev, out);
+                self.grants
+                    .granted(index, at, worker, lock, *token, *grant_rev, out);
                 self.audit.worker_grant(lock, *token, *grant_rev);
             }
             Event::AcquireFailed { lock, error: _ } => {
                 c.acquire_failures += 1;
                 self.grants.failed(worker, lock);
             }
-            Event::WriteInvoked { resource, target, token, op } => {
+            Event::WriteInvoked {
+                resource,
+                target,
+                token,
+                op,
+            } => {
                 c.writes += 1;
-                self.writes.invoke(index, at, resource, *target, *token, *op, out);
+                self.writes
+                    .invoke(index, at, resource, *target, *token, *op, out);
             }
-            Event::WriteCompleted { resource, target, token, op, outcome } => {
+            Event::WriteCompleted {
+                resource,
+                target,
+                token,
+                op,
+                outcome,
+            } => {
                 let completion = writes::Completion {
                     index,
                     at_ns: at,
@@ -279,7 +303,11 @@ impl Checker {
             }
             Event::Released { .. } => c.releases += 1,
             Event::Lost { .. } => c.losses += 1,
-            Event::Fault { kind, phase, detail: _ } => {
+            Event::Fault {
+                kind,
+                phase,
+                detail: _,
+            } => {
                 if *phase == Phase::Start {
                     *c.faults.entry(*kind).or_insert(0) += 1;
                 }
@@ -288,59 +316,132 @@ impl Checker {
                 c.epoch_advances += 1;
                 self.grants.epoch_advanced(index, at, *epoch, out);
             }
-            Event::EtcdHold { lock, epoch, grant_rev, end_rev, exclusive, end, space, session } => {
+            Event::EtcdHold {
+                lock,
+                epoch,
+                grant_rev,
+                end_rev,
+                exclusive,
+                end,
+                space,
+                session,
+            } => {
                 c.etcd_holds += 1;
                 if *exclusive {
                     c.exclusive_holds += 1;
                 }
                 let ended = *end != HoldEnd::Open;
                 if ended != end_rev.is_some() {
-                    let problem = EntryProblem::HoldEndMismatch { end: *end, end_rev: *end_rev };
-                    out.push(Violation::MalformedEntry { entry: index, problem });
+                    let problem = EntryProblem::HoldEndMismatch {
+                        end: *end,
+                        end_rev: *end_rev,
+                    };
+                    out.push(Violation::MalformedEntry {
+                        entry: index,
+                        problem,
+                    });
                 }
                 if !(0..1 << 48).contains(grant_rev) {
                     let problem = EntryProblem::RevisionOutOfRange(*grant_rev);
-                    out.push(Violation::MalformedEntry { entry: index, problem });
+                    out.push(Violation::MalformedEntry {
+                        entry: index,
+                        problem,
+                    });
                     return;
                 }
                 if end_rev.is_some_and(|e| e <= *grant_rev) {
-                    out.push(Violation::MalformedEntry { entry: index, problem: EntryProblem::HoldEndsBeforeGrant });
+                    out.push(Violation::MalformedEntry {
+                        entry: index,
+                        problem: EntryProblem::HoldEndsBeforeGrant,
+                    });
                 }
                 let token = (u64::from(*epoch) << 48) | *grant_rev as u64;
-                let hold = HoldRef { entry: index, grant_rev: *grant_rev, end_rev: *end_rev, exclusive: *exclusive };
-                self.restored.granted(lock, *space, *epoch, *session, hold.clone());
+                let hold = HoldRef {
+                    entry: index,
+                    grant_rev: *grant_rev,
+                    end_rev: *end_rev,
+                    exclusive: *exclusive,
+                };
+                self.restored
+                    .granted(lock, *space, *epoch, *session, hold.clone());
                 self.holds.add(lock, *epoch, *space, hold);
                 self.grants.etcd_token(token);
-                self.audit.etcd_hold(index, lock, token, *grant_rev, *end_rev, *end, *space);
+                self.audit
+                    .etcd_hold(index, lock, token, *grant_rev, *end_rev, *end, *space);
             }
-            Event::RestoredHold { lock, epoch, grant_rev, restored_rev, space, end_rev, exclusive, end } => {
+            Event::RestoredHold {
+                lock,
+                epoch,
+                grant_rev,
+                restored_rev,
+                space,
+                end_rev,
+                exclusive,
+                end,
+            } => {
                 c.restored_holds += 1;
                 let ended = *end != HoldEnd::Open;
                 if ended != end_rev.is_some() {
-                    let problem = EntryProblem::HoldEndMismatch { end: *end, end_rev: *end_rev };
-                    out.push(Violation::MalformedEntry { entry: index, problem });
+                    let problem = EntryProblem::HoldEndMismatch {
+                        end: *end,
+                        end_rev: *end_rev,
+                    };
+                    out.push(Violation::MalformedEntry {
+                        entry: index,
+                        problem,
+                    });
                 }
                 for rev in [*grant_rev, *restored_rev] {
                     if !(0..1 << 48).contains(&rev) {
                         let problem = EntryProblem::RevisionOutOfRange(rev);
-                        out.push(Violation::MalformedEntry { entry: index, problem });
+                        out.push(Violation::MalformedEntry {
+                            entry: index,
+                            problem,
+                        });
                         return;
                     }
                 }
                 if grant_rev > restored_rev {
-                    out.push(Violation::MalformedEntry { entry: index, problem: EntryProblem::RestoredAfterSnapshot });
+                    out.push(Violation::MalformedEntry {
+                        entry: index,
+                        problem: EntryProblem::RestoredAfterSnapshot,
+                    });
                 }
                 if end_rev.is_some_and(|e| e <= *restored_rev) {
-                    out.push(Violation::MalformedEntry { entry: index, problem: EntryProblem::HoldEndsBeforeRestore });
+                    out.push(Violation::MalformedEntry {
+                        entry: index,
+                        problem: EntryProblem::HoldEndsBeforeRestore,
+                    });
                 }
-                let hold = HoldRef { entry: index, grant_rev: *grant_rev, end_rev: *end_rev, exclusive: *exclusive };
-                self.restored.restored(lock, *space, *epoch, *restored_rev, hold);
-                self.grants.etcd_token((u64::from(*epoch) << 48) | *grant_rev as u64);
+                let hold = HoldRef {
+                    entry: index,
+                    grant_rev: *grant_rev,
+                    end_rev: *end_rev,
+                    exclusive: *exclusive,
+                };
+                self.restored
+                    .restored(lock, *space, *epoch, *restored_rev, hold);
+                self.grants
+                    .etcd_token((u64::from(*epoch) << 48) | *grant_rev as u64);
             }
             Event::AuditCut { space, through } => self.audit.cut(*space, *through),
-            Event::AuditRow { kind, lock, resource, token, revision } => {
+            Event::AuditRow {
+                kind,
+                lock,
+                resource,
+                token,
+                revision,
+            } => {
                 c.audit_rows += 1;
-                self.audit.row(index, kind, lock.as_ref(), resource.as_deref(), *token, *revision, out);
+                self.audit.row(
+                    index,
+                    kind,
+                    lock.as_ref(),
+                    resource.as_deref(),
+                    *token,
+                    *revision,
+                    out,
+                );
             }
         }
     }
@@ -350,10 +451,21 @@ impl Checker {
         let out = &mut self.violations;
         self.holds.finish(out);
         self.restored.finish(out);
-        let mut unknown: Vec<_> = self.writes.tokens().filter(|(t, _)| !self.grants.was_granted(*t)).collect();
+        let mut unknown: Vec<_> = self
+            .writes
+            .tokens()
+            .filter(|(t, _)| !self.grants.was_granted(*t))
+            .collect();
         unknown.sort_by_key(|(_, i)| *i);
-        out.extend(unknown.into_iter().map(|(token, write)| Violation::UnknownToken { write, token }));
+        out.extend(
+            unknown
+                .into_iter()
+                .map(|(token, write)| Violation::UnknownToken { write, token }),
+        );
         self.counts.audit_lost_with_cluster = self.audit.finish(out);
-        CheckReport { counts: self.counts, violations: self.violations }
+        CheckReport {
+            counts: self.counts,
+            violations: self.violations,
+        }
     }
 }

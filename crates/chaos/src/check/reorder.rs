@@ -49,14 +49,27 @@ pub(crate) struct Reorder {
 impl Reorder {
     pub(crate) fn new(window: Duration) -> Self {
         let window_ns = u64::try_from(window.as_nanos()).unwrap_or(u64::MAX);
-        Reorder { window_ns, newest: 0, held: BinaryHeap::new() }
+        Reorder {
+            window_ns,
+            newest: 0,
+            held: BinaryHeap::new(),
+        }
     }
 
-    pub(crate) fn push(&mut self, index: EntryIndex, entry: Entry, mut emit: impl FnMut(EntryIndex, Entry)) {
+    pub(crate) fn push(
+        &mut self,
+        index: EntryIndex,
+        entry: Entry,
+        mut emit: impl FnMut(EntryIndex, Entry),
+    ) {
         self.newest = self.newest.max(entry.at_ns);
         self.held.push(Reverse(Held { index, entry }));
         let horizon = self.newest.saturating_sub(self.window_ns);
-        while self.held.peek().is_some_and(|Reverse(h)| h.entry.at_ns <= horizon) {
+        while self
+            .held
+            .peek()
+            .is_some_and(|Reverse(h)| h.entry.at_ns <= horizon)
+        {
             let Reverse(h) = self.held.pop().expect("peeked");
             emit(h.index, h.entry);
         }

@@ -71,13 +71,28 @@ pub(crate) struct Restored {
 
 impl Restored {
     /// A hold from etcd's history, granted in `space`.
-    pub(crate) fn granted(&mut self, lock: &LockName, space: u32, epoch: u16, session: Option<i64>, hold: HoldRef) {
+    pub(crate) fn granted(
+        &mut self,
+        lock: &LockName,
+        space: u32,
+        epoch: u16,
+        session: Option<i64>,
+        hold: HoldRef,
+    ) {
         if space == 0 {
             // No restore made the first space: nothing was brought back into it.
             return;
         }
         let space = self.spaces.entry(space).or_default();
-        space.granted.entry(lock.clone()).or_default().push(Granted { hold, epoch, session });
+        space
+            .granted
+            .entry(lock.clone())
+            .or_default()
+            .push(Granted {
+                hold,
+                epoch,
+                session,
+            });
     }
 
     /// A token a worker was handed (a `granted` entry).
@@ -86,8 +101,20 @@ impl Restored {
     }
 
     /// A hold the restore that made `space` brought back.
-    pub(crate) fn restored(&mut self, lock: &LockName, space: u32, epoch: u16, restored_rev: i64, hold: HoldRef) {
-        let back = Back { lock: lock.clone(), hold, epoch, restored_rev };
+    pub(crate) fn restored(
+        &mut self,
+        lock: &LockName,
+        space: u32,
+        epoch: u16,
+        restored_rev: i64,
+        hold: HoldRef,
+    ) {
+        let back = Back {
+            lock: lock.clone(),
+            hold,
+            epoch,
+            restored_rev,
+        };
         self.spaces.entry(space).or_default().restored.push(back);
     }
 
@@ -96,7 +123,9 @@ impl Restored {
             for holds in space.granted.values_mut() {
                 holds.sort_by_key(|g| (g.hold.grant_rev, g.hold.entry));
             }
-            space.restored.sort_by(|a, b| (&a.lock, a.hold.entry).cmp(&(&b.lock, b.hold.entry)));
+            space
+                .restored
+                .sort_by(|a, b| (&a.lock, a.hold.entry).cmp(&(&b.lock, b.hold.entry)));
             overlaps(number, &space, out);
             epochs(number, &space, &self.handed_out, out);
         }
@@ -112,9 +141,15 @@ fn end(hold: &HoldRef) -> i64 {
 fn overlaps(number: u32, space: &Space, out: &mut Vec<Violation>) {
     for (i, back) in space.restored.iter().enumerate() {
         let until = end(&back.hold);
-        let granted = space.granted.get(&back.lock).map(Vec::as_slice).unwrap_or_default();
+        let granted = space
+            .granted
+            .get(&back.lock)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
         let first = granted.iter().find(|g| {
-            (back.hold.exclusive || g.hold.exclusive) && g.hold.grant_rev < until && end(&g.hold) > back.restored_rev
+            (back.hold.exclusive || g.hold.exclusive)
+                && g.hold.grant_rev < until
+                && end(&g.hold) > back.restored_rev
         });
         if let Some(g) = first {
             out.push(Violation::RestoredHoldOverlap {
@@ -142,8 +177,17 @@ fn overlaps(number: u32, space: &Space, out: &mut Vec<Violation>) {
 
 /// Older epoch: every hold granted in the space against the restored hold of the
 /// highest epoch, but for holds never handed out (see the module docs).
-fn epochs(number: u32, space: &Space, handed_out: &HashSet<(LockName, i64, u64)>, out: &mut Vec<Violation>) {
-    let Some(newest) = space.restored.iter().max_by_key(|b| (b.epoch, std::cmp::Reverse(b.hold.entry))) else {
+fn epochs(
+    number: u32,
+    space: &Space,
+    handed_out: &HashSet<(LockName, i64, u64)>,
+    out: &mut Vec<Violation>,
+) {
+    let Some(newest) = space
+        .restored
+        .iter()
+        .max_by_key(|b| (b.epoch, std::cmp::Reverse(b.hold.entry)))
+    else {
         return;
     };
     let mut locks: Vec<_> = space.granted.iter().collect();
@@ -155,7 +199,10 @@ fn epochs(number: u32, space: &Space, handed_out: &HashSet<(LockName, i64, u64)>
                 !handed_out.contains(&(lock.clone(), s, token))
             })
         };
-        for g in holds.iter().filter(|g| g.epoch <= newest.epoch && !refused(g)) {
+        for g in holds
+            .iter()
+            .filter(|g| g.epoch <= newest.epoch && !refused(g))
+        {
             out.push(Violation::RestoredHoldNotOlder {
                 space: number,
                 restored_lock: newest.lock.clone(),

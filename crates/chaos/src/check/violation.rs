@@ -56,7 +56,11 @@ pub struct WriteRef {
 
 impl fmt::Display for WriteRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "op {} of worker {} ({}", self.op, self.worker, self.entry)?;
+        write!(
+            f,
+            "op {} of worker {} ({}",
+            self.op, self.worker, self.entry
+        )?;
         match self.token {
             Some(t) => write!(f, ", token {}", TokenDisplay(t))?,
             None => write!(f, ", no token")?,
@@ -97,7 +101,11 @@ impl fmt::Display for Mark {
         match self {
             Mark::Committed(w) => write!(f, "{w} had committed"),
             Mark::Reported { write, highest } => {
-                write!(f, "the refusal of {write} had reported the mark {}", TokenDisplay(*highest))
+                write!(
+                    f,
+                    "the refusal of {write} had reported the mark {}",
+                    TokenDisplay(*highest)
+                )
             }
         }
     }
@@ -120,7 +128,11 @@ impl fmt::Display for HoldRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mode = if self.exclusive { "X" } else { "S" };
         match self.end_rev {
-            Some(end) => write!(f, "{mode} hold [{}, {end}) ({})", self.grant_rev, self.entry),
+            Some(end) => write!(
+                f,
+                "{mode} hold [{}, {end}) ({})",
+                self.grant_rev, self.entry
+            ),
             None => write!(f, "{mode} hold [{}, open) ({})", self.grant_rev, self.entry),
         }
     }
@@ -139,7 +151,13 @@ pub struct GrantRef {
 
 impl fmt::Display for GrantRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "token {} to worker {} ({})", TokenDisplay(self.token), self.worker, self.entry)
+        write!(
+            f,
+            "token {} to worker {} ({})",
+            TokenDisplay(self.token),
+            self.worker,
+            self.entry
+        )
     }
 }
 
@@ -210,9 +228,17 @@ impl fmt::Display for AuditRecord {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             AuditRecord::Lock { kind, lock, token } => {
-                write!(f, "{} of {} with token {}", kind.as_str(), LockDisplay(lock), TokenDisplay(*token))
+                write!(
+                    f,
+                    "{} of {} with token {}",
+                    kind.as_str(),
+                    LockDisplay(lock),
+                    TokenDisplay(*token)
+                )
             }
-            AuditRecord::UnprotectedWrite { resource } => write!(f, "unprotected write to {resource}"),
+            AuditRecord::UnprotectedWrite { resource } => {
+                write!(f, "unprotected write to {resource}")
+            }
         }
     }
 }
@@ -251,17 +277,30 @@ impl fmt::Display for EntryProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             EntryProblem::HoldEndMismatch { end, end_rev } => {
-                write!(f, "etcd hold ends {end:?} but its end revision is {end_rev:?}")
+                write!(
+                    f,
+                    "etcd hold ends {end:?} but its end revision is {end_rev:?}"
+                )
             }
-            EntryProblem::HoldEndsBeforeGrant => write!(f, "etcd hold ends at or before its grant revision"),
+            EntryProblem::HoldEndsBeforeGrant => {
+                write!(f, "etcd hold ends at or before its grant revision")
+            }
             EntryProblem::RevisionOutOfRange(rev) => write!(f, "revision {rev} is outside 0..2^48"),
             EntryProblem::UnknownAuditKind(kind) => write!(f, "audit row of unknown kind {kind:?}"),
             EntryProblem::AuditRowWithoutLock => {
-                write!(f, "lock audit row without its lock, or without both token and revision")
+                write!(
+                    f,
+                    "lock audit row without its lock, or without both token and revision"
+                )
             }
-            EntryProblem::AuditRowWithoutResource => write!(f, "unprotected-write audit row without its resource"),
+            EntryProblem::AuditRowWithoutResource => {
+                write!(f, "unprotected-write audit row without its resource")
+            }
             EntryProblem::RestoredAfterSnapshot => {
-                write!(f, "restored hold granted above the revision of the snapshot it came back from")
+                write!(
+                    f,
+                    "restored hold granted above the revision of the snapshot it came back from"
+                )
             }
             EntryProblem::HoldEndsBeforeRestore => {
                 write!(f, "restored hold ends at or before the revision of the snapshot it came back from")
@@ -553,7 +592,9 @@ impl Violation {
             Violation::AuditMissing { .. } => ViolationKind::AuditMissing,
             Violation::AuditDuplicate { .. } => ViolationKind::AuditDuplicate,
             Violation::AuditUnexpected { .. } => ViolationKind::AuditUnexpected,
-            Violation::CompletionWithoutInvocation { .. } => ViolationKind::CompletionWithoutInvocation,
+            Violation::CompletionWithoutInvocation { .. } => {
+                ViolationKind::CompletionWithoutInvocation
+            }
             Violation::CompletionDiffers { .. } => ViolationKind::CompletionDiffers,
             Violation::OpReused { .. } => ViolationKind::OpReused,
             Violation::UnknownToken { .. } => ViolationKind::UnknownToken,
@@ -567,30 +608,61 @@ impl Violation {
     /// Every entry this violation names, in no particular order.
     pub fn entries(&self) -> Vec<EntryIndex> {
         match self {
-            Violation::CommitOrder { earlier: a, later: b, .. } | Violation::SeqReused { first: a, second: b, .. } => {
+            Violation::CommitOrder {
+                earlier: a,
+                later: b,
+                ..
+            }
+            | Violation::SeqReused {
+                first: a,
+                second: b,
+                ..
+            } => {
                 vec![a.entry, b.entry]
             }
-            Violation::CommitBeforeInvocation { write, invoked, completed_before, .. } => {
+            Violation::CommitBeforeInvocation {
+                write,
+                invoked,
+                completed_before,
+                ..
+            } => {
                 vec![write.entry, *invoked, completed_before.entry]
             }
-            Violation::StaleWriteAdmitted { write, invoked, mark, .. } => {
+            Violation::StaleWriteAdmitted {
+                write,
+                invoked,
+                mark,
+                ..
+            } => {
                 let mark = match mark {
                     Mark::Committed(w) | Mark::Reported { write: w, .. } => w.entry,
                 };
                 vec![write.entry, *invoked, mark]
             }
             Violation::HoldsOverlap { first, second, .. } => vec![first.entry, second.entry],
-            Violation::RestoredHoldOverlap { restored, hold, .. } | Violation::RestoredHoldNotOlder { restored, hold, .. } => {
+            Violation::RestoredHoldOverlap { restored, hold, .. }
+            | Violation::RestoredHoldNotOlder { restored, hold, .. } => {
                 vec![restored.entry, hold.entry]
             }
             Violation::EpochNotIncreasing { previous, next } => vec![previous.entry, next.entry],
-            Violation::TokenFromOldEpoch { grant, acquire, advanced, .. } => {
+            Violation::TokenFromOldEpoch {
+                grant,
+                acquire,
+                advanced,
+                ..
+            } => {
                 vec![grant.entry, *acquire, advanced.entry]
             }
-            Violation::TokenNotIncreasing { grant, acquire, earlier, .. } => {
+            Violation::TokenNotIncreasing {
+                grant,
+                acquire,
+                earlier,
+                ..
+            } => {
                 vec![grant.entry, *acquire, earlier.entry]
             }
-            Violation::TokenNotFromGrant { grant, .. } | Violation::GrantWithoutAcquire { grant, .. } => {
+            Violation::TokenNotFromGrant { grant, .. }
+            | Violation::GrantWithoutAcquire { grant, .. } => {
                 vec![grant.entry]
             }
             Violation::AuditMissing { evidence, rows, .. } => {
@@ -603,7 +675,9 @@ impl Violation {
             Violation::CompletionWithoutInvocation { entry, .. }
             | Violation::MalformedEntry { entry, .. }
             | Violation::OutOfOrder { entry, .. } => vec![*entry],
-            Violation::CompletionDiffers { invoked, completed, .. } => vec![*invoked, *completed],
+            Violation::CompletionDiffers {
+                invoked, completed, ..
+            } => vec![*invoked, *completed],
             Violation::OpReused { first, second, .. } => vec![*first, *second],
             Violation::UnknownToken { write, .. } => vec![*write],
             Violation::UnjustifiedRejection { write, .. } => vec![write.entry],
@@ -730,7 +804,13 @@ pub(crate) struct TokenDisplay(pub(crate) u64);
 
 impl fmt::Display for TokenDisplay {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} (epoch {}, rev {})", self.0, self.0 >> 48, self.0 & ((1 << 48) - 1))
+        write!(
+            f,
+            "{} (epoch {}, rev {})",
+            self.0,
+            self.0 >> 48,
+            self.0 & ((1 << 48) - 1)
+        )
     }
 }
 

@@ -114,35 +114,72 @@ impl Writes {
         let state = self.resource(target, resource);
         let completed_before = state.completed.before(at_ns).map(|(_, w)| w.clone());
         let mark = state.mark.before(at_ns).map(|(_, m)| m.clone());
-        state.in_flight.insert(op, completed_before.as_ref().and_then(|w| w.seq).unwrap_or(0));
+        state.in_flight.insert(
+            op,
+            completed_before.as_ref().and_then(|w| w.seq).unwrap_or(0),
+        );
         if let Some(t) = token {
             self.tokens.entry(t).or_insert(index);
         }
-        let flight = InFlight { invoked: index, target, resource: resource.to_owned(), token, completed_before, mark };
+        let flight = InFlight {
+            invoked: index,
+            target,
+            resource: resource.to_owned(),
+            token,
+            completed_before,
+            mark,
+        };
         if let Some(first) = self.in_flight.insert(op, flight) {
-            out.push(Violation::OpReused { first: first.invoked, second: index, op });
+            out.push(Violation::OpReused {
+                first: first.invoked,
+                second: index,
+                op,
+            });
             if first.resource != resource || first.target != target {
-                self.resource(first.target, &first.resource).in_flight.remove(&op);
+                self.resource(first.target, &first.resource)
+                    .in_flight
+                    .remove(&op);
             }
         }
     }
 
     /// A `write_completed` entry.
-    pub(crate) fn complete(&mut self, c: Completion<'_>, counts: &mut Counts, out: &mut Vec<Violation>) {
+    pub(crate) fn complete(
+        &mut self,
+        c: Completion<'_>,
+        counts: &mut Counts,
+        out: &mut Vec<Violation>,
+    ) {
         let flight = self.in_flight.remove(&c.op);
         match &flight {
-            None => out.push(Violation::CompletionWithoutInvocation { entry: c.index, op: c.op }),
+            None => out.push(Violation::CompletionWithoutInvocation {
+                entry: c.index,
+                op: c.op,
+            }),
             Some(f) => {
                 if f.resource != c.resource || f.target != c.target || f.token != c.token {
-                    out.push(Violation::CompletionDiffers { invoked: f.invoked, completed: c.index, op: c.op });
+                    out.push(Violation::CompletionDiffers {
+                        invoked: f.invoked,
+                        completed: c.index,
+                        op: c.op,
+                    });
                     self.resource(f.target, &f.resource).in_flight.remove(&c.op);
                 }
             }
         }
-        let id = || ResourceId { target: c.target, resource: c.resource.to_owned() };
+        let id = || ResourceId {
+            target: c.target,
+            resource: c.resource.to_owned(),
+        };
         let state = self.resource(c.target, c.resource);
         state.in_flight.remove(&c.op);
-        let mut write = WriteRef { entry: c.index, op: c.op, worker: c.worker, token: c.token, seq: None };
+        let mut write = WriteRef {
+            entry: c.index,
+            op: c.op,
+            worker: c.worker,
+            token: c.token,
+            seq: None,
+        };
         match c.outcome {
             WriteOutcome::Committed { seq } => {
                 counts.writes_committed += 1;
@@ -154,7 +191,10 @@ impl Writes {
                     check_admission(f, &write, id, out);
                 }
                 let admitted = flight.as_ref().is_none_or(|f| {
-                    f.completed_before.as_ref().and_then(|w| w.seq).is_none_or(|before| *seq > before)
+                    f.completed_before
+                        .as_ref()
+                        .and_then(|w| w.seq)
+                        .is_none_or(|before| *seq > before)
                 });
                 if admitted {
                     place(state, &write, id, out);
@@ -171,9 +211,15 @@ impl Writes {
                 }
                 if let Some(h) = *highest {
                     if c.token.is_some_and(|t| t >= h) {
-                        out.push(Violation::UnjustifiedRejection { resource: id(), write: write.clone(), highest: h });
+                        out.push(Violation::UnjustifiedRejection {
+                            resource: id(),
+                            write: write.clone(),
+                            highest: h,
+                        });
                     }
-                    state.mark.record(c.at_ns, h, Mark::Reported { write, highest: h });
+                    state
+                        .mark
+                        .record(c.at_ns, h, Mark::Reported { write, highest: h });
                 }
             }
             WriteOutcome::Indeterminate { .. } => counts.writes_indeterminate += 1,
@@ -189,12 +235,21 @@ impl Writes {
     /// Committed writes kept in windows, over all resources (for the memory bound's test).
     #[cfg(test)]
     pub(crate) fn retained(&self) -> usize {
-        self.postgres.values().chain(self.http.values()).map(|r| r.window.len()).sum()
+        self.postgres
+            .values()
+            .chain(self.http.values())
+            .map(|r| r.window.len())
+            .sum()
     }
 }
 
 /// Checks (b) and the real-time half of (a) for a committed write.
-fn check_admission(flight: &InFlight, write: &WriteRef, id: impl Fn() -> ResourceId, out: &mut Vec<Violation>) {
+fn check_admission(
+    flight: &InFlight,
+    write: &WriteRef,
+    id: impl Fn() -> ResourceId,
+    out: &mut Vec<Violation>,
+) {
     if let (Some(t), Some(mark)) = (write.token, &flight.mark) {
         if t < mark.token() {
             out.push(Violation::StaleWriteAdmitted {
@@ -219,7 +274,12 @@ fn check_admission(flight: &InFlight, write: &WriteRef, id: impl Fn() -> Resourc
 
 /// Check (a): puts a committed write in its resource's commit order and compares its token
 /// with every write before and after it there.
-fn place(state: &mut Resource, write: &WriteRef, id: impl Fn() -> ResourceId, out: &mut Vec<Violation>) {
+fn place(
+    state: &mut Resource,
+    write: &WriteRef,
+    id: impl Fn() -> ResourceId,
+    out: &mut Vec<Violation>,
+) {
     let seq = write.seq.expect("committed writes have a seq");
     if let Some(folded) = &state.folded {
         if seq <= folded.max_seq {
@@ -229,21 +289,42 @@ fn place(state: &mut Resource, write: &WriteRef, id: impl Fn() -> ResourceId, ou
         }
     }
     if let Some(first) = state.window.get(&seq) {
-        out.push(Violation::SeqReused { resource: id(), first: first.clone(), second: write.clone() });
+        out.push(Violation::SeqReused {
+            resource: id(),
+            first: first.clone(),
+            second: write.clone(),
+        });
         return;
     }
     if let Some(t) = write.token {
         let folded = state.folded.as_ref().and_then(|f| f.max_token.as_ref());
-        let before = state.window.range(..seq).map(|(_, w)| w).chain(folded).filter(|w| w.token.is_some());
+        let before = state
+            .window
+            .range(..seq)
+            .map(|(_, w)| w)
+            .chain(folded)
+            .filter(|w| w.token.is_some());
         if let Some(earlier) = before.max_by_key(|w| w.token) {
             if earlier.token > Some(t) {
-                out.push(Violation::CommitOrder { resource: id(), earlier: earlier.clone(), later: write.clone() });
+                out.push(Violation::CommitOrder {
+                    resource: id(),
+                    earlier: earlier.clone(),
+                    later: write.clone(),
+                });
             }
         }
-        let after = state.window.range(seq + 1..).map(|(_, w)| w).filter(|w| w.token.is_some());
+        let after = state
+            .window
+            .range(seq + 1..)
+            .map(|(_, w)| w)
+            .filter(|w| w.token.is_some());
         if let Some(later) = after.min_by_key(|w| w.token) {
             if later.token < Some(t) {
-                out.push(Violation::CommitOrder { resource: id(), earlier: write.clone(), later: later.clone() });
+                out.push(Violation::CommitOrder {
+                    resource: id(),
+                    earlier: write.clone(),
+                    later: later.clone(),
+                });
             }
         }
     }
@@ -255,12 +336,24 @@ fn fold(state: &mut Resource, now_ns: u64) {
     if state.window.len() <= FOLD_AT {
         return;
     }
-    let done = state.completed.before(now_ns).and_then(|(_, w)| w.seq).unwrap_or(0);
-    let floor = state.in_flight.values().copied().min().map_or(done, |f| f.min(done));
+    let done = state
+        .completed
+        .before(now_ns)
+        .and_then(|(_, w)| w.seq)
+        .unwrap_or(0);
+    let floor = state
+        .in_flight
+        .values()
+        .copied()
+        .min()
+        .map_or(done, |f| f.min(done));
     let keep = state.window.split_off(&(floor + 1));
     let gone = std::mem::replace(&mut state.window, keep);
     if let Some((&max_seq, _)) = gone.last_key_value() {
-        let folded = state.folded.get_or_insert(Folded { max_seq, max_token: None });
+        let folded = state.folded.get_or_insert(Folded {
+            max_seq,
+            max_token: None,
+        });
         folded.max_seq = max_seq;
         for w in gone.into_values() {
             if w.token.is_some() && folded.max_token.as_ref().is_none_or(|m| w.token > m.token) {
@@ -286,7 +379,15 @@ mod tests {
         for round in 0..25_000u64 {
             for worker in 0..4u64 {
                 at += 1;
-                writes.invoke(EntryIndex(0), at, "row", Target::Postgres, Some(round + 1), round * 4 + worker, &mut out);
+                writes.invoke(
+                    EntryIndex(0),
+                    at,
+                    "row",
+                    Target::Postgres,
+                    Some(round + 1),
+                    round * 4 + worker,
+                    &mut out,
+                );
             }
             for worker in 0..4u64 {
                 at += 1;
@@ -307,6 +408,10 @@ mod tests {
         }
         assert!(out.is_empty(), "{out:?}");
         assert_eq!(counts.writes_committed, 100_000);
-        assert!(writes.retained() <= FOLD_AT + 4, "window kept {} writes", writes.retained());
+        assert!(
+            writes.retained() <= FOLD_AT + 4,
+            "window kept {} writes",
+            writes.retained()
+        );
     }
 }

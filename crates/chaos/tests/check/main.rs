@@ -21,8 +21,12 @@ pub(crate) fn kinds(report: &CheckReport) -> BTreeSet<ViolationKind> {
 pub(crate) fn assert_only(report: &CheckReport, kind: ViolationKind, named: &[usize]) {
     assert!(!report.is_ok(), "expected {kind:?}, got no violation");
     assert_eq!(kinds(report), BTreeSet::from([kind]), "{report}");
-    let named_by_report: BTreeSet<EntryIndex> = report.violations.iter().flat_map(|v| v.entries()).collect();
+    let named_by_report: BTreeSet<EntryIndex> =
+        report.violations.iter().flat_map(|v| v.entries()).collect();
     for n in named {
-        assert!(named_by_report.contains(&EntryIndex(*n)), "the report does not name entry {n}:\n{report}");
+        assert!(
+            named_by_report.contains(&EntryIndex(*n)),
+            "the report does not name entry {n}:\n{report}"
+        );
     }
 }

@@ -7,13 +7,19 @@
 
 use std::collections::HashMap;
 
-use palisade_chaos::history::{Entry, Event, FaultKind, HoldEnd, LockName, Phase, Target, WriteOutcome};
+use palisade_chaos::history::{
+    Entry, Event, FaultKind, HoldEnd, LockName, Phase, Target, WriteOutcome,
+};
 
 /// The worker number of the nemesis and the runner.
 pub(crate) const RUNNER: u32 = u32::MAX;
 
 pub(crate) fn lock(key: &str) -> LockName {
-    LockName { ns: "orders".into(), class: "jobs".into(), key: key.into() }
+    LockName {
+        ns: "orders".into(),
+        class: "jobs".into(),
+        key: key.into(),
+    }
 }
 
 pub(crate) fn token(epoch: u16, rev: i64) -> u64 {
@@ -113,7 +119,11 @@ impl Sim {
     /// Records an entry 10 ns after the previous one (room to insert entries between).
     pub(crate) fn record(&mut self, worker: u32, event: Event) -> usize {
         self.at += 10;
-        self.entries.push(Entry { at_ns: self.at, worker, event });
+        self.entries.push(Entry {
+            at_ns: self.at,
+            worker,
+            event,
+        });
         self.entries.len() - 1
     }
 
@@ -126,7 +136,9 @@ impl Sim {
     }
 
     fn open_holders<'a>(&'a self, lock: &'a LockName) -> impl Iterator<Item = &'a HoldRecord> + 'a {
-        self.holds.iter().filter(move |h| h.lock == *lock && h.end == HoldEnd::Open && h.live)
+        self.holds
+            .iter()
+            .filter(move |h| h.lock == *lock && h.end == HoldEnd::Open && h.live)
     }
 
     /// Whether `lock` can be granted in this mode now.
@@ -141,13 +153,24 @@ impl Sim {
 
     /// Acquire and grant at once (the lock must be free for this mode).
     pub(crate) fn acquire(&mut self, worker: u32, lock: &LockName, exclusive: bool) -> Hold {
-        assert!(self.can_grant(lock, exclusive), "the model grants only free locks");
+        assert!(
+            self.can_grant(lock, exclusive),
+            "the model grants only free locks"
+        );
         self.record(worker, Event::AcquireInvoked { lock: lock.clone() });
         self.rev += 1;
         let token = token(self.epoch, self.rev);
         self.next_session += 1;
         let session = self.next_session;
-        self.record(worker, Event::Granted { lock: lock.clone(), token, session, grant_rev: self.rev });
+        self.record(
+            worker,
+            Event::Granted {
+                lock: lock.clone(),
+                token,
+                session,
+                grant_rev: self.rev,
+            },
+        );
         self.holds.push(HoldRecord {
             lock: lock.clone(),
             worker,
@@ -161,12 +184,23 @@ impl Sim {
             live: true,
             moved_to: None,
         });
-        Hold { lock: lock.clone(), token, worker, record: self.holds.len() - 1 }
+        Hold {
+            lock: lock.clone(),
+            token,
+            worker,
+            record: self.holds.len() - 1,
+        }
     }
 
     pub(crate) fn fail_acquire(&mut self, worker: u32, lock: &LockName) {
         self.record(worker, Event::AcquireInvoked { lock: lock.clone() });
-        self.record(worker, Event::AcquireFailed { lock: lock.clone(), error: "deadline passed".into() });
+        self.record(
+            worker,
+            Event::AcquireFailed {
+                lock: lock.clone(),
+                error: "deadline passed".into(),
+            },
+        );
     }
 
     /// The record of `hold` in the current space (following restores).
@@ -197,22 +231,48 @@ impl Sim {
     pub(crate) fn release(&mut self, hold: &Hold) {
         self.end(hold, HoldEnd::Released);
         let release_rev = Some(self.rev);
-        self.record(hold.worker, Event::Released { lock: hold.lock.clone(), token: hold.token, release_rev });
+        self.record(
+            hold.worker,
+            Event::Released {
+                lock: hold.lock.clone(),
+                token: hold.token,
+                release_rev,
+            },
+        );
     }
 
     /// The hold's lease expires; its worker is told.
     pub(crate) fn expire(&mut self, hold: &Hold) {
         self.end(hold, HoldEnd::Expired);
-        self.record(hold.worker, Event::Lost { lock: hold.lock.clone(), token: hold.token });
+        self.record(
+            hold.worker,
+            Event::Lost {
+                lock: hold.lock.clone(),
+                token: hold.token,
+            },
+        );
     }
 
     pub(crate) fn force(&mut self, hold: &Hold) {
         self.end(hold, HoldEnd::Forced);
-        self.record(hold.worker, Event::Lost { lock: hold.lock.clone(), token: hold.token });
+        self.record(
+            hold.worker,
+            Event::Lost {
+                lock: hold.lock.clone(),
+                token: hold.token,
+            },
+        );
     }
 
     pub(crate) fn fault(&mut self, kind: FaultKind, phase: Phase) {
-        self.record(RUNNER, Event::Fault { kind, phase, detail: "model".into() });
+        self.record(
+            RUNNER,
+            Event::Fault {
+                kind,
+                phase,
+                detail: "model".into(),
+            },
+        );
     }
 
     /// Restores etcd to a snapshot `back` revisions ago (not before the space began) and
@@ -227,7 +287,13 @@ impl Sim {
         self.fault(FaultKind::RestoreEtcdAndAdvanceEpoch, Phase::Start);
         let through = self.rev - unaudited;
         self.cuts.insert(self.space, through);
-        self.record(RUNNER, Event::AuditCut { space: self.space, through });
+        self.record(
+            RUNNER,
+            Event::AuditCut {
+                space: self.space,
+                through,
+            },
+        );
         let snapshot = (self.rev - back).max(self.space_from);
         let (space, next) = (self.space, self.space + 1);
         let mut restored = Vec::new();
@@ -253,7 +319,12 @@ impl Sim {
                     moved_to: None,
                 };
                 let token = token(record.epoch, record.grant_rev);
-                restored.push(Hold { lock: record.lock.clone(), token, worker: record.worker, record: self.holds.len() });
+                restored.push(Hold {
+                    lock: record.lock.clone(),
+                    token,
+                    worker: record.worker,
+                    record: self.holds.len(),
+                });
                 self.holds[at].moved_to = Some(self.holds.len());
                 self.holds.push(record);
             }
@@ -268,17 +339,40 @@ impl Sim {
         restored
     }
 
-    pub(crate) fn begin_write(&mut self, worker: u32, resource: &str, target: Target, token: Option<u64>) -> Pending {
+    pub(crate) fn begin_write(
+        &mut self,
+        worker: u32,
+        resource: &str,
+        target: Target,
+        token: Option<u64>,
+    ) -> Pending {
         let op = self.next_op;
         self.next_op += 1;
-        self.record(worker, Event::WriteInvoked { resource: resource.into(), target, token, op });
-        Pending { op, worker, resource: resource.into(), target, token }
+        self.record(
+            worker,
+            Event::WriteInvoked {
+                resource: resource.into(),
+                target,
+                token,
+                op,
+            },
+        );
+        Pending {
+            op,
+            worker,
+            resource: resource.into(),
+            target,
+            token,
+        }
     }
 
     /// What the resource does with the write now: refuse it, or commit it.
     fn apply(&mut self, w: &Pending) -> WriteOutcome {
         let advisory = w.resource.starts_with("/legacy/");
-        let state = self.resources.entry((w.target, w.resource.clone())).or_default();
+        let state = self
+            .resources
+            .entry((w.target, w.resource.clone()))
+            .or_default();
         match w.token {
             None if advisory => {
                 state.seq += 1;
@@ -286,7 +380,9 @@ impl Sim {
                 WriteOutcome::Committed { seq: state.seq }
             }
             None => WriteOutcome::Rejected { highest: None },
-            Some(t) if state.mark.is_some_and(|m| t < m) => WriteOutcome::Rejected { highest: state.mark },
+            Some(t) if state.mark.is_some_and(|m| t < m) => WriteOutcome::Rejected {
+                highest: state.mark,
+            },
             Some(t) => {
                 state.mark = Some(t);
                 state.seq += 1;
@@ -307,7 +403,12 @@ impl Sim {
         if applied {
             self.apply(w);
         }
-        self.complete(w, WriteOutcome::Indeterminate { reason: "timed out".into() });
+        self.complete(
+            w,
+            WriteOutcome::Indeterminate {
+                reason: "timed out".into(),
+            },
+        );
     }
 
     fn complete(&mut self, w: &Pending, outcome: WriteOutcome) -> usize {
@@ -321,7 +422,13 @@ impl Sim {
         self.record(w.worker, event)
     }
 
-    pub(crate) fn write(&mut self, worker: u32, resource: &str, target: Target, token: Option<u64>) -> WriteOutcome {
+    pub(crate) fn write(
+        &mut self,
+        worker: u32,
+        resource: &str,
+        target: Target,
+        token: Option<u64>,
+    ) -> WriteOutcome {
         let w = self.begin_write(worker, resource, target, token);
         self.finish_write(&w)
     }
@@ -456,10 +563,17 @@ pub(crate) fn random_history(seed: u64, workers: u32, locks: usize, steps: usize
             22..=61 if !held[worker as usize].is_empty() => {
                 // A write with this worker's latest token, or an older one (a stale writer).
                 let mine = &held[worker as usize];
-                let hold = if rng.chance(80) { mine[mine.len() - 1].clone() } else { mine[rng.below(mine.len())].clone() };
+                let hold = if rng.chance(80) {
+                    mine[mine.len() - 1].clone()
+                } else {
+                    mine[rng.below(mine.len())].clone()
+                };
                 let index = hold.lock.key[1..].parse::<usize>().unwrap();
-                let (resource, target) =
-                    if rng.chance(50) { (format!("row-{index}"), Target::Postgres) } else { (format!("/r/{index}"), Target::Http) };
+                let (resource, target) = if rng.chance(50) {
+                    (format!("row-{index}"), Target::Postgres)
+                } else {
+                    (format!("/r/{index}"), Target::Http)
+                };
                 pending.push(sim.begin_write(worker, &resource, target, Some(hold.token)));
             }
             62..=64 => {
@@ -476,8 +590,11 @@ pub(crate) fn random_history(seed: u64, workers: u32, locks: usize, steps: usize
                 }
             }
             95 => {
-                let kind = [FaultKind::KillEtcdLeader, FaultKind::PauseEtcdMember, FaultKind::RestartPostgres]
-                    [rng.below(3)];
+                let kind = [
+                    FaultKind::KillEtcdLeader,
+                    FaultKind::PauseEtcdMember,
+                    FaultKind::RestartPostgres,
+                ][rng.below(3)];
                 sim.fault(kind, Phase::Start);
                 sim.fault(kind, Phase::End);
             }

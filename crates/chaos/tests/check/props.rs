@@ -10,7 +10,8 @@ use proptest::prelude::*;
 use crate::model::random_history;
 
 fn history() -> impl Strategy<Value = Vec<Entry>> {
-    (any::<u64>(), 1u32..6, 1usize..5, 100usize..800).prop_map(|(seed, w, l, s)| random_history(seed, w, l, s))
+    (any::<u64>(), 1u32..6, 1usize..5, 100usize..800)
+        .prop_map(|(seed, w, l, s)| random_history(seed, w, l, s))
 }
 
 proptest! {
@@ -43,7 +44,11 @@ proptest! {
 
 /// Breaks a rule in one place; returns the kinds of which at least one must be reported,
 /// or `None` if the history has nothing to break this way.
-fn mutate(h: &mut Vec<Entry>, which: usize, pick: prop::sample::Index) -> Option<Vec<ViolationKind>> {
+fn mutate(
+    h: &mut Vec<Entry>,
+    which: usize,
+    pick: prop::sample::Index,
+) -> Option<Vec<ViolationKind>> {
     match which {
         // A refused write whose mark came from a write committed before it was invoked
         // is committed instead, at the next seq.
@@ -56,11 +61,22 @@ fn mutate(h: &mut Vec<Entry>, which: usize, pick: prop::sample::Index) -> Option
                     Event::WriteInvoked { op, .. } => {
                         invoked_at.insert(*op, i);
                     }
-                    Event::WriteCompleted { resource, token: Some(t), outcome: WriteOutcome::Committed { .. }, .. } => {
+                    Event::WriteCompleted {
+                        resource,
+                        token: Some(t),
+                        outcome: WriteOutcome::Committed { .. },
+                        ..
+                    } => {
                         committed_at.entry((resource.clone(), *t)).or_insert(i);
                     }
-                    Event::WriteCompleted { resource, op, outcome: WriteOutcome::Rejected { highest: Some(m) }, .. }
-                        if committed_at.get(&(resource.clone(), *m)).is_some_and(|&c| c < invoked_at[op]) =>
+                    Event::WriteCompleted {
+                        resource,
+                        op,
+                        outcome: WriteOutcome::Rejected { highest: Some(m) },
+                        ..
+                    } if committed_at
+                        .get(&(resource.clone(), *m))
+                        .is_some_and(|&c| c < invoked_at[op]) =>
                     {
                         candidates.push(i);
                     }
@@ -71,12 +87,20 @@ fn mutate(h: &mut Vec<Entry>, which: usize, pick: prop::sample::Index) -> Option
                 return None;
             }
             let i = *pick.get(&candidates);
-            let Event::WriteCompleted { resource, target, .. } = h[i].event.clone() else { unreachable!() };
+            let Event::WriteCompleted {
+                resource, target, ..
+            } = h[i].event.clone()
+            else {
+                unreachable!()
+            };
             let same = |e: &Event| matches!(e, Event::WriteCompleted { resource: r, target: t, .. } if *r == resource && *t == target);
             let before = h[..i]
                 .iter()
                 .filter_map(|e| match &e.event {
-                    Event::WriteCompleted { outcome: WriteOutcome::Committed { seq }, .. } if same(&e.event) => Some(*seq),
+                    Event::WriteCompleted {
+                        outcome: WriteOutcome::Committed { seq },
+                        ..
+                    } if same(&e.event) => Some(*seq),
                     _ => None,
                 })
                 .max()
@@ -86,7 +110,11 @@ fn mutate(h: &mut Vec<Entry>, which: usize, pick: prop::sample::Index) -> Option
             }
             for e in &mut h[i + 1..] {
                 if same(&e.event) {
-                    if let Event::WriteCompleted { outcome: WriteOutcome::Committed { seq }, .. } = &mut e.event {
+                    if let Event::WriteCompleted {
+                        outcome: WriteOutcome::Committed { seq },
+                        ..
+                    } = &mut e.event
+                    {
                         *seq += 1;
                     }
                 }
@@ -117,14 +145,28 @@ fn mutate(h: &mut Vec<Entry>, which: usize, pick: prop::sample::Index) -> Option
         }
         // A grant carries the token of the grant before it.
         3 => {
-            let grants: Vec<usize> =
-                h.iter().enumerate().filter(|(_, e)| matches!(e.event, Event::Granted { .. })).map(|(i, _)| i).collect();
+            let grants: Vec<usize> = h
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| matches!(e.event, Event::Granted { .. }))
+                .map(|(i, _)| i)
+                .collect();
             if grants.len() < 2 {
                 return None;
             }
             let k = 1 + pick.index(grants.len() - 1);
-            let Event::Granted { token: previous, grant_rev: previous_rev, .. } = h[grants[k - 1]].event else { unreachable!() };
-            if let Event::Granted { token, grant_rev, .. } = &mut h[grants[k]].event {
+            let Event::Granted {
+                token: previous,
+                grant_rev: previous_rev,
+                ..
+            } = h[grants[k - 1]].event
+            else {
+                unreachable!()
+            };
+            if let Event::Granted {
+                token, grant_rev, ..
+            } = &mut h[grants[k]].event
+            {
                 *token = previous;
                 *grant_rev = previous_rev;
             }
@@ -135,8 +177,17 @@ fn mutate(h: &mut Vec<Entry>, which: usize, pick: prop::sample::Index) -> Option
             let mut first: HashMap<(String, bool), u64> = HashMap::new();
             let mut candidates = Vec::new();
             for (i, e) in h.iter().enumerate() {
-                if let Event::WriteCompleted { resource, target, outcome: WriteOutcome::Committed { seq }, .. } = &e.event {
-                    let key = (resource.clone(), *target == palisade_chaos::history::Target::Http);
+                if let Event::WriteCompleted {
+                    resource,
+                    target,
+                    outcome: WriteOutcome::Committed { seq },
+                    ..
+                } = &e.event
+                {
+                    let key = (
+                        resource.clone(),
+                        *target == palisade_chaos::history::Target::Http,
+                    );
                     match first.get(&key) {
                         Some(s) => candidates.push((i, *s)),
                         None => {
@@ -149,19 +200,39 @@ fn mutate(h: &mut Vec<Entry>, which: usize, pick: prop::sample::Index) -> Option
                 return None;
             }
             let (i, s) = *pick.get(&candidates);
-            if let Event::WriteCompleted { outcome: WriteOutcome::Committed { seq }, .. } = &mut h[i].event {
+            if let Event::WriteCompleted {
+                outcome: WriteOutcome::Committed { seq },
+                ..
+            } = &mut h[i].event
+            {
                 *seq = s;
             }
-            Some(vec![ViolationKind::SeqReused, ViolationKind::CommitBeforeInvocation])
+            Some(vec![
+                ViolationKind::SeqReused,
+                ViolationKind::CommitBeforeInvocation,
+            ])
         }
         // A restored hold lasts past the grant of its lock that followed it in its space.
         6 => {
             let mut candidates = Vec::new();
             for (i, e) in h.iter().enumerate() {
-                let Event::RestoredHold { lock, space, exclusive, .. } = &e.event else { continue };
+                let Event::RestoredHold {
+                    lock,
+                    space,
+                    exclusive,
+                    ..
+                } = &e.event
+                else {
+                    continue;
+                };
                 let next = h.iter().filter_map(|n| match &n.event {
-                    Event::EtcdHold { lock: l, space: s, grant_rev, exclusive: x, .. }
-                        if l == lock && s == space && (*x || *exclusive) => Some(*grant_rev),
+                    Event::EtcdHold {
+                        lock: l,
+                        space: s,
+                        grant_rev,
+                        exclusive: x,
+                        ..
+                    } if l == lock && s == space && (*x || *exclusive) => Some(*grant_rev),
                     _ => None,
                 });
                 if let Some(rev) = next.min() {
@@ -219,5 +290,8 @@ fn the_model_brings_holds_back_with_its_restores() {
         assert!(report.is_ok(), "seed {seed}: {report}");
         restored += report.counts.restored_holds;
     }
-    assert!(restored >= 5, "only {restored} restored holds in 40 histories");
+    assert!(
+        restored >= 5,
+        "only {restored} restored holds in 40 histories"
+    );
 }

@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use palisade_chaos::check::{check, check_reader, check_reader_with, ViolationKind};
-use palisade_chaos::history::{write_entry, Entry, Event, FaultKind, Phase, ReadError, Target, WriteOutcome};
+use palisade_chaos::history::{
+    write_entry, Entry, Event, FaultKind, Phase, ReadError, Target, WriteOutcome,
+};
 
 use crate::assert_only;
 use crate::model::{random_history, RUNNER};
@@ -39,11 +41,30 @@ fn entries_written_out_of_time_order_within_the_window_are_fine_and_named_by_pos
     // An injected violation is named by its position in the file.
     let committed = h
         .iter()
-        .position(|e| matches!(e.event, Event::WriteCompleted { outcome: WriteOutcome::Committed { .. }, token: Some(_), .. }))
+        .position(|e| {
+            matches!(
+                e.event,
+                Event::WriteCompleted {
+                    outcome: WriteOutcome::Committed { .. },
+                    token: Some(_),
+                    ..
+                }
+            )
+        })
         .unwrap();
-    let Event::WriteCompleted { resource, token, .. } = h[committed].event.clone() else { unreachable!() };
+    let Event::WriteCompleted {
+        resource, token, ..
+    } = h[committed].event.clone()
+    else {
+        unreachable!()
+    };
     let at = h.last().unwrap().at_ns;
-    let invoke = Event::WriteInvoked { resource: resource.clone(), target: Target::Postgres, token, op: 1 << 40 };
+    let invoke = Event::WriteInvoked {
+        resource: resource.clone(),
+        target: Target::Postgres,
+        token,
+        op: 1 << 40,
+    };
     let complete = Event::WriteCompleted {
         resource,
         target: Target::Postgres,
@@ -52,8 +73,16 @@ fn entries_written_out_of_time_order_within_the_window_are_fine_and_named_by_pos
         outcome: WriteOutcome::Rejected { highest: token },
     };
     // Written completion first, invocation second, both within the window.
-    h.push(Entry { at_ns: at + 20, worker: 0, event: complete });
-    h.push(Entry { at_ns: at + 10, worker: 0, event: invoke });
+    h.push(Entry {
+        at_ns: at + 20,
+        worker: 0,
+        event: complete,
+    });
+    h.push(Entry {
+        at_ns: at + 10,
+        worker: 0,
+        event: invoke,
+    });
     let report = check_reader(&to_lines(&h)[..]).unwrap();
     assert_only(&report, ViolationKind::UnjustifiedRejection, &[h.len() - 2]);
 }
@@ -65,7 +94,11 @@ fn an_entry_older_than_the_window_is_reported_out_of_order() {
     let fault = |at_ns| Entry {
         at_ns,
         worker: RUNNER,
-        event: Event::Fault { kind: FaultKind::PauseEtcdMember, phase: Phase::Start, detail: "m1".into() },
+        event: Event::Fault {
+            kind: FaultKind::PauseEtcdMember,
+            phase: Phase::Start,
+            detail: "m1".into(),
+        },
     };
     h.push(fault(last + 20_000_000_000));
     h.push(fault(5));

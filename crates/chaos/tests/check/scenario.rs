@@ -13,7 +13,10 @@ pub(crate) fn scenario() -> Vec<Entry> {
     let (a, b, s) = (lock("a"), lock("b"), lock("s"));
 
     let h0 = sim.acquire(0, &a, true);
-    assert!(matches!(sim.write(0, "row-a", Target::Postgres, Some(h0.token)), WriteOutcome::Committed { .. }));
+    assert!(matches!(
+        sim.write(0, "row-a", Target::Postgres, Some(h0.token)),
+        WriteOutcome::Committed { .. }
+    ));
     sim.write(0, "/a", Target::Http, Some(h0.token));
     let h1 = sim.acquire(1, &b, true);
     sim.write(1, "row-b", Target::Postgres, Some(h1.token));
@@ -34,7 +37,10 @@ pub(crate) fn scenario() -> Vec<Entry> {
     // admitted where it did not (the mark there is still its own token).
     let refused = sim.write(0, "row-a", Target::Postgres, Some(h0.token));
     assert!(matches!(refused, WriteOutcome::Rejected { highest: Some(t) } if t == h2.token));
-    assert!(matches!(sim.write(0, "/a", Target::Http, Some(h0.token)), WriteOutcome::Committed { .. }));
+    assert!(matches!(
+        sim.write(0, "/a", Target::Http, Some(h0.token)),
+        WriteOutcome::Committed { .. }
+    ));
     sim.write(2, "/a", Target::Http, Some(h2.token));
     let refused = sim.write(0, "/a", Target::Http, Some(h0.token));
     assert!(matches!(refused, WriteOutcome::Rejected { .. }));
@@ -89,16 +95,25 @@ pub(crate) fn scenario() -> Vec<Entry> {
     assert!(h4.token > h3.token && (h4.token & 0xffff_ffff_ffff) <= (h3.token & 0xffff_ffff_ffff));
     sim.write(0, "row-a", Target::Postgres, Some(h4.token));
     // The forced holder writes on: refused.
-    assert!(matches!(sim.write(3, "row-a", Target::Postgres, Some(h3.token)), WriteOutcome::Rejected { .. }));
+    assert!(matches!(
+        sim.write(3, "row-a", Target::Postgres, Some(h3.token)),
+        WriteOutcome::Rejected { .. }
+    ));
     // Worker 2 still holds b (the restored hold): its old-epoch token is still the
     // newest on row-b. It releases b in the restored cluster; then worker 1 takes it.
-    assert!(matches!(sim.write(2, "row-b", Target::Postgres, Some(h6.token)), WriteOutcome::Committed { .. }));
+    assert!(matches!(
+        sim.write(2, "row-b", Target::Postgres, Some(h6.token)),
+        WriteOutcome::Committed { .. }
+    ));
     sim.release(&restored[0]);
     let h5 = sim.acquire(1, &b, true);
     sim.write(1, "row-b", Target::Postgres, Some(h5.token));
     sim.release(&h5);
     // After a newer-epoch token on row-b, the restored hold's token is refused.
-    assert!(matches!(sim.write(2, "row-b", Target::Postgres, Some(h6.token)), WriteOutcome::Rejected { .. }));
+    assert!(matches!(
+        sim.write(2, "row-b", Target::Postgres, Some(h6.token)),
+        WriteOutcome::Rejected { .. }
+    ));
     // h4 is still held when the run ends.
     sim.finish()
 }

@@ -58,13 +58,17 @@ pub struct FencingTokenLayer {
 impl FencingTokenLayer {
     /// A layer reading tokens from `source` at each request.
     pub fn new(source: impl TokenSource) -> Self {
-        FencingTokenLayer { source: Arc::new(source) }
+        FencingTokenLayer {
+            source: Arc::new(source),
+        }
     }
 }
 
 impl fmt::Debug for FencingTokenLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FencingTokenLayer").field("source", &format_args!("<source>")).finish()
+        f.debug_struct("FencingTokenLayer")
+            .field("source", &format_args!("<source>"))
+            .finish()
     }
 }
 
@@ -77,7 +81,9 @@ pub struct SetFencingToken<S> {
 
 impl<S: fmt::Debug> fmt::Debug for SetFencingToken<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SetFencingToken").field("inner", &self.inner).finish_non_exhaustive()
+        f.debug_struct("SetFencingToken")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
     }
 }
 
@@ -85,7 +91,10 @@ impl<S> Layer<S> for FencingTokenLayer {
     type Service = SetFencingToken<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        SetFencingToken { inner, source: Arc::clone(&self.source) }
+        SetFencingToken {
+            inner,
+            source: Arc::clone(&self.source),
+        }
     }
 }
 
@@ -104,7 +113,8 @@ where
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
         match self.source.token() {
             Some(token) => {
-                req.headers_mut().insert(FENCING_TOKEN, HeaderValue::from(token.get()));
+                req.headers_mut()
+                    .insert(FENCING_TOKEN, HeaderValue::from(token.get()));
             }
             None => {
                 req.headers_mut().remove(FENCING_TOKEN);

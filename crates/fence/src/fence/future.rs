@@ -51,11 +51,17 @@ pin_project! {
 
 impl<S: Service<Request<ReqBody>>, ReqBody> ResponseFuture<S, ReqBody> {
     pub(crate) fn inner(future: S::Future) -> Self {
-        ResponseFuture { state: State::Inner { future } }
+        ResponseFuture {
+            state: State::Inner { future },
+        }
     }
 
     pub(crate) fn rejected(response: S::Response) -> Self {
-        ResponseFuture { state: State::Rejected { response: Some(response) } }
+        ResponseFuture {
+            state: State::Rejected {
+                response: Some(response),
+            },
+        }
     }
 
     pub(crate) fn checking(
@@ -67,8 +73,20 @@ impl<S: Service<Request<ReqBody>>, ReqBody> ResponseFuture<S, ReqBody> {
         enforcement: Enforcement,
         config: Arc<Config>,
     ) -> Self {
-        let pending = Pending { inner, request, resource, token, enforcement, config };
-        ResponseFuture { state: State::Checking { check, pending: Some(pending) } }
+        let pending = Pending {
+            inner,
+            request,
+            resource,
+            token,
+            enforcement,
+            config,
+        };
+        ResponseFuture {
+            state: State::Checking {
+                check,
+                pending: Some(pending),
+            },
+        }
     }
 }
 
@@ -106,10 +124,21 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ResBody: From<Bytes>,
 {
-    let Pending { mut inner, mut request, resource, token, enforcement, config } = p;
+    let Pending {
+        mut inner,
+        mut request,
+        resource,
+        token,
+        enforcement,
+        config,
+    } = p;
     match verdict(&config, &mut request, resource, token, enforcement, outcome) {
-        Some(response) => State::Rejected { response: Some(response) },
-        None => State::Inner { future: inner.call(request) },
+        Some(response) => State::Rejected {
+            response: Some(response),
+        },
+        None => State::Inner {
+            future: inner.call(request),
+        },
     }
 }
 
@@ -126,18 +155,40 @@ pub(crate) fn verdict<ReqBody, ResBody: From<Bytes>>(
 ) -> Option<Response<ResBody>> {
     let (refusal, outcome, highest) = match outcome {
         Ok(Raise::Admitted) => (None, WriteOutcome::Admitted, None),
-        Ok(Raise::Stale { highest }) => (Some(RejectionKind::StaleToken), WriteOutcome::Stale, Some(highest)),
-        Err(_) => (Some(RejectionKind::StoreUnavailable), WriteOutcome::StoreUnavailable, None),
+        Ok(Raise::Stale { highest }) => (
+            Some(RejectionKind::StaleToken),
+            WriteOutcome::Stale,
+            Some(highest),
+        ),
+        Err(_) => (
+            Some(RejectionKind::StoreUnavailable),
+            WriteOutcome::StoreUnavailable,
+            None,
+        ),
     };
-    config.observe(request, &resource, Some(token), highest, outcome, enforcement);
+    config.observe(
+        request,
+        &resource,
+        Some(token),
+        highest,
+        outcome,
+        enforcement,
+    );
     match (enforcement, refusal) {
         (Enforcement::Fenced, Some(kind)) => {
-            let rejection = Rejection { kind, resource, token: Some(token), highest };
+            let rejection = Rejection {
+                kind,
+                resource,
+                token: Some(token),
+                highest,
+            };
             Some(rejection.into_response(config.respond.as_deref()))
         }
         (_, _) => {
             if outcome == WriteOutcome::Admitted {
-                request.extensions_mut().insert(VerifiedToken { token, resource });
+                request
+                    .extensions_mut()
+                    .insert(VerifiedToken { token, resource });
             }
             None
         }

@@ -134,10 +134,23 @@ impl fmt::Debug for FenceLayer {
             .field("resource", &format_args!("<fn>"))
             .field("enforcement", &format_args!("<fn>"))
             .field("methods", &self.config.methods)
-            .field("observer", &self.config.observer.as_ref().map(|_| format_args!("<observer>")))
+            .field(
+                "observer",
+                &self
+                    .config
+                    .observer
+                    .as_ref()
+                    .map(|_| format_args!("<observer>")),
+            )
             .field("fenced_events", &self.config.fenced_events)
-            .field("caller", &self.config.caller.as_ref().map(|_| format_args!("<fn>")))
-            .field("rejection_response", &self.config.respond.as_ref().map(|_| format_args!("<fn>")))
+            .field(
+                "caller",
+                &self.config.caller.as_ref().map(|_| format_args!("<fn>")),
+            )
+            .field(
+                "rejection_response",
+                &self.config.respond.as_ref().map(|_| format_args!("<fn>")),
+            )
             .finish()
     }
 }

@@ -116,7 +116,13 @@ impl ChannelObserver {
     /// If `capacity` is 0.
     pub fn bounded(capacity: usize) -> (Self, mpsc::Receiver<WriteEvent>) {
         let (tx, rx) = mpsc::channel(capacity);
-        (ChannelObserver { tx, dropped: Arc::new(AtomicU64::new(0)) }, rx)
+        (
+            ChannelObserver {
+                tx,
+                dropped: Arc::new(AtomicU64::new(0)),
+            },
+            rx,
+        )
     }
 
     /// Events dropped so far.

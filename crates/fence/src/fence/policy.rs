@@ -34,7 +34,10 @@ impl EnforcementTable {
     /// A table where every resource gets `default`.
     #[must_use]
     pub fn new(default: Enforcement) -> Self {
-        EnforcementTable { default, prefixes: Vec::new() }
+        EnforcementTable {
+            default,
+            prefixes: Vec::new(),
+        }
     }
 
     /// Resources starting with `prefix` get `enforcement` (replacing an equal prefix).
@@ -43,7 +46,8 @@ impl EnforcementTable {
         let prefix = prefix.into();
         self.prefixes.retain(|(p, _)| *p != prefix);
         self.prefixes.push((prefix, enforcement));
-        self.prefixes.sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
+        self.prefixes
+            .sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
         self
     }
 

@@ -87,7 +87,9 @@ impl Rejection {
                 opt(self.highest),
                 self.resource
             ),
-            RejectionKind::StoreUnavailable => "the high-water store did not answer; retry".to_owned(),
+            RejectionKind::StoreUnavailable => {
+                "the high-water store did not answer; retry".to_owned()
+            }
         };
         let mut doc = serde_json::json!({
             "type": self.kind.problem_type(),
@@ -111,9 +113,10 @@ impl Rejection {
         let body = Bytes::from(self.problem().to_string());
         let mut response = Response::new(body);
         *response.status_mut() = self.kind.status();
-        response
-            .headers_mut()
-            .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
         response
     }
 

@@ -20,5 +20,7 @@ use percent_encoding::percent_decode_str;
 /// assert_eq!(decoded_path(&Uri::from_static("/a%2Fb")), "/a/b");
 /// ```
 pub fn decoded_path(uri: &Uri) -> String {
-    percent_decode_str(uri.path()).decode_utf8_lossy().into_owned()
+    percent_decode_str(uri.path())
+        .decode_utf8_lossy()
+        .into_owned()
 }

@@ -44,14 +44,19 @@ impl<S> Fence<S> {
 
 impl<S: fmt::Debug> fmt::Debug for Fence<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Fence").field("inner", &self.inner).field("methods", &self.config.methods).finish()
+        f.debug_struct("Fence")
+            .field("inner", &self.inner)
+            .field("methods", &self.config.methods)
+            .finish()
     }
 }
 
 /// The `Fencing-Token` header: absent, one well-formed token, or anything else.
 fn read_token(headers: &HeaderMap) -> Result<Option<FencingToken>, ()> {
     let mut values = headers.get_all(&FENCING_TOKEN).iter();
-    let Some(value) = values.next() else { return Ok(None) };
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
     if values.next().is_some() {
         return Err(());
     }
@@ -113,8 +118,13 @@ where
         config.observe(&req, &resource, None, None, unchecked.1, enforcement);
         match enforcement {
             Enforcement::Fenced => ResponseFuture::rejected(
-                Rejection { kind: unchecked.0, resource, token: None, highest: None }
-                    .into_response(config.respond.as_deref()),
+                Rejection {
+                    kind: unchecked.0,
+                    resource,
+                    token: None,
+                    highest: None,
+                }
+                .into_response(config.respond.as_deref()),
             ),
             Enforcement::Advisory => ResponseFuture::inner(self.inner.call(req)),
         }
@@ -132,13 +142,25 @@ impl Config {
         outcome: WriteOutcome,
         enforcement: Enforcement,
     ) {
-        let Some(observer) = &self.observer else { return };
+        let Some(observer) = &self.observer else {
+            return;
+        };
         if enforcement == Enforcement::Fenced && !self.fenced_events {
             return;
         }
-        let caller = self.caller.as_ref().and_then(|f| f(request.headers(), request.extensions()));
-        let event =
-            WriteEvent::new(resource.to_owned(), request.method().clone(), token, highest, outcome, enforcement, caller);
+        let caller = self
+            .caller
+            .as_ref()
+            .and_then(|f| f(request.headers(), request.extensions()));
+        let event = WriteEvent::new(
+            resource.to_owned(),
+            request.method().clone(),
+            token,
+            highest,
+            outcome,
+            enforcement,
+            caller,
+        );
         observer.observe(event);
     }
 }

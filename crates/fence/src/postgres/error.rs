@@ -38,28 +38,42 @@ pub struct FenceError {
 
 #[derive(Debug)]
 enum Repr {
-    Stale { token: FencingToken, highest: FencingToken },
+    Stale {
+        token: FencingToken,
+        highest: FencingToken,
+    },
     RowMissing,
-    Params { given: usize, expected: usize },
+    Params {
+        given: usize,
+        expected: usize,
+    },
     Param(Box<dyn std::error::Error + Send + Sync>),
     Db(tokio_postgres::Error),
 }
 
 impl FenceError {
     pub(crate) fn stale(token: FencingToken, highest: FencingToken) -> Self {
-        FenceError { repr: Repr::Stale { token, highest } }
+        FenceError {
+            repr: Repr::Stale { token, highest },
+        }
     }
 
     pub(crate) fn row_missing() -> Self {
-        FenceError { repr: Repr::RowMissing }
+        FenceError {
+            repr: Repr::RowMissing,
+        }
     }
 
     pub(crate) fn bad_params(given: usize, expected: usize) -> Self {
-        FenceError { repr: Repr::Params { given, expected } }
+        FenceError {
+            repr: Repr::Params { given, expected },
+        }
     }
 
     pub(crate) fn bad_param(source: Box<dyn std::error::Error + Send + Sync>) -> Self {
-        FenceError { repr: Repr::Param(source) }
+        FenceError {
+            repr: Repr::Param(source),
+        }
     }
 
     /// What went wrong.
@@ -70,7 +84,9 @@ impl FenceError {
             Repr::Params { .. } | Repr::Param(_) => FenceErrorKind::BadParameters,
             Repr::Db(e) if e.is_closed() => FenceErrorKind::Closed,
             Repr::Db(e) => match e.code() {
-                Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE => FenceErrorKind::SerializationFailure,
+                Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE => {
+                    FenceErrorKind::SerializationFailure
+                }
                 Some(c) if *c == SqlState::T_R_DEADLOCK_DETECTED => FenceErrorKind::Deadlock,
                 _ => FenceErrorKind::Database,
             },
@@ -90,7 +106,10 @@ impl FenceError {
     /// Running the same transaction again may succeed: a serialization failure or a
     /// deadlock (SQLSTATE `40001`, `40P01`). A stale token is never retryable.
     pub fn is_retryable(&self) -> bool {
-        matches!(self.kind(), FenceErrorKind::SerializationFailure | FenceErrorKind::Deadlock)
+        matches!(
+            self.kind(),
+            FenceErrorKind::SerializationFailure | FenceErrorKind::Deadlock
+        )
     }
 
     /// The refused token, for a stale write.
@@ -122,11 +141,17 @@ impl fmt::Display for FenceError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.repr {
             Repr::Stale { token, highest } => {
-                write!(f, "stale fencing token {token}: the resource has seen {highest}")
+                write!(
+                    f,
+                    "stale fencing token {token}: the resource has seen {highest}"
+                )
             }
             Repr::RowMissing => f.write_str("fenced update found no row with the key"),
             Repr::Params { given, expected } => {
-                write!(f, "fenced write: {given} parameters given where the statement takes {expected}")
+                write!(
+                    f,
+                    "fenced write: {given} parameters given where the statement takes {expected}"
+                )
             }
             Repr::Param(_) => f.write_str("fenced write: a parameter does not fit its statement"),
             Repr::Db(_) => f.write_str("fenced write failed in the database"),

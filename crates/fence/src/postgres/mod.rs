@@ -138,7 +138,8 @@ const MARK: &str = "SELECT token FROM fence_high_water WHERE resource = $1";
 pub async fn migrate<C: GenericClient + Send + Sync>(client: &mut C) -> Result<(), FenceError> {
     let tx = client.transaction().await?;
     // 0x70616c69 = "pali": one fixed key for this migration.
-    tx.batch_execute("SELECT pg_advisory_xact_lock(1885432937)").await?;
+    tx.batch_execute("SELECT pg_advisory_xact_lock(1885432937)")
+        .await?;
     tx.batch_execute(MIGRATION).await?;
     tx.commit().await?;
     Ok(())
@@ -151,7 +152,9 @@ pub(crate) async fn raise<C: GenericClient + Sync>(
     resource: &str,
     token: FencingToken,
 ) -> Result<Raise, tokio_postgres::Error> {
-    let row = client.query_typed_one(RAISE, &[(&resource, Type::TEXT), (&token, Type::INT8)]).await?;
+    let row = client
+        .query_typed_one(RAISE, &[(&resource, Type::TEXT), (&token, Type::INT8)])
+        .await?;
     Ok(verdict(token, row.try_get(0)?))
 }
 

@@ -96,7 +96,11 @@ impl PreparedFence {
     /// The database error (for example `fence_high_water` does not exist: run
     /// [`migrate`](crate::migrate)).
     pub async fn prepare(client: &Client) -> Result<PreparedFence, FenceError> {
-        Ok(PreparedFence { raise: client.prepare_typed(RAISE_OR_ABORT, &[Type::TEXT, Type::INT8]).await? })
+        Ok(PreparedFence {
+            raise: client
+                .prepare_typed(RAISE_OR_ABORT, &[Type::TEXT, Type::INT8])
+                .await?,
+        })
     }
 
     /// [`fenced_execute`] with the prepared raise; same guarantees, requirements and
@@ -125,18 +129,31 @@ async fn pipelined(
 ) -> Result<Vec<u64>, FenceError> {
     check_params(statements)?;
     let mut steps: Vec<Step<'_>> = Vec::with_capacity(statements.len() + 3);
-    steps.push(Box::pin(async move { client.batch_execute("BEGIN").await.map(|()| 0) }));
+    steps.push(Box::pin(async move {
+        client.batch_execute("BEGIN").await.map(|()| 0)
+    }));
     steps.push(match raise {
         None => Box::pin(async move {
-            let rows = client.query_typed(RAISE_OR_ABORT, &[(&resource, Type::TEXT), (&token, Type::INT8)]).await?;
+            let rows = client
+                .query_typed(
+                    RAISE_OR_ABORT,
+                    &[(&resource, Type::TEXT), (&token, Type::INT8)],
+                )
+                .await?;
             Ok(rows.len() as u64)
         }),
-        Some(raise) => Box::pin(async move { Ok(client.query(raise, &[&resource, &token]).await?.len() as u64) }),
+        Some(raise) => {
+            Box::pin(
+                async move { Ok(client.query(raise, &[&resource, &token]).await?.len() as u64) },
+            )
+        }
     });
     for &(statement, params) in statements {
         steps.push(Box::pin(client.execute(statement, params)));
     }
-    steps.push(Box::pin(async move { client.batch_execute("COMMIT").await.map(|()| 0) }));
+    steps.push(Box::pin(async move {
+        client.batch_execute("COMMIT").await.map(|()| 0)
+    }));
 
     let mut results = in_order(steps).await.into_iter();
     let mut next = || results.next().unwrap_or(Ok(0));
@@ -144,7 +161,9 @@ async fn pipelined(
     if let Err(e) = next() {
         if e.code().map(SqlState::code) == Some(STALE) {
             // Refused. The transaction is over (its COMMIT was a rollback): read the mark.
-            let row = client.query_typed_opt(MARK, &[(&resource, Type::TEXT)]).await?;
+            let row = client
+                .query_typed_opt(MARK, &[(&resource, Type::TEXT)])
+                .await?;
             let highest = row.map(|r| r.get::<_, FencingToken>(0)).unwrap_or(token);
             return Err(FenceError::stale(token, highest));
         }
@@ -169,7 +188,9 @@ fn check_params(statements: &[FencedStatement<'_>]) -> Result<(), FenceError> {
         }
         for (param, ty) in params.iter().zip(types) {
             scratch.clear();
-            param.to_sql_checked(ty, &mut scratch).map_err(FenceError::bad_param)?;
+            param
+                .to_sql_checked(ty, &mut scratch)
+                .map_err(FenceError::bad_param)?;
         }
     }
     Ok(())
@@ -178,7 +199,8 @@ fn check_params(statements: &[FencedStatement<'_>]) -> Result<(), FenceError> {
 /// Polls every step, always in the given order, until all have finished. The first poll
 /// of a tokio-postgres request sends it, so the requests go out in this order.
 async fn in_order(mut steps: Vec<Step<'_>>) -> Vec<Result<u64, tokio_postgres::Error>> {
-    let mut out: Vec<Option<Result<u64, tokio_postgres::Error>>> = steps.iter().map(|_| None).collect();
+    let mut out: Vec<Option<Result<u64, tokio_postgres::Error>>> =
+        steps.iter().map(|_| None).collect();
     std::future::poll_fn(|cx| {
         let mut pending = false;
         for (step, slot) in steps.iter_mut().zip(out.iter_mut()) {

@@ -73,7 +73,8 @@ impl std::fmt::Debug for FencedUpdate {
 /// learned parameter types are a cache, not part of the value).
 impl PartialEq for FencedUpdate {
     fn eq(&self, other: &Self) -> bool {
-        (&self.table, &self.key_column, &self.token_column) == (&other.table, &other.key_column, &other.token_column)
+        (&self.table, &self.key_column, &self.token_column)
+            == (&other.table, &other.key_column, &other.token_column)
     }
 }
 
@@ -136,10 +137,17 @@ impl FencedUpdate {
         all.push(key);
         all.extend_from_slice(params);
         let sql = self.sql(set);
-        let known = self.types.lock().unwrap_or_else(|e| e.into_inner()).get(set).cloned();
+        let known = self
+            .types
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(set)
+            .cloned();
         let n = match known {
             Some(types) if types.len() == all.len() => {
-                let rows = client.query_typed_raw(&sql, all.iter().copied().zip(types.iter().cloned())).await?;
+                let rows = client
+                    .query_typed_raw(&sql, all.iter().copied().zip(types.iter().cloned()))
+                    .await?;
                 let mut rows = std::pin::pin!(rows);
                 // An UPDATE without RETURNING yields no rows; drain to reach the count.
                 while rows.next().await.transpose()?.is_some() {}
@@ -165,9 +173,16 @@ impl FencedUpdate {
     /// # Errors
     ///
     /// The database error of the prepare (say, an unknown column in `set`).
-    pub async fn prepare<C: GenericClient + Sync>(&self, client: &C, set: &str) -> Result<PreparedFencedUpdate, FenceError> {
+    pub async fn prepare<C: GenericClient + Sync>(
+        &self,
+        client: &C,
+        set: &str,
+    ) -> Result<PreparedFencedUpdate, FenceError> {
         let statement = client.prepare(&self.sql(set)).await?;
-        Ok(PreparedFencedUpdate { update: self.clone(), statement })
+        Ok(PreparedFencedUpdate {
+            update: self.clone(),
+            statement,
+        })
     }
 
     /// `Ok(n)` for `n > 0` rows updated; otherwise one more query tells why none was.
@@ -181,7 +196,10 @@ impl FencedUpdate {
         if n > 0 {
             return Ok(n);
         }
-        let probe = format!("SELECT {} FROM {} WHERE {} = $1", self.token_column, self.table, self.key_column);
+        let probe = format!(
+            "SELECT {} FROM {} WHERE {} = $1",
+            self.token_column, self.table, self.key_column
+        );
         match client.query_opt(probe.as_str(), &[key]).await? {
             None => Err(FenceError::row_missing()),
             Some(row) => {

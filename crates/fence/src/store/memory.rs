@@ -138,11 +138,29 @@ impl MemoryStore {
     fn build(capacity: u64, keyer: Keyer) -> Self {
         let wanted = (capacity / SHARD_SPAN).clamp(1, SHARDS_MAX as u64) as usize;
         // A power of two, so a key's shard is a mask of its bits.
-        let shards = if wanted.is_power_of_two() { wanted } else { wanted.next_power_of_two() / 2 };
-        let shards =
-            (0..shards).map(|_| RwLock::new(Shard { marks: HashMap::default(), order: VecDeque::new() })).collect();
-        let inner = Inner { shards, floor: AtomicU64::new(0), keyer, capacity, kept: AtomicUsize::new(0) };
-        MemoryStore { inner: Arc::new(inner) }
+        let shards = if wanted.is_power_of_two() {
+            wanted
+        } else {
+            wanted.next_power_of_two() / 2
+        };
+        let shards = (0..shards)
+            .map(|_| {
+                RwLock::new(Shard {
+                    marks: HashMap::default(),
+                    order: VecDeque::new(),
+                })
+            })
+            .collect();
+        let inner = Inner {
+            shards,
+            floor: AtomicU64::new(0),
+            keyer,
+            capacity,
+            kept: AtomicUsize::new(0),
+        };
+        MemoryStore {
+            inner: Arc::new(inner),
+        }
     }
 
     /// A store whose keys come from `key` instead of a random hash (to force collisions).
@@ -213,7 +231,9 @@ impl MemoryStore {
         // the floor under this lock, so this read covers them.
         let floor = self.inner.floor.load(Ordering::SeqCst);
         if t < floor {
-            return Raise::Stale { highest: token(floor) };
+            return Raise::Stale {
+                highest: token(floor),
+            };
         }
         // Count the insert first: if that passes the capacity, this shard makes room
         // (one out, one in), or, holding nothing to evict, keeps nothing.
@@ -238,7 +258,9 @@ impl Shard {
         let mut seen = [0u64; SAMPLE];
         let mut n = 0;
         while n < SAMPLE {
-            let Some(key) = self.order.pop_front() else { break };
+            let Some(key) = self.order.pop_front() else {
+                break;
+            };
             seen[n] = key;
             n += 1;
         }
@@ -268,7 +290,11 @@ impl HighWaterStore for MemoryStore {
         Box::pin(std::future::ready(Ok(self.raise_now(resource, token))))
     }
 
-    fn raise_ready(&self, resource: &str, token: FencingToken) -> Option<Result<Raise, StoreError>> {
+    fn raise_ready(
+        &self,
+        resource: &str,
+        token: FencingToken,
+    ) -> Option<Result<Raise, StoreError>> {
         Some(Ok(self.raise_now(resource, token)))
     }
 }
@@ -294,7 +320,11 @@ mod tests {
         assert_eq!(store.raise_now("a", t(4)), Raise::Stale { highest: t(5) });
         assert_eq!(store.raise_now("a", t(9)), Raise::Admitted);
         assert_eq!(store.raise_now("a", t(8)), Raise::Stale { highest: t(9) });
-        assert_eq!(store.raise_now("b", t(1)), Raise::Admitted, "marks are per resource");
+        assert_eq!(
+            store.raise_now("b", t(1)),
+            Raise::Admitted,
+            "marks are per resource"
+        );
         assert_eq!(store.mark("a"), t(9));
         assert_eq!(store.floor(), t(0));
     }
@@ -305,10 +335,16 @@ mod tests {
         assert_eq!(store.raise_now("a", t(50)), Raise::Admitted);
         for i in 0..64 {
             store.raise_now(&format!("other{i}"), t(60 + i));
-            }
-        assert!(store.floor() >= t(50), "floor {} after evicting a's mark 50", store.floor());
+        }
+        assert!(
+            store.floor() >= t(50),
+            "floor {} after evicting a's mark 50",
+            store.floor()
+        );
         // "a" may be gone; a token below its old mark must still be refused...
-        assert!(matches!(store.raise_now("a", t(49)), Raise::Stale { highest } if highest >= t(50)));
+        assert!(
+            matches!(store.raise_now("a", t(49)), Raise::Stale { highest } if highest >= t(50))
+        );
         // ...and so is an old but valid token of a never-seen resource (the documented cost).
         assert!(!store.raise_now("never-seen", t(10)).is_admitted());
         // A token above everything is always admitted.
@@ -346,11 +382,18 @@ mod tests {
                 };
                 match store.raise_now(&key, t(token)) {
                     Raise::Admitted => {
-                        assert!(token >= admitted[r], "{key}: admitted {token} after {}", admitted[r]);
+                        assert!(
+                            token >= admitted[r],
+                            "{key}: admitted {token} after {}",
+                            admitted[r]
+                        );
                         admitted[r] = token;
                     }
                     Raise::Stale { highest } => {
-                        assert!(highest > t(token), "{key}: refused {token} naming mark {highest}");
+                        assert!(
+                            highest > t(token),
+                            "{key}: refused {token} naming mark {highest}"
+                        );
                         if replay {
                             replays_refused += 1;
                         } else {
@@ -375,7 +418,10 @@ mod tests {
         assert!(store.floor() > t(0), "evictions raised the floor");
         // Alone, with fresh resource bookkeeping: every fresh token is admitted.
         let (replays, fresh_refused) = run(0, 1, 10_000, &mut vec![0u64; RESOURCES]);
-        assert_eq!(fresh_refused, 0, "a token above every earlier one was refused");
+        assert_eq!(
+            fresh_refused, 0,
+            "a token above every earlier one was refused"
+        );
         assert!(replays > 1_000, "replays were refused: {replays}");
         assert!(store.len() <= 100, "bounded: {}", store.len());
     }
@@ -428,12 +474,19 @@ mod tests {
         assert_eq!(store.mark("a"), t(30), "a is kept");
         assert_eq!(store.raise_now("b", t(9)), Raise::Stale { highest: t(10) });
         // An unknown resource below the floor is refused (the documented cost)...
-        assert_eq!(store.raise_now("never-seen", t(5)), Raise::Stale { highest: t(10) });
+        assert_eq!(
+            store.raise_now("never-seen", t(5)),
+            Raise::Stale { highest: t(10) }
+        );
         // ...and at the floor admitted again, which evicts d (20, the lowest left).
         assert_eq!(store.raise_now("b", t(10)), Raise::Admitted);
         assert_eq!((store.len(), store.floor()), (4, t(20)));
         assert_eq!(store.raise_now("d", t(19)), Raise::Stale { highest: t(20) });
-        assert_eq!(store.raise_now("a", t(29)), Raise::Stale { highest: t(30) }, "kept marks still decide");
+        assert_eq!(
+            store.raise_now("a", t(29)),
+            Raise::Stale { highest: t(30) },
+            "kept marks still decide"
+        );
     }
 
     /// Capacity 0: nothing is kept, every admitted token goes to the floor.
@@ -453,21 +506,38 @@ mod tests {
         let store = MemoryStore::new(100_000);
         assert_eq!(store.inner.shards.len(), 64);
         for i in 0..100_000u64 {
-            assert_eq!(store.raise_now(&format!("r{i}"), t(1_000_000 + i)), Raise::Admitted);
+            assert_eq!(
+                store.raise_now(&format!("r{i}"), t(1_000_000 + i)),
+                Raise::Admitted
+            );
         }
         // Shards fill unevenly; the capacity is the store's, so nothing was evicted yet.
         assert_eq!((store.len(), store.floor()), (100_000, t(0)));
         for i in 0..100_000u64 {
-            assert_eq!(store.raise_now(&format!("r{i}"), t(1_000_000 + i)), Raise::Admitted, "r{i} kept");
+            assert_eq!(
+                store.raise_now(&format!("r{i}"), t(1_000_000 + i)),
+                Raise::Admitted,
+                "r{i} kept"
+            );
         }
         for i in 100_000..150_000u64 {
-            assert_eq!(store.raise_now(&format!("r{i}"), t(1_000_000 + i)), Raise::Admitted);
+            assert_eq!(
+                store.raise_now(&format!("r{i}"), t(1_000_000 + i)),
+                Raise::Admitted
+            );
         }
         assert_eq!(store.len(), 100_000);
         // 50,000 evictions of old, low marks: the floor is one of them.
-        assert!(store.floor() >= t(1_000_000) && store.floor() < t(1_150_000), "{}", store.floor());
+        assert!(
+            store.floor() >= t(1_000_000) && store.floor() < t(1_150_000),
+            "{}",
+            store.floor()
+        );
         let n = MemoryStore::new(3_000).inner.shards.len();
-        assert_eq!(n, 2, "3,000 resources: the largest power of two at or below 3,000 / 1,024");
+        assert_eq!(
+            n, 2,
+            "3,000 resources: the largest power of two at or below 3,000 / 1,024"
+        );
     }
 
     proptest::proptest! {
@@ -508,7 +578,11 @@ mod tests {
     fn colliding_resources_share_the_higher_mark() {
         let store = MemoryStore::with_keys(10, |_| 42);
         assert_eq!(store.raise_now("a", t(10)), Raise::Admitted);
-        assert_eq!(store.raise_now("b", t(5)), Raise::Stale { highest: t(10) }, "b shares a's mark");
+        assert_eq!(
+            store.raise_now("b", t(5)),
+            Raise::Stale { highest: t(10) },
+            "b shares a's mark"
+        );
         assert_eq!(store.raise_now("b", t(12)), Raise::Admitted);
         assert_eq!(store.raise_now("a", t(11)), Raise::Stale { highest: t(12) });
         assert_eq!(store.len(), 1);

@@ -56,7 +56,11 @@ pub trait HighWaterStore: Send + Sync + 'static {
     /// # Errors
     ///
     /// As [`raise`](Self::raise), inside the `Some`.
-    fn raise_ready(&self, resource: &str, token: FencingToken) -> Option<Result<Raise, StoreError>> {
+    fn raise_ready(
+        &self,
+        resource: &str,
+        token: FencingToken,
+    ) -> Option<Result<Raise, StoreError>> {
         let _ = (resource, token);
         None
     }
@@ -67,7 +71,11 @@ impl<T: HighWaterStore + ?Sized> HighWaterStore for std::sync::Arc<T> {
         (**self).raise(resource, token)
     }
 
-    fn raise_ready(&self, resource: &str, token: FencingToken) -> Option<Result<Raise, StoreError>> {
+    fn raise_ready(
+        &self,
+        resource: &str,
+        token: FencingToken,
+    ) -> Option<Result<Raise, StoreError>> {
         (**self).raise_ready(resource, token)
     }
 }
@@ -103,7 +111,10 @@ pub struct StoreError {
 impl StoreError {
     /// Wraps the store's own error.
     pub fn new(source: impl Into<Box<dyn StdError + Send + Sync>>, retryable: bool) -> Self {
-        StoreError { retryable, source: source.into() }
+        StoreError {
+            retryable,
+            source: source.into(),
+        }
     }
 
     /// Whether trying again may succeed (a transient failure, not a misconfiguration).

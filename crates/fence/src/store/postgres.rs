@@ -29,7 +29,9 @@ async fn raise_once(
         Some(s) => s.clone(),
         None => {
             // Concurrent first raises may each prepare; one statement is kept.
-            let s = client.prepare_typed(RAISE, &[Type::TEXT, Type::INT8]).await?;
+            let s = client
+                .prepare_typed(RAISE, &[Type::TEXT, Type::INT8])
+                .await?;
             prepared.get_or_init(|| s).clone()
         }
     };
@@ -69,7 +71,10 @@ pub struct PostgresStore {
 impl std::fmt::Debug for PostgresStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PostgresStore")
-            .field("reject_cache", &self.seen.as_ref().and_then(|c| c.policy().max_capacity()))
+            .field(
+                "reject_cache",
+                &self.seen.as_ref().and_then(|c| c.policy().max_capacity()),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -77,7 +82,11 @@ impl std::fmt::Debug for PostgresStore {
 impl PostgresStore {
     /// A store on `client`'s database, without a reject cache.
     pub fn new(client: Arc<Client>) -> Self {
-        PostgresStore { client, raise: Arc::default(), seen: None }
+        PostgresStore {
+            client,
+            raise: Arc::default(),
+            seen: None,
+        }
     }
 
     /// Refuses tokens below a mark seen before without a round trip, remembering up to
@@ -93,24 +102,33 @@ impl PostgresStore {
     /// # Errors
     ///
     /// The database error, as a [`StoreError`] (retryable for SQLSTATE `40001`/`40P01`).
-    pub async fn raise_async(&self, resource: &str, token: FencingToken) -> Result<Raise, StoreError> {
+    pub async fn raise_async(
+        &self,
+        resource: &str,
+        token: FencingToken,
+    ) -> Result<Raise, StoreError> {
         if let Some(seen) = &self.seen {
             if let Some(highest) = seen.get(resource) {
                 if token.get() < highest {
-                    return Ok(Raise::Stale { highest: FencingToken::from_u64(highest).unwrap_or(FencingToken::MAX) });
+                    return Ok(Raise::Stale {
+                        highest: FencingToken::from_u64(highest).unwrap_or(FencingToken::MAX),
+                    });
                 }
             }
         }
-        let outcome = raise_once(&self.client, &self.raise, resource, token).await.map_err(|e| {
-            let retryable = is_retryable(&e) || e.is_closed();
-            StoreError::new(e, retryable)
-        })?;
+        let outcome = raise_once(&self.client, &self.raise, resource, token)
+            .await
+            .map_err(|e| {
+                let retryable = is_retryable(&e) || e.is_closed();
+                StoreError::new(e, retryable)
+            })?;
         if let Some(seen) = &self.seen {
             let mark = match outcome {
                 Raise::Admitted => token,
                 Raise::Stale { highest } => highest,
             };
-            seen.entry_by_ref(resource).and_upsert_with(|e| e.map_or(mark.get(), |e| (*e.value()).max(mark.get())));
+            seen.entry_by_ref(resource)
+                .and_upsert_with(|e| e.map_or(mark.get(), |e| (*e.value()).max(mark.get())));
         }
         Ok(outcome)
     }

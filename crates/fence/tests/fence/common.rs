@@ -30,7 +30,12 @@ pub(crate) fn shuffle<T>(items: &mut [T], seed: u64) {
 /// When writer `token` starts in a staggered run: in token order, `step_ms` apart, plus up
 /// to four steps of jitter, so neighbours race and arrive out of order while many still
 /// commit.
-pub(crate) fn stagger(tokens: &[FencingToken], token: FencingToken, step_ms: u64, seed: u64) -> std::time::Duration {
+pub(crate) fn stagger(
+    tokens: &[FencingToken],
+    token: FencingToken,
+    step_ms: u64,
+    seed: u64,
+) -> std::time::Duration {
     let rank = tokens.iter().filter(|t| **t < token).count() as u64;
     let mut s = (seed ^ token.get()).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     s ^= s >> 29;
@@ -80,13 +85,22 @@ pub(crate) async fn send(
     path: &str,
     tokens: &[&str],
 ) -> Reply {
-    let mut req = Request::builder().method(method).uri(format!("http://{addr}{path}"));
+    let mut req = Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"));
     for t in tokens {
         req = req.header("fencing-token", *t);
     }
-    let res = client.request(req.body(Full::new(Bytes::new())).unwrap()).await.unwrap();
+    let res = client
+        .request(req.body(Full::new(Bytes::new())).unwrap())
+        .await
+        .unwrap();
     let (parts, body) = res.into_parts();
-    Reply { status: parts.status, headers: parts.headers, body: body.collect().await.unwrap().to_bytes() }
+    Reply {
+        status: parts.status,
+        headers: parts.headers,
+        body: body.collect().await.unwrap().to_bytes(),
+    }
 }
 
 /// Response body type check: axum's Body is what the layer produces under Router.

@@ -8,8 +8,8 @@ use axum::routing::{get, put};
 use axum::{Extension, Router};
 use http::{HeaderValue, Method, StatusCode};
 use palisade_fence::{
-    ChannelObserver, Enforcement, EnforcementTable, FenceLayer, FencingToken, FencingTokenLayer, MemoryStore,
-    PostgresStore, Rejection, RejectionKind, VerifiedToken, WriteOutcome,
+    ChannelObserver, Enforcement, EnforcementTable, FenceLayer, FencingToken, FencingTokenLayer,
+    MemoryStore, PostgresStore, Rejection, RejectionKind, VerifiedToken, WriteOutcome,
 };
 use tower::ServiceBuilder;
 
@@ -34,18 +34,35 @@ fn echo_route(calls: Arc<AtomicUsize>, path: &str) -> Router {
     };
     Router::new().route(
         path,
-        put(write.clone()).post(write.clone()).patch(write.clone()).delete(write.clone()).get(write),
+        put(write.clone())
+            .post(write.clone())
+            .patch(write.clone())
+            .delete(write.clone())
+            .get(write),
     )
 }
 
-fn assert_problem(reply: &Reply, status: u16, kind: &str, resource: &str, token: Option<FencingToken>, highest: Option<FencingToken>) {
+fn assert_problem(
+    reply: &Reply,
+    status: u16,
+    kind: &str,
+    resource: &str,
+    token: Option<FencingToken>,
+    highest: Option<FencingToken>,
+) {
     assert_eq!(reply.status.as_u16(), status);
     assert_eq!(reply.headers["content-type"], "application/problem+json");
     let doc = reply.json();
     assert_eq!(doc["status"], status, "{doc}");
     assert_eq!(doc["type"], format!("urn:palisade:fence:{kind}"), "{doc}");
-    assert!(doc["title"].as_str().is_some_and(|t| !t.is_empty()), "{doc}");
-    assert!(doc["detail"].as_str().is_some_and(|t| !t.is_empty()), "{doc}");
+    assert!(
+        doc["title"].as_str().is_some_and(|t| !t.is_empty()),
+        "{doc}"
+    );
+    assert!(
+        doc["detail"].as_str().is_some_and(|t| !t.is_empty()),
+        "{doc}"
+    );
     assert_eq!(doc["resource"], resource, "{doc}");
     match token {
         Some(t) => assert_eq!(doc["token"], t.to_string(), "{doc}"),
@@ -74,18 +91,51 @@ async fn fenced_writes_get_428_400_409_as_problem_json_and_never_reach_the_handl
     }
     let r = send(&c, Method::PUT, addr, "/orders/1", &[&t10, &t10]).await;
     assert_problem(&r, 400, "malformed-token", "/orders/1", None, None);
-    assert_eq!(calls.load(Ordering::SeqCst), 0, "no refused request reached the handler");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        0,
+        "no refused request reached the handler"
+    );
 
     let r = send(&c, Method::PUT, addr, "/orders/1", &[&t10]).await;
-    assert_eq!((r.status, r.text()), (StatusCode::OK, format!("{} /orders/1", tok(10))));
+    assert_eq!(
+        (r.status, r.text()),
+        (StatusCode::OK, format!("{} /orders/1", tok(10)))
+    );
     let r = send(&c, Method::POST, addr, "/orders/1", &[&t5]).await;
-    assert_problem(&r, 409, "stale-token", "/orders/1", Some(tok(5)), Some(tok(10)));
-    let r = send(&c, Method::DELETE, addr, "/orders/1", &[&format!(" {t10}\t")]).await;
-    assert_eq!(r.status, StatusCode::OK, "an equal token, with optional whitespace, is admitted");
+    assert_problem(
+        &r,
+        409,
+        "stale-token",
+        "/orders/1",
+        Some(tok(5)),
+        Some(tok(10)),
+    );
+    let r = send(
+        &c,
+        Method::DELETE,
+        addr,
+        "/orders/1",
+        &[&format!(" {t10}\t")],
+    )
+    .await;
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "an equal token, with optional whitespace, is admitted"
+    );
     let r = send(&c, Method::PUT, addr, "/orders/2", &[&t5]).await;
-    assert_eq!(r.status, StatusCode::OK, "marks are per resource (the path)");
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "marks are per resource (the path)"
+    );
     let r = send(&c, Method::GET, addr, "/orders/1", &[]).await;
-    assert_eq!((r.status, r.text()), (StatusCode::OK, "unverified".to_owned()), "reads are not checked");
+    assert_eq!(
+        (r.status, r.text()),
+        (StatusCode::OK, "unverified".to_owned()),
+        "reads are not checked"
+    );
     assert_eq!(calls.load(Ordering::SeqCst), 4);
 }
 
@@ -93,14 +143,23 @@ async fn fenced_writes_get_428_400_409_as_problem_json_and_never_reach_the_handl
 async fn the_store_being_down_is_a_503_when_fenced() {
     let (db, admin) = fresh_db().await;
     let conn = db.connect().await;
-    let pid: i32 = conn.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    let pid: i32 = conn
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
     let calls = Arc::new(AtomicUsize::new(0));
     let (observer, mut events) = ChannelObserver::bounded(8);
     let layer = FenceLayer::new(PostgresStore::new(Arc::new(conn)))
-        .with_enforcement_table(EnforcementTable::new(Enforcement::Fenced).with_prefix("/adv/", Enforcement::Advisory))
+        .with_enforcement_table(
+            EnforcementTable::new(Enforcement::Fenced).with_prefix("/adv/", Enforcement::Advisory),
+        )
         .with_observer(observer);
     let addr = serve(echo_app(Arc::clone(&calls)).layer(layer)).await;
-    admin.query_one("SELECT pg_terminate_backend($1)", &[&pid]).await.unwrap();
+    admin
+        .query_one("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     let c = client();
     let r = send(&c, Method::PUT, addr, "/x", &[&tok(3).to_string()]).await;
@@ -109,7 +168,10 @@ async fn the_store_being_down_is_a_503_when_fenced() {
     let r = send(&c, Method::PUT, addr, "/adv/x", &[&tok(3).to_string()]).await;
     assert_eq!(r.status, StatusCode::OK);
     let e = events.try_recv().unwrap();
-    assert_eq!((e.outcome, e.unprotected, e.token), (WriteOutcome::StoreUnavailable, true, Some(tok(3))));
+    assert_eq!(
+        (e.outcome, e.unprotected, e.token),
+        (WriteOutcome::StoreUnavailable, true, Some(tok(3)))
+    );
 }
 
 #[tokio::test]
@@ -117,16 +179,37 @@ async fn advisory_resources_let_everything_through_and_report_each_write() {
     let calls = Arc::new(AtomicUsize::new(0));
     let (observer, mut events) = ChannelObserver::bounded(64);
     let layer = FenceLayer::new(MemoryStore::new(1_000))
-        .with_enforcement_table(EnforcementTable::new(Enforcement::Fenced).with_prefix("/legacy/", Enforcement::Advisory))
+        .with_enforcement_table(
+            EnforcementTable::new(Enforcement::Fenced)
+                .with_prefix("/legacy/", Enforcement::Advisory),
+        )
         .with_observer(observer.clone());
     let addr = serve(echo_app(Arc::clone(&calls)).layer(layer)).await;
     let c = client();
-    type Case<'a> = (&'a [&'a str], u16, WriteOutcome, Option<FencingToken>, Option<FencingToken>);
+    type Case<'a> = (
+        &'a [&'a str],
+        u16,
+        WriteOutcome,
+        Option<FencingToken>,
+        Option<FencingToken>,
+    );
     let cases: [Case<'_>; 4] = [
         (&[], 200, WriteOutcome::MissingToken, None, None),
         (&["x1"], 200, WriteOutcome::MalformedToken, None, None),
-        (&["1000"], 200, WriteOutcome::Admitted, Some(FencingToken::from_u64(1000).unwrap()), None),
-        (&["999"], 200, WriteOutcome::Stale, Some(FencingToken::from_u64(999).unwrap()), Some(FencingToken::from_u64(1000).unwrap())),
+        (
+            &["1000"],
+            200,
+            WriteOutcome::Admitted,
+            Some(FencingToken::from_u64(1000).unwrap()),
+            None,
+        ),
+        (
+            &["999"],
+            200,
+            WriteOutcome::Stale,
+            Some(FencingToken::from_u64(999).unwrap()),
+            Some(FencingToken::from_u64(1000).unwrap()),
+        ),
     ];
     for (headers, status, outcome, token, highest) in cases {
         let r = send(&c, Method::PATCH, addr, "/legacy/report", headers).await;
@@ -153,7 +236,10 @@ async fn fenced_events_report_admitted_and_refused_writes_with_time_and_caller()
     let calls = Arc::new(AtomicUsize::new(0));
     let (observer, mut events) = ChannelObserver::bounded(64);
     let layer = FenceLayer::new(MemoryStore::new(1_000))
-        .with_enforcement_table(EnforcementTable::new(Enforcement::Fenced).with_prefix("/legacy/", Enforcement::Advisory))
+        .with_enforcement_table(
+            EnforcementTable::new(Enforcement::Fenced)
+                .with_prefix("/legacy/", Enforcement::Advisory),
+        )
         .with_observer(observer.clone())
         .with_fenced_events()
         .with_caller(|_, extensions| extensions.get::<Peer>().map(|p| p.0.to_owned()));
@@ -161,7 +247,8 @@ async fn fenced_events_report_admitted_and_refused_writes_with_time_and_caller()
         ServiceBuilder::new()
             .map_request(|mut req: http::Request<axum::body::Body>| {
                 if req.uri().path().ends_with("/1") {
-                    req.extensions_mut().insert(Peer("spiffe://example.org/writer"));
+                    req.extensions_mut()
+                        .insert(Peer("spiffe://example.org/writer"));
                 }
                 req
             })
@@ -171,27 +258,89 @@ async fn fenced_events_report_admitted_and_refused_writes_with_time_and_caller()
     let c = client();
     let before = std::time::SystemTime::now();
     // (path, token, status, outcome, enforcement, rejected, unprotected, caller)
-    type Case<'a> = (&'a str, &'a [&'a str], u16, WriteOutcome, Enforcement, bool, bool, Option<&'a str>);
+    type Case<'a> = (
+        &'a str,
+        &'a [&'a str],
+        u16,
+        WriteOutcome,
+        Enforcement,
+        bool,
+        bool,
+        Option<&'a str>,
+    );
     let cases: [Case<'_>; 5] = [
-        ("/orders/1", &["1000"], 200, WriteOutcome::Admitted, Enforcement::Fenced, false, false, Some("spiffe://example.org/writer")),
-        ("/orders/1", &["999"], 409, WriteOutcome::Stale, Enforcement::Fenced, true, false, Some("spiffe://example.org/writer")),
-        ("/orders/2", &[], 428, WriteOutcome::MissingToken, Enforcement::Fenced, true, false, None),
-        ("/legacy/1", &[], 200, WriteOutcome::MissingToken, Enforcement::Advisory, false, true, Some("spiffe://example.org/writer")),
-        ("/legacy/2", &["1000"], 200, WriteOutcome::Admitted, Enforcement::Advisory, false, false, None),
+        (
+            "/orders/1",
+            &["1000"],
+            200,
+            WriteOutcome::Admitted,
+            Enforcement::Fenced,
+            false,
+            false,
+            Some("spiffe://example.org/writer"),
+        ),
+        (
+            "/orders/1",
+            &["999"],
+            409,
+            WriteOutcome::Stale,
+            Enforcement::Fenced,
+            true,
+            false,
+            Some("spiffe://example.org/writer"),
+        ),
+        (
+            "/orders/2",
+            &[],
+            428,
+            WriteOutcome::MissingToken,
+            Enforcement::Fenced,
+            true,
+            false,
+            None,
+        ),
+        (
+            "/legacy/1",
+            &[],
+            200,
+            WriteOutcome::MissingToken,
+            Enforcement::Advisory,
+            false,
+            true,
+            Some("spiffe://example.org/writer"),
+        ),
+        (
+            "/legacy/2",
+            &["1000"],
+            200,
+            WriteOutcome::Admitted,
+            Enforcement::Advisory,
+            false,
+            false,
+            None,
+        ),
     ];
     for (path, tokens, status, outcome, enforcement, rejected, unprotected, caller) in cases {
         let r = send(&c, Method::PUT, addr, path, tokens).await;
         assert_eq!(r.status.as_u16(), status, "{path} {tokens:?}");
         let e = events.try_recv().expect("one event per checked write");
         assert_eq!(e.resource, path);
-        assert_eq!((e.outcome, e.enforcement, e.rejected, e.unprotected), (outcome, enforcement, rejected, unprotected), "{path} {tokens:?}");
+        assert_eq!(
+            (e.outcome, e.enforcement, e.rejected, e.unprotected),
+            (outcome, enforcement, rejected, unprotected),
+            "{path} {tokens:?}"
+        );
         assert_eq!(e.caller.as_deref(), caller);
         assert!(e.at >= before && e.at <= std::time::SystemTime::now());
     }
     // Reads are not checked, so not reported.
     send(&c, Method::GET, addr, "/orders/1", &[]).await;
     assert!(events.try_recv().is_err());
-    assert_eq!(calls.load(Ordering::SeqCst), 4, "three writes and the read reached the handler");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        4,
+        "three writes and the read reached the handler"
+    );
 }
 
 #[tokio::test]
@@ -203,7 +352,10 @@ async fn the_observer_queue_is_bounded_and_counts_drops() {
     let addr = serve(echo_app(Arc::new(AtomicUsize::new(0))).layer(layer)).await;
     let c = client();
     for _ in 0..5 {
-        assert_eq!(send(&c, Method::PUT, addr, "/r", &[]).await.status, StatusCode::OK);
+        assert_eq!(
+            send(&c, Method::PUT, addr, "/r", &[]).await.status,
+            StatusCode::OK
+        );
     }
     assert_eq!(observer.dropped(), 3, "5 writes, room for 2");
     assert!(events.try_recv().is_ok() && events.try_recv().is_ok() && events.try_recv().is_err());
@@ -228,9 +380,16 @@ async fn configuration_methods_resource_keys_route_layer_and_service_builder() {
         .route_layer(ServiceBuilder::new().layer(layer));
     let addr = serve(app).await;
     let c = client();
-    assert_eq!(send(&c, Method::GET, addr, "/health", &[]).await.status, StatusCode::OK);
+    assert_eq!(
+        send(&c, Method::GET, addr, "/health", &[]).await.status,
+        StatusCode::OK
+    );
     let r = send(&c, Method::GET, addr, "/a", &[]).await;
-    assert_eq!(r.status, StatusCode::OK, "no tenant header: no resource, unchecked");
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "no tenant header: no resource, unchecked"
+    );
     let req = |token: &str, tenant: &str, method: Method| {
         let c = c.clone();
         let (token, tenant) = (token.to_owned(), tenant.to_owned());
@@ -244,38 +403,79 @@ async fn configuration_methods_resource_keys_route_layer_and_service_builder() {
                 .unwrap();
             let res = c.request(req).await.unwrap();
             let status = res.status();
-            let body = http_body_util::BodyExt::collect(res.into_body()).await.unwrap().to_bytes();
+            let body = http_body_util::BodyExt::collect(res.into_body())
+                .await
+                .unwrap()
+                .to_bytes();
             (status, String::from_utf8(body.to_vec()).unwrap())
         }
     };
-    assert_eq!(req("7", "t1", Method::GET).await, (StatusCode::OK, "7 t1:/a".to_owned()));
-    assert_eq!(req("6", "t1", Method::GET).await.0, StatusCode::CONFLICT, "GET is checked now");
-    assert_eq!(req("6", "t2", Method::PUT).await.0, StatusCode::OK, "another tenant, another mark");
-    assert_eq!(req("1", "t1", Method::POST).await.0, StatusCode::OK, "POST is no longer checked");
+    assert_eq!(
+        req("7", "t1", Method::GET).await,
+        (StatusCode::OK, "7 t1:/a".to_owned())
+    );
+    assert_eq!(
+        req("6", "t1", Method::GET).await.0,
+        StatusCode::CONFLICT,
+        "GET is checked now"
+    );
+    assert_eq!(
+        req("6", "t2", Method::PUT).await.0,
+        StatusCode::OK,
+        "another tenant, another mark"
+    );
+    assert_eq!(
+        req("1", "t1", Method::POST).await.0,
+        StatusCode::OK,
+        "POST is no longer checked"
+    );
     assert_eq!(req("", "t1", Method::PUT).await.0, StatusCode::BAD_REQUEST);
     // route_layer: the layer runs only for matched routes, so an unknown one is a 404.
     let nope = http::Request::put(format!("http://{addr}/nope"))
         .header("x-tenant", "t1")
         .body(http_body_util::Full::new(bytes::Bytes::new()))
         .unwrap();
-    assert_eq!(c.request(nope).await.unwrap().status(), StatusCode::NOT_FOUND);
+    assert_eq!(
+        c.request(nope).await.unwrap().status(),
+        StatusCode::NOT_FOUND
+    );
     assert_eq!(calls.load(Ordering::SeqCst), 4);
 }
 
 #[tokio::test]
 async fn a_custom_rejection_response_replaces_the_problem_document() {
     let layer = FenceLayer::new(MemoryStore::new(10)).with_rejection_response(|r: &Rejection| {
-        let body = format!("{{\"error\":\"{:?}\",\"mark\":{:?}}}", r.kind, r.highest.map(|h| h.get()));
+        let body = format!(
+            "{{\"error\":\"{:?}\",\"mark\":{:?}}}",
+            r.kind,
+            r.highest.map(|h| h.get())
+        );
         let mut res = http::Response::new(bytes::Bytes::from(body));
-        *res.status_mut() = if r.kind == RejectionKind::StaleToken { StatusCode::GONE } else { r.kind.status() };
+        *res.status_mut() = if r.kind == RejectionKind::StaleToken {
+            StatusCode::GONE
+        } else {
+            r.kind.status()
+        };
         res
     });
     let addr = serve(echo_app(Arc::new(AtomicUsize::new(0))).layer(layer)).await;
     let c = client();
-    assert_eq!(send(&c, Method::PUT, addr, "/r", &["9"]).await.status, StatusCode::OK);
+    assert_eq!(
+        send(&c, Method::PUT, addr, "/r", &["9"]).await.status,
+        StatusCode::OK
+    );
     let r = send(&c, Method::PUT, addr, "/r", &["8"]).await;
-    assert_eq!((r.status, r.text()), (StatusCode::GONE, r#"{"error":"StaleToken","mark":Some(9)}"#.to_owned()));
-    assert_eq!(send(&c, Method::PUT, addr, "/r", &[]).await.status, StatusCode::PRECONDITION_REQUIRED);
+    assert_eq!(
+        (r.status, r.text()),
+        (
+            StatusCode::GONE,
+            r#"{"error":"StaleToken","mark":Some(9)}"#.to_owned()
+        )
+    );
+    assert_eq!(
+        send(&c, Method::PUT, addr, "/r", &[]).await.status,
+        StatusCode::PRECONDITION_REQUIRED
+    );
 }
 
 #[tokio::test]
@@ -284,14 +484,34 @@ async fn the_rejection_rides_in_the_response_extensions() {
     let inner = tower::service_fn(|_req: http::Request<String>| async {
         Ok::<_, std::convert::Infallible>(http::Response::new(axum::body::Body::from("inner")))
     });
-    let mut svc = ServiceBuilder::new().layer(FenceLayer::new(MemoryStore::new(10))).service(inner);
-    let req = http::Request::put("/r").header("fencing-token", "9").body(String::new()).unwrap();
-    assert_eq!(svc.ready().await.unwrap().call(req).await.unwrap().status(), StatusCode::OK);
-    let req = http::Request::put("/r").header("fencing-token", "8").body(String::new()).unwrap();
+    let mut svc = ServiceBuilder::new()
+        .layer(FenceLayer::new(MemoryStore::new(10)))
+        .service(inner);
+    let req = http::Request::put("/r")
+        .header("fencing-token", "9")
+        .body(String::new())
+        .unwrap();
+    assert_eq!(
+        svc.ready().await.unwrap().call(req).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let req = http::Request::put("/r")
+        .header("fencing-token", "8")
+        .body(String::new())
+        .unwrap();
     let res = svc.ready().await.unwrap().call(req).await.unwrap();
-    let rejection = res.extensions().get::<Rejection>().expect("rejection in extensions");
+    let rejection = res
+        .extensions()
+        .get::<Rejection>()
+        .expect("rejection in extensions");
     assert_eq!(rejection.kind, RejectionKind::StaleToken);
-    assert_eq!((rejection.token, rejection.highest), (FencingToken::from_u64(8).ok(), FencingToken::from_u64(9).ok()));
+    assert_eq!(
+        (rejection.token, rejection.highest),
+        (
+            FencingToken::from_u64(8).ok(),
+            FencingToken::from_u64(9).ok()
+        )
+    );
     assert_eq!(rejection.resource, "/r");
 }
 
@@ -305,7 +525,11 @@ async fn the_client_layer_stamps_the_token_from_its_source() {
             put(move |headers: AxumHeaders| {
                 let log = Arc::clone(&log);
                 async move {
-                    log.lock().unwrap().push(headers.get("fencing-token").map(|v| v.to_str().unwrap().to_owned()));
+                    log.lock().unwrap().push(
+                        headers
+                            .get("fencing-token")
+                            .map(|v| v.to_str().unwrap().to_owned()),
+                    );
                     "ok"
                 }
             }),
@@ -316,7 +540,11 @@ async fn the_client_layer_stamps_the_token_from_its_source() {
     let hold = Arc::new(AtomicU64::new(tok(42).get()));
     let source = Arc::clone(&hold);
     let stamped = ServiceBuilder::new()
-        .layer(FencingTokenLayer::new(move || FencingToken::from_u64(source.load(Ordering::SeqCst)).ok().filter(|t| t.get() != 0)))
+        .layer(FencingTokenLayer::new(move || {
+            FencingToken::from_u64(source.load(Ordering::SeqCst))
+                .ok()
+                .filter(|t| t.get() != 0)
+        }))
         .service(client());
     let call = |caller_header: Option<&'static str>| {
         let mut s = stamped.clone();
@@ -326,16 +554,30 @@ async fn the_client_layer_stamps_the_token_from_its_source() {
             if let Some(h) = caller_header {
                 req = req.header("fencing-token", HeaderValue::from_static(h));
             }
-            let req = req.body(http_body_util::Full::new(bytes::Bytes::new())).unwrap();
+            let req = req
+                .body(http_body_util::Full::new(bytes::Bytes::new()))
+                .unwrap();
             s.ready().await.unwrap().call(req).await.unwrap().status()
         }
     };
     assert_eq!(call(None).await, StatusCode::OK);
-    assert_eq!(call(Some("999999999999999")).await, StatusCode::OK, "a caller's header is replaced");
+    assert_eq!(
+        call(Some("999999999999999")).await,
+        StatusCode::OK,
+        "a caller's header is replaced"
+    );
     hold.store(tok(41).get(), Ordering::SeqCst);
-    assert_eq!(call(None).await, StatusCode::CONFLICT, "an older hold is refused by the server");
+    assert_eq!(
+        call(None).await,
+        StatusCode::CONFLICT,
+        "an older hold is refused by the server"
+    );
     hold.store(0, Ordering::SeqCst);
-    assert_eq!(call(Some("5")).await, StatusCode::PRECONDITION_REQUIRED, "a lost hold sends no token");
+    assert_eq!(
+        call(Some("5")).await,
+        StatusCode::PRECONDITION_REQUIRED,
+        "a lost hold sends no token"
+    );
     let t = tok(42).to_string();
     assert_eq!(*seen.lock().unwrap(), vec![Some(t.clone()), Some(t)]);
 }
@@ -352,13 +594,16 @@ async fn a_percent_encoded_path_shares_the_mark_of_its_decoded_form() {
     let app = Router::new()
         .route(
             "/orders/{id}",
-            put(move |axum::extract::Path(id): axum::extract::Path<String>, Extension(v): Extension<VerifiedToken>| {
-                let (calls, seen) = (Arc::clone(&counted), Arc::clone(&seen_in_handler));
-                async move {
-                    calls.fetch_add(1, Ordering::SeqCst);
-                    seen.lock().unwrap().push((id, v.resource));
-                }
-            }),
+            put(
+                move |axum::extract::Path(id): axum::extract::Path<String>,
+                      Extension(v): Extension<VerifiedToken>| {
+                    let (calls, seen) = (Arc::clone(&counted), Arc::clone(&seen_in_handler));
+                    async move {
+                        calls.fetch_add(1, Ordering::SeqCst);
+                        seen.lock().unwrap().push((id, v.resource));
+                    }
+                },
+            ),
         )
         .route_layer(FenceLayer::new(MemoryStore::new(1_000)));
     let addr = serve(app).await;
@@ -369,7 +614,14 @@ async fn a_percent_encoded_path_shares_the_mark_of_its_decoded_form() {
     for alias in ["/orders/%31", "/orders/%31%"] {
         let r = send(&c, Method::PUT, addr, alias, &[&tok(5).to_string()]).await;
         if alias == "/orders/%31" {
-            assert_problem(&r, 409, "stale-token", "/orders/1", Some(tok(5)), Some(tok(100)));
+            assert_problem(
+                &r,
+                409,
+                "stale-token",
+                "/orders/1",
+                Some(tok(5)),
+                Some(tok(100)),
+            );
         } else {
             // A lone `%` decodes to itself: another resource, and a fresh mark.
             assert_eq!(r.status, StatusCode::OK, "{alias}");
@@ -377,9 +629,16 @@ async fn a_percent_encoded_path_shares_the_mark_of_its_decoded_form() {
     }
     assert_eq!(
         *seen.lock().unwrap(),
-        vec![("1".to_owned(), "/orders/1".to_owned()), ("1%".to_owned(), "/orders/1%".to_owned())]
+        vec![
+            ("1".to_owned(), "/orders/1".to_owned()),
+            ("1%".to_owned(), "/orders/1%".to_owned())
+        ]
     );
-    assert_eq!(calls.load(Ordering::SeqCst), 2, "the stale alias never reached the handler");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "the stale alias never reached the handler"
+    );
 }
 
 /// `poll_ready` is the inner service's: a layer that answered ready on its own would let
@@ -413,7 +672,10 @@ async fn readiness_and_its_errors_are_the_inner_services() {
     let state = Arc::new(AtomicU64::new(0));
     let mut svc = FenceLayer::new(MemoryStore::new(10)).layer(Gate(Arc::clone(&state)));
     let not_ready = tokio::time::timeout(std::time::Duration::from_millis(50), svc.ready()).await;
-    assert!(not_ready.is_err(), "the fence reported ready while the inner service was not");
+    assert!(
+        not_ready.is_err(),
+        "the fence reported ready while the inner service was not"
+    );
     state.store(1, Ordering::SeqCst);
     svc.ready().await.expect("ready once the inner service is");
     state.store(2, Ordering::SeqCst);

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use palisade_fence::{
-    begin_fenced, fenced_execute, fenced_transaction, migrate, FenceError, FenceErrorKind, FencingToken, PreparedFence,
-    MIGRATION,
+    begin_fenced, fenced_execute, fenced_transaction, migrate, FenceError, FenceErrorKind,
+    FencingToken, PreparedFence, MIGRATION,
 };
 use palisade_testkit::TestDb;
 use tokio_postgres::error::SqlState;
@@ -17,11 +17,20 @@ use crate::postgres_helper::{check_log, fresh_db, mark, until_waiting, LOG_TABLE
 
 /// The transaction that last wrote the mark row (its `xmin`).
 async fn mark_writer(client: &tokio_postgres::Client, resource: &str) -> String {
-    client.query_one("SELECT xmin::text FROM fence_high_water WHERE resource = $1", &[&resource]).await.unwrap().get(0)
+    client
+        .query_one(
+            "SELECT xmin::text FROM fence_high_water WHERE resource = $1",
+            &[&resource],
+        )
+        .await
+        .unwrap()
+        .get(0)
 }
 
 async fn log(tx: &tokio_postgres::Transaction<'_>, token: FencingToken) {
-    tx.execute("INSERT INTO write_log (token) VALUES ($1)", &[&token]).await.unwrap();
+    tx.execute("INSERT INTO write_log (token) VALUES ($1)", &[&token])
+        .await
+        .unwrap();
 }
 
 /// A token equal to the mark is admitted by every form without a new version of the row
@@ -29,10 +38,17 @@ async fn log(tx: &tokio_postgres::Transaction<'_>, token: FencingToken) {
 #[tokio::test]
 async fn an_equal_token_is_admitted_without_rewriting_the_mark_row() {
     let (_db, mut client) = fresh_db().await;
-    client.batch_execute("CREATE TABLE t (x bigint)").await.unwrap();
+    client
+        .batch_execute("CREATE TABLE t (x bigint)")
+        .await
+        .unwrap();
     let insert = client.prepare("INSERT INTO t VALUES ($1)").await.unwrap();
     let fence = PreparedFence::prepare(&client).await.unwrap();
-    fenced_transaction(&mut client, "r", tok(10), |_| Box::pin(async { Ok::<_, FenceError>(()) })).await.unwrap();
+    fenced_transaction(&mut client, "r", tok(10), |_| {
+        Box::pin(async { Ok::<_, FenceError>(()) })
+    })
+    .await
+    .unwrap();
     let raised_by = mark_writer(&client, "r").await;
     for i in 0..3_i64 {
         fenced_transaction(&mut client, "r", tok(10), move |tx| {
@@ -43,21 +59,62 @@ async fn an_equal_token_is_admitted_without_rewriting_the_mark_row() {
         })
         .await
         .unwrap();
-        assert_eq!(fenced_execute(&client, "r", tok(10), &[(&insert, &[&i])]).await.unwrap(), vec![1]);
-        assert_eq!(fence.execute(&client, "r", tok(10), &[(&insert, &[&i])]).await.unwrap(), vec![1]);
+        assert_eq!(
+            fenced_execute(&client, "r", tok(10), &[(&insert, &[&i])])
+                .await
+                .unwrap(),
+            vec![1]
+        );
+        assert_eq!(
+            fence
+                .execute(&client, "r", tok(10), &[(&insert, &[&i])])
+                .await
+                .unwrap(),
+            vec![1]
+        );
     }
-    assert_eq!(mark_writer(&client, "r").await, raised_by, "an equal token rewrote the mark row");
-    let n: i64 = client.query_one("SELECT count(*) FROM t", &[]).await.unwrap().get(0);
+    assert_eq!(
+        mark_writer(&client, "r").await,
+        raised_by,
+        "an equal token rewrote the mark row"
+    );
+    let n: i64 = client
+        .query_one("SELECT count(*) FROM t", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(n, 9, "every equal-token write committed");
     // Below is refused by every form, naming the mark; nothing is written.
-    let stale = fenced_execute(&client, "r", tok(9), &[(&insert, &[&99_i64])]).await.unwrap_err();
-    assert_eq!((stale.kind(), stale.highest()), (FenceErrorKind::Stale, Some(tok(10))));
-    let stale = begin_fenced(&mut client, "r", tok(9)).await.map(|_| ()).unwrap_err();
-    assert_eq!((stale.kind(), stale.highest()), (FenceErrorKind::Stale, Some(tok(10))));
-    fence.execute(&client, "r", tok(11), &[(&insert, &[&11_i64])]).await.unwrap();
-    assert_ne!(mark_writer(&client, "r").await, raised_by, "a newer token must write the mark");
+    let stale = fenced_execute(&client, "r", tok(9), &[(&insert, &[&99_i64])])
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (stale.kind(), stale.highest()),
+        (FenceErrorKind::Stale, Some(tok(10)))
+    );
+    let stale = begin_fenced(&mut client, "r", tok(9))
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(
+        (stale.kind(), stale.highest()),
+        (FenceErrorKind::Stale, Some(tok(10)))
+    );
+    fence
+        .execute(&client, "r", tok(11), &[(&insert, &[&11_i64])])
+        .await
+        .unwrap();
+    assert_ne!(
+        mark_writer(&client, "r").await,
+        raised_by,
+        "a newer token must write the mark"
+    );
     assert_eq!(mark(&client, "r").await, Some(tok(11)));
-    let n: i64 = client.query_one("SELECT count(*) FROM t WHERE x = 99", &[]).await.unwrap().get(0);
+    let n: i64 = client
+        .query_one("SELECT count(*) FROM t WHERE x = 99", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(n, 0);
 }
 
@@ -69,8 +126,17 @@ async fn an_equal_token_is_admitted_without_rewriting_the_mark_row() {
 async fn a_raise_waits_for_every_writer_in_flight_with_the_old_token() {
     let (db, admin) = fresh_db().await;
     admin.batch_execute(LOG_TABLE).await.unwrap();
-    let (mut a, mut b, mut c, mut d) = (db.connect().await, db.connect().await, db.connect().await, db.connect().await);
-    fenced_transaction(&mut a, "r", tok(10), |_| Box::pin(async { Ok::<_, FenceError>(()) })).await.unwrap();
+    let (mut a, mut b, mut c, mut d) = (
+        db.connect().await,
+        db.connect().await,
+        db.connect().await,
+        db.connect().await,
+    );
+    fenced_transaction(&mut a, "r", tok(10), |_| {
+        Box::pin(async { Ok::<_, FenceError>(()) })
+    })
+    .await
+    .unwrap();
 
     // Both admitted at once: neither has committed when the other is admitted.
     let ta = begin_fenced(&mut a, "r", tok(10)).await.unwrap();
@@ -86,7 +152,10 @@ async fn a_raise_waits_for_every_writer_in_flight_with_the_old_token() {
     until_waiting(&admin, 1).await;
     ta.commit().await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!raiser.is_finished(), "the raise went ahead while an equal-token writer was in flight");
+    assert!(
+        !raiser.is_finished(),
+        "the raise went ahead while an equal-token writer was in flight"
+    );
     assert_eq!(mark(&admin, "r").await, Some(tok(10)));
 
     // The raise now waits for b only; an old-token writer queues behind the raise.
@@ -109,15 +178,23 @@ async fn writers_sharing_tokens_commit_in_token_order() {
     let (db, client) = fresh_db().await;
     client.batch_execute(LOG_TABLE).await.unwrap();
     for round in 0..4u64 {
-        client.batch_execute("TRUNCATE write_log; DELETE FROM fence_high_water").await.unwrap();
-        let mut tokens: Vec<FencingToken> = (0..32).map(|i| tok(3_000 + 11 * (i / 4) + round)).collect();
+        client
+            .batch_execute("TRUNCATE write_log; DELETE FROM fence_high_water")
+            .await
+            .unwrap();
+        let mut tokens: Vec<FencingToken> =
+            (0..32).map(|i| tok(3_000 + 11 * (i / 4) + round)).collect();
         shuffle(&mut tokens, 0x5a5e + round);
         let barrier = Arc::new(tokio::sync::Barrier::new(tokens.len()));
         let mut tasks = Vec::new();
         for (i, &token) in tokens.iter().enumerate() {
             let mut c = db.connect().await;
             let barrier = Arc::clone(&barrier);
-            let delay = if round >= 2 { stagger(&tokens, token, 3, round) } else { Duration::ZERO };
+            let delay = if round >= 2 {
+                stagger(&tokens, token, 3, round)
+            } else {
+                Duration::ZERO
+            };
             tasks.push(tokio::spawn(async move {
                 barrier.wait().await;
                 tokio::time::sleep(delay).await;
@@ -126,16 +203,27 @@ async fn writers_sharing_tokens_commit_in_token_order() {
                     fenced_transaction(&mut c, "account/1", token, |tx| {
                         Box::pin(async move {
                             tx.execute("SELECT pg_sleep($1)", &[&pause(token)]).await?;
-                            tx.execute("INSERT INTO write_log (token) VALUES ($1)", &[&token]).await?;
+                            tx.execute("INSERT INTO write_log (token) VALUES ($1)", &[&token])
+                                .await?;
                             Ok::<_, FenceError>(())
                         })
                     })
                     .await
                 } else {
                     let sleep = c.prepare("SELECT pg_sleep($1)").await.unwrap();
-                    let log = c.prepare("INSERT INTO write_log (token) VALUES ($1)").await.unwrap();
+                    let log = c
+                        .prepare("INSERT INTO write_log (token) VALUES ($1)")
+                        .await
+                        .unwrap();
                     let p = pause(token);
-                    fenced_execute(&c, "account/1", token, &[(&sleep, &[&p]), (&log, &[&token])]).await.map(|_| ())
+                    fenced_execute(
+                        &c,
+                        "account/1",
+                        token,
+                        &[(&sleep, &[&p]), (&log, &[&token])],
+                    )
+                    .await
+                    .map(|_| ())
                 };
                 (token, r)
             }));
@@ -147,13 +235,23 @@ async fn writers_sharing_tokens_commit_in_token_order() {
                 Ok(()) => admitted.push(token),
                 Err(e) => {
                     assert!(e.is_stale(), "{e:?}");
-                    assert!(e.highest().unwrap() > token, "refused {token} naming {:?}", e.highest());
+                    assert!(
+                        e.highest().unwrap() > token,
+                        "refused {token} naming {:?}",
+                        e.highest()
+                    );
                 }
             }
         }
         let max = *tokens.iter().max().unwrap();
-        let shared = admitted.iter().filter(|t| admitted.iter().filter(|u| u == t).count() > 1).count();
-        eprintln!("round {round}: admitted {}, {shared} of them with a token admitted more than once", admitted.len());
+        let shared = admitted
+            .iter()
+            .filter(|t| admitted.iter().filter(|u| u == t).count() > 1)
+            .count();
+        eprintln!(
+            "round {round}: admitted {}, {shared} of them with a token admitted more than once",
+            admitted.len()
+        );
         check_log(&client, &admitted).await;
         assert_eq!(
             admitted.iter().filter(|t| **t == max).count(),
@@ -172,8 +270,14 @@ async fn an_equal_token_behind_a_raise_at_repeatable_read_is_a_serialization_fai
     let (db, mut a) = fresh_db().await;
     let mut b = db.connect().await;
     let admin = db.connect().await;
-    fenced_transaction(&mut a, "r", tok(5), |_| Box::pin(async { Ok::<_, FenceError>(()) })).await.unwrap();
-    b.batch_execute("SET default_transaction_isolation = 'repeatable read'").await.unwrap();
+    fenced_transaction(&mut a, "r", tok(5), |_| {
+        Box::pin(async { Ok::<_, FenceError>(()) })
+    })
+    .await
+    .unwrap();
+    b.batch_execute("SET default_transaction_isolation = 'repeatable read'")
+        .await
+        .unwrap();
     let raise = begin_fenced(&mut a, "r", tok(6)).await.unwrap();
     let waiter = tokio::spawn(async move { begin_fenced(&mut b, "r", tok(5)).await.map(|_| ()) });
     until_waiting(&admin, 1).await;
@@ -191,22 +295,54 @@ async fn an_equal_token_behind_a_raise_at_repeatable_read_is_a_serialization_fai
 async fn migrate_brings_a_database_of_the_first_migration_up_to_date() {
     let db = TestDb::create().await;
     let mut client = db.connect().await;
-    client.batch_execute(include_str!("../../migrations/0001_fence_high_water.sql")).await.unwrap();
-    client.execute("INSERT INTO fence_high_water (resource, token) VALUES ('r', $1)", &[&tok(10)]).await.unwrap();
-    let err = begin_fenced(&mut client, "r", tok(10)).await.map(|_| ()).unwrap_err();
+    client
+        .batch_execute(include_str!("../../migrations/0001_fence_high_water.sql"))
+        .await
+        .unwrap();
+    client
+        .execute(
+            "INSERT INTO fence_high_water (resource, token) VALUES ('r', $1)",
+            &[&tok(10)],
+        )
+        .await
+        .unwrap();
+    let err = begin_fenced(&mut client, "r", tok(10))
+        .await
+        .map(|_| ())
+        .unwrap_err();
     assert_eq!(err.code(), Some(&SqlState::UNDEFINED_FUNCTION), "{err:?}");
 
     assert!(MIGRATION.contains("CREATE TABLE IF NOT EXISTS fence_high_water"));
     assert!(MIGRATION.contains("FUNCTION fence_raise_or_abort"));
     migrate(&mut client).await.unwrap();
     migrate(&mut client).await.unwrap();
-    assert_eq!(mark(&client, "r").await, Some(tok(10)), "migrate kept the marks");
+    assert_eq!(
+        mark(&client, "r").await,
+        Some(tok(10)),
+        "migrate kept the marks"
+    );
     let writer = mark_writer(&client, "r").await;
-    begin_fenced(&mut client, "r", tok(10)).await.unwrap().commit().await.unwrap();
+    begin_fenced(&mut client, "r", tok(10))
+        .await
+        .unwrap()
+        .commit()
+        .await
+        .unwrap();
     assert_eq!(mark_writer(&client, "r").await, writer);
-    let stale = begin_fenced(&mut client, "r", tok(9)).await.map(|_| ()).unwrap_err();
-    assert_eq!((stale.kind(), stale.highest()), (FenceErrorKind::Stale, Some(tok(10))));
-    begin_fenced(&mut client, "r", tok(12)).await.unwrap().commit().await.unwrap();
+    let stale = begin_fenced(&mut client, "r", tok(9))
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(
+        (stale.kind(), stale.highest()),
+        (FenceErrorKind::Stale, Some(tok(10)))
+    );
+    begin_fenced(&mut client, "r", tok(12))
+        .await
+        .unwrap()
+        .commit()
+        .await
+        .unwrap();
     assert_eq!(mark(&client, "r").await, Some(tok(12)));
 }
 
@@ -216,7 +352,10 @@ async fn a_second_role_sharing_the_schema_migrates_and_raises_without_owning_the
     // `migrate` at start. CREATE OR REPLACE FUNCTION would need the second to own them.
     let (db, admin) = fresh_db().await;
     let role = format!("palisade_fence_second_{}", std::process::id());
-    admin.batch_execute(&format!("DROP ROLE IF EXISTS {role}")).await.unwrap();
+    admin
+        .batch_execute(&format!("DROP ROLE IF EXISTS {role}"))
+        .await
+        .unwrap();
     admin
         .batch_execute(&format!(
             "CREATE ROLE {role} LOGIN; GRANT CREATE, USAGE ON SCHEMA public TO {role}; \
@@ -237,7 +376,10 @@ async fn a_second_role_sharing_the_schema_migrates_and_raises_without_owning_the
     .await;
     drop(second);
     let _ = driver.await;
-    admin.batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}")).await.unwrap();
+    admin
+        .batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}"))
+        .await
+        .unwrap();
     outcome.unwrap();
     assert_eq!(mark(&admin, "shared/1").await, Some(tok(3)));
 }
@@ -245,23 +387,32 @@ async fn a_second_role_sharing_the_schema_migrates_and_raises_without_owning_the
 #[tokio::test]
 async fn raise_or_abort_with_a_null_argument_aborts_what_follows() {
     let (_db, client) = fresh_db().await;
-    client.batch_execute("CREATE TABLE after_null (n int)").await.unwrap();
+    client
+        .batch_execute("CREATE TABLE after_null (n int)")
+        .await
+        .unwrap();
     let err = client
         .batch_execute("BEGIN; SELECT fence_raise_or_abort('r', NULL); INSERT INTO after_null VALUES (1); COMMIT")
         .await
         .unwrap_err();
     assert_eq!(err.code(), Some(&SqlState::NULL_VALUE_NOT_ALLOWED), "{err}");
     client.batch_execute("ROLLBACK").await.unwrap();
-    let n: i64 = client.query_one("SELECT count(*) FROM after_null", &[]).await.unwrap().get(0);
+    let n: i64 = client
+        .query_one("SELECT count(*) FROM after_null", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(n, 0, "nothing after the NULL raise committed");
 }
 
 #[tokio::test]
 async fn a_temporary_table_named_like_the_mark_table_does_not_stand_in_for_it() {
     let (_db, mut client) = fresh_db().await;
-    fenced_transaction(&mut client, "t/1", tok(25), |_tx| Box::pin(async { Ok::<_, FenceError>(()) }))
-        .await
-        .unwrap();
+    fenced_transaction(&mut client, "t/1", tok(25), |_tx| {
+        Box::pin(async { Ok::<_, FenceError>(()) })
+    })
+    .await
+    .unwrap();
     client
         .batch_execute(
             "CREATE TEMP TABLE fence_high_water (resource text PRIMARY KEY, token bigint NOT NULL, \
@@ -269,9 +420,11 @@ async fn a_temporary_table_named_like_the_mark_table_does_not_stand_in_for_it() 
         )
         .await
         .unwrap();
-    let err = fenced_transaction(&mut client, "t/1", tok(1), |_tx| Box::pin(async { Ok::<_, FenceError>(()) }))
-        .await
-        .unwrap_err();
+    let err = fenced_transaction(&mut client, "t/1", tok(1), |_tx| {
+        Box::pin(async { Ok::<_, FenceError>(()) })
+    })
+    .await
+    .unwrap_err();
     assert!(err.is_stale(), "{err:?}");
     assert_eq!(err.highest(), Some(tok(25)));
 }

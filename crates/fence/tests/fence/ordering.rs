@@ -8,7 +8,9 @@ use axum::http::StatusCode;
 use axum::routing::put;
 use axum::{Extension, Router};
 use http::Method;
-use palisade_fence::{fenced_transaction, FenceError, FenceLayer, FencingToken, PostgresStore, VerifiedToken};
+use palisade_fence::{
+    fenced_transaction, FenceError, FenceLayer, FencingToken, PostgresStore, VerifiedToken,
+};
 use palisade_testkit::TestDb;
 use tokio::sync::{Barrier, Notify, Semaphore};
 
@@ -27,7 +29,9 @@ struct AppState {
 }
 
 async fn connect(conn: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(conn, tokio_postgres::NoTls).await.unwrap();
+    let (client, connection) = tokio_postgres::connect(conn, tokio_postgres::NoTls)
+        .await
+        .unwrap();
     tokio::spawn(connection);
     client
 }
@@ -65,7 +69,8 @@ async fn fenced_write(
         Box::pin(async move {
             // Sleep between the check and the write, 0-6 ms by token: the window a non-atomic check would lose.
             tx.execute("SELECT pg_sleep($1)", &[&pause(token)]).await?;
-            tx.execute("INSERT INTO write_log (token) VALUES ($1)", &[&token]).await?;
+            tx.execute("INSERT INTO write_log (token) VALUES ($1)", &[&token])
+                .await?;
             Ok::<_, FenceError>(())
         })
     })
@@ -86,7 +91,12 @@ async fn plain_write(
 ) -> StatusCode {
     state.maybe_hold(v.token).await;
     let c = state.client().await;
-    c.execute("INSERT INTO plain_log (id, token) VALUES ($1, $2)", &[&id, &v.token]).await.unwrap();
+    c.execute(
+        "INSERT INTO plain_log (id, token) VALUES ($1, $2)",
+        &[&id, &v.token],
+    )
+    .await
+    .unwrap();
     state.give_back(c);
     StatusCode::OK
 }
@@ -135,11 +145,25 @@ async fn two_instances_round(staggered: bool, seed: u64) {
     for (i, &token) in tokens.iter().enumerate() {
         let (c, barrier) = (c.clone(), Arc::clone(&barrier));
         let addr = if i % 2 == 0 { a } else { b };
-        let delay = if staggered { stagger(&tokens, token, 10, seed) } else { std::time::Duration::ZERO };
+        let delay = if staggered {
+            stagger(&tokens, token, 10, seed)
+        } else {
+            std::time::Duration::ZERO
+        };
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
             tokio::time::sleep(delay).await;
-            (token, send(&c, Method::PUT, addr, "/fenced/account-1", &[&token.to_string()]).await)
+            (
+                token,
+                send(
+                    &c,
+                    Method::PUT,
+                    addr,
+                    "/fenced/account-1",
+                    &[&token.to_string()],
+                )
+                .await,
+            )
         }));
     }
     let mut admitted = Vec::new();
@@ -151,7 +175,11 @@ async fn two_instances_round(staggered: bool, seed: u64) {
             other => panic!("unexpected {other} for {token}"),
         }
     }
-    eprintln!("staggered {staggered}: admitted {} of {}", admitted.len(), tokens.len());
+    eprintln!(
+        "staggered {staggered}: admitted {} of {}",
+        admitted.len(),
+        tokens.len()
+    );
     check_log(&admin, &admitted).await;
     let max = *tokens.iter().max().unwrap();
     assert!(admitted.contains(&max));
@@ -165,13 +193,18 @@ async fn two_instances_round(staggered: bool, seed: u64) {
 async fn the_layer_orders_admissions_only_and_the_helper_orders_writes() {
     let (db, admin) = fresh_db().await;
     admin.batch_execute(LOG_TABLE).await.unwrap();
-    admin.batch_execute("CREATE TABLE plain_log (seq bigserial PRIMARY KEY, id text, token bigint)").await.unwrap();
+    admin
+        .batch_execute("CREATE TABLE plain_log (seq bigserial PRIMARY KEY, id text, token bigint)")
+        .await
+        .unwrap();
     let (addr, state) = instance(&db, Some(tok(5))).await;
     let c = client();
     for route in ["/plain/x", "/fenced/y"] {
         let slow = {
             let c = c.clone();
-            tokio::spawn(async move { send(&c, Method::PUT, addr, route, &[&tok(5).to_string()]).await })
+            tokio::spawn(
+                async move { send(&c, Method::PUT, addr, route, &[&tok(5).to_string()]).await },
+            )
         };
         state.entered.notified().await; // 5 passed the layer
         let fast = send(&c, Method::PUT, addr, route, &[&tok(7).to_string()]).await;
@@ -179,7 +212,11 @@ async fn the_layer_orders_admissions_only_and_the_helper_orders_writes() {
         state.gate.add_permits(1);
         let slow = slow.await.unwrap();
         if route == "/plain/x" {
-            assert_eq!(slow.status, StatusCode::OK, "the layer alone admitted 5 before 7 arrived");
+            assert_eq!(
+                slow.status,
+                StatusCode::OK,
+                "the layer alone admitted 5 before 7 arrived"
+            );
             let logged: Vec<FencingToken> = admin
                 .query("SELECT token FROM plain_log ORDER BY seq", &[])
                 .await
@@ -189,7 +226,10 @@ async fn the_layer_orders_admissions_only_and_the_helper_orders_writes() {
                 .collect();
             assert_eq!(logged, vec![tok(7), tok(5)], "5's write landed after 7's");
         } else {
-            assert_eq!((slow.status, slow.text()), (StatusCode::CONFLICT, "stale in transaction".to_owned()));
+            assert_eq!(
+                (slow.status, slow.text()),
+                (StatusCode::CONFLICT, "stale in transaction".to_owned())
+            );
             check_log(&admin, &[tok(7)]).await;
         }
     }
@@ -205,10 +245,22 @@ async fn memory_store_orders_admissions_per_process_only() {
     };
     let (a, b) = (serve(app()).await, serve(app()).await);
     let c = client();
-    assert_eq!(send(&c, Method::PUT, a, "/r", &[&tok(7).to_string()]).await.status, StatusCode::OK);
-    assert_eq!(send(&c, Method::PUT, a, "/r", &[&tok(5).to_string()]).await.status, StatusCode::CONFLICT);
     assert_eq!(
-        send(&c, Method::PUT, b, "/r", &[&tok(5).to_string()]).await.status,
+        send(&c, Method::PUT, a, "/r", &[&tok(7).to_string()])
+            .await
+            .status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&c, Method::PUT, a, "/r", &[&tok(5).to_string()])
+            .await
+            .status,
+        StatusCode::CONFLICT
+    );
+    assert_eq!(
+        send(&c, Method::PUT, b, "/r", &[&tok(5).to_string()])
+            .await
+            .status,
         StatusCode::OK,
         "another process has its own mark"
     );

@@ -12,11 +12,11 @@ use palisade_fence::{FencingToken, Revision};
 use tokio::time::Instant;
 
 use super::Attempt;
-use crate::handover::{oldest_waiter_op, oldest_waiter_options, Successor};
 use crate::error::{Error, ErrorKind, Result};
+use crate::handover::{oldest_waiter_op, oldest_waiter_options, Successor};
+use crate::lock_watch::{LockSubscription, QUIET_TIMEOUTS};
 use crate::model::Mode;
 use crate::retry;
-use crate::lock_watch::{LockSubscription, QUIET_TIMEOUTS};
 
 /// One key of the lock's queue, holds or grant records, read without its value.
 pub(super) struct Entry {
@@ -134,7 +134,10 @@ impl Attempt {
                 .collect::<Vec<_>>()),
             _ => Err(Error::new(ErrorKind::Etcd)),
         });
-        let mut next = || gets.next().unwrap_or_else(|| Err(Error::new(ErrorKind::Etcd)));
+        let mut next = || {
+            gets.next()
+                .unwrap_or_else(|| Err(Error::new(ErrorKind::Etcd)))
+        };
         let (queue, holds, grants, epoch) = (next()?, next()?, next()?, next()?);
         Ok(View {
             revision: resp.header().map(|h| h.revision()).unwrap_or(0),
@@ -341,8 +344,7 @@ impl Attempt {
                 // No grant record created or changed since the read: the orphans seen
                 // are all.
                 NoGrantRecords::SinceView => {
-                    Compare::mod_revision(start, CompareOp::Less, view.revision + 1)
-                        .with_range(end)
+                    Compare::mod_revision(start, CompareOp::Less, view.revision + 1).with_range(end)
                 }
                 NoGrantRecords::Required => {
                     Compare::create_revision(start, CompareOp::Equal, 0).with_range(end)
@@ -418,7 +420,10 @@ impl Attempt {
         // Never this attempt's own waiter key, should it still be there.
         let oldest = oldest.filter(|kv| kv.lease() != self.session.lease().get());
         let s = Successor::from_oldest(&self.keys, oldest, self.epoch.get(), self.epoch_mod_rev);
-        *self.successor.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = s;
+        *self
+            .successor
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = s;
     }
 
     /// The release of the predecessor handed the lock to this waiter: its hold key was
@@ -433,7 +438,13 @@ impl Attempt {
         let lease = self.session.lease();
         let k = &self.keys;
         let ops = |serializable: bool| {
-            let opts = |o: GetOptions| if serializable { o.with_serializable() } else { o };
+            let opts = |o: GetOptions| {
+                if serializable {
+                    o.with_serializable()
+                } else {
+                    o
+                }
+            };
             vec![
                 TxnOp::get(k.hold(self.mode, lease), Some(opts(GetOptions::new()))),
                 TxnOp::get(
@@ -464,9 +475,15 @@ impl Attempt {
             TxnOpResponse::Get(g) => g.kvs().first().cloned(),
             _ => None,
         });
-        let (hold, epoch, oldest) = (gets.next().flatten(), gets.next().flatten(), gets.next().flatten());
+        let (hold, epoch, oldest) = (
+            gets.next().flatten(),
+            gets.next().flatten(),
+            gets.next().flatten(),
+        );
         let ours = hold.is_some_and(|h| {
-            h.create_revision() == rev && h.lease() == lease.get() && h.value() == self.meta.as_slice()
+            h.create_revision() == rev
+                && h.lease() == lease.get()
+                && h.value() == self.meta.as_slice()
         });
         if !ours || epoch.map(|e| e.mod_revision()) != Some(self.epoch_mod_rev) {
             return Ok(Step::Next(self.read().await?));
@@ -503,7 +520,10 @@ impl Attempt {
             TxnOpResponse::Get(g) => Ok(g.kvs().first().cloned()),
             _ => Err(Error::new(ErrorKind::Etcd)),
         });
-        let (kv, oldest) = (gets.next().transpose()?.flatten(), gets.next().transpose()?.flatten());
+        let (kv, oldest) = (
+            gets.next().transpose()?.flatten(),
+            gets.next().transpose()?.flatten(),
+        );
         let Some(kv) = kv.filter(|kv| kv.create_revision() == create_rev) else {
             return Ok(OwnHold::Changed);
         };
@@ -567,11 +587,19 @@ impl Attempt {
         if let Some(key) = &waiter_key {
             wanted.push(key.clone());
         }
-        let subscribe = retry::call("acquire.watch", self.deadline, self.locker.request_timeout, || {
-            self.locker
-                .lock_watches
-                .subscribe(&self.locker.watches, &self.keys, wanted.clone(), view.revision)
-        });
+        let subscribe = retry::call(
+            "acquire.watch",
+            self.deadline,
+            self.locker.request_timeout,
+            || {
+                self.locker.lock_watches.subscribe(
+                    &self.locker.watches,
+                    &self.keys,
+                    wanted.clone(),
+                    view.revision,
+                )
+            },
+        );
         let mut stream = subscribe
             .await
             .map_err(|e| e.into_caller_error(ErrorKind::QuorumLost))?;
@@ -588,7 +616,8 @@ impl Attempt {
             if let Some(own) = read.own {
                 return Ok(self.own_hold_seen(&own, view));
             }
-            (seen, hold_present, waiter_present) = (read.revision, read.hold_present, read.waiter_present);
+            (seen, hold_present, waiter_present) =
+                (read.revision, read.hold_present, read.waiter_present);
         }
         // How long the lock's watch may stay silent before this waiter reads its keys
         // anyway (a watch whose member stopped passing writes on would otherwise keep
@@ -601,7 +630,13 @@ impl Attempt {
             // and hold put, or a release's hold delete and the hand-over's put, come
             // together, so the state after a message is a state etcd was in.
             let mut handed = None;
-            for WatchEvent { key, kind, rev, handed_over } in pending.drain(..) {
+            for WatchEvent {
+                key,
+                kind,
+                rev,
+                handed_over,
+            } in pending.drain(..)
+            {
                 if rev <= seen {
                     continue;
                 }
@@ -639,8 +674,11 @@ impl Attempt {
                         tracing::warn!(lock = ?self.name, revision = read.revision, "a silent lock watch missed a write; creating it anew");
                         stream.distrust();
                     }
-                    (seen, hold_present, waiter_present) =
-                        (seen.max(read.revision), read.hold_present, read.waiter_present);
+                    (seen, hold_present, waiter_present) = (
+                        seen.max(read.revision),
+                        read.hold_present,
+                        read.waiter_present,
+                    );
                     recheck_at = Instant::now() + quiet;
                 }
             }
@@ -657,7 +695,10 @@ impl Attempt {
         waiter: Option<(&[u8], i64)>,
     ) -> Result<WaitKeys> {
         let keys_only = || Some(GetOptions::new().with_keys_only());
-        let mut ops = vec![TxnOp::get(hold_key, keys_only()), TxnOp::get(own_hold, None)];
+        let mut ops = vec![
+            TxnOp::get(hold_key, keys_only()),
+            TxnOp::get(own_hold, None),
+        ];
         if let Some((key, _)) = waiter {
             ops.push(TxnOp::get(key, keys_only()));
         }

@@ -111,11 +111,19 @@ impl Client {
     /// As [`Client::open_session`]; also [`ClientErrorKind::QuotaExceeded`]
     /// when the namespace's quota is full, `Forbidden` when the caller may not use the
     /// namespace, `NotFound` when it does not exist.
-    pub async fn open_session_in(&self, namespace: &str, ttl: Duration) -> Result<ClientSession, ClientError> {
+    pub async fn open_session_in(
+        &self,
+        namespace: &str,
+        ttl: Duration,
+    ) -> Result<ClientSession, ClientError> {
         self.open(ttl, Some(namespace)).await
     }
 
-    async fn open(&self, ttl: Duration, namespace: Option<&str>) -> Result<ClientSession, ClientError> {
+    async fn open(
+        &self,
+        ttl: Duration,
+        namespace: Option<&str>,
+    ) -> Result<ClientSession, ClientError> {
         #[derive(Deserialize)]
         struct Opened {
             session: String,

@@ -22,8 +22,15 @@ static NEXT_TOKEN: AtomicU32 = AtomicU32::new(0);
 
 /// A fresh `--initial-cluster-token`: a new token makes new member and cluster ids.
 pub(super) fn new_token() -> String {
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
-    format!("palisade-test-{}-{nanos}-{}", std::process::id(), NEXT_TOKEN.fetch_add(1, Ordering::Relaxed))
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "palisade-test-{}-{nanos}-{}",
+        std::process::id(),
+        NEXT_TOKEN.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// Why members did not become healthy.
@@ -111,8 +118,13 @@ impl EtcdCluster {
         assert!(members > 0, "an etcd cluster needs at least one member");
         for attempt in 1..=PORT_ATTEMPTS {
             let ports = free_ports(2 * members);
-            let members = (0..members).map(|i| Member::new(format!("m{i}"), ports[2 * i], ports[2 * i + 1])).collect();
-            let mut cluster = EtcdCluster { members, token: new_token() };
+            let members = (0..members)
+                .map(|i| Member::new(format!("m{i}"), ports[2 * i], ports[2 * i + 1]))
+                .collect();
+            let mut cluster = EtcdCluster {
+                members,
+                token: new_token(),
+            };
             if let Some(snapshot) = seed {
                 snapshot.restore_into(&cluster).await;
             }
@@ -131,7 +143,11 @@ impl EtcdCluster {
     }
 
     pub(super) fn initial_cluster(&self) -> String {
-        self.members.iter().map(|m| format!("{}={}", m.name, m.peer_url())).collect::<Vec<_>>().join(",")
+        self.members
+            .iter()
+            .map(|m| format!("{}={}", m.name, m.peer_url()))
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
     pub(super) fn spawn_all(&mut self) {
@@ -174,12 +190,21 @@ impl EtcdCluster {
     pub(super) fn fail(&self, failure: Failure) -> ! {
         match failure {
             Failure::PortTaken(i) => {
-                panic!("etcd kept losing its ports to other processes; {}", self.members[i].describe())
+                panic!(
+                    "etcd kept losing its ports to other processes; {}",
+                    self.members[i].describe()
+                )
             }
-            Failure::Exited(i, status) => panic!("etcd exited ({status}): {}", self.members[i].describe()),
+            Failure::Exited(i, status) => {
+                panic!("etcd exited ({status}): {}", self.members[i].describe())
+            }
             Failure::Timeout(which) => {
-                let described: Vec<String> = which.iter().map(|&i| self.members[i].describe()).collect();
-                panic!("etcd not healthy after {START_TIMEOUT:?}: {}", described.join("\n\n"))
+                let described: Vec<String> =
+                    which.iter().map(|&i| self.members[i].describe()).collect();
+                panic!(
+                    "etcd not healthy after {START_TIMEOUT:?}: {}",
+                    described.join("\n\n")
+                )
             }
         }
     }
@@ -187,18 +212,27 @@ impl EtcdCluster {
     /// Reads member ids from the cluster's member list.
     pub(super) async fn learn_ids(&mut self) {
         let port = self.members[self.any_running()].client_port;
-        let ids = gateway::member_ids(port).await.unwrap_or_else(|e| panic!("listing etcd members: {e}"));
+        let ids = gateway::member_ids(port)
+            .await
+            .unwrap_or_else(|e| panic!("listing etcd members: {e}"));
         for member in &mut self.members {
             member.id = ids
                 .iter()
                 .find(|(name, _)| *name == member.name)
                 .map(|&(_, id)| id)
-                .unwrap_or_else(|| panic!("member {} missing from the member list {ids:?}", member.name));
+                .unwrap_or_else(|| {
+                    panic!(
+                        "member {} missing from the member list {ids:?}",
+                        member.name
+                    )
+                });
         }
     }
 
     fn any_running(&self) -> usize {
-        self.running().next().unwrap_or_else(|| panic!("no etcd member is running (all stopped or paused)"))
+        self.running()
+            .next()
+            .unwrap_or_else(|| panic!("no etcd member is running (all stopped or paused)"))
     }
 
     /// Indexes of members that run and are not paused.
@@ -207,12 +241,16 @@ impl EtcdCluster {
     }
 
     fn member(&self, i: usize) -> &Member {
-        self.members.get(i).unwrap_or_else(|| panic!("no etcd member {i}: the cluster has {}", self.members.len()))
+        self.members
+            .get(i)
+            .unwrap_or_else(|| panic!("no etcd member {i}: the cluster has {}", self.members.len()))
     }
 
     fn member_mut(&mut self, i: usize) -> &mut Member {
         let len = self.members.len();
-        self.members.get_mut(i).unwrap_or_else(|| panic!("no etcd member {i}: the cluster has {len}"))
+        self.members
+            .get_mut(i)
+            .unwrap_or_else(|| panic!("no etcd member {i}: the cluster has {len}"))
     }
 
     /// The number of members, running or not.
@@ -247,8 +285,12 @@ impl EtcdCluster {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let url = self.endpoint(i);
         let addr = url.trim_start_matches("http://");
-        let mut conn = tokio::net::TcpStream::connect(addr).await.expect("member answers");
-        conn.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await.expect("request sent");
+        let mut conn = tokio::net::TcpStream::connect(addr)
+            .await
+            .expect("member answers");
+        conn.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
+            .await
+            .expect("request sent");
         let mut text = String::new();
         conn.read_to_string(&mut text).await.expect("metrics read");
         text.lines()
@@ -260,7 +302,9 @@ impl EtcdCluster {
 
     /// Client URLs of the members that run and are not paused.
     pub fn running_endpoints(&self) -> Vec<String> {
-        self.running().map(|i| self.members[i].client_url()).collect()
+        self.running()
+            .map(|i| self.members[i].client_url())
+            .collect()
     }
 
     /// Member names by index: `m0`, `m1`, ...
@@ -319,7 +363,10 @@ impl EtcdCluster {
     ///
     /// If no running member answers within 15 s.
     pub async fn cluster_id(&self) -> u64 {
-        self.retry("cluster id", |port| async move { gateway::status(port).await.map(|s| s.cluster_id) }).await
+        self.retry("cluster id", |port| async move {
+            gateway::status(port).await.map(|s| s.cluster_id)
+        })
+        .await
     }
 
     /// The index of the leader: the running member that names itself leader at the highest
@@ -337,7 +384,9 @@ impl EtcdCluster {
             for i in self.running() {
                 match gateway::status(self.members[i].client_port).await {
                     Ok(s) => {
-                        if s.leader == s.member_id && s.leader != 0 && best.is_none_or(|(term, _)| s.raft_term > term)
+                        if s.leader == s.member_id
+                            && s.leader != 0
+                            && best.is_none_or(|(term, _)| s.raft_term > term)
                         {
                             best = Some((s.raft_term, i));
                         }
@@ -350,7 +399,10 @@ impl EtcdCluster {
                 return i;
             }
             if Instant::now() > deadline {
-                panic!("no etcd leader after {SETTLE_TIMEOUT:?}: {}", seen.join("; "));
+                panic!(
+                    "no etcd leader after {SETTLE_TIMEOUT:?}: {}",
+                    seen.join("; ")
+                );
             }
             tokio::time::sleep(POLL).await;
         }
@@ -400,7 +452,10 @@ impl EtcdCluster {
     pub async fn restart(&mut self, i: usize) {
         // A member that died on its own is reaped here.
         let _ = self.member_mut(i).exited();
-        assert!(self.members[i].state() == State::Stopped, "etcd member {i} is running: kill it first");
+        assert!(
+            self.members[i].state() == State::Stopped,
+            "etcd member {i} is running: kill it first"
+        );
         let (initial, token) = (self.initial_cluster(), self.token.clone());
         for attempt in 1..=PORT_ATTEMPTS {
             self.members[i].spawn(&initial, &token);
@@ -458,7 +513,10 @@ impl EtcdCluster {
     ///
     /// If no put succeeds within 15 s.
     pub async fn put(&self, key: &str, value: &str) -> i64 {
-        self.retry(&format!("put {key:?}"), |port| async move { gateway::put(port, key, value).await }).await
+        self.retry(&format!("put {key:?}"), |port| async move {
+            gateway::put(port, key, value).await
+        })
+        .await
     }
 
     /// Reads `key` with a linearizable range through a running member, retrying like
@@ -468,7 +526,10 @@ impl EtcdCluster {
     ///
     /// If no read succeeds within 15 s.
     pub async fn get(&self, key: &str) -> Option<String> {
-        self.retry(&format!("get {key:?}"), |port| async move { gateway::get(port, key).await }).await
+        self.retry(&format!("get {key:?}"), |port| async move {
+            gateway::get(port, key).await
+        })
+        .await
     }
 
     /// Runs `call` against running members in turn until one succeeds or 15 s pass.

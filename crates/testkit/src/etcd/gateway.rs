@@ -62,16 +62,30 @@ async fn raw(port: u16, method: &str, path: &str, body: &str) -> io::Result<(u16
 }
 
 /// Sends one request and parses a 200 response's JSON body.
-pub(crate) async fn call(port: u16, method: &str, path: &str, body: &str) -> Result<Value, CallError> {
-    let (code, text) = match tokio::time::timeout(CALL_TIMEOUT, raw(port, method, path, body)).await {
+pub(crate) async fn call(
+    port: u16,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> Result<Value, CallError> {
+    let (code, text) = match tokio::time::timeout(CALL_TIMEOUT, raw(port, method, path, body)).await
+    {
         Ok(Ok(answer)) => answer,
         Ok(Err(e)) => return Err(CallError(format!("{method} 127.0.0.1:{port}{path}: {e}"))),
-        Err(_) => return Err(CallError(format!("{method} 127.0.0.1:{port}{path}: no answer in {CALL_TIMEOUT:?}"))),
+        Err(_) => {
+            return Err(CallError(format!(
+                "{method} 127.0.0.1:{port}{path}: no answer in {CALL_TIMEOUT:?}"
+            )))
+        }
     };
     if code != 200 {
-        return Err(CallError(format!("{method} 127.0.0.1:{port}{path}: HTTP {code}: {}", text.trim())));
+        return Err(CallError(format!(
+            "{method} 127.0.0.1:{port}{path}: HTTP {code}: {}",
+            text.trim()
+        )));
     }
-    serde_json::from_str(&text).map_err(|e| CallError(format!("{method} 127.0.0.1:{port}{path}: {e}: {text}")))
+    serde_json::from_str(&text)
+        .map_err(|e| CallError(format!("{method} 127.0.0.1:{port}{path}: {e}: {text}")))
 }
 
 /// `GET /health`: true when the member has a leader, no alarm, and serves a read.
@@ -92,13 +106,19 @@ pub(crate) async fn status(port: u16) -> Result<MemberStatus, CallError> {
             raft_term: num(&header["raft_term"])?,
         })
     })();
-    parsed.ok_or_else(|| CallError(format!("unexpected status answer from 127.0.0.1:{port}: {v}")))
+    parsed.ok_or_else(|| {
+        CallError(format!(
+            "unexpected status answer from 127.0.0.1:{port}: {v}"
+        ))
+    })
 }
 
 /// `POST /v3/cluster/member/list`: (name, id) of every member.
 pub(crate) async fn member_ids(port: u16) -> Result<Vec<(String, u64)>, CallError> {
     let v = call(port, "POST", "/v3/cluster/member/list", "{}").await?;
-    let members = v["members"].as_array().ok_or_else(|| CallError(format!("no members in {v}")))?;
+    let members = v["members"]
+        .as_array()
+        .ok_or_else(|| CallError(format!("no members in {v}")))?;
     members
         .iter()
         .map(|m| match (m["name"].as_str(), num(&m["ID"])) {
@@ -110,7 +130,8 @@ pub(crate) async fn member_ids(port: u16) -> Result<Vec<(String, u64)>, CallErro
 
 /// `POST /v3/kv/put`; the revision of the put.
 pub(crate) async fn put(port: u16, key: &str, value: &str) -> Result<i64, CallError> {
-    let body = serde_json::json!({ "key": encode(key.as_bytes()), "value": encode(value.as_bytes()) });
+    let body =
+        serde_json::json!({ "key": encode(key.as_bytes()), "value": encode(value.as_bytes()) });
     let v = call(port, "POST", "/v3/kv/put", &body.to_string()).await?;
     num(&v["header"]["revision"]).ok_or_else(|| CallError(format!("no revision in {v}")))
 }
@@ -143,7 +164,11 @@ const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwx
 fn encode(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
     for chunk in bytes.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
         for i in 0..4 {
             if i <= chunk.len() {
@@ -177,8 +202,14 @@ mod tests {
 
     #[test]
     fn base64_round_trips_every_length() {
-        let cases =
-            [("", ""), ("f", "Zg=="), ("fo", "Zm8="), ("foo", "Zm9v"), ("foob", "Zm9vYg=="), ("fooba", "Zm9vYmE=")];
+        let cases = [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+        ];
         for (plain, coded) in cases {
             assert_eq!(encode(plain.as_bytes()), coded);
             assert_eq!(decode(coded).unwrap(), plain.as_bytes());

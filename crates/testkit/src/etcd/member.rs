@@ -45,7 +45,16 @@ impl Member {
             .prefix(&format!("palisade-etcd-{name}-"))
             .tempdir_in(temp_root())
             .unwrap_or_else(|e| panic!("creating a temp dir for etcd member {name}: {e}"));
-        Member { name, client_port, peer_port, id: 0, dir, process: None, paused: false, log_start: 0 }
+        Member {
+            name,
+            client_port,
+            peer_port,
+            id: 0,
+            dir,
+            process: None,
+            paused: false,
+            log_start: 0,
+        }
     }
 
     pub(crate) fn client_url(&self) -> String {
@@ -87,7 +96,11 @@ impl Member {
     ///
     /// If the process already runs, or `etcd` cannot be spawned.
     pub(crate) fn spawn(&mut self, initial_cluster: &str, token: &str) {
-        assert!(self.process.is_none(), "etcd member {} is already running", self.name);
+        assert!(
+            self.process.is_none(),
+            "etcd member {} is already running",
+            self.name
+        );
         let mut log = OpenOptions::new()
             .create(true)
             .append(true)
@@ -95,12 +108,21 @@ impl Member {
             .unwrap_or_else(|e| panic!("opening {}: {e}", self.log_path().display()));
         self.log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
         if self.log_start > 0 {
-            let _ = writeln!(log, "--- palisade-testkit: starting {} again ---", self.name);
+            let _ = writeln!(
+                log,
+                "--- palisade-testkit: starting {} again ---",
+                self.name
+            );
             self.log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
         }
-        let stderr = log.try_clone().unwrap_or_else(|e| panic!("cloning log file handle: {e}"));
+        let stderr = log
+            .try_clone()
+            .unwrap_or_else(|e| panic!("cloning log file handle: {e}"));
         let etcd = find_on_path(ETCD).unwrap_or_else(|| {
-            binary_missing(ETCD, &io::Error::new(io::ErrorKind::NotFound, "not in any PATH directory"))
+            binary_missing(
+                ETCD,
+                &io::Error::new(io::ErrorKind::NotFound, "not in any PATH directory"),
+            )
         });
         // `setpriv --pdeathsig KILL` execs etcd (same pid) with the parent-death signal
         // set: if the test process dies without unwinding (SIGKILL, a test timeout), the
@@ -180,7 +202,9 @@ impl Member {
         if self.paused {
             self.signal_pause(false);
         }
-        let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
         let deadline = Instant::now() + grace;
         while Instant::now() < deadline {
             if self.exited().is_some() {
@@ -197,7 +221,9 @@ impl Member {
     ///
     /// If the member is not running or the signal cannot be sent.
     pub(crate) fn signal_pause(&mut self, pause: bool) {
-        let pid = self.pid().unwrap_or_else(|| panic!("etcd member {} is not running", self.name));
+        let pid = self
+            .pid()
+            .unwrap_or_else(|| panic!("etcd member {} is not running", self.name));
         let signal = if pause { "-STOP" } else { "-CONT" };
         let status = Command::new("kill")
             .args([signal, &pid.to_string()])
@@ -209,14 +235,20 @@ impl Member {
         // (or left the stopped state), so callers can rely on it when this returns.
         let deadline = Instant::now() + Duration::from_secs(5);
         while (proc_state(pid) == Some('T')) != pause {
-            assert!(Instant::now() < deadline, "etcd member {} (pid {pid}) did not react to {signal}", self.name);
+            assert!(
+                Instant::now() < deadline,
+                "etcd member {} (pid {pid}) did not react to {signal}",
+                self.name
+            );
             std::thread::sleep(Duration::from_millis(1));
         }
     }
 
     fn log_since_start(&self) -> String {
         let bytes = std::fs::read(self.log_path()).unwrap_or_default();
-        let start = usize::try_from(self.log_start).unwrap_or(0).min(bytes.len());
+        let start = usize::try_from(self.log_start)
+            .unwrap_or(0)
+            .min(bytes.len());
         String::from_utf8_lossy(&bytes[start..]).into_owned()
     }
 
@@ -260,7 +292,10 @@ fn find_on_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
         .map(|dir| dir.join(name))
-        .find(|file| file.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
+        .find(|file| {
+            file.metadata()
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
 }
 
 /// Data dirs go to `/dev/shm` when it exists: etcd fsyncs every commit, and on tmpfs
@@ -279,7 +314,9 @@ fn temp_root() -> PathBuf {
 /// retry with new ports when etcd reports "address already in use".
 pub(crate) fn free_ports(count: usize) -> Vec<u16> {
     let listeners: Vec<TcpListener> = (0..count)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("binding 127.0.0.1:0: {e}")))
+        .map(|_| {
+            TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("binding 127.0.0.1:0: {e}"))
+        })
         .collect();
     listeners
         .iter()
@@ -296,11 +333,19 @@ mod tests {
     fn a_taken_port_is_recognised_as_a_lost_race() {
         let taken = TcpListener::bind("127.0.0.1:0").unwrap();
         let ports = free_ports(1);
-        let mut member = Member::new("m0".to_owned(), taken.local_addr().unwrap().port(), ports[0]);
+        let mut member = Member::new(
+            "m0".to_owned(),
+            taken.local_addr().unwrap().port(),
+            ports[0],
+        );
         member.spawn(&format!("m0={}", member.peer_url()), "port-race");
         let deadline = Instant::now() + Duration::from_secs(20);
         while member.exited().is_none() {
-            assert!(Instant::now() < deadline, "etcd did not exit: {}", member.describe());
+            assert!(
+                Instant::now() < deadline,
+                "etcd did not exit: {}",
+                member.describe()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         assert!(member.lost_port_race(), "{}", member.describe());

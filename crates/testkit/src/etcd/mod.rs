@@ -48,10 +48,16 @@ mod tests {
 
     #[test]
     fn a_missing_binary_panics_naming_scripts_test() {
-        let error = std::process::Command::new("palisade-no-such-etcd-binary").spawn().unwrap_err();
-        let panic =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| binary_missing("etcd", &error))).unwrap_err();
-        let message = panic.downcast_ref::<String>().expect("a formatted panic message");
+        let error = std::process::Command::new("palisade-no-such-etcd-binary")
+            .spawn()
+            .unwrap_err();
+        let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            binary_missing("etcd", &error)
+        }))
+        .unwrap_err();
+        let message = panic
+            .downcast_ref::<String>()
+            .expect("a formatted panic message");
         assert!(message.contains("scripts/test"), "{message}");
         assert!(message.contains("`etcd` was not found"), "{message}");
     }

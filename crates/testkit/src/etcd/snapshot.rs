@@ -52,7 +52,8 @@ impl Snapshot {
         for member in &cluster.members {
             let data = member.data_dir();
             if data.exists() {
-                std::fs::remove_dir_all(&data).unwrap_or_else(|e| panic!("removing {}: {e}", data.display()));
+                std::fs::remove_dir_all(&data)
+                    .unwrap_or_else(|e| panic!("removing {}: {e}", data.display()));
             }
             etcdctl(&[
                 "snapshot".to_owned(),
@@ -134,11 +135,17 @@ impl EtcdCluster {
 /// Runs `etcdctl` with `ETCDCTL_API=3`; its stdout.
 async fn etcdctl(args: &[String]) -> String {
     let mut command = tokio::process::Command::new(ETCDCTL);
-    command.env("ETCDCTL_API", "3").args(args).kill_on_drop(true);
+    command
+        .env("ETCDCTL_API", "3")
+        .args(args)
+        .kill_on_drop(true);
     let output = match tokio::time::timeout(ETCDCTL_TIMEOUT, command.output()).await {
         Ok(Ok(output)) => output,
         Ok(Err(e)) => binary_missing(ETCDCTL, &e),
-        Err(_) => panic!("etcdctl {} did not finish within {ETCDCTL_TIMEOUT:?}", args.join(" ")),
+        Err(_) => panic!(
+            "etcdctl {} did not finish within {ETCDCTL_TIMEOUT:?}",
+            args.join(" ")
+        ),
     };
     assert!(
         output.status.success(),
@@ -160,7 +167,9 @@ async fn snapshot_revision(path: &Path) -> i64 {
         "--write-out=json".to_owned(),
     ])
     .await;
-    let v: serde_json::Value =
-        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("etcdctl snapshot status: {e}: {out}"));
-    v["revision"].as_i64().unwrap_or_else(|| panic!("no revision in etcdctl snapshot status: {out}"))
+    let v: serde_json::Value = serde_json::from_str(out.trim())
+        .unwrap_or_else(|e| panic!("etcdctl snapshot status: {e}: {out}"));
+    v["revision"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no revision in etcdctl snapshot status: {out}"))
 }

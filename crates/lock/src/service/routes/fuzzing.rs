@@ -72,7 +72,13 @@ impl BodyRoute {
 /// content type, 400 for bad JSON, 422 for JSON of another shape, 400 `invalid-input`
 /// for a value the handler's checks refuse.
 #[doc(hidden)]
-pub fn parse_body(route: BodyRoute, ns: &str, class: &str, content_type: Option<&str>, body: &[u8]) -> Result<(), Problem> {
+pub fn parse_body(
+    route: BodyRoute,
+    ns: &str,
+    class: &str,
+    content_type: Option<&str>,
+    body: &[u8],
+) -> Result<(), Problem> {
     match route {
         BodyRoute::OpenSession => {
             let _: sessions::OpenSessionBody = extract(content_type, body)?;
@@ -165,7 +171,12 @@ fn extract<T: DeserializeOwned>(content_type: Option<&str>, body: &[u8]) -> ApiR
     }
     let req = req
         .body(axum::body::Body::from(body.to_vec()))
-        .map_err(|e| Problem::new(crate::service::problem::ProblemKind::InvalidInput, e.to_string()))?;
+        .map_err(|e| {
+            Problem::new(
+                crate::service::problem::ProblemKind::InvalidInput,
+                e.to_string(),
+            )
+        })?;
     let Body(value) = ready(Body::<T>::from_request(req, &()))?;
     Ok(value)
 }
@@ -187,17 +198,19 @@ fn ready<F: Future>(f: F) -> F::Output {
 fn fields<T: DeserializeOwned>(body: &[u8]) -> Map<String, Value> {
     match serde_json::from_slice(body) {
         Ok(Value::Object(map)) => map,
-        Ok(Value::Array(items)) => {
-            field_names::<T>().iter().map(|n| (*n).to_owned()).zip(items).collect()
-        }
+        Ok(Value::Array(items)) => field_names::<T>()
+            .iter()
+            .map(|n| (*n).to_owned())
+            .zip(items)
+            .collect(),
         _ => Map::new(),
     }
 }
 
 /// The field names `T`'s `Deserialize` derive reads, in declaration order.
 fn field_names<T: DeserializeOwned>() -> &'static [&'static str] {
-    use serde::de::{Error as _, Visitor};
     use serde::de::value::Error;
+    use serde::de::{Error as _, Visitor};
 
     /// A deserializer that only notes the fields a struct asks for.
     struct Names<'a>(&'a mut &'static [&'static str]);
@@ -237,11 +250,16 @@ fn u64_of(v: &Map<String, Value>, name: &str) -> u64 {
 }
 
 fn str_of(v: &Map<String, Value>, name: &str) -> String {
-    v.get(name).and_then(Value::as_str).unwrap_or_default().to_owned()
+    v.get(name)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned()
 }
 
 fn typed<T: DeserializeOwned>(v: &Map<String, Value>, name: &str) -> Option<T> {
-    v.get(name).cloned().and_then(|x| serde_json::from_value(x).ok())
+    v.get(name)
+        .cloned()
+        .and_then(|x| serde_json::from_value(x).ok())
 }
 
 /// `namespace`, `class` and `key`, checked as the handlers check a lock's name.
