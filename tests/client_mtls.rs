@@ -4,13 +4,14 @@
 
 mod common;
 
+use palisade_api::ProblemKind;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::pki::Pki;
-use palisade_lock::client::{Client, ClientErrorKind, ClientTls};
-use palisade_lock::service::{self, Authz, AuthzConfig, ServiceOptions};
+use palisade_client::{Client, ClientErrorKind, ClientTls};
 use palisade_lock::{FileEpochStore, LockClass, LockName, Locker, LockerOptions, Mode, Namespace};
+use palisade_server::{Authz, AuthzConfig, ServiceOptions};
 use palisade_testkit::EtcdCluster;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -60,11 +61,16 @@ async fn fixture() -> Fixture {
     let roots = CertificateDer::pem_slice_iter(pki.ca_pem().as_bytes())
         .collect::<Result<Vec<_>, _>>()
         .unwrap();
-    let tls = service::server_config(roots, chain, key).unwrap();
+    let tls = palisade_server::server_config(roots, chain, key).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr: SocketAddr = listener.local_addr().unwrap();
     let options = ServiceOptions::new(Authz::fixed(authz));
-    tokio::spawn(service::serve_tls(listener, tls, locker.clone(), options));
+    tokio::spawn(palisade_server::serve_tls(
+        listener,
+        tls,
+        locker.clone(),
+        options,
+    ));
     Fixture {
         _cluster: cluster,
         locker,
@@ -116,7 +122,11 @@ async fn etcd_client_mtls_acquires_as_its_spiffe_id_and_foreign_ids_get_403() {
     let other = client_with(&f, &[OTHER]);
     let path = format!("/v1/sessions/{}/keepalive", session.id());
     let e = other.call_json("POST", &path, None).await.unwrap_err();
-    assert_eq!(e.kind(), &ClientErrorKind::Forbidden, "{e}");
+    assert_eq!(
+        e.kind(),
+        &ClientErrorKind::Problem(ProblemKind::Forbidden),
+        "{e}"
+    );
     assert_eq!(e.status(), Some(403));
     assert!(e.is_forbidden());
     let release = json!({ "session": session.id(), "namespace": "ns", "class": "c", "key": "k",
@@ -127,7 +137,7 @@ async fn etcd_client_mtls_acquires_as_its_spiffe_id_and_foreign_ids_get_403() {
         .unwrap_err();
     assert_eq!(
         (e.kind(), e.status()),
-        (&ClientErrorKind::Forbidden, Some(403))
+        (&ClientErrorKind::Problem(ProblemKind::Forbidden), Some(403))
     );
     let e = other
         .call_json("DELETE", &format!("/v1/sessions/{}", session.id()), None)
@@ -135,7 +145,7 @@ async fn etcd_client_mtls_acquires_as_its_spiffe_id_and_foreign_ids_get_403() {
         .unwrap_err();
     assert_eq!(
         (e.kind(), e.status()),
-        (&ClientErrorKind::Forbidden, Some(403))
+        (&ClientErrorKind::Problem(ProblemKind::Forbidden), Some(403))
     );
     // And it waits behind the owner's hold: its own acquire times out, typed.
     let theirs = other.open_session(Duration::from_secs(5)).await.unwrap();
@@ -173,7 +183,11 @@ async fn etcd_client_mtls_refusals_are_typed_unauthenticated() {
     // A certificate without a SPIFFE ID (none, not SPIFFE, or two): the service's 401.
     for uris in [&[][..], &["https://example.org/x"][..], &[OWNER, OTHER][..]] {
         let e = client_with(&f, uris).open_session(ttl).await.unwrap_err();
-        assert_eq!(e.kind(), &ClientErrorKind::Unauthenticated, "{uris:?}: {e}");
+        assert_eq!(
+            e.kind(),
+            &ClientErrorKind::Problem(ProblemKind::Unauthenticated),
+            "{uris:?}: {e}"
+        );
         assert_eq!(e.status(), Some(401));
         assert!(e.detail().contains("SPIFFE"), "{}", e.detail());
     }
@@ -185,7 +199,11 @@ async fn etcd_client_mtls_refusals_are_typed_unauthenticated() {
     .unwrap();
     for _ in 0..20 {
         let e = bare.open_session(ttl).await.unwrap_err();
-        assert_eq!(e.kind(), &ClientErrorKind::Unauthenticated, "{e:?}");
+        assert_eq!(
+            e.kind(),
+            &ClientErrorKind::Problem(ProblemKind::Unauthenticated),
+            "{e:?}"
+        );
         assert_eq!(e.status(), Some(401));
         assert!(e.detail().contains("client certificate"), "{}", e.detail());
     }
@@ -202,7 +220,10 @@ async fn etcd_client_mtls_refusals_are_typed_unauthenticated() {
         .unwrap_err();
     assert_eq!(
         (e.kind(), e.status()),
-        (&ClientErrorKind::Unauthenticated, None),
+        (
+            &ClientErrorKind::Problem(ProblemKind::Unauthenticated),
+            None
+        ),
         "{e:?}"
     );
     // A service whose certificate the client does not trust: a transport error, and
@@ -268,7 +289,10 @@ async fn etcd_client_sessions_opened_in_a_namespace_count_against_its_quota() {
     let e = client.open_session_in("ns", ttl).await.unwrap_err();
     assert_eq!(
         (e.kind(), e.status()),
-        (&ClientErrorKind::QuotaExceeded, Some(429)),
+        (
+            &ClientErrorKind::Problem(ProblemKind::QuotaExceeded),
+            Some(429)
+        ),
         "{e}"
     );
     // A session without a namespace takes no slot of its own.
@@ -280,7 +304,7 @@ async fn etcd_client_sessions_opened_in_a_namespace_count_against_its_quota() {
     let e = client.open_session_in("nope", ttl).await.unwrap_err();
     assert_eq!(
         (e.kind(), e.status()),
-        (&ClientErrorKind::Forbidden, Some(403)),
+        (&ClientErrorKind::Problem(ProblemKind::Forbidden), Some(403)),
         "{e}"
     );
     for s in [second, third, free] {

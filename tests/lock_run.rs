@@ -5,10 +5,10 @@ use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::Duration;
 
-use palisade_lock::service::{self, Authz, AuthzConfig, ServiceOptions};
 use palisade_lock::{
     FileEpochStore, LeaseId, LockClass, LockName, Locker, LockerOptions, Namespace,
 };
+use palisade_server::{Authz, AuthzConfig, ServiceOptions};
 use palisade_testkit::EtcdCluster;
 
 const ME: &str = "spiffe://test/job";
@@ -39,7 +39,11 @@ async fn setup() -> (EtcdCluster, Locker, SocketAddr, tempfile::TempDir) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let options = ServiceOptions::new(Authz::fixed(authz)).insecure_dev_identity();
-    tokio::spawn(service::serve_dev(listener, locker.clone(), options));
+    tokio::spawn(palisade_server::serve_dev(
+        listener,
+        locker.clone(),
+        options,
+    ));
     (cluster, locker, addr, dir)
 }
 

@@ -3,7 +3,7 @@
 //! records are made of.
 //!
 //! The service's router cannot be built without etcd (`Locker::connect` reads the epoch
-//! record), so the bodies go through `palisade_lock::service::parse_body` (feature
+//! record), so the bodies go through `palisade_server::parse_body` (feature
 //! `fuzzing`): the handler's own extractor and body type, then the handler's checks of
 //! the body. Every body must be accepted or refused with an `invalid-input` problem.
 //! The public types are `Mode`, `Enforcement`, `QuorumPolicy`, `Revision` and
@@ -22,7 +22,7 @@ use std::fmt::Debug;
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use palisade_fence::{FencingToken, Revision};
-use palisade_lock::service::{parse_body, BodyRoute, ProblemKind};
+use palisade_server::{parse_body, BodyRoute, ProblemKind};
 use palisade_lock::{Enforcement, LeaseId, LockClass, Mode, Namespace, QuorumPolicy, SpiffeId};
 use serde::de::DeserializeOwned;
 use serde::Serialize;

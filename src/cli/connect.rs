@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use palisade_lock::client::{Client, ClientTls};
+use palisade_client::{Client, ClientTls};
 
 use super::exit::{CliError, Result};
 

@@ -16,7 +16,8 @@
 //!
 //! `lock run` exits with its command's code once the command ran.
 
-use palisade_lock::client::{ClientError, ClientErrorKind};
+use palisade_api::ProblemKind;
+use palisade_client::{ClientError, ClientErrorKind};
 
 /// One of the documented exit codes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,14 +38,18 @@ impl Exit {
     /// The code of a client error, by its kind.
     pub(crate) fn of_client(e: &ClientError) -> Exit {
         match e.kind() {
-            ClientErrorKind::InvalidInput | ClientErrorKind::Config => Exit::BadInput,
-            ClientErrorKind::NotFound => Exit::NotFound,
-            ClientErrorKind::AlreadyApproved | ClientErrorKind::EpochExhausted => Exit::Conflict,
-            ClientErrorKind::QuotaExceeded => Exit::Quota,
-            ClientErrorKind::Unauthenticated => Exit::Unauthenticated,
-            ClientErrorKind::Forbidden => Exit::Forbidden,
-            ClientErrorKind::DeadlineExceeded => Exit::NotAcquired,
-            ClientErrorKind::NotHeld | ClientErrorKind::SessionLost => Exit::Lost,
+            ClientErrorKind::Problem(ProblemKind::InvalidInput) | ClientErrorKind::Config => {
+                Exit::BadInput
+            }
+            ClientErrorKind::Problem(ProblemKind::NotFound) => Exit::NotFound,
+            ClientErrorKind::Problem(ProblemKind::AlreadyApproved)
+            | ClientErrorKind::Problem(ProblemKind::EpochExhausted) => Exit::Conflict,
+            ClientErrorKind::Problem(ProblemKind::QuotaExceeded) => Exit::Quota,
+            ClientErrorKind::Problem(ProblemKind::Unauthenticated) => Exit::Unauthenticated,
+            ClientErrorKind::Problem(ProblemKind::Forbidden) => Exit::Forbidden,
+            ClientErrorKind::Problem(ProblemKind::DeadlineExceeded) => Exit::NotAcquired,
+            ClientErrorKind::Problem(ProblemKind::NotHeld)
+            | ClientErrorKind::Problem(ProblemKind::SessionLost) => Exit::Lost,
             _ => Exit::Failure,
         }
     }

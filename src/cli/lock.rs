@@ -5,10 +5,11 @@
 //! until `lock release`, `session close`, or the session's lease lapses: renew it with
 //! `session keepalive` more often than once per TTL to keep the lock longer.
 
+use palisade_api::ProblemKind;
 use std::io::Read;
 use std::path::PathBuf;
 
-use palisade_lock::client::ClientErrorKind;
+use palisade_client::ClientErrorKind;
 use palisade_lock::{Enforcement, HolderMeta, Mode};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -323,14 +324,17 @@ fn release(conn: &Connection, h: &HoldFile) -> Result<String> {
             .await
         {
             Ok(_) => Ok(()),
-            Err(e) if e.is_not_held() || e.kind() == &ClientErrorKind::SessionLost => {
+            Err(e)
+                if e.is_not_held()
+                    || e.kind() == &ClientErrorKind::Problem(ProblemKind::SessionLost) =>
+            {
                 Err(CliError::new(
                     Exit::Lost,
                     format!("the hold already ended ({})", e.detail()),
                 )
                 .into())
             }
-            Err(e) if e.kind() == &ClientErrorKind::NotFound => {
+            Err(e) if e.kind() == &ClientErrorKind::Problem(ProblemKind::NotFound) => {
                 // No live session, or no such namespace? Ask the session itself (one
                 // renewal if it lives).
                 let path = format!("/v1/sessions/{}/keepalive", enc(&h.session));

@@ -5,10 +5,10 @@ use std::path::PathBuf;
 
 use std::sync::Arc;
 
-use palisade_lock::service::{
+use palisade_lock::{FileEpochStore, Locker, LockerOptions};
+use palisade_server::{
     self, Authz, ForceReleaseAudit, ForceReleases, ForcedRelease, ServiceOptions,
 };
-use palisade_lock::{FileEpochStore, Locker, LockerOptions};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
@@ -88,12 +88,12 @@ pub(crate) fn run(args: ServeArgs) -> Result<String, Box<dyn std::error::Error>>
                 let chain = CertificateDer::pem_file_iter(cert)?.collect::<Result<Vec<_>, _>>()?;
                 let key = PrivateKeyDer::from_pem_file(key)?;
                 let roots = CertificateDer::pem_file_iter(ca)?.collect::<Result<Vec<_>, _>>()?;
-                let tls = service::server_config(roots, chain, key)?;
+                let tls = palisade_server::server_config(roots, chain, key)?;
                 tracing::info!(addr = %args.listen, "serving over mTLS");
-                service::serve_tls(listener, tls, locker, options).await?;
+                palisade_server::serve_tls(listener, tls, locker, options).await?;
             }
             _ if args.insecure_dev_identity => {
-                service::serve_dev(listener, locker, options.insecure_dev_identity()).await?;
+                palisade_server::serve_dev(listener, locker, options.insecure_dev_identity()).await?;
             }
             _ => return Err("either --tls-cert/--tls-key/--client-ca or --insecure-dev-identity".into()),
         }

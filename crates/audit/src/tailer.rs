@@ -66,8 +66,9 @@ use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use etcd_client::{Client, ConnectOptions, Event, EventType, GetOptions, WatchOptions};
+use palisade_api::keys::{ForcedGrant, HoldValue, LockEntry, LockEntryKey, RootKeys};
+use palisade_api::{LeaseId, Mode};
 use palisade_fence::{Epoch, FencingToken, Revision};
-use serde::Deserialize;
 use tokio_postgres::GenericClient;
 
 use crate::{insert_lock_events, restored, AuditError, ClusterId, LockEvent, LockEventKind};
@@ -137,13 +138,13 @@ impl std::fmt::Debug for Tailer {
 }
 
 impl Tailer {
-    /// A tailer of the key space under [`palisade_lock::DEFAULT_ROOT`], retrying after
+    /// A tailer of the key space under [`palisade_api::keys::DEFAULT_ROOT`], retrying after
     /// failures with a backoff from 100 ms to 5 s.
     pub fn new(client: Client, pool: Pool) -> Self {
         Tailer {
             client,
             pool,
-            root: palisade_lock::DEFAULT_ROOT.to_owned(),
+            root: palisade_api::keys::DEFAULT_ROOT.to_owned(),
             backoff_min: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
         }
@@ -207,7 +208,8 @@ impl Tailer {
     /// Reads the cluster id and the stored position, then watches and stores until
     /// something fails. Sets `progressed` once a batch is stored.
     async fn tail(&self, progressed: &mut bool) -> Result<Infallible, AuditError> {
-        let prefix = format!("{}locks/", self.root);
+        let keys = RootKeys::new(&self.root);
+        let prefix = keys.locks();
         let mut etcd = self.client.clone();
         let resp = tokio::time::timeout(
             ETCD_TIMEOUT,
@@ -279,7 +281,7 @@ impl Tailer {
                 let Some(last) = changes.iter().map(|c| c.revision).max() else {
                     continue;
                 };
-                let events = classify(cluster, &prefix, &changes);
+                let events = classify(cluster, &keys, &changes);
                 let digests = restored::digests(&changes);
                 self.store(cluster, &events, &digests, position, last, &mut repeats)
                     .await?;
@@ -391,90 +393,7 @@ impl Change {
     }
 }
 
-/// A hold or grant-record key of the documented layout.
-#[derive(Debug, PartialEq, Eq)]
-struct LockPath<'a> {
-    ns: &'a str,
-    class: &'a str,
-    /// The key segment as stored (escaped).
-    escaped: &'a str,
-    /// `h` or `g`.
-    kind: &'a str,
-    mode: &'a str,
-    lease: &'a str,
-}
-
-impl LockPath<'_> {
-    fn grant_record(&self, prefix: &str) -> Vec<u8> {
-        format!(
-            "{prefix}{}/{}/{}/g/{}/{}",
-            self.ns, self.class, self.escaped, self.mode, self.lease
-        )
-        .into_bytes()
-    }
-}
-
-/// Parses `<prefix><ns>/<class>/<k>/<h|g>/<x|s>/<lease>`; anything else is `None`.
-fn parse_path<'a>(prefix: &str, key: &'a [u8]) -> Option<LockPath<'a>> {
-    let rest = std::str::from_utf8(key).ok()?.strip_prefix(prefix)?;
-    let mut segs = rest.split('/');
-    let path = LockPath {
-        ns: segs.next()?,
-        class: segs.next()?,
-        escaped: segs.next()?,
-        kind: segs.next()?,
-        mode: segs.next()?,
-        lease: segs.next()?,
-    };
-    let ok = segs.next().is_none()
-        && is_name(path.ns)
-        && is_name(path.class)
-        && unescape(path.escaped).is_some()
-        && matches!(path.kind, "h" | "g")
-        && matches!(path.mode, "x" | "s")
-        && path.lease.len() == 16
-        && path
-            .lease
-            .bytes()
-            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
-    ok.then_some(path)
-}
-
-/// `[a-z0-9][a-z0-9_-]{0,62}`.
-fn is_name(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && matches!(b[0], b'a'..=b'z' | b'0'..=b'9')
-        && b.iter()
-            .all(|c| matches!(c, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-'))
-}
-
-/// Undoes the lock core's escaping (`%25`, `%2F`, `%20`); `None` for an empty key or any
-/// other `%` sequence.
-fn unescape(s: &str) -> Option<String> {
-    if s.is_empty() {
-        return None;
-    }
-    let mut out = String::with_capacity(s.len());
-    let mut rest = s;
-    while let Some(i) = rest.find('%') {
-        out.push_str(&rest[..i]);
-        let c = match rest.get(i..i + 3)? {
-            "%25" => '%',
-            "%2F" => '/',
-            "%20" => ' ',
-            _ => return None,
-        };
-        out.push(c);
-        rest = &rest[i + 3..];
-    }
-    out.push_str(rest);
-    Some(out)
-}
-
-/// The part of the holder meta the rows need.
-#[derive(Deserialize)]
+/// The part of a hold value the rows need.
 struct Meta {
     spiffe_id: String,
     epoch: u16,
@@ -482,7 +401,11 @@ struct Meta {
 
 impl Meta {
     fn parse(value: &[u8]) -> Option<Meta> {
-        serde_json::from_slice(value).ok()
+        let v = HoldValue::parse(value)?;
+        Some(Meta {
+            spiffe_id: v.spiffe_id.into_owned(),
+            epoch: v.epoch,
+        })
     }
 
     fn token(&self, create_revision: i64) -> Option<FencingToken> {
@@ -491,25 +414,42 @@ impl Meta {
     }
 }
 
-/// A grant record rewritten by a force release.
-#[derive(Deserialize)]
-struct Forced {
-    #[allow(dead_code)]
-    forced: palisade_lock::ForceMarker,
+/// Whether a key is a hold (`true`) or a grant record (`false`), parsed; `None` for
+/// every other key.
+fn hold_or_grant<'a>(keys: &RootKeys, key: &'a [u8]) -> Option<(bool, LockEntryKey<'a>)> {
+    let parsed = keys.parse_lock_entry(key)?;
+    match parsed.entry {
+        LockEntry::Hold(..) => Some((true, parsed)),
+        LockEntry::Grant(..) => Some((false, parsed)),
+        _ => None,
+    }
+}
+
+/// The identity of a lock entry's hold and grant record: `(ns, class, escaped key,
+/// mode, lease)`.
+fn grant_of<'a>(p: &LockEntryKey<'a>) -> Option<(&'a str, &'a str, &'a str, Mode, LeaseId)> {
+    match p.entry {
+        LockEntry::Hold(m, l) | LockEntry::Grant(m, l) => {
+            Some((p.ns, p.class, p.escaped_key, m, l))
+        }
+        _ => None,
+    }
 }
 
 /// Turns changes (in etcd's order, complete revisions) into rows.
-pub(crate) fn classify(cluster: ClusterId, prefix: &str, changes: &[Change]) -> Vec<LockEvent> {
+pub(crate) fn classify(cluster: ClusterId, keys: &RootKeys, changes: &[Change]) -> Vec<LockEvent> {
     let mut out = Vec::new();
     for group in changes.chunk_by(|a, b| a.revision == b.revision) {
-        let grant_records: HashMap<&[u8], &Change> = group
+        let grant_records: HashMap<_, &Change> = group
             .iter()
-            .filter(|c| parse_path(prefix, &c.key).is_some_and(|p| p.kind == "g"))
-            .map(|c| (c.key.as_slice(), c))
+            .filter_map(|c| match hold_or_grant(keys, &c.key) {
+                Some((false, p)) => Some((grant_of(&p)?, c)),
+                _ => None,
+            })
             .collect();
         let mut seq = 0;
         for c in group {
-            let Some(path) = parse_path(prefix, &c.key).filter(|p| p.kind == "h") else {
+            let Some((true, path)) = hold_or_grant(keys, &c.key) else {
                 continue;
             };
             let (kind, meta) = if !c.delete {
@@ -531,11 +471,9 @@ pub(crate) fn classify(cluster: ClusterId, prefix: &str, changes: &[Change]) -> 
                     // History without the previous value: the event, without identity.
                     None => None,
                 };
-                let kind = match grant_records.get(path.grant_record(prefix).as_slice()) {
+                let kind = match grant_of(&path).and_then(|g| grant_records.get(&g)) {
                     Some(g) if g.delete => LockEventKind::Release,
-                    Some(g) if serde_json::from_slice::<Forced>(&g.value).is_ok() => {
-                        LockEventKind::Force
-                    }
+                    Some(g) if ForcedGrant::is_forced(&g.value) => LockEventKind::Force,
                     _ => LockEventKind::Expire,
                 };
                 (kind, meta)
@@ -543,9 +481,7 @@ pub(crate) fn classify(cluster: ClusterId, prefix: &str, changes: &[Change]) -> 
             let Ok(rev) = Revision::from_i64(c.revision) else {
                 continue;
             };
-            let Some(key) = unescape(path.escaped) else {
-                continue;
-            };
+            let key = path.key();
             let mut e = LockEvent::new(cluster, rev, kind, key);
             e.seq = seq;
             e.namespace = Some(path.ns.to_owned());
@@ -626,7 +562,7 @@ mod tests {
             put(10, &g, forced, 2, 9),
             del(11, &g, Some((meta(1), 9))),
         ];
-        let events = classify(ClusterId(1), P, &changes);
+        let events = classify(ClusterId(1), &RootKeys::new("/p/"), &changes);
         use LockEventKind::*;
         assert_eq!(
             kinds(&events),
@@ -663,7 +599,7 @@ mod tests {
             put(12, &format!("{lock}/h/x/{NEXT}"), next_meta(), 1, 12),
             put(12, &format!("{lock}/g/x/{NEXT}"), next_meta(), 1, 12),
         ];
-        let events = classify(ClusterId(1), P, &changes);
+        let events = classify(ClusterId(1), &RootKeys::new("/p/"), &changes);
         assert_eq!(
             kinds(&events),
             [
@@ -694,7 +630,7 @@ mod tests {
             del(4, &cancel, None),
             del(4, &b, Some((meta(0), 3))),
         ];
-        let events = classify(ClusterId(1), P, &changes);
+        let events = classify(ClusterId(1), &RootKeys::new("/p/"), &changes);
         assert_eq!(
             kinds(&events),
             [(4, 0, LockEventKind::Expire), (4, 1, LockEventKind::Expire)]
@@ -726,14 +662,6 @@ mod tests {
         changes.push(del(101, &h, Some((b"junk".to_vec(), 100))));
         // A rewrite is not a grant.
         changes.push(put(102, &h, meta(0), 2, 100));
-        assert!(classify(ClusterId(1), P, &changes).is_empty());
-    }
-
-    #[test]
-    fn unescaping() {
-        assert_eq!(unescape("a%2Fb%20c%25d").as_deref(), Some("a/b c%d"));
-        assert_eq!(unescape("a%252Fb").as_deref(), Some("a%2Fb"));
-        assert_eq!(unescape("a%2"), None);
-        assert_eq!(unescape(""), None);
+        assert!(classify(ClusterId(1), &RootKeys::new("/p/"), &changes).is_empty());
     }
 }

@@ -181,7 +181,8 @@ impl Holder {
         let t0 = Instant::now();
         while self.holds.len() < target {
             if self.holds.len() >= self.sessions.len() * 100 {
-                let id = SpiffeId::new(format!("spiffe://bench/holder{}", self.sessions.len()))?;
+                let id = SpiffeId::new(format!("spiffe://bench/holder{}", self.sessions.len()))
+                    .map_err(palisade_lock::Error::from)?;
                 self.sessions.push(Arc::new(
                     locker.open_session(id, Duration::from_secs(60)).await?,
                 ));
@@ -281,7 +282,8 @@ async fn cell(table: &mut Table, env: &Env<'_>, at: Cell, args: &LockArgs) -> Re
             let session = Arc::new(
                 locker
                     .open_session(
-                        SpiffeId::new(format!("spiffe://bench/w{i}"))?,
+                        SpiffeId::new(format!("spiffe://bench/w{i}"))
+                            .map_err(palisade_lock::Error::from)?,
                         Duration::from_secs(30),
                     )
                     .await?,

@@ -14,10 +14,10 @@ use bytes::Bytes;
 use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use palisade_lock::service::{serve_tls, server_config, Authz, AuthzConfig, ServiceOptions};
 use palisade_lock::{
     FileEpochStore, LockClass, LockName, Locker, LockerOptions, Mode, Namespace, Session, SpiffeId,
 };
+use palisade_server::{serve_tls, server_config, Authz, AuthzConfig, ServiceOptions};
 use palisade_testkit::EtcdCluster;
 use rcgen::{BasicConstraints, Certificate, CertificateParams, IsCa, KeyPair, SanType};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
@@ -129,7 +129,10 @@ pub(crate) async fn run(clients: &[usize], secs: Duration, rounds: usize) -> Res
             let id = format!("spiffe://bench/w{i}");
             let session = Arc::new(
                 locker
-                    .open_session(SpiffeId::new(id.as_str())?, Duration::from_secs(30))
+                    .open_session(
+                        SpiffeId::new(id.as_str()).map_err(palisade_lock::Error::from)?,
+                        Duration::from_secs(30),
+                    )
                     .await?,
             );
             sessions.push(Arc::clone(&session));

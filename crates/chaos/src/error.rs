@@ -50,7 +50,7 @@ pub enum ChaosError {
         what: String,
         /// The client error.
         #[source]
-        source: palisade_lock::client::ClientError,
+        source: palisade_client::ClientError,
     },
     /// A part did not become ready in time.
     #[error("{0} was not ready in time")]
@@ -87,7 +87,7 @@ impl ChaosError {
 
     pub(crate) fn service(
         what: impl Into<String>,
-    ) -> impl FnOnce(palisade_lock::client::ClientError) -> ChaosError {
+    ) -> impl FnOnce(palisade_client::ClientError) -> ChaosError {
         let what = what.into();
         move |source| ChaosError::Service { what, source }
     }

@@ -13,7 +13,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use etcd_client::{Client, EventType, GetOptions, WatchOptions};
-use serde::Deserialize;
+use palisade_api::keys::{ForcedGrant, HoldValue, LockEntry, RootKeys};
+use palisade_api::{LeaseId, Mode};
 
 use crate::error::ChaosError;
 use crate::history::{Event, HoldEnd, LockName};
@@ -181,47 +182,44 @@ async fn read_inner(
     }
 }
 
-/// A hold or grant-record key: `<prefix><ns>/<class>/<key>/<h|g>/<x|s>/<lease>`.
+/// A hold or grant-record key, as the key layout's parser reads it.
 struct Path {
     lock: LockName,
-    kind: String,
-    mode: String,
-    lease: String,
+    hold: bool,
+    mode: Mode,
+    lease: LeaseId,
 }
 
-fn parse(prefix: &str, key: &str) -> Option<Path> {
-    let segs: Vec<&str> = key.strip_prefix(prefix)?.split('/').collect();
-    let [ns, class, escaped, kind, mode, lease] = segs.as_slice() else {
-        return None;
-    };
-    if !matches!(*kind, "h" | "g") || !matches!(*mode, "x" | "s") {
-        return None;
+impl Path {
+    /// The grant record of this hold.
+    fn grant_record(&self, keys: &RootKeys) -> String {
+        keys.lock(&self.lock.ns, &self.lock.class, &self.lock.key)
+            .grant(self.mode, self.lease)
     }
-    let key = escaped
-        .replace("%2F", "/")
-        .replace("%20", " ")
-        .replace("%25", "%");
+}
+
+fn parse(keys: &RootKeys, key: &str) -> Option<Path> {
+    let p = keys.parse_lock_entry(key.as_bytes())?;
+    let (hold, mode, lease) = match p.entry {
+        LockEntry::Hold(m, l) => (true, m, l),
+        LockEntry::Grant(m, l) => (false, m, l),
+        _ => return None,
+    };
     Some(Path {
         lock: LockName {
-            ns: (*ns).to_owned(),
-            class: (*class).to_owned(),
-            key,
+            ns: p.ns.to_owned(),
+            class: p.class.to_owned(),
+            key: p.key(),
         },
-        kind: (*kind).to_owned(),
-        mode: (*mode).to_owned(),
-        lease: (*lease).to_owned(),
+        hold,
+        mode,
+        lease,
     })
 }
 
-#[derive(Deserialize)]
-struct Meta {
-    epoch: u16,
-}
-
-#[derive(Deserialize)]
-struct Forced {
-    #[allow(dead_code)]
-    forced: serde_json::Value,
+/// The epoch written in a hold's value; `None` when it is not holder meta.
+fn hold_epoch(value: &[u8]) -> Option<u16> {
+    HoldValue::parse(value).map(|v| v.epoch)
 }
 
 /// The holds of one revision space.
@@ -240,20 +238,25 @@ pub(crate) struct Holds {
 /// end are [`HoldEnd::Open`] (for a space a restore ended: present when it was
 /// destroyed). Hold keys in `read.initial` (the space began with them: a restore brought
 /// them back) become [`Event::RestoredHold`]s, ended by their delete in the space.
-pub(crate) fn holds(prefix: &str, read: &Read, space: Space) -> Holds {
+pub(crate) fn holds(keys: &RootKeys, read: &Read, space: Space) -> Holds {
     let epoch = space.epoch;
     let mut result = Holds::default();
     let out = &mut result.holds;
     let mut open: BTreeMap<String, (LockName, i64, bool, u16, Option<i64>)> = BTreeMap::new();
     let mut restored: BTreeMap<String, (LockName, i64, bool, u16)> = BTreeMap::new();
     for c in &read.initial {
-        let Some(path) = parse(prefix, &c.key).filter(|p| p.kind == "h") else {
+        let Some(path) = parse(keys, &c.key).filter(|p| p.hold) else {
             continue;
         };
-        let e = serde_json::from_slice::<Meta>(&c.value).map_or(epoch, |m| m.epoch);
+        let e = hold_epoch(&c.value).unwrap_or(epoch);
         restored.insert(
             c.key.clone(),
-            (path.lock, c.create_revision, path.mode == "x", e),
+            (
+                path.lock,
+                c.create_revision,
+                path.mode == Mode::Exclusive,
+                e,
+            ),
         );
     }
     let restored_rev = space.from - 1;
@@ -273,18 +276,18 @@ pub(crate) fn holds(prefix: &str, read: &Read, space: Space) -> Holds {
     for group in read.changes.chunk_by(|a, b| a.revision == b.revision) {
         let grant_records: HashMap<&str, &Change> = group
             .iter()
-            .filter(|c| parse(prefix, &c.key).is_some_and(|p| p.kind == "g"))
+            .filter(|c| parse(keys, &c.key).is_some_and(|p| !p.hold))
             .map(|c| (c.key.as_str(), c))
             .collect();
         for c in group {
-            let Some(path) = parse(prefix, &c.key).filter(|p| p.kind == "h") else {
+            let Some(path) = parse(keys, &c.key).filter(|p| p.hold) else {
                 continue;
             };
-            let exclusive = path.mode == "x";
+            let exclusive = path.mode == Mode::Exclusive;
             if !c.delete {
                 if c.version == 1 {
-                    let e = serde_json::from_slice::<Meta>(&c.value).map_or(epoch, |m| m.epoch);
-                    let session = i64::from_str_radix(&path.lease, 16).ok();
+                    let e = hold_epoch(&c.value).unwrap_or(epoch);
+                    let session = Some(path.lease.get());
                     open.insert(
                         c.key.clone(),
                         (path.lock, c.create_revision, exclusive, e, session),
@@ -292,17 +295,10 @@ pub(crate) fn holds(prefix: &str, read: &Read, space: Space) -> Holds {
                 }
                 continue;
             }
-            let record = format!(
-                "{prefix}{}/{}/{}/g/{}/{}",
-                path.lock.ns,
-                path.lock.class,
-                escape(&path.lock.key),
-                path.mode,
-                path.lease
-            );
+            let record = path.grant_record(keys);
             let end = match grant_records.get(record.as_str()) {
                 Some(g) if g.delete => HoldEnd::Released,
-                Some(g) if serde_json::from_slice::<Forced>(&g.value).is_ok() => HoldEnd::Forced,
+                Some(g) if ForcedGrant::is_forced(&g.value) => HoldEnd::Forced,
                 _ => HoldEnd::Expired,
             };
             let Some((lock, grant_rev, exclusive, hold_epoch, session)) = open.remove(&c.key)
@@ -345,12 +341,6 @@ pub(crate) fn holds(prefix: &str, read: &Read, space: Space) -> Holds {
     result
 }
 
-fn escape(key: &str) -> String {
-    key.replace('%', "%25")
-        .replace('/', "%2F")
-        .replace(' ', "%20")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -371,7 +361,7 @@ mod tests {
         let p = "/palisade/locks/";
         let h = |lease: &str| format!("{p}chaos/cells/key-1/h/x/{lease}");
         let g = |lease: &str| format!("{p}chaos/cells/key-1/g/x/{lease}");
-        let meta = r#"{"spiffe_id":"spiffe://chaos/w","epoch":2}"#;
+        let meta = r#"{"spiffe_id":"spiffe://chaos/w","class":"cells","mode":"exclusive","epoch":2,"attempt":1}"#;
         let read = Read {
             cluster_id: 1,
             initial: vec![
@@ -397,7 +387,7 @@ mod tests {
                     14,
                     false,
                     &g("00000000000000a3"),
-                    r#"{"forced":{"by":"x"}}"#,
+                    r#"{"forced":{"request_id":"r","requester":"x","reason":"stuck"}}"#,
                     12,
                 ),
                 change(15, true, &h("00000000000000a0"), "", 3),
@@ -428,7 +418,7 @@ mod tests {
             session: Some(lease),
         };
         let found = holds(
-            p,
+            &RootKeys::new("/palisade/"),
             &read,
             Space {
                 epoch: 3,

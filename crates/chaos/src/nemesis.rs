@@ -23,6 +23,7 @@ use crate::history::{Event, FaultKind, Phase};
 use crate::procs;
 use crate::runner::{epoch_field, retry, Run, Space, REPLICAS, ROOT, TTL};
 use crate::schedule::PlannedFault;
+use palisade_api::keys::RootKeys;
 
 impl Run {
     fn fault(&self, kind: FaultKind, phase: Phase, detail: String) {
@@ -148,7 +149,7 @@ impl Run {
         // stopped nothing commits at all (not even a lease expiry), so what the leader
         // has applied is final.
         self.replicas.signal_all(Signal::SIGSTOP);
-        let prefix = format!("{ROOT}locks/");
+        let prefix = RootKeys::new(ROOT).locks();
         // Let the audit tailer read the space first, while etcd still has quorum (after a
         // restore its backoff can leave it seconds behind).
         if let Ok(read) = etcd_history::read(
@@ -199,7 +200,7 @@ impl Run {
                 return Err(e);
             }
         };
-        let found = etcd_history::holds(&prefix, &read, self.space);
+        let found = etcd_history::holds(&RootKeys::new(ROOT), &read, self.space);
         self.holds.extend(found.holds);
         self.unmatched_ends += found.unmatched_ends;
         // The last few changes (lease expiries since the tailer caught up): the tailer may

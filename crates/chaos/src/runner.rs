@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use palisade_lock::client::Client;
+use palisade_client::Client;
 use palisade_testkit::{EtcdCluster, PgServer};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -22,6 +22,7 @@ use crate::resource::{self, ResourceService};
 use crate::schedule;
 use crate::summary::Summary;
 use crate::worker::{WorkerConfig, CLASS, NAMESPACE};
+use palisade_api::keys::RootKeys;
 
 /// The lock service's key space root (its default).
 pub(crate) const ROOT: &str = "/palisade/";
@@ -362,7 +363,7 @@ async fn drive(
     let sink_dropped = service.stop().await;
 
     // etcd's history of the last revision space.
-    let prefix = format!("{ROOT}locks/");
+    let prefix = RootKeys::new(ROOT).locks();
     let read = etcd_history::read(
         &run.etcd.endpoints(),
         &prefix,
@@ -372,7 +373,7 @@ async fn drive(
     )
     .await?;
     let mut holds = std::mem::take(&mut run.holds);
-    let found = etcd_history::holds(&prefix, &read, run.space);
+    let found = etcd_history::holds(&RootKeys::new(ROOT), &read, run.space);
     holds.extend(found.holds);
     let unmatched_ends = run.unmatched_ends + found.unmatched_ends;
     let last_lock_rev = read

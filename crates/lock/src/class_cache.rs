@@ -30,7 +30,7 @@ use std::time::Duration;
 use etcd_client::{Client, WatchOptions};
 use tokio::sync::oneshot;
 
-use crate::model::{LockClass, Namespace};
+use palisade_api::{LockClass, Namespace};
 
 #[derive(Default)]
 struct State {
@@ -92,7 +92,6 @@ impl ClassCache {
     }
 
     /// The cached namespace record, while the watch is up.
-    #[cfg(any(feature = "service", test))]
     pub(crate) fn namespace(&self, ns: &str) -> Option<Arc<Namespace>> {
         let s = self.state();
         if !s.live {
@@ -103,7 +102,6 @@ impl ClassCache {
 
     /// Keeps a namespace record read from etcd, to be served unless the cache was
     /// cleared since `generation`.
-    #[cfg(any(feature = "service", test))]
     pub(crate) fn fill_namespace(&self, generation: u64, ns: Arc<Namespace>) {
         let mut s = self.state();
         if s.generation == generation {

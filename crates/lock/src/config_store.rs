@@ -6,9 +6,9 @@ use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
 use tokio::time::Instant;
 
 use crate::error::{Error, ErrorKind, InvalidInput, Result};
-use crate::keys::{prefix_end, RootKeys};
-use crate::model::{validate_name, LockClass, Namespace};
 use crate::retry;
+use palisade_api::keys::{prefix_end, RootKeys};
+use palisade_api::{validate_name, LockClass, Namespace};
 
 /// Whose deadline a config read runs to: its own budget (the deadline passing is etcd's
 /// failure, `QuorumLost`), or a caller's (attempts it cut short, with etcd never seen

@@ -24,11 +24,11 @@ use tokio::time::Instant;
 use crate::config_store::decode;
 use crate::error::{Error, ErrorKind, InvalidInput, Result};
 use crate::hold::release_lease_txn;
-use crate::keys::validate_key;
 use crate::locker::{LockName, Locker};
-use crate::model::{validate_name, LeaseId, Mode, SpiffeId};
 use crate::retry::{self, CallError};
 use crate::session::Session;
+use palisade_api::validate_key;
+use palisade_api::{validate_name, LeaseId, Mode, SpiffeId};
 
 /// A session as recorded in etcd at `<root>sessions/<lease>` (JSON, attached to the
 /// lease).
@@ -40,7 +40,7 @@ pub struct SessionRecord {
     /// close it (the service enforces this).
     pub spiffe_id: SpiffeId,
     /// The lease's TTL, in whole seconds (JSON: milliseconds).
-    #[serde(with = "crate::model::millis")]
+    #[serde(with = "palisade_api::millis")]
     pub ttl: Duration,
     /// The revision that wrote the record (its key's create revision; not in the JSON).
     #[serde(skip)]

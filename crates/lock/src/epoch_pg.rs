@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use palisade_fence::{Epoch, Revision};
 
-use crate::epoch::{BoxFuture, EpochReason, EpochRecord, EpochStore, StoreError};
+use crate::epoch::{BoxFuture, EpochStore, StoreError};
+use palisade_api::{EpochReason, EpochRecord};
 
 /// The migrations that create the store's table (`lock_epoch`) and add its
 /// `reserved_rev` column to a table created before it existed; idempotent.

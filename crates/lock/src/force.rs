@@ -2,33 +2,14 @@
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use palisade_fence::Revision;
-use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::keys::validate_key;
 use crate::locker::{LockName, Locker};
-use crate::model::{validate_name, LeaseId, Mode};
 use crate::retry;
-
-/// Who forced a release and why. Written as `{"forced": <marker>}` into the hold's grant
-/// record (`g/<m>/<lease>`) in the same revision that deletes the hold, so the audit
-/// tailer can tell a force from an expiry (hold deleted, grant record untouched) and from
-/// a release (both deleted). Approval (a second person) is the service's business.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ForceMarker {
-    /// The service's id of the force-release request (joins its audit record).
-    pub request_id: String,
-    /// Who asked (a SPIFFE ID or a user name).
-    pub requester: String,
-    /// Why.
-    pub reason: String,
-}
-
-#[derive(Serialize)]
-struct Forced<'a> {
-    forced: &'a ForceMarker,
-}
+use palisade_api::keys::{ForceMarker, ForcedGrant};
+use palisade_api::validate_key;
+use palisade_api::{validate_name, LeaseId, Mode};
 
 impl Locker {
     /// Deletes the hold of `holder` on `lock` (in `mode`) and marks its grant record as
@@ -85,8 +66,10 @@ impl Locker {
         let inner = &self.inner;
         let keys = inner.keys.lock(&lock.ns, &lock.class, &lock.key);
         let hold = keys.hold(mode, holder);
-        let value = serde_json::to_vec(&Forced { forced: marker })
-            .map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
+        let value = serde_json::to_vec(&ForcedGrant {
+            forced: std::borrow::Cow::Borrowed(marker),
+        })
+        .map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
         let txn = Txn::new()
             .when([match grant_rev {
                 Some(rev) => Compare::create_revision(

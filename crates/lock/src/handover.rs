@@ -42,8 +42,8 @@ use std::time::Duration;
 
 use palisade_fence::Revision;
 
-use crate::keys::LockKeys;
-use crate::model::{LeaseId, Mode};
+use palisade_api::keys::LockKeys;
+use palisade_api::{LeaseId, Mode};
 
 /// Successors of holds that were forgotten, by hold key and grant revision: at most
 /// [`Successors::CAPACITY`] of them, each for at most [`Successors::TTL`] (after that

@@ -9,11 +9,11 @@ use tokio::time::Instant;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::handover::Successor;
-use crate::keys::LockKeys;
 use crate::locker::{LockName, LockerInner};
-use crate::model::{Enforcement, LockClass, Mode};
 use crate::retry;
 use crate::session::{LossReason, Session};
+use palisade_api::keys::LockKeys;
+use palisade_api::{Enforcement, LockClass, Mode};
 
 /// A granted lock.
 ///
@@ -217,7 +217,7 @@ pub(crate) async fn release_lease_txn(
     locker: &LockerInner,
     keys: &LockKeys,
     mode: Mode,
-    lease: crate::model::LeaseId,
+    lease: palisade_api::LeaseId,
     rev: Revision,
     to: Option<&Successor>,
 ) -> Result<()> {

@@ -2,15 +2,15 @@
 
 use etcd_client::{GetOptions, Txn, TxnOp, TxnOpResponse};
 use palisade_fence::{Epoch, FencingToken, Revision};
-use serde::Deserialize;
 use serde_json::{Map, Value};
 use tokio::time::Instant;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::keys::validate_key;
 use crate::locker::{LockName, Locker};
-use crate::model::{validate_name, LeaseId, Mode};
 use crate::retry;
+use palisade_api::keys::HoldValue;
+use palisade_api::validate_key;
+use palisade_api::{validate_name, LeaseId, Mode};
 
 /// One holder of a lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,13 +62,24 @@ pub struct LockState {
     pub foreign_keys: Vec<String>,
 }
 
-#[derive(Deserialize)]
+/// A stored hold or waiter value, as much as the state lists.
 struct Meta {
     spiffe_id: String,
     mode: Mode,
     epoch: Epoch,
-    #[serde(default)]
     holder_meta: Option<Map<String, Value>>,
+}
+
+impl Meta {
+    fn parse(value: &[u8]) -> Option<Meta> {
+        let v = HoldValue::parse(value)?;
+        Some(Meta {
+            spiffe_id: v.spiffe_id.into_owned(),
+            mode: v.mode,
+            epoch: Epoch::new(v.epoch).ok()?,
+            holder_meta: v.holder_meta.map(|m| m.into_owned().into()),
+        })
+    }
 }
 
 impl Locker {
@@ -133,7 +144,7 @@ impl Locker {
             }
         }
         let parse = |kv: &etcd_client::KeyValue| -> Option<(Meta, Revision)> {
-            let meta: Meta = serde_json::from_slice(kv.value()).ok()?;
+            let meta = Meta::parse(kv.value())?;
             Some((meta, Revision::from_i64(kv.create_revision()).ok()?))
         };
         let mut holders: Vec<Holder> = holds

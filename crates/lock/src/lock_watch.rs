@@ -6,7 +6,7 @@
 //! and three cancels per cycle, and etcd 3.4 copies its write buffer for every watch it
 //! creates (`readView.Rev`, about a tenth of its CPU in that run; BENCHMARKS.md, section
 //! 4). Here the first waiter of the locker on a lock creates one watch on the lock's
-//! waiter and hold keys (`[h/, q/]`, the range of [`crate::keys::LockKeys::wait_range`]),
+//! waiter and hold keys (`[h/, q/]`, the range of [`palisade_api::keys::LockKeys::wait_range`]),
 //! on one of the shared streams of [`crate::watches`]; every later waiter of the locker
 //! on that lock joins it, with no round trip to etcd, and the watch is cancelled when the
 //! last of them leaves.
@@ -48,8 +48,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::keys::LockKeys;
 use crate::watches::{Subscription, Watches};
+use palisade_api::keys::LockKeys;
 
 /// How many of its latest messages (those with events) a lock's watch keeps for waiters
 /// that join it. A waiter joins right after the read it decides on (one round trip, or
@@ -415,7 +415,7 @@ mod etcd_tests {
     use palisade_testkit::EtcdCluster;
 
     use super::*;
-    use crate::keys::RootKeys;
+    use palisade_api::keys::RootKeys;
 
     /// The revisions of the events of `msg`, with their keys' last segment.
     fn events(msg: &WatchResponse) -> Vec<(i64, EventType, String)> {

@@ -10,24 +10,23 @@ use tokio::time::Instant;
 use crate::class_cache::{spawn_watch, ClassCache, WatchGuard};
 use crate::config_store::{decode, ConfigStore};
 use crate::epoch::{
-    move_revision_to, Current, EpochReason, EpochRecord, EpochState, EpochStore,
-    DEFAULT_EPOCH_WINDOW, MAX_EPOCH_WINDOW,
+    move_revision_to, Current, EpochState, EpochStore, DEFAULT_EPOCH_WINDOW, MAX_EPOCH_WINDOW,
 };
 use crate::error::{EpochMismatch, Error, ErrorKind, InvalidInput, Result};
 use crate::handover::Successors;
 use crate::hold::Hold;
-use crate::keys::{validate_key, RootKeys};
 use crate::lock_watch::LockWatches;
-use crate::meta::HolderMeta;
-#[cfg(feature = "service")]
-use crate::model::Namespace;
-use crate::model::{validate_name, LockClass, Mode, SpiffeId};
 use crate::retry;
 use crate::session::Session;
 use crate::watches::Watches;
+use palisade_api::keys::RootKeys;
+use palisade_api::validate_key;
+use palisade_api::HolderMeta;
+use palisade_api::Namespace;
+use palisade_api::{validate_name, LockClass, Mode, SpiffeId};
+use palisade_api::{EpochReason, EpochRecord};
 
-/// The default root prefix of the key space.
-pub const DEFAULT_ROOT: &str = "/palisade/";
+pub use palisade_api::keys::DEFAULT_ROOT;
 
 /// How to reach etcd and where the key space lives.
 #[derive(Debug, Clone)]
@@ -340,8 +339,7 @@ impl Locker {
     /// A namespace record: from the class cache while its watch on the config prefix is
     /// up (see `class_cache`), else read from etcd. For the service, which checks a
     /// namespace's quotas on every call.
-    #[cfg(feature = "service")]
-    pub(crate) async fn namespace(&self, ns: &str) -> Result<Option<Arc<Namespace>>> {
+    pub async fn namespace(&self, ns: &str) -> Result<Option<Arc<Namespace>>> {
         let cache = &self.inner.classes;
         if let Some(n) = cache.namespace(ns) {
             return Ok(Some(n));

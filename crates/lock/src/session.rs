@@ -15,8 +15,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::error::{Error, ErrorKind, InvalidInput, Result};
-use crate::model::{LeaseId, SpiffeId};
 use crate::retry::{self, Backoff};
+use palisade_api::{LeaseId, SpiffeId};
 
 /// Why a session ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,44 +3,29 @@
 //! locker's one watch on the lock), and a grant Txn
 //! whose header revision is the token's revision.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse};
 use palisade_fence::{Epoch, FencingToken, Revision};
-use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::handover::Successor;
 use crate::hold::Hold;
-use crate::keys::LockKeys;
 use crate::locker::{LockName, LockerInner};
-use crate::meta::HolderMeta;
-use crate::model::{LockClass, Mode, QuorumPolicy};
 use crate::retry::{self, CallError};
 use crate::session::Session;
+use palisade_api::keys::{HoldValue, LockKeys};
+use palisade_api::HolderMeta;
+use palisade_api::InvalidInput;
+use palisade_api::{LockClass, Mode, QuorumPolicy};
 
 mod waiter;
 
 use waiter::Step;
-
-/// The value of hold, waiter and grant-record keys: who, for which class, in which epoch.
-/// The token of a hold is `epoch · 2^48 + create_revision` of its hold key.
-#[derive(Debug, Serialize)]
-struct StoredMeta<'a> {
-    spiffe_id: &'a str,
-    class: &'a str,
-    mode: Mode,
-    epoch: u16,
-    /// Which acquire wrote it (unique within the process, and so within the lease): a
-    /// hold of this lease from another attempt is a leftover, never adopted.
-    attempt: u64,
-    /// What the holder attached, if anything.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    holder_meta: Option<&'a HolderMeta>,
-}
 
 /// Failed grant Txns in a row (each on the state the previous one returned) before the
 /// waiter loop backs off.
@@ -198,17 +183,17 @@ pub(crate) async fn acquire(
     }
     let keys = locker.keys.lock(&name.ns, &name.class, &name.key);
     if !session.mark_busy(keys.base()) {
-        return Err(Error::invalid(crate::error::InvalidInput::AlreadyAcquiring));
+        return Err(Error::invalid(InvalidInput::AlreadyAcquiring));
     }
     let epoch = locker.epoch.snapshot();
     let id = ATTEMPTS.fetch_add(1, Ordering::Relaxed);
-    let meta = serde_json::to_vec(&StoredMeta {
-        spiffe_id: session.spiffe_id().as_str(),
-        class: &class.id,
+    let meta = serde_json::to_vec(&HoldValue {
+        spiffe_id: Cow::Borrowed(session.spiffe_id().as_str()),
+        class: Cow::Borrowed(&class.id),
         mode,
         epoch: epoch.record.epoch.get(),
         attempt: id,
-        holder_meta,
+        holder_meta: holder_meta.map(Cow::Borrowed),
     })
     .map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
     let mut attempt = Attempt {

@@ -15,8 +15,8 @@ use super::Attempt;
 use crate::error::{Error, ErrorKind, Result};
 use crate::handover::{oldest_waiter_op, oldest_waiter_options, Successor};
 use crate::lock_watch::{LockSubscription, QUIET_TIMEOUTS};
-use crate::model::Mode;
 use crate::retry;
+use palisade_api::Mode;
 
 /// One key of the lock's queue, holds or grant records, read without its value.
 pub(super) struct Entry {

@@ -1,0 +1,98 @@
+//! [`InvalidInput`]: why input was refused, before anything was written.
+
+use std::time::Duration;
+
+/// Why input was refused. Nothing was written to etcd.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidInput {
+    /// The lock key is empty.
+    #[error("lock key is empty")]
+    EmptyKey,
+    /// The lock key has a `..` path segment.
+    #[error("lock key has a `..` segment")]
+    DotDotSegment,
+    /// The lock key has a NUL or other ASCII control character.
+    #[error("lock key has a control character (NUL included)")]
+    ControlCharacter,
+    /// The lock key is longer than [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes.
+    #[error("lock key is longer than {} bytes", crate::MAX_KEY_LEN)]
+    KeyTooLong,
+    /// The lock key does not start with its class's key prefix.
+    #[error("lock key is outside the class's key prefix {prefix:?}")]
+    KeyOutsideClass {
+        /// The class's key prefix.
+        prefix: String,
+    },
+    /// A namespace or class name is not `[a-z0-9][a-z0-9_-]{0,62}`.
+    #[error("name {0:?} is not [a-z0-9][a-z0-9_-]{{0,62}}")]
+    BadName(String),
+    /// A SPIFFE ID that does not start with `spiffe://` or is otherwise malformed.
+    #[error("malformed SPIFFE ID {0:?}")]
+    BadSpiffeId(String),
+    /// The session's TTL is outside the class's bounds.
+    #[error("session TTL {ttl:?} is outside the class bounds {min:?}..={max:?}")]
+    TtlOutOfBounds {
+        /// The session's TTL.
+        ttl: Duration,
+        /// The class's `ttl_min`.
+        min: Duration,
+        /// The class's `ttl_max`.
+        max: Duration,
+    },
+    /// A TTL that etcd cannot grant: not a whole number of seconds, below one second,
+    /// or above etcd's maximum lease TTL (9,000,000,000 s).
+    #[error("TTL {0:?} is not a whole number of seconds from 1 to 9000000000")]
+    BadTtl(Duration),
+    /// A class whose `ttl_min` is above its `ttl_max`.
+    #[error("class ttl_min {min:?} is above ttl_max {max:?}")]
+    TtlBoundsInverted {
+        /// `ttl_min`.
+        min: Duration,
+        /// `ttl_max`.
+        max: Duration,
+    },
+    /// A class whose key prefix overlaps another class's prefix in the same namespace.
+    #[error("class key prefix overlaps the prefix of class {other:?}")]
+    PrefixOverlap {
+        /// The other class.
+        other: String,
+    },
+    /// The namespace is not configured.
+    #[error("unknown namespace {0:?}")]
+    UnknownNamespace(String),
+    /// The class is not configured in the namespace.
+    #[error("unknown class {0:?}")]
+    UnknownClass(String),
+    /// A shared acquire on a class whose mode is exclusive.
+    #[error("shared mode is not allowed by an exclusive class")]
+    ModeNotAllowed,
+    /// This session already holds, or is waiting for, this lock.
+    #[error("this session already holds or waits for this lock")]
+    AlreadyAcquiring,
+    /// The deadline has already passed.
+    #[error("deadline is in the past")]
+    DeadlinePassed,
+    /// Holder meta over [`MAX_HOLDER_META_LEN`](crate::MAX_HOLDER_META_LEN) bytes of
+    /// compact JSON.
+    #[error(
+        "holder_meta is {len} bytes of JSON, more than {}",
+        crate::MAX_HOLDER_META_LEN
+    )]
+    HolderMetaTooLarge {
+        /// Its length as compact JSON, in bytes.
+        len: usize,
+    },
+    /// Holder meta that is not a JSON object.
+    #[error("holder_meta must be a JSON object")]
+    HolderMetaNotObject,
+    /// An epoch reservation window above `MAX_EPOCH_WINDOW` (2^20) revisions
+    /// (`LockerOptions::with_epoch_window`).
+    #[error("epoch reservation window {window} is above {max} revisions")]
+    EpochWindowTooLarge {
+        /// The window asked for, in etcd revisions.
+        window: u64,
+        /// The largest accepted.
+        max: u64,
+    },
+}

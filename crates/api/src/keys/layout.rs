@@ -1,0 +1,388 @@
+//! Building keys: [`RootKeys`] and [`LockKeys`]. Everything here builds strings; nothing
+//! talks to etcd.
+
+use crate::config::Mode;
+use crate::ids::LeaseId;
+
+/// The default root prefix of the key space.
+pub const DEFAULT_ROOT: &str = "/palisade/";
+
+/// Percent-encodes `%`, `/` and space as `%25`, `%2F` and `%20`. The escaped key has
+/// no `/`, so the `/` that follows it in a lock's base path ends it: `a/b` becomes
+/// `a%2Fb/` and `a/bc` becomes `a%2Fbc/`, and neither base is a prefix of the other.
+pub fn escape_key(key: &str) -> String {
+    let mut out = String::with_capacity(key.len() + 8);
+    for c in key.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '/' => out.push_str("%2F"),
+            ' ' => out.push_str("%20"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The end of etcd's range for "every key with this prefix": the prefix with its last
+/// byte incremented (etcd's `clientv3.GetPrefixRangeEnd`).
+pub fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.last_mut() {
+        if *last < 0xff {
+            *last += 1;
+            return end;
+        }
+        end.pop();
+    }
+    vec![0]
+}
+
+/// The keys of the root prefix that are not about one lock.
+#[derive(Debug, Clone)]
+pub struct RootKeys {
+    root: String,
+}
+
+impl RootKeys {
+    /// The keys under `root` (default `/palisade/`); a missing trailing `/` is added.
+    pub fn new(root: &str) -> Self {
+        let mut root = root.to_owned();
+        if !root.ends_with('/') {
+            root.push('/');
+        }
+        RootKeys { root }
+    }
+
+    /// The root prefix, ending in `/`.
+    pub fn root(&self) -> &str {
+        &self.root
+    }
+
+    /// Everything a class lookup depends on: `config/` (namespaces, classes, epoch).
+    pub fn config(&self) -> String {
+        format!("{}config/", self.root)
+    }
+
+    /// A namespace's record: `config/ns/<ns>`.
+    pub fn namespace(&self, ns: &str) -> String {
+        format!("{}config/ns/{ns}", self.root)
+    }
+
+    /// Every class record of a namespace: `config/class/<ns>/`.
+    pub fn classes(&self, ns: &str) -> String {
+        format!("{}config/class/{ns}/", self.root)
+    }
+
+    /// A class's record: `config/class/<ns>/<class>`.
+    pub fn class(&self, ns: &str, class: &str) -> String {
+        format!("{}config/class/{ns}/{class}", self.root)
+    }
+
+    /// `<root>quota/<ns>/`: the namespace's `held_lease_quota` slots, each on its
+    /// session's lease.
+    pub fn quota(&self, ns: &str) -> String {
+        format!("{}quota/{ns}/", self.root)
+    }
+
+    /// The slot of one hold or wait: `quota/<ns>/<lease>/<x|s>/<class>/<escaped key>`.
+    pub fn quota_slot(
+        &self,
+        ns: &str,
+        lease: LeaseId,
+        mode: Mode,
+        class: &str,
+        key: &str,
+    ) -> String {
+        format!(
+            "{}quota/{ns}/{lease}/{}/{class}/{}",
+            self.root,
+            mode.segment(),
+            escape_key(key)
+        )
+    }
+
+    /// The slot of a session opened with a namespace: `quota/<ns>/<lease>/session`.
+    pub fn quota_session_slot(&self, ns: &str, lease: LeaseId) -> String {
+        format!("{}quota/{ns}/{lease}/session", self.root)
+    }
+
+    /// A detached session's record: `sessions/<lease>`.
+    pub fn session(&self, lease: LeaseId) -> String {
+        format!("{}sessions/{lease}", self.root)
+    }
+
+    /// The epoch record in etcd: `config/epoch`.
+    pub fn epoch(&self) -> String {
+        format!("{}config/epoch", self.root)
+    }
+
+    /// `epoch-bump`: written (empty, no lease) only to move etcd's revision past the
+    /// durable epoch reservation before a locker's first grant.
+    pub fn epoch_bump(&self) -> String {
+        format!("{}epoch-bump", self.root)
+    }
+
+    /// Every lock's keys: `locks/`.
+    pub fn locks(&self) -> String {
+        format!("{}locks/", self.root)
+    }
+
+    /// The keys of one lock: `locks/<ns>/<class>/<escaped key>/`.
+    pub fn lock(&self, ns: &str, class: &str, key: &str) -> LockKeys {
+        LockKeys {
+            base: format!("{}locks/{ns}/{class}/{}/", self.root, escape_key(key)),
+        }
+    }
+}
+
+/// The keys of one lock: `<root>locks/<ns>/<class>/<escaped key>/` plus a sub-key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockKeys {
+    base: String,
+}
+
+impl LockKeys {
+    /// Every waiter, both modes: `q/`.
+    pub fn queue(&self) -> String {
+        format!("{}q/", self.base)
+    }
+
+    /// Waiters of one mode: `q/x/` or `q/s/`.
+    pub fn queue_of(&self, mode: Mode) -> String {
+        format!("{}q/{}/", self.base, mode.segment())
+    }
+
+    /// One waiter: `q/<x|s>/<lease>`.
+    pub fn waiter(&self, mode: Mode, lease: LeaseId) -> String {
+        format!("{}q/{}/{lease}", self.base, mode.segment())
+    }
+
+    /// Every hold, both modes: `h/`.
+    pub fn holds(&self) -> String {
+        format!("{}h/", self.base)
+    }
+
+    /// Holds of one mode.
+    pub fn holds_of(&self, mode: Mode) -> String {
+        format!("{}h/{}/", self.base, mode.segment())
+    }
+
+    /// One hold: `h/<x|s>/<lease>`.
+    pub fn hold(&self, mode: Mode, lease: LeaseId) -> String {
+        format!("{}h/{}/{lease}", self.base, mode.segment())
+    }
+
+    /// Every grant record: `g/`.
+    pub fn grants(&self) -> String {
+        format!("{}g/", self.base)
+    }
+
+    /// Grant records of one mode.
+    pub fn grants_of(&self, mode: Mode) -> String {
+        format!("{}g/{}/", self.base, mode.segment())
+    }
+
+    /// One grant record: `g/<x|s>/<lease>`.
+    pub fn grant(&self, mode: Mode, lease: LeaseId) -> String {
+        format!("{}g/{}/{lease}", self.base, mode.segment())
+    }
+
+    /// The bounded range of the lease-id keys of one sub-prefix (`q`, `h` or `g`) and
+    /// mode: from `<sub>/<m>/0000000000000000` to `<sub>/<m>/ffffffffffffffff`
+    /// inclusive, as `(start, end)` for etcd (end exclusive). Compares and reads use it,
+    /// so stray keys of other shapes under the sub-prefix never block the lock.
+    pub fn lease_range(&self, sub: char, mode: Mode) -> (String, Vec<u8>) {
+        // Built by hand: every acquire's grant Txn needs six of these.
+        let mut start = String::with_capacity(self.base.len() + 4 + 16);
+        start.push_str(&self.base);
+        start.push(sub);
+        start.push('/');
+        start.push_str(mode.segment());
+        start.push('/');
+        let mut end = Vec::with_capacity(start.len() + 17);
+        end.extend_from_slice(start.as_bytes());
+        end.extend_from_slice(b"ffffffffffffffff\0");
+        start.push_str("0000000000000000");
+        (start, end)
+    }
+
+    /// The range of the lock's hold and waiter keys, `h/` to the end of `q/`, as
+    /// `(start, end)` for etcd (end exclusive): what a wait watches (see
+    /// the lock core's waits). Grant records (`g/`) and cancel markers (`c/`) sort
+    /// before it, so their writes are not sent to waiters.
+    pub fn wait_range(&self) -> (String, Vec<u8>) {
+        (self.holds(), prefix_end(&self.queue()))
+    }
+
+    /// Whether `key` falls inside one of the lock's bounded `q/`, `h/`, `g/` ranges.
+    pub fn in_lease_ranges(&self, key: &[u8]) -> bool {
+        ['q', 'h', 'g'].into_iter().any(|sub| {
+            [Mode::Exclusive, Mode::Shared].into_iter().any(|mode| {
+                let (start, end) = self.lease_range(sub, mode);
+                key >= start.as_bytes() && key < end.as_slice()
+            })
+        })
+    }
+
+    /// Whether `key` is exactly `<sub>/<x|s>/<16 lower-case hex digits>` of this lock.
+    pub fn is_lease_key(&self, key: &[u8]) -> bool {
+        let Some(rest) = key.strip_prefix(self.base.as_bytes()) else {
+            return false;
+        };
+        rest.len() == 4 + 16
+            && matches!(rest[0], b'q' | b'h' | b'g')
+            && rest[1] == b'/'
+            && matches!(rest[2], b'x' | b's')
+            && rest[3] == b'/'
+            && rest[4..]
+                .iter()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
+    }
+
+    /// The cancel marker of one acquire attempt: `c/<lease>/<attempt>` (see
+    /// [`crate::keys`]). A first Txn of that attempt that reaches etcd after it does nothing.
+    pub fn cancel_marker(&self, lease: LeaseId, attempt: u64) -> String {
+        format!("{}c/{lease}/{attempt}", self.base)
+    }
+
+    /// The hold key that a grant record `g/<m>/<lease>` belongs to.
+    pub fn hold_for_grant(&self, grant_key: &[u8]) -> Option<String> {
+        let rest = std::str::from_utf8(grant_key)
+            .ok()?
+            .strip_prefix(&self.grants())?;
+        Some(format!("{}h/{rest}", self.base))
+    }
+
+    /// The hold key `h/<m>/<lease>` that the grant of waiter key `q/<m>/<lease>`
+    /// creates; `None` for a key that is not a waiter key of this lock.
+    pub fn hold_for_waiter(&self, waiter_key: &[u8]) -> Option<String> {
+        let rest = std::str::from_utf8(waiter_key)
+            .ok()?
+            .strip_prefix(&self.queue())?;
+        Some(format!("{}h/{rest}", self.base))
+    }
+
+    /// The grant record that a hold key `h/<m>/<lease>` belongs to.
+    pub fn grant_for_hold(&self, hold_key: &[u8]) -> Vec<u8> {
+        let rest = &hold_key[(self.base.len() + 2).min(hold_key.len())..];
+        let mut g = format!("{}g/", self.base).into_bytes();
+        g.extend_from_slice(rest);
+        g
+    }
+
+    /// The lock's base path, ending in `/`.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_that_are_prefixes_of_each_other_get_disjoint_spaces() {
+        let r = RootKeys::new("/palisade");
+        let ab = r.lock("ns", "c", "a/b");
+        let abc = r.lock("ns", "c", "a/bc");
+        assert_eq!(ab.base(), "/palisade/locks/ns/c/a%2Fb/");
+        assert!(!abc.base().starts_with(ab.base()) && !ab.base().starts_with(abc.base()));
+        // A key that looks like an escape is escaped itself.
+        let pct = r.lock("ns", "c", "a%2Fb");
+        assert_eq!(pct.base(), "/palisade/locks/ns/c/a%252Fb/");
+        assert_ne!(pct.base(), ab.base());
+        // A key ending where another's sub-keys begin stays apart.
+        let q = r.lock("ns", "c", "a/b/q");
+        assert!(!q.queue().starts_with(ab.base()));
+    }
+
+    #[test]
+    fn the_wait_range_holds_every_hold_and_waiter_key_and_nothing_else_of_the_lock() {
+        let r = RootKeys::new("/p/");
+        let k = r.lock("n", "c", "k");
+        let (start, end) = k.wait_range();
+        let inside =
+            |key: &str| key.as_bytes() >= start.as_bytes() && key.as_bytes() < end.as_slice();
+        let l = LeaseId::new(i64::MAX);
+        for m in [Mode::Exclusive, Mode::Shared] {
+            assert!(inside(&k.hold(m, l)) && inside(&k.waiter(m, l)));
+            assert!(!inside(&k.grant(m, l)));
+        }
+        assert!(!inside(&k.cancel_marker(l, 7)));
+        // Nor a key of a lock whose escaped key starts with this one's.
+        let kq = r.lock("n", "c", "kq");
+        assert!(!inside(&kq.hold(Mode::Exclusive, l)) && !inside(&kq.waiter(Mode::Exclusive, l)));
+        let k_q = r.lock("n", "c", "k/q");
+        assert!(!inside(&k_q.waiter(Mode::Exclusive, l)));
+    }
+
+    #[test]
+    fn sub_keys() {
+        let k = RootKeys::new("/p/").lock("n", "c", "k");
+        let l = LeaseId::new(255);
+        assert_eq!(
+            k.waiter(Mode::Exclusive, l),
+            "/p/locks/n/c/k/q/x/00000000000000ff"
+        );
+        assert_eq!(
+            k.hold(Mode::Shared, l),
+            "/p/locks/n/c/k/h/s/00000000000000ff"
+        );
+        assert_eq!(
+            k.hold_for_grant(k.grant(Mode::Shared, l).as_bytes())
+                .unwrap(),
+            k.hold(Mode::Shared, l)
+        );
+        assert_eq!(
+            k.hold_for_waiter(k.waiter(Mode::Shared, l).as_bytes())
+                .unwrap(),
+            k.hold(Mode::Shared, l)
+        );
+        assert_eq!(k.hold_for_waiter(k.hold(Mode::Shared, l).as_bytes()), None);
+        assert_eq!(
+            k.grant_for_hold(k.hold(Mode::Exclusive, l).as_bytes()),
+            k.grant(Mode::Exclusive, l).into_bytes()
+        );
+        assert!(k.waiter(Mode::Shared, l).starts_with(&k.queue()));
+        assert!(k
+            .hold(Mode::Shared, l)
+            .starts_with(&k.holds_of(Mode::Shared)));
+    }
+
+    #[test]
+    fn lease_ranges_hold_lease_keys_only() {
+        let k = RootKeys::new("/p/").lock("n", "c", "k");
+        let l = LeaseId::new(0x3211a22c6da3b70c);
+        for m in [Mode::Exclusive, Mode::Shared] {
+            for key in [k.waiter(m, l), k.hold(m, l), k.grant(m, l)] {
+                assert!(k.in_lease_ranges(key.as_bytes()) && k.is_lease_key(key.as_bytes()));
+            }
+        }
+        for stray in [
+            "q/x/junk",
+            "q/junk",
+            "h/",
+            "g/x/",
+            "q/y/0000000000000000",
+            "h/x/fffffffffffffffff0",
+        ] {
+            let key = format!("{}{stray}", k.base());
+            assert!(!k.in_lease_ranges(key.as_bytes()), "{stray}");
+        }
+        // Inside a range, but not a lease key: reported by lock_state.
+        let odd = format!("{}q/x/1", k.base());
+        assert!(k.in_lease_ranges(odd.as_bytes()) && !k.is_lease_key(odd.as_bytes()));
+        let c = k.cancel_marker(l, 7);
+        assert!(!k.in_lease_ranges(c.as_bytes()));
+        // The bounds themselves: the smallest and, inclusive, the largest lease id.
+        let (start, end) = k.lease_range('g', Mode::Shared);
+        assert_eq!(start, "/p/locks/n/c/k/g/s/0000000000000000");
+        assert_eq!(end, b"/p/locks/n/c/k/g/s/ffffffffffffffff\0");
+    }
+
+    #[test]
+    fn prefix_ends() {
+        assert_eq!(prefix_end("a/"), b"a0".to_vec());
+        assert_eq!(prefix_end("\u{7f}"), vec![0x80]);
+    }
+}

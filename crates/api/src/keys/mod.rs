@@ -1,0 +1,74 @@
+//! The etcd key layout under the root prefix: the one definition, used by the lock core
+//! that writes it and by the audit tailer and the chaos checker that read it.
+//!
+//! Everything lives under one root prefix (default `/palisade/`). [`RootKeys`] and
+//! [`LockKeys`] build the keys; [`RootKeys::parse_lock_entry`] reads a key under `locks/`
+//! back; [`HoldValue`] and [`ForcedGrant`] are the values.
+//!
+//! | key | value | lease | written by |
+//! |---|---|---|---|
+//! | `config/ns/<ns>` | [`Namespace`](crate::Namespace) JSON | none | the lock core's `ConfigStore::put_namespace` |
+//! | `config/class/<ns>/<class>` | [`LockClass`](crate::LockClass) JSON (durations in ms) | none | `ConfigStore::put_class` |
+//! | `config/epoch` | `EpochRecord` JSON | none | bootstrap, `Locker::advance_epoch` |
+//! | `epoch-bump` | empty | none | a starting locker moving etcd's revision past the epoch reservation (the lock core's epoch rules) |
+//! | `sessions/<lease>` | `SessionRecord` JSON | session | `Locker::open_detached_session` |
+//! | `quota/<ns>/<lease>/<m>/<class>/<esc-key>` | empty | session | the service, per hold or wait (`held_lease_quota`) |
+//! | `quota/<ns>/<lease>/session` | empty | session | the service, per session opened with the namespace (`held_lease_quota`) |
+//! | `locks/<ns>/<class>/<k>/q/<x\|s>/<lease>` | holder meta | session | a waiter |
+//! | `locks/<ns>/<class>/<k>/h/<x\|s>/<lease>` | holder meta | session | a grant |
+//! | `locks/<ns>/<class>/<k>/g/<x\|s>/<lease>` | holder meta | none | a grant (grant record) |
+//! | `locks/<ns>/<class>/<k>/c/<lease>/<attempt>` | empty | session | cleanup of a dropped acquire (cancel marker) |
+//!
+//! - `<k>` is the lock key with `%`, `/` and space percent-encoded (`%25`, `%2F`,
+//!   `%20`), so it is one segment, and the `/` after it keeps `a/b` and `a/bc` apart.
+//!   `<lease>` is the lease id as 16 lower-case hex digits. Names are
+//!   `[a-z0-9][a-z0-9_-]{0,62}`. Lock keys are non-empty, at most [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes,
+//!   with no control character and no `..` segment.
+//! - Holder meta is JSON `{"spiffe_id", "class", "mode", "epoch", "attempt"}` (`attempt`
+//!   numbers the acquire that wrote it), plus `"holder_meta"`: the caller's
+//!   [`HolderMeta`](crate::HolderMeta) object (at most
+//!   [`MAX_HOLDER_META_LEN`](crate::MAX_HOLDER_META_LEN) bytes), only if it gave one. The hold's token is
+//!   `epoch · 2^48 + create_revision` of its `h/` key, which equals the revision of the
+//!   granting Txn.
+//! - Queue order is the create revision of the `q/` keys (FIFO).
+//! - Compares and reads of `q/`, `h/` and `g/` cover only the lease-key ranges
+//!   `<sub>/<x|s>/0000000000000000` ..= `<sub>/<x|s>/ffffffffffffffff`, so a stray key
+//!   of another shape under a lock (say `q/x/junk`) never blocks it. A stray key inside
+//!   those ranges but not written by this crate (say `q/x/1`) is treated like the key it
+//!   resembles and can block the lock until deleted by hand; the lock core's `Locker::lock_state`
+//!   lists such keys in `LockState::foreign_keys`.
+//! - A cancel marker `c/<lease>/<attempt>` (`<attempt>` in decimal) is neither a grant
+//!   nor a release: no `h/` or `g/` key changes in its revision except the deletes of the
+//!   same attempt's own keys (which, if any, look like a release). Every Txn of an
+//!   acquire that creates keys without comparing a key of its own (the first
+//!   grant-or-enqueue Txn, a re-enqueue) is wrapped as `if create_revision(marker) == 0
+//!   then <Txn>`. A dropped or failed acquire whose such Txn may still reach etcd (no
+//!   answer, or sent more than once) puts the marker on the session's lease in the same
+//!   Txn that deletes its keys, so a copy that etcd applies later does nothing. Markers
+//!   are rare and end with the lease.
+//!
+//! # How audit tells the events apart (all in one revision each)
+//!
+//! - **grant**: `h/<m>/<lease>` and `g/<m>/<lease>` created (and, for a waiter, its
+//!   `q/` key deleted, and orphaned grant records of other leases deleted) in one
+//!   revision.
+//! - **release**: `h/<m>/<lease>` and `g/<m>/<lease>` deleted in one revision. A release
+//!   that could not commit at the time (quorum lost) is finished later, in the same
+//!   shape, by a background retry or by the session's next acquire of the lock. A
+//!   release that hands the lock over (see the granting rules) is a release and a grant
+//!   in one revision: one lease's `h/` and `g/` deleted, the next one's created, and its
+//!   `q/` key deleted.
+//! - **expiry**: `h/<m>/<lease>` deleted (with the lease's other keys) while
+//!   `g/<m>/<lease>` stays: an orphaned grant record. The next grant of the lock deletes
+//!   it, after the class's lock-delay.
+//! - **force** (`Locker::force_release`): `h/<m>/<lease>` deleted and `g/<m>/<lease>`
+//!   rewritten to `{"forced": <ForceMarker>}` ([`ForcedGrant`]) in one revision; it also leaves an orphaned
+//!   grant record, so lock-delay applies as after an expiry.
+
+mod layout;
+mod parse;
+mod values;
+
+pub use layout::{escape_key, prefix_end, LockKeys, RootKeys, DEFAULT_ROOT};
+pub use parse::{unescape_key, LockEntry, LockEntryKey};
+pub use values::{ForceMarker, ForcedGrant, HoldValue};

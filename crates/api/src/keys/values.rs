@@ -1,0 +1,113 @@
+//! The values stored under `locks/`: holder meta on waiter, hold and grant-record keys,
+//! and the force marker that rewrites a grant record.
+
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::Mode;
+use crate::holder_meta::HolderMeta;
+
+/// The value of a waiter, hold or grant-record key: who, for which class, in which
+/// epoch. A hold's token is `epoch · 2^48 + create_revision` of its hold key.
+///
+/// Readers need only `spiffe_id`, `mode` and `epoch`; `class` and `attempt` read as
+/// empty and 0 when absent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HoldValue<'a> {
+    /// The SPIFFE ID of the holder's session.
+    #[serde(borrow)]
+    pub spiffe_id: Cow<'a, str>,
+    /// The class the lock was acquired under.
+    #[serde(borrow, default)]
+    pub class: Cow<'a, str>,
+    /// The mode asked for.
+    pub mode: Mode,
+    /// The epoch the hold was granted in (the high 16 bits of its token).
+    pub epoch: u16,
+    /// Which acquire wrote it (unique within the writing process, and so within the
+    /// lease): a hold of this lease from another attempt is a leftover, never adopted.
+    #[serde(default)]
+    pub attempt: u64,
+    /// What the holder attached, if anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder_meta: Option<Cow<'a, HolderMeta>>,
+}
+
+impl<'a> HoldValue<'a> {
+    /// Parses a stored value; `None` for anything that is not holder meta.
+    pub fn parse(value: &'a [u8]) -> Option<HoldValue<'a>> {
+        serde_json::from_slice(value).ok()
+    }
+}
+
+/// Who forced a release and why. Written as [`ForcedGrant`] into the hold's grant record
+/// (`g/<m>/<lease>`) in the same revision that deletes the hold, so the audit tailer can
+/// tell a force from an expiry (hold deleted, grant record untouched) and from a release
+/// (both deleted). Approval (a second person) is the service's business.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForceMarker {
+    /// The service's id of the force-release request (joins its audit record).
+    pub request_id: String,
+    /// Who asked (a SPIFFE ID or a user name).
+    pub requester: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// A grant record rewritten by a force release: `{"forced": <ForceMarker>}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForcedGrant<'a> {
+    /// The marker.
+    pub forced: Cow<'a, ForceMarker>,
+}
+
+impl ForcedGrant<'_> {
+    /// Whether a grant record's value is a force marker.
+    pub fn is_forced(value: &[u8]) -> bool {
+        serde_json::from_slice::<ForcedGrant<'_>>(value).is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hold_values_round_trip_and_other_json_is_not_one() {
+        let meta = HolderMeta::from_value(serde_json::json!({"host": "a"})).unwrap();
+        let v = HoldValue {
+            spiffe_id: "spiffe://t/a".into(),
+            class: "c".into(),
+            mode: Mode::Shared,
+            epoch: 3,
+            attempt: 9,
+            holder_meta: Some(Cow::Borrowed(&meta)),
+        };
+        let bytes = serde_json::to_vec(&v).unwrap();
+        assert_eq!(
+            std::str::from_utf8(&bytes).unwrap(),
+            r#"{"spiffe_id":"spiffe://t/a","class":"c","mode":"shared","epoch":3,"attempt":9,"holder_meta":{"host":"a"}}"#
+        );
+        assert_eq!(HoldValue::parse(&bytes), Some(v));
+        assert_eq!(HoldValue::parse(br#"{"forced":{}}"#), None);
+        assert_eq!(HoldValue::parse(b""), None);
+    }
+
+    #[test]
+    fn a_force_marker_is_told_from_holder_meta() {
+        let m = ForceMarker {
+            request_id: "r".into(),
+            requester: "spiffe://t/ops".into(),
+            reason: "stuck".into(),
+        };
+        let bytes = serde_json::to_vec(&ForcedGrant {
+            forced: Cow::Borrowed(&m),
+        })
+        .unwrap();
+        assert!(ForcedGrant::is_forced(&bytes));
+        assert!(!ForcedGrant::is_forced(
+            br#"{"spiffe_id":"s","mode":"exclusive","epoch":0}"#
+        ));
+    }
+}

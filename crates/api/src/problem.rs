@@ -1,0 +1,147 @@
+//! Problem kinds: the `type` of every `application/problem+json` (RFC 9457) answer the
+//! service gives, with its slug and status code. The server renders them; the client
+//! reads them back with [`ProblemKind::from_type_uri`].
+
+use http::StatusCode;
+
+/// What every problem `type` URI starts with; the slug follows.
+pub const TYPE_PREFIX: &str = "urn:palisade:problem:";
+
+/// The kinds of problem the API reports. Each has a stable `type` URI,
+/// `urn:palisade:problem:<slug>`, and one status code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProblemKind {
+    /// 400: the request was refused before anything was written (bad JSON, unknown
+    /// fields, bad names or keys, TTLs out of range...). 413 for an oversized body.
+    InvalidInput,
+    /// 401: no caller identity, or a dev identity header without dev mode.
+    Unauthenticated,
+    /// 403: the caller may not do this (authorization config, or another identity's
+    /// session).
+    Forbidden,
+    /// 404: unknown namespace, class, route or session.
+    NotFound,
+    /// 409: the hold is no longer held (released, expired, force-released).
+    NotHeld,
+    /// 409: the wait deadline passed while others held the lock.
+    DeadlineExceeded,
+    /// 410: the session's lease is gone.
+    SessionLost,
+    /// 409: the force release request was already approved.
+    AlreadyApproved,
+    /// 429: a quota of the namespace (`held_lease_quota` or `op_rate_quota`, named in
+    /// the detail) is reached; `op_rate_quota` answers carry `Retry-After` (seconds).
+    QuotaExceeded,
+    /// 503: grants are refused until an operator advances the epoch.
+    EpochMismatch,
+    /// 409: the epoch is at its maximum and cannot be advanced.
+    EpochExhausted,
+    /// 503: etcd could not commit in time.
+    QuorumLost,
+    /// 502: etcd or the force release database answered with an unexpected error.
+    Upstream,
+    /// 500: a record in etcd or the durable epoch record could not be read.
+    Internal,
+}
+
+impl ProblemKind {
+    /// Every kind, in declaration order.
+    pub const ALL: [ProblemKind; 14] = [
+        ProblemKind::InvalidInput,
+        ProblemKind::Unauthenticated,
+        ProblemKind::Forbidden,
+        ProblemKind::NotFound,
+        ProblemKind::NotHeld,
+        ProblemKind::DeadlineExceeded,
+        ProblemKind::SessionLost,
+        ProblemKind::AlreadyApproved,
+        ProblemKind::QuotaExceeded,
+        ProblemKind::EpochMismatch,
+        ProblemKind::EpochExhausted,
+        ProblemKind::QuorumLost,
+        ProblemKind::Upstream,
+        ProblemKind::Internal,
+    ];
+
+    /// The slug used in the `type` URI.
+    pub fn slug(self) -> &'static str {
+        match self {
+            ProblemKind::InvalidInput => "invalid-input",
+            ProblemKind::Unauthenticated => "unauthenticated",
+            ProblemKind::Forbidden => "forbidden",
+            ProblemKind::NotFound => "not-found",
+            ProblemKind::NotHeld => "not-held",
+            ProblemKind::DeadlineExceeded => "deadline-exceeded",
+            ProblemKind::SessionLost => "session-lost",
+            ProblemKind::AlreadyApproved => "already-approved",
+            ProblemKind::QuotaExceeded => "quota-exceeded",
+            ProblemKind::EpochMismatch => "epoch-mismatch",
+            ProblemKind::EpochExhausted => "epoch-exhausted",
+            ProblemKind::QuorumLost => "quorum-lost",
+            ProblemKind::Upstream => "upstream",
+            ProblemKind::Internal => "internal",
+        }
+    }
+
+    /// The `type` URI: `urn:palisade:problem:<slug>`.
+    pub fn type_uri(self) -> String {
+        format!("{TYPE_PREFIX}{}", self.slug())
+    }
+
+    /// The kind of a slug; `None` for a slug this version does not know.
+    pub fn from_slug(slug: &str) -> Option<ProblemKind> {
+        ProblemKind::ALL.into_iter().find(|k| k.slug() == slug)
+    }
+
+    /// The kind of a `type` URI (or of a bare slug); `None` for one this version does not
+    /// know.
+    pub fn from_type_uri(uri: &str) -> Option<ProblemKind> {
+        ProblemKind::from_slug(uri.strip_prefix(TYPE_PREFIX).unwrap_or(uri))
+    }
+
+    /// The default status code.
+    pub fn status(self) -> StatusCode {
+        match self {
+            ProblemKind::InvalidInput => StatusCode::BAD_REQUEST,
+            ProblemKind::Unauthenticated => StatusCode::UNAUTHORIZED,
+            ProblemKind::Forbidden => StatusCode::FORBIDDEN,
+            ProblemKind::NotFound => StatusCode::NOT_FOUND,
+            ProblemKind::NotHeld
+            | ProblemKind::DeadlineExceeded
+            | ProblemKind::EpochExhausted
+            | ProblemKind::AlreadyApproved => StatusCode::CONFLICT,
+            ProblemKind::SessionLost => StatusCode::GONE,
+            ProblemKind::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
+            ProblemKind::EpochMismatch | ProblemKind::QuorumLost => StatusCode::SERVICE_UNAVAILABLE,
+            ProblemKind::Upstream => StatusCode::BAD_GATEWAY,
+            ProblemKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_round_trips_through_its_type_uri_and_slugs_are_distinct() {
+        for k in ProblemKind::ALL {
+            assert_eq!(ProblemKind::from_type_uri(&k.type_uri()), Some(k));
+            assert_eq!(ProblemKind::from_slug(k.slug()), Some(k));
+        }
+        let mut slugs: Vec<_> = ProblemKind::ALL.iter().map(|k| k.slug()).collect();
+        slugs.sort_unstable();
+        slugs.dedup();
+        assert_eq!(slugs.len(), ProblemKind::ALL.len());
+        assert_eq!(
+            ProblemKind::from_type_uri("urn:palisade:problem:brand-new"),
+            None
+        );
+        assert_eq!(ProblemKind::NotHeld.status(), StatusCode::CONFLICT);
+        assert_eq!(
+            ProblemKind::QuorumLost.status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+    }
+}

@@ -1,0 +1,72 @@
+//! The admin routes: namespaces, classes, the epoch.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Enforcement, Mode, QuorumPolicy};
+
+/// Creates or updates a namespace (`PUT /v1/namespaces/{ns}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct NamespaceBody {
+    /// The owning tenant.
+    pub tenant_id: String,
+    /// Default 10,000.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_lease_quota: Option<u32>,
+    /// Operations per second; default 1,000.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub op_rate_quota: Option<u32>,
+    /// Default `default`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster_tier: Option<String>,
+}
+
+/// Creates or updates a class (`PUT /v1/namespaces/{ns}/classes/{class}`); what is left
+/// out takes [`LockClass::new`](crate::LockClass::new)'s default.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ClassBody {
+    /// Default `""` (every key).
+    #[serde(default)]
+    pub key_prefix: String,
+    /// Shortest session TTL, in ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttl_min_ms: Option<u64>,
+    /// Longest session TTL, in ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttl_max_ms: Option<u64>,
+    /// `exclusive` (default) or `shared`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<Mode>,
+    /// `fenced` (default) or `advisory`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enforcement: Option<Enforcement>,
+    /// `closed` (default) or `open`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub on_quorum_loss: Option<QuorumPolicy>,
+    /// Lock-delay after an expiry or force, in ms; default 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lock_delay_ms: Option<u64>,
+}
+
+/// Why the epoch is advanced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum AdvanceReason {
+    /// etcd was restored from a snapshot.
+    Restore,
+    /// The key space moved to another etcd cluster.
+    Rehome,
+}
+
+/// Advances the epoch (`POST /v1/epoch/advance`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct AdvanceBody {
+    /// Why.
+    pub reason: AdvanceReason,
+}

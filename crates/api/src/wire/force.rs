@@ -1,0 +1,74 @@
+//! Force release, by two people: a request, then an approval by another admin.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{FencingToken, Mode, Revision};
+
+/// Requests the force release of a lock key (`POST /v1/force-releases`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ForceRequestBody {
+    /// The namespace.
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[a-z0-9][a-z0-9_-]{0,62}$"))]
+    pub namespace: String,
+    /// The class.
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[a-z0-9][a-z0-9_-]{0,62}$"))]
+    pub class: String,
+    /// The lock key.
+    #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 512))]
+    pub key: String,
+    /// Why, 1 to 1024 bytes, not blank.
+    #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 1024))]
+    pub reason: String,
+}
+
+/// A force release request, not yet approved.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ForceRequestView {
+    /// The request id, to approve it with.
+    pub id: String,
+    /// The namespace.
+    pub namespace: String,
+    /// The class.
+    pub class: String,
+    /// The lock key.
+    pub key: String,
+    /// Who asked.
+    pub requester: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// One hold a force release deleted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ReleasedView {
+    /// The holder's session.
+    pub session: String,
+    /// Its mode.
+    pub mode: Mode,
+    /// The deleted hold's token, a decimal u64 as a string.
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub token: FencingToken,
+    /// The revision of the Txn that deleted it.
+    #[cfg_attr(feature = "openapi", schema(value_type = u64))]
+    pub revision: Revision,
+}
+
+/// An approved, executed force release.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ApproveView {
+    /// The request id.
+    pub id: String,
+    /// Who asked.
+    pub requester: String,
+    /// Who approved.
+    pub approver: String,
+    /// Whether the class was fenced when the holds were deleted.
+    pub class_was_fenced: bool,
+    /// The holds deleted (empty if the lock had no holder).
+    pub released: Vec<ReleasedView>,
+}

@@ -1,0 +1,150 @@
+//! Acquire, release and status.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::{Enforcement, FencingToken, LockClass, Mode, Revision};
+
+/// Acquires a lock for a session, waiting up to `wait_ms`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct AcquireBody {
+    /// The session id, 16 lower-case hex digits.
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[0-9a-f]{16}$"))]
+    pub session: String,
+    /// The namespace, `[a-z0-9][a-z0-9_-]{0,62}`.
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[a-z0-9][a-z0-9_-]{0,62}$"))]
+    pub namespace: String,
+    /// The class within the namespace.
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[a-z0-9][a-z0-9_-]{0,62}$"))]
+    pub class: String,
+    /// The lock key: 1 to 512 bytes, starting with the class's key prefix.
+    #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 512))]
+    pub key: String,
+    /// `exclusive` or `shared`.
+    pub mode: Mode,
+    /// How long to wait in the queue at most, in ms (1 to the service's maximum,
+    /// default 60 s).
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
+    pub wait_ms: u64,
+    /// A JSON object stored with the hold and listed by status, at most 1024 bytes as
+    /// compact JSON (`MAX_HOLDER_META_LEN`); larger: 400 `invalid-input`.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub holder_meta: Option<Map<String, Value>>,
+}
+
+/// A granted hold.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct HoldView {
+    /// The holder's session.
+    pub session: String,
+    /// The namespace.
+    pub namespace: String,
+    /// The class.
+    pub class: String,
+    /// The lock key.
+    pub key: String,
+    /// The mode granted.
+    pub mode: Mode,
+    /// The fencing token, a decimal u64 as a string; `null` for an unprotected grant
+    /// (open class, etcd unavailable).
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub token: Option<FencingToken>,
+    /// The revision of the granting Txn; `null` for an unprotected grant.
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>))]
+    pub grant_rev: Option<Revision>,
+    /// The class's enforcement.
+    pub enforcement: Enforcement,
+}
+
+/// Releases one hold, named as the acquire answer named it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseBody {
+    /// The holder's session.
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[0-9a-f]{16}$"))]
+    pub session: String,
+    /// The namespace.
+    pub namespace: String,
+    /// The class.
+    pub class: String,
+    /// The lock key.
+    pub key: String,
+    /// The mode held.
+    pub mode: Mode,
+    /// The `grant_rev` of the acquire answer.
+    #[cfg_attr(feature = "openapi", schema(value_type = u64))]
+    pub grant_rev: Revision,
+}
+
+/// Names one lock (the query of `GET /v1/locks/status`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::IntoParams))]
+#[cfg_attr(feature = "openapi", into_params(parameter_in = Query))]
+#[serde(deny_unknown_fields)]
+pub struct StatusQuery {
+    /// The namespace.
+    pub namespace: String,
+    /// The class.
+    pub class: String,
+    /// The lock key.
+    pub key: String,
+}
+
+/// One holder of a lock.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct HolderView {
+    /// The holder's session.
+    pub session: String,
+    /// The mode held.
+    pub mode: Mode,
+    /// The revision of the granting Txn.
+    #[cfg_attr(feature = "openapi", schema(value_type = u64))]
+    pub grant_rev: Revision,
+    /// The fencing token, a decimal u64 as a string.
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub token: FencingToken,
+    /// The holder's SPIFFE ID.
+    pub spiffe_id: String,
+    /// What the holder attached at acquire; `null` if nothing.
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub holder_meta: Option<Map<String, Value>>,
+}
+
+/// One waiter of a lock, in queue order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct WaiterView {
+    /// The waiter's session.
+    pub session: String,
+    /// The mode asked for.
+    pub mode: Mode,
+    /// The create revision of its waiter key (its place in the queue).
+    #[cfg_attr(feature = "openapi", schema(value_type = u64))]
+    pub create_rev: Revision,
+    /// The waiter's SPIFFE ID.
+    pub spiffe_id: String,
+    /// What the waiter attached at acquire; `null` if nothing.
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub holder_meta: Option<Map<String, Value>>,
+}
+
+/// A lock at one revision.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct StatusView {
+    /// The etcd revision the state was read at.
+    #[cfg_attr(feature = "openapi", schema(value_type = u64))]
+    pub revision: Revision,
+    /// The lock's class.
+    pub class: LockClass,
+    /// The holders, oldest grant first.
+    pub holders: Vec<HolderView>,
+    /// Waiters, first in line first.
+    pub waiters: Vec<WaiterView>,
+}

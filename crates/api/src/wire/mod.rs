@@ -1,0 +1,17 @@
+//! The JSON bodies of the service, one module per route group. Request bodies refuse
+//! unknown fields; responses are read leniently, so a newer service can add fields.
+//!
+//! Units: `*_ms` fields are milliseconds; tokens are decimal `u64` strings
+//! ([`FencingToken`](crate::FencingToken)'s serde form); revisions are numbers.
+
+mod admin;
+mod force;
+mod locks;
+mod sessions;
+
+pub use admin::{AdvanceBody, AdvanceReason, ClassBody, NamespaceBody};
+pub use force::{ApproveView, ForceRequestBody, ForceRequestView, ReleasedView};
+pub use locks::{
+    AcquireBody, HoldView, HolderView, ReleaseBody, StatusQuery, StatusView, WaiterView,
+};
+pub use sessions::{KeepaliveView, OpenSessionBody, SessionView};

@@ -1,0 +1,47 @@
+//! `POST /v1/sessions` and `POST /v1/sessions/{session}/keepalive`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::Revision;
+
+/// Opens a session: one etcd lease of `ttl_ms`, owned by the caller.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct OpenSessionBody {
+    /// The lease TTL in ms: a whole number of seconds, from 1000 to the service's
+    /// maximum (default 1 h).
+    pub ttl_ms: u64,
+    /// If given, the session counts against this namespace's `held_lease_quota` for as
+    /// long as its lease lives (the caller must be granted some class of it, or
+    /// administer it). Without it the session counts through its holds and waits only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[a-z0-9][a-z0-9_-]{0,62}$"))]
+    pub namespace: Option<String>,
+}
+
+/// An open session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SessionView {
+    /// The lease id, 16 lower-case hex digits.
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[0-9a-f]{16}$"))]
+    pub session: String,
+    /// The owner.
+    pub spiffe_id: String,
+    /// The TTL etcd granted, in ms (can exceed the TTL asked for).
+    pub ttl_ms: u64,
+    /// The etcd revision at which the session was recorded.
+    #[cfg_attr(feature = "openapi", schema(value_type = u64))]
+    pub opened_rev: Revision,
+    /// The namespace whose quota the session counts against, if any.
+    pub namespace: Option<String>,
+}
+
+/// A renewed session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct KeepaliveView {
+    /// The TTL the lease was renewed to, in ms.
+    pub ttl_ms: u64,
+}

@@ -1,0 +1,422 @@
+//! [`Client`], [`ClientSession`] (one keepalive task) and [`RemoteHold`].
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use palisade_api::routes;
+use palisade_api::wire::{
+    AcquireBody, HoldView, KeepaliveView, OpenSessionBody, ReleaseBody, SessionView,
+};
+use palisade_fence::{FencingToken, Revision};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::error::ClientError;
+#[cfg(doc)]
+use crate::error::ClientErrorKind;
+use crate::http::Http;
+use crate::tls::ClientTls;
+use palisade_api::Mode;
+
+/// A handle on one lock service (any replica). Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    http: Http,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    /// A client of a service in dev mode at `base_url` (`http://host:port`), over plain
+    /// HTTP; name the caller with [`Client::with_dev_identity`].
+    ///
+    /// # Errors
+    ///
+    /// [`ClientErrorKind::Config`] if the URL is not `http://...` (use
+    /// [`Client::new_mtls`] for `https://`).
+    pub fn new(base_url: impl Into<String>) -> Result<Client, ClientError> {
+        let base = base_url.into();
+        if !base.starts_with("http://") {
+            return Err(ClientError::config(format!(
+                "plain HTTP (dev mode) needs an http:// URL, not {base:?}; use mTLS for https://"
+            )));
+        }
+        Ok(Client {
+            http: Http::new(base),
+        })
+    }
+
+    /// A client of a service over mTLS at `base_url` (`https://host:port`): the caller
+    /// is the SPIFFE ID of the client certificate in `tls`.
+    ///
+    /// # Errors
+    ///
+    /// [`ClientErrorKind::Config`] if the URL is not `https://...` or rustls refuses the
+    /// roots, certificate or key.
+    pub fn new_mtls(base_url: impl Into<String>, tls: ClientTls) -> Result<Client, ClientError> {
+        let base = base_url.into();
+        if !base.starts_with("https://") {
+            return Err(ClientError::config(format!(
+                "mTLS needs an https:// URL, not {base:?}"
+            )));
+        }
+        Ok(Client {
+            http: Http::new_tls(base, &tls)?,
+        })
+    }
+
+    /// Sends `id` in the dev identity header (the service must run in dev mode; a
+    /// service on mTLS answers 401 to a request that carries it).
+    #[must_use]
+    pub fn with_dev_identity(mut self, id: impl Into<String>) -> Self {
+        self.http.set_identity(id.into());
+        self
+    }
+
+    /// One raw API call, for tools: `method` and `path` (starting with `/v1/`), an
+    /// optional JSON body; the JSON answer (`null` for 204).
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError`] with the service's problem kind, or a transport error.
+    pub async fn call_json(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> Result<serde_json::Value, ClientError> {
+        self.http.send_value(method, path, body).await
+    }
+
+    /// Opens a session with a lease of `ttl` (whole seconds) and starts its keepalive.
+    /// The session names no namespace: it counts against a namespace's
+    /// `held_lease_quota` only through its holds and waits (see [`Client::open_session_in`]).
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError`] with the service's problem kind, or a transport error.
+    pub async fn open_session(&self, ttl: Duration) -> Result<ClientSession, ClientError> {
+        self.open(ttl, None).await
+    }
+
+    /// Opens a session in `namespace`: the session itself takes one slot of that
+    /// namespace's `held_lease_quota` for as long as it lives (the service's rule), and
+    /// starts its keepalive.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::open_session`]; also [`ProblemKind::QuotaExceeded`]
+    /// when the namespace's quota is full, `Forbidden` when the caller may not use the
+    /// namespace, `NotFound` when it does not exist.
+    pub async fn open_session_in(
+        &self,
+        namespace: &str,
+        ttl: Duration,
+    ) -> Result<ClientSession, ClientError> {
+        self.open(ttl, Some(namespace)).await
+    }
+
+    async fn open(
+        &self,
+        ttl: Duration,
+        namespace: Option<&str>,
+    ) -> Result<ClientSession, ClientError> {
+        let sent_at = Instant::now();
+        let body = OpenSessionBody {
+            ttl_ms: millis(ttl),
+            namespace: namespace.map(str::to_owned),
+        };
+        let opened: SessionView = self
+            .http
+            .send("POST", routes::SESSIONS, Some(json(&body)))
+            .await?;
+        let ttl = Duration::from_millis(opened.ttl_ms);
+        let (lost, _) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            http: self.http.clone(),
+            id: opened.session,
+            ttl,
+            lost,
+            keepalive: Mutex::new(None),
+        });
+        let task = tokio::spawn(keepalive(Arc::downgrade(&shared), sent_at + ttl));
+        *shared.keepalive.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
+        Ok(ClientSession { shared })
+    }
+}
+
+struct Shared {
+    http: Http,
+    id: String,
+    ttl: Duration,
+    lost: watch::Sender<bool>,
+    keepalive: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if let Some(t) = self
+            .keepalive
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            t.abort();
+        }
+        if !*self.lost.borrow() {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let (http, path) = (self.http.clone(), routes::session(&self.id));
+                rt.spawn(async move {
+                    let _ = http.send_empty("DELETE", &path, None).await;
+                });
+            }
+        }
+    }
+}
+
+/// Renews every TTL/3; marks the session lost when the service says it is gone or when
+/// `expires_at` (last successful renewal sent + TTL) passes.
+async fn keepalive(shared: std::sync::Weak<Shared>, mut expires_at: Instant) {
+    let Some(s) = shared.upgrade() else { return };
+    let (http, ttl, lost) = (s.http.clone(), s.ttl, s.lost.clone());
+    let path = routes::keepalive(&s.id);
+    drop(s);
+    let mut next = Instant::now() + ttl / 3;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep_until(expires_at) => break,
+            _ = tokio::time::sleep_until(next) => {}
+        }
+        let sent_at = Instant::now();
+        let attempt =
+            tokio::time::timeout_at(expires_at, http.send::<KeepaliveView>("POST", &path, None));
+        match attempt.await {
+            Ok(Ok(r)) => {
+                expires_at = sent_at + Duration::from_millis(r.ttl_ms);
+                next = sent_at + ttl / 3;
+            }
+            Ok(Err(e)) if e.is_session_lost() || e.is_forbidden() => break,
+            _ => next = Instant::now() + Duration::from_millis(200),
+        }
+    }
+    lost.send_replace(true);
+}
+
+/// A session of the lock service, kept alive by one background task. Cheap to clone;
+/// the last handle (session or hold) to go closes it in the background.
+#[derive(Clone)]
+pub struct ClientSession {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for ClientSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientSession")
+            .field("id", &self.shared.id)
+            .field("ttl", &self.shared.ttl)
+            .finish()
+    }
+}
+
+impl ClientSession {
+    /// The session id (the etcd lease id, 16 hex digits).
+    pub fn id(&self) -> &str {
+        &self.shared.id
+    }
+
+    /// Completes when the session is gone (see the module docs). Completes at once if it
+    /// already is.
+    pub async fn lost(&self) {
+        let mut rx = self.shared.lost.subscribe();
+        let _ = rx.wait_for(|lost| *lost).await;
+    }
+
+    /// Whether the session is known to be gone.
+    pub fn is_lost(&self) -> bool {
+        *self.shared.lost.borrow()
+    }
+
+    /// Acquires `ns/class/key` in `mode`, waiting (long-poll) up to `wait`.
+    ///
+    /// # Errors
+    ///
+    /// [`ProblemKind::DeadlineExceeded`], [`ProblemKind::Forbidden`],
+    /// [`ProblemKind::InvalidInput`], [`ProblemKind::SessionLost`]...
+    pub async fn acquire(
+        &self,
+        ns: &str,
+        class: &str,
+        key: &str,
+        mode: Mode,
+        wait: Duration,
+    ) -> Result<RemoteHold, ClientError> {
+        self.acquire_with_meta(ns, class, key, mode, wait, None)
+            .await
+    }
+
+    /// [`acquire`](ClientSession::acquire), with `holder_meta` stored with the hold
+    /// (the service's status lists it for each holder).
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](ClientSession::acquire).
+    pub async fn acquire_with_meta(
+        &self,
+        ns: &str,
+        class: &str,
+        key: &str,
+        mode: Mode,
+        wait: Duration,
+        holder_meta: Option<&palisade_api::HolderMeta>,
+    ) -> Result<RemoteHold, ClientError> {
+        let body = AcquireBody {
+            session: self.shared.id.clone(),
+            namespace: ns.to_owned(),
+            class: class.to_owned(),
+            key: key.to_owned(),
+            mode,
+            wait_ms: millis(wait),
+            holder_meta: holder_meta.map(|m| m.as_map().clone()),
+        };
+        let g: HoldView = self
+            .shared
+            .http
+            .send("POST", routes::ACQUIRE, Some(json(&body)))
+            .await?;
+        Ok(RemoteHold {
+            session: self.clone(),
+            ns: ns.to_owned(),
+            class: class.to_owned(),
+            key: key.to_owned(),
+            mode,
+            token: g.token,
+            grant_rev: g.grant_rev,
+            done: false,
+        })
+    }
+
+    /// Closes the session: every hold of it ends.
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError`] from the service (a session already gone is not an error).
+    pub async fn close(self) -> Result<(), ClientError> {
+        self.shared.lost.send_replace(true);
+        let path = routes::session(&self.shared.id);
+        match self.shared.http.send_empty("DELETE", &path, None).await {
+            Err(e) if !e.is_session_lost() => Err(e),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A held lock. Send [`RemoteHold::token`] with every write to the resource; stop when
+/// [`RemoteHold::lost`] completes.
+pub struct RemoteHold {
+    session: ClientSession,
+    ns: String,
+    class: String,
+    key: String,
+    mode: Mode,
+    token: Option<FencingToken>,
+    grant_rev: Option<Revision>,
+    done: bool,
+}
+
+impl std::fmt::Debug for RemoteHold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteHold")
+            .field("lock", &(&self.ns, &self.class, &self.key))
+            .field("mode", &self.mode)
+            .field("token", &self.token)
+            .finish()
+    }
+}
+
+impl RemoteHold {
+    /// The fencing token; `None` for an unprotected grant (open class, etcd down).
+    pub fn token(&self) -> Option<FencingToken> {
+        self.token
+    }
+
+    /// The revision of the granting Txn.
+    pub fn grant_rev(&self) -> Option<Revision> {
+        self.grant_rev
+    }
+
+    /// Completes when the hold's session is gone; from then on the lock may be granted
+    /// to someone else. (A force release while the session lives does not fire it.)
+    pub async fn lost(&self) {
+        self.session.lost().await;
+    }
+
+    /// The session the hold belongs to.
+    pub fn session(&self) -> &ClientSession {
+        &self.session
+    }
+
+    fn release_body(&self) -> Option<serde_json::Value> {
+        Some(json(&ReleaseBody {
+            session: self.session.shared.id.clone(),
+            namespace: self.ns.clone(),
+            class: self.class.clone(),
+            key: self.key.clone(),
+            mode: self.mode,
+            grant_rev: self.grant_rev?,
+        }))
+    }
+
+    /// Releases the hold.
+    ///
+    /// # Errors
+    ///
+    /// [`ProblemKind::NotHeld`] if it already ended; transport errors.
+    pub async fn release(mut self) -> Result<(), ClientError> {
+        self.done = true;
+        match self.release_body() {
+            Some(body) => {
+                self.session
+                    .shared
+                    .http
+                    .send_empty("POST", routes::RELEASE, Some(body))
+                    .await
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for RemoteHold {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let (Some(body), Ok(rt)) = (self.release_body(), tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        let session = self.session.clone();
+        rt.spawn(async move {
+            let _ = session
+                .shared
+                .http
+                .send_empty("POST", routes::RELEASE, Some(body))
+                .await;
+        });
+    }
+}
+
+/// A duration in whole milliseconds, as the wire's `*_ms` fields (saturating).
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A body as JSON; the wire types always serialize.
+fn json(body: &impl serde::Serialize) -> serde_json::Value {
+    serde_json::to_value(body).unwrap_or_default()
+}

@@ -1,0 +1,65 @@
+//! [`ServiceOptions`]: how the service is built.
+
+use std::time::Duration;
+
+use crate::authz::Authz;
+use crate::force_release::ForceReleases;
+
+/// How the service is built.
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct ServiceOptions {
+    pub(crate) authz: Authz,
+    pub(crate) dev_identity: bool,
+    pub(crate) body_limit: usize,
+    pub(crate) max_wait: Duration,
+    pub(crate) max_ttl: Duration,
+    pub(crate) force: Option<ForceReleases>,
+}
+
+impl ServiceOptions {
+    /// Identity from the transport only; body limit 16 KiB; waits up to 60 s; TTLs up
+    /// to 1 h.
+    pub fn new(authz: Authz) -> Self {
+        ServiceOptions {
+            authz,
+            dev_identity: false,
+            body_limit: 16 * 1024,
+            max_wait: Duration::from_secs(60),
+            max_ttl: Duration::from_secs(3600),
+            force: None,
+        }
+    }
+
+    /// INSECURE: takes the caller's identity from the [`DEV_IDENTITY_HEADER`], which
+    /// anyone can set. [`serve_dev`] then binds to loopback only and warns at start.
+    pub fn insecure_dev_identity(mut self) -> Self {
+        self.dev_identity = true;
+        self
+    }
+
+    /// The largest request body accepted, in bytes; larger bodies get 413.
+    pub fn with_body_limit(mut self, bytes: usize) -> Self {
+        self.body_limit = bytes;
+        self
+    }
+
+    /// The longest `wait_ms` an acquire may ask for.
+    pub fn with_max_wait(mut self, max: Duration) -> Self {
+        self.max_wait = max;
+        self
+    }
+
+    /// Enables two-person force release (`/v1/force-releases`); without it those routes
+    /// answer 404.
+    pub fn with_force_releases(mut self, force: ForceReleases) -> Self {
+        self.force = Some(force);
+        self
+    }
+
+    /// The longest session TTL.
+    pub fn with_max_ttl(mut self, max: Duration) -> Self {
+        self.max_ttl = max;
+        self
+    }
+}

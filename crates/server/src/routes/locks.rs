@@ -1,0 +1,179 @@
+//! Locks: acquire (long-poll), release, status.
+
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use tokio::time::Instant;
+
+use super::extract::{Body, QueryArgs};
+use super::{
+    forbidden, ms, not_a_namespace, owned_session, rate_check, ApiResult, AppState, Expiry,
+};
+use crate::identity::Caller;
+use crate::openapi::{AcquireProblems, ReleaseProblems, StatusProblems};
+use crate::problem::Problem;
+use palisade_api::routes;
+use palisade_api::wire::{
+    AcquireBody, HoldView, HolderView, ReleaseBody, StatusQuery, StatusView, WaiterView,
+};
+use palisade_api::HolderMeta;
+use palisade_api::ProblemKind;
+use palisade_lock::LockName;
+
+/// Acquires a lock; long-polls until granted or `wait_ms` passes.
+#[utoipa::path(post, path = routes::ACQUIRE, tag = "locks",
+    request_body = AcquireBody,
+    responses((status = 200, description = "granted", body = HoldView), AcquireProblems))]
+pub(super) async fn acquire(
+    State(state): State<AppState>,
+    caller: Caller,
+    Body(body): Body<AcquireBody>,
+) -> ApiResult<Json<HoldView>> {
+    let wait = acquire_wait(body.wait_ms, state.max_wait)?;
+    let holder_meta = body.holder_meta.map(HolderMeta::new).transpose()?;
+    if !state
+        .authz
+        .current()
+        .may_lock(&body.namespace, &body.class, &caller.0)
+    {
+        return Err(forbidden("not allowed to lock this class"));
+    }
+    let record = owned_session(&state, &caller, &body.session, Expiry::Uncounted).await?;
+    let session = state.locker.attach_session(&record);
+    let name = LockName::new(body.namespace, body.class, body.key);
+    palisade_api::validate_name(&name.ns)?;
+    palisade_api::validate_name(&name.class)?;
+    palisade_api::validate_key(&name.key)?;
+    let namespace = state
+        .locker
+        .namespace(&name.ns)
+        .await?
+        .ok_or_else(not_a_namespace)?;
+    state.rates.check(&namespace.id, namespace.op_rate_quota)?;
+    let started = std::time::Instant::now();
+    let deadline = Instant::now() + wait;
+    let slot = state
+        .locker
+        .take_quota_slot(
+            &name,
+            record.lease,
+            body.mode,
+            namespace.held_lease_quota,
+            deadline,
+        )
+        .await?;
+    let hold = state
+        .locker
+        .acquire_with_meta(&session, &name, body.mode, deadline, holder_meta.as_ref())
+        .await;
+    state
+        .metrics
+        .wait_seconds
+        .observe(started.elapsed().as_secs_f64());
+    let hold = hold?;
+    slot.keep();
+    state.metrics.grants.inc();
+    let view = HoldView {
+        session: record.lease.to_string(),
+        namespace: name.ns,
+        class: name.class,
+        key: name.key,
+        mode: hold.mode(),
+        token: hold.token(),
+        grant_rev: hold.grant_rev(),
+        enforcement: hold.enforcement(),
+    };
+    hold.forget();
+    Ok(Json(view))
+}
+
+/// `wait_ms` of an [`AcquireBody`] as a wait: from 1 ms to `max_wait`.
+pub(super) fn acquire_wait(wait_ms: u64, max_wait: Duration) -> ApiResult<Duration> {
+    let wait = Duration::from_millis(wait_ms);
+    if wait.is_zero() || wait > max_wait {
+        return Err(Problem::new(
+            ProblemKind::InvalidInput,
+            format!("wait_ms must be from 1 to {}", ms(max_wait)),
+        ));
+    }
+    Ok(wait)
+}
+
+/// Releases a hold.
+#[utoipa::path(post, path = routes::RELEASE, tag = "locks",
+    request_body = ReleaseBody,
+    responses((status = 204, description = "released"), ReleaseProblems))]
+pub(super) async fn release(
+    State(state): State<AppState>,
+    caller: Caller,
+    Body(body): Body<ReleaseBody>,
+) -> ApiResult<StatusCode> {
+    let record = owned_session(&state, &caller, &body.session, Expiry::Hold).await?;
+    rate_check(&state, &body.namespace).await?;
+    let name = LockName::new(body.namespace, body.class, body.key);
+    let released = state
+        .locker
+        .release_by(&name, record.lease, body.mode, body.grant_rev)
+        .await;
+    if !matches!(&released, Err(e) if matches!(e.kind(), palisade_lock::ErrorKind::InvalidInput(_)))
+    {
+        state
+            .locker
+            .free_quota_slot(&name, record.lease, body.mode)
+            .await;
+    }
+    released?;
+    state.metrics.releases.inc();
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The holders (with tokens), the waiters in order and the class of one lock.
+#[utoipa::path(get, path = routes::STATUS, tag = "locks",
+    params(StatusQuery),
+    responses((status = 200, description = "the lock", body = StatusView), StatusProblems))]
+pub(super) async fn status(
+    State(state): State<AppState>,
+    caller: Caller,
+    QueryArgs(q): QueryArgs<StatusQuery>,
+) -> ApiResult<Json<StatusView>> {
+    let authz = state.authz.current();
+    if !authz.may_lock(&q.namespace, &q.class, &caller.0)
+        && !authz.is_ns_admin(&q.namespace, &caller.0)
+    {
+        return Err(forbidden("not allowed to see this class"));
+    }
+    rate_check(&state, &q.namespace).await?;
+    let name = LockName::new(q.namespace, q.class, q.key);
+    palisade_api::validate_key(&name.key)?;
+    let class = state.locker.config().class(&name.ns, &name.class).await?;
+    let lock = state.locker.lock_state(&name).await?;
+    Ok(Json(StatusView {
+        revision: lock.revision,
+        class,
+        holders: lock
+            .holders
+            .into_iter()
+            .map(|h| HolderView {
+                session: h.lease.to_string(),
+                mode: h.mode,
+                grant_rev: h.grant_rev,
+                token: h.token,
+                spiffe_id: h.spiffe_id,
+                holder_meta: h.holder_meta,
+            })
+            .collect(),
+        waiters: lock
+            .waiters
+            .into_iter()
+            .map(|w| WaiterView {
+                session: w.lease.to_string(),
+                mode: w.mode,
+                create_rev: w.create_rev,
+                spiffe_id: w.spiffe_id,
+                holder_meta: w.holder_meta,
+            })
+            .collect(),
+    }))
+}

@@ -1,0 +1,124 @@
+//! Sessions: open, keepalive, close.
+
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::Json;
+
+use super::extract::{Body, PathArgs};
+use super::{forbidden, ms, not_a_namespace, owned_session, ApiResult, AppState, Expiry};
+use crate::identity::Caller;
+use crate::openapi::{CloseProblems, KeepaliveProblems, OpenProblems};
+use crate::problem::Problem;
+use palisade_api::routes;
+use palisade_api::wire::{KeepaliveView, OpenSessionBody, SessionView};
+use palisade_api::ProblemKind;
+
+/// Opens a session for the caller.
+#[utoipa::path(post, path = routes::SESSIONS, tag = "sessions",
+    request_body = OpenSessionBody,
+    responses((status = 201, description = "the session", body = SessionView), OpenProblems))]
+pub(super) async fn open_session(
+    State(state): State<AppState>,
+    caller: Caller,
+    Body(body): Body<OpenSessionBody>,
+) -> ApiResult<impl IntoResponse> {
+    let ttl = session_ttl(body.ttl_ms, state.max_ttl)?;
+    let quota = match &body.namespace {
+        Some(ns) => {
+            palisade_api::validate_name(ns)?;
+            if !state.authz.current().may_use_namespace(ns, &caller.0) {
+                return Err(forbidden("not allowed to use this namespace"));
+            }
+            let namespace = state
+                .locker
+                .namespace(ns)
+                .await?
+                .ok_or_else(not_a_namespace)?;
+            Some(namespace.held_lease_quota)
+        }
+        None => None,
+    };
+    let record = state.locker.open_detached_session(caller.0, ttl).await?;
+    if let (Some(ns), Some(quota)) = (&body.namespace, quota) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        match state
+            .locker
+            .take_session_quota_slot(ns, record.lease, quota, deadline)
+            .await
+        {
+            Ok(slot) => slot.keep(),
+            Err(e) => {
+                // No slot, no session: nothing of it stays.
+                if let Err(e) = state.locker.revoke_session(record.lease).await {
+                    tracing::warn!(error = %e, "session over quota not revoked; it expires");
+                }
+                return Err(e.into());
+            }
+        }
+    }
+    Ok((
+        StatusCode::CREATED,
+        Json(SessionView {
+            session: record.lease.to_string(),
+            spiffe_id: record.spiffe_id.as_str().to_owned(),
+            ttl_ms: ms(record.ttl),
+            opened_rev: record.opened_rev,
+            namespace: body.namespace,
+        }),
+    ))
+}
+
+/// `ttl_ms` of an [`OpenSessionBody`] as a TTL: a whole number of seconds from 1 s to
+/// `max_ttl`.
+pub(super) fn session_ttl(ttl_ms: u64, max_ttl: Duration) -> ApiResult<Duration> {
+    let ttl = Duration::from_millis(ttl_ms);
+    if ttl_ms % 1000 != 0 || ttl < Duration::from_secs(1) || ttl > max_ttl {
+        return Err(Problem::new(
+            ProblemKind::InvalidInput,
+            format!(
+                "ttl_ms must be a whole number of seconds from 1000 to {}",
+                ms(max_ttl)
+            ),
+        ));
+    }
+    Ok(ttl)
+}
+
+/// Renews the session's lease, and so every hold and wait of the session.
+#[utoipa::path(post, path = routes::KEEPALIVE, tag = "sessions",
+    params(("session" = String, Path, description = "the session id, 16 lower-case hex digits")),
+    responses((status = 200, description = "renewed", body = KeepaliveView), KeepaliveProblems))]
+pub(super) async fn keepalive(
+    State(state): State<AppState>,
+    caller: Caller,
+    PathArgs(session): PathArgs<String>,
+) -> ApiResult<Json<KeepaliveView>> {
+    let record = owned_session(&state, &caller, &session, Expiry::Session).await?;
+    let ttl = state
+        .locker
+        .keep_alive_once(record.lease)
+        .await
+        .inspect_err(|e| {
+            if e.is_session_lost() {
+                state.count_expiry(Expiry::Session);
+            }
+        })?;
+    Ok(Json(KeepaliveView { ttl_ms: ms(ttl) }))
+}
+
+/// Closes the session: revokes its lease, which ends every hold and wait of it.
+#[utoipa::path(delete, path = routes::SESSION, tag = "sessions",
+    params(("session" = String, Path, description = "the session id, 16 lower-case hex digits")),
+    responses((status = 204, description = "closed; every hold of the session ended"), CloseProblems))]
+pub(super) async fn close_session(
+    State(state): State<AppState>,
+    caller: Caller,
+    PathArgs(session): PathArgs<String>,
+) -> ApiResult<StatusCode> {
+    let record = owned_session(&state, &caller, &session, Expiry::Uncounted).await?;
+    state.locker.revoke_session(record.lease).await?;
+    Ok(StatusCode::NO_CONTENT)
+}

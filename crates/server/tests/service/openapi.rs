@@ -1,0 +1,199 @@
+//! `GET /v1/openapi.json`: the document lists exactly the routes the router serves, its
+//! problem responses name the stable `type`s, and its request schemas refuse what the
+//! handlers refuse.
+
+use std::collections::BTreeSet;
+
+use palisade_server::ProblemKind;
+use serde_json::{json, Value};
+
+use super::{acquire_body, call, call_raw, fixture, keys, open, OWNER};
+
+const METHODS: [&str; 5] = ["GET", "POST", "PUT", "DELETE", "PATCH"];
+
+/// A concrete path for a route: parameters replaced by sample values.
+fn concrete(path: &str) -> String {
+    path.replace("{session}", "0000000000000001")
+        .replace("{ns}", "ns")
+        .replace("{class}", "c")
+        .replace("{id}", "no-such-request")
+}
+
+/// The validator of one component schema of `doc` (references resolve inside `doc`).
+fn validator(doc: &Value, schema: &str) -> jsonschema::Validator {
+    let mut root = doc.clone();
+    root["$ref"] = json!(format!("#/components/schemas/{schema}"));
+    jsonschema::draft202012::new(&root).unwrap()
+}
+
+#[tokio::test]
+async fn etcd_openapi_document_matches_the_router_and_its_schemas_refuse_what_handlers_refuse() {
+    let f = fixture(1).await;
+    let addr = f.replicas[0].addr;
+
+    // Served without an identity, as JSON, OpenAPI 3.1.
+    let r = call_raw(addr, "GET", "/v1/openapi.json", None, Vec::new()).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(r.content_type, "application/json");
+    let doc = r.body;
+    assert!(
+        doc["openapi"].as_str().unwrap().starts_with("3.1"),
+        "{}",
+        doc["openapi"]
+    );
+    assert_eq!(
+        serde_json::from_str::<Value>(&palisade_server::openapi_json()).unwrap(),
+        doc
+    );
+
+    // (method, path) of the document == the router's route table.
+    let mut documented = BTreeSet::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, _) in item.as_object().unwrap() {
+            if METHODS.contains(&method.to_uppercase().as_str()) {
+                documented.insert((method.to_uppercase(), path.clone()));
+            }
+        }
+    }
+    let routed: BTreeSet<(String, String)> = palisade_server::routes()
+        .into_iter()
+        .map(|(m, p)| (m.as_str().to_owned(), p.to_owned()))
+        .collect();
+    assert_eq!(documented, routed);
+    assert_eq!(routed.len(), 16);
+
+    // The router really serves each of them (its fallbacks answer "no such route" or
+    // 405), and nothing else on those paths.
+    let paths: BTreeSet<&String> = routed.iter().map(|(_, p)| p).collect();
+    for path in paths {
+        for method in METHODS {
+            let r = call_raw(addr, method, &concrete(path), Some(OWNER), Vec::new()).await;
+            let served = routed.contains(&(method.to_owned(), path.clone()));
+            if served {
+                assert_ne!(r.status, 405, "{method} {path}: {:?}", r.body);
+                assert_ne!(r.body["detail"], "no such route", "{method} {path}");
+            } else {
+                assert_eq!(
+                    r.status, 405,
+                    "{method} {path} is not documented: {:?}",
+                    r.body
+                );
+            }
+        }
+    }
+
+    // Problems: the Problem schema names every stable type; each route's error
+    // responses are problem+json with types of that status only.
+    let all: BTreeSet<String> = ProblemKind::ALL.iter().map(|k| k.type_uri()).collect();
+    let problem = &doc["components"]["schemas"]["Problem"];
+    let listed: BTreeSet<String> = problem["properties"]["type"]["enum"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(listed, all);
+    let mut seen = BTreeSet::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            let open = path == "/metrics" || path == "/v1/openapi.json";
+            let responses = op["responses"].as_object().unwrap();
+            assert_eq!(
+                responses.contains_key("401"),
+                !open,
+                "{method} {path}: 401 documented iff an identity is needed"
+            );
+            for (status, resp) in responses {
+                let status: u16 = status.parse().unwrap();
+                if status < 400 {
+                    continue;
+                }
+                let schema = &resp["content"]["application/problem+json"]["schema"];
+                assert_eq!(schema["allOf"][0]["$ref"], "#/components/schemas/Problem");
+                for t in schema["allOf"][1]["properties"]["type"]["enum"]
+                    .as_array()
+                    .unwrap()
+                {
+                    let kind = ProblemKind::ALL
+                        .iter()
+                        .find(|k| k.type_uri() == t.as_str().unwrap())
+                        .unwrap_or_else(|| panic!("{method} {path}: unknown type {t}"));
+                    assert!(
+                        kind.status().as_u16() == status
+                            || (*kind == ProblemKind::InvalidInput
+                                && [413, 415, 422].contains(&status)),
+                        "{method} {path}: {t} under {status}"
+                    );
+                    seen.insert(kind.type_uri());
+                }
+                if status == 429 {
+                    assert!(resp["headers"]["Retry-After"].is_object());
+                }
+            }
+        }
+    }
+    assert_eq!(seen, all, "every problem kind is documented on some route");
+    assert_eq!(
+        doc["components"]["securitySchemes"]["mtls"]["type"],
+        "mutualTLS"
+    );
+
+    // Request schemas refuse what the handlers refuse, and accept what they accept.
+    let session = open(addr, OWNER, 10_000).await;
+    let acquire = validator(&doc, "AcquireBody");
+    let good = acquire_body(&session, "k-openapi", 1_000);
+    assert!(acquire.is_valid(&good));
+    let mut bad = Vec::new();
+    let mut with = |edit: &dyn Fn(&mut Value)| {
+        let mut b = good.clone();
+        edit(&mut b);
+        bad.push(b);
+    };
+    with(&|b| b["unknown"] = json!(1));
+    with(&|b| {
+        b.as_object_mut().unwrap().remove("wait_ms");
+    });
+    with(&|b| b["wait_ms"] = json!(-5));
+    with(&|b| b["wait_ms"] = json!(0));
+    with(&|b| b["wait_ms"] = json!("1000"));
+    with(&|b| b["mode"] = json!("sideways"));
+    with(&|b| b["session"] = json!("not-a-session"));
+    with(&|b| b["namespace"] = json!("Bad Name"));
+    with(&|b| b["key"] = json!(""));
+    with(&|b| b["key"] = json!("k".repeat(513)));
+    let before = keys(&f).await;
+    for b in &bad {
+        assert!(!acquire.is_valid(b), "schema accepts {b}");
+        let r = call(addr, "POST", "/v1/locks/acquire", OWNER, b.clone()).await;
+        assert!(
+            (400..500).contains(&r.status),
+            "{b}: {} {:?}",
+            r.status,
+            r.body
+        );
+        assert_eq!(r.content_type, "application/problem+json");
+    }
+    assert_eq!(keys(&f).await, before, "refused acquires wrote nothing");
+    let r = call(addr, "POST", "/v1/locks/acquire", OWNER, good).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+
+    let open_schema = validator(&doc, "OpenSessionBody");
+    assert!(open_schema.is_valid(&json!({ "ttl_ms": 5000 })));
+    for b in [
+        json!({ "ttl_ms": -1000 }),
+        json!({ "ttl_ms": 5000, "owner": "me" }),
+        json!({}),
+        json!({ "ttl_ms": 1.5 }),
+    ] {
+        assert!(!open_schema.is_valid(&b), "schema accepts {b}");
+        let r = call(addr, "POST", "/v1/sessions", OWNER, b.clone()).await;
+        assert!((400..500).contains(&r.status), "{b}: {:?}", r.body);
+    }
+
+    let class = validator(&doc, "ClassBody");
+    assert!(class.is_valid(&json!({ "key_prefix": "a/", "mode": "shared" })));
+    let b = json!({ "key_prefix": "a/", "ttl": 5 });
+    assert!(!class.is_valid(&b));
+    let r = call(addr, "PUT", "/v1/namespaces/ns/classes/d", super::ADMIN, b).await;
+    assert_eq!(r.status, 422, "{:?}", r.body);
+}
