@@ -2241,7 +2241,7 @@ async fn pg_epoch_store_reads_rows_from_before_the_reservation_and_max_merges_it
     let client = Arc::new(db.connect().await);
     // The table as the first migration made it, with rows written then.
     client
-        .batch_execute(include_str!("../migrations/0001_lock_epoch.sql"))
+        .batch_execute(include_str!("../../migrations/0001_lock_epoch.sql"))
         .await
         .unwrap();
     client
