@@ -1,5 +1,12 @@
-//! palisade-lock on real etcd members started by the test harness. Every test here starts
-//! etcd, so every test name contains `etcd` (nextest runs those one at a time).
+//! palisade-lock on real etcd members that the test harness starts, one module per
+//! concept; the set-up the modules share is in `support`.
+//!
+//! Every test that starts etcd members has `etcd` in its full name (its own name or its
+//! module's): the `test(/etcd/)` filter in `.config/nextest.toml` runs those one at a time,
+//! because members started side by side compete for the same cores and disk, and these
+//! tests bound how long grants, expiries and lock delays take.
+
+mod support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -7,257 +14,16 @@ use std::time::Duration;
 use etcd_client::{Client, EventType, GetOptions, WatchOptions};
 use palisade_lock::{
     Epoch, EpochReason, EpochRecord, EpochStore, Error, ErrorKind, FencingToken, FileEpochStore,
-    ForceMarker, Hold, InvalidInput, LockClass, LockName, Locker, LockerOptions, LossReason, Mode,
-    Namespace, QuorumPolicy, Revision, Session, SpiffeId,
+    ForceMarker, Hold, InvalidInput, LockName, Locker, LockerOptions, LossReason, Mode, Namespace,
+    QuorumPolicy, Revision, Session, SpiffeId,
 };
 use palisade_testkit::{EtcdCluster, RestoreMode};
 use tokio::time::Instant;
 
-const NS: &str = "ns";
-/// A second namespace for classes with their own prefixes (class `c` of `ns` has the
-/// empty prefix, which overlaps every other prefix in `ns`).
-const NS2: &str = "ns2";
-const ROOT: &str = "/palisade/";
-
-struct Fixture {
-    cluster: EtcdCluster,
-    locker: Locker,
-    dir: tempfile::TempDir,
-}
-
-fn class(ns: &str, id: &str, prefix: &str) -> LockClass {
-    let mut c = LockClass::new(ns, id, prefix);
-    c.mode = Mode::Shared;
-    c.ttl_min = Duration::from_secs(1);
-    c.ttl_max = Duration::from_secs(30);
-    c
-}
-
-async fn connect(endpoints: Vec<String>, dir: &tempfile::TempDir) -> Result<Locker, Error> {
-    connect_window(endpoints, dir, palisade_lock::DEFAULT_EPOCH_WINDOW).await
-}
-
-/// [`connect`] with another epoch reservation window.
-async fn connect_window(
-    endpoints: Vec<String>,
-    dir: &tempfile::TempDir,
-    window: u64,
-) -> Result<Locker, Error> {
-    let options = LockerOptions::new(endpoints)
-        .with_request_timeout(Duration::from_millis(500))
-        .with_epoch_window(window);
-    Locker::connect(options, FileEpochStore::new(dir.path().join("epoch.json"))).await
-}
-
-async fn fixture(members: usize) -> Fixture {
-    fixture_window(members, palisade_lock::DEFAULT_EPOCH_WINDOW).await
-}
-
-async fn fixture_window(members: usize, window: u64) -> Fixture {
-    let cluster = EtcdCluster::start(members).await;
-    let dir = tempfile::tempdir().unwrap();
-    let locker = connect_window(cluster.endpoints(), &dir, window)
-        .await
-        .unwrap();
-    locker
-        .config()
-        .put_namespace(&Namespace::new(NS, "tenant"))
-        .await
-        .unwrap();
-    locker
-        .config()
-        .put_namespace(&Namespace::new(NS2, "tenant"))
-        .await
-        .unwrap();
-    locker
-        .config()
-        .put_class(&class(NS, "c", ""))
-        .await
-        .unwrap();
-    Fixture {
-        cluster,
-        locker,
-        dir,
-    }
-}
-
-async fn session(locker: &Locker, ttl_secs: u64) -> Session {
-    locker
-        .open_session(
-            SpiffeId::new("spiffe://test/worker").unwrap(),
-            Duration::from_secs(ttl_secs),
-        )
-        .await
-        .unwrap()
-}
-
-fn lock(key: &str) -> LockName {
-    LockName::new(NS, "c", key)
-}
-
-fn within(d: Duration) -> Instant {
-    Instant::now() + d
-}
-
-fn secs(s: u64) -> Instant {
-    within(Duration::from_secs(s))
-}
-
-fn token(h: &Hold) -> FencingToken {
-    h.token().expect("a fenced grant has a token")
-}
-
-/// etcd's current revision. Retries: with a member down, the client still sends some
-/// requests to it, and those fail at once.
-async fn revision(client: &Client) -> i64 {
-    for _ in 0..100 {
-        if let Ok(resp) = client.clone().get("/", None).await {
-            return resp.header().unwrap().revision();
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("etcd did not answer");
-}
-
-/// Keys (as strings) under a prefix. Retries like [`revision`].
-async fn keys_under(client: &Client, prefix: &str) -> Vec<String> {
-    for _ in 0..100 {
-        if let Ok(resp) = client
-            .clone()
-            .get(
-                prefix,
-                Some(GetOptions::new().with_prefix().with_keys_only()),
-            )
-            .await
-        {
-            return resp
-                .kvs()
-                .iter()
-                .map(|kv| kv.key_str().unwrap().to_owned())
-                .collect();
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("etcd did not answer");
-}
-
-/// The base path of a lock of class `c` of `ns`.
-fn base(key: &str) -> String {
-    lock_base(&lock(key))
-}
-
-fn lock_base(name: &LockName) -> String {
-    format!(
-        "{ROOT}locks/{}/{}/{}/",
-        name.ns,
-        name.class,
-        name.key.replace('%', "%25").replace('/', "%2F")
-    )
-}
-
-/// A watch on a prefix from the current revision + 1, started before the action it waits
-/// for, so the event cannot be missed.
-struct PrefixWatch {
-    _watcher: etcd_client::Watcher,
-    stream: etcd_client::WatchStream,
-}
-
-impl PrefixWatch {
-    async fn start(client: &Client, prefix: &str) -> PrefixWatch {
-        let from = revision(client).await + 1;
-        let (watcher, stream) = client
-            .clone()
-            .watch(
-                prefix,
-                Some(WatchOptions::new().with_prefix().with_start_revision(from)),
-            )
-            .await
-            .unwrap();
-        PrefixWatch {
-            _watcher: watcher,
-            stream,
-        }
-    }
-
-    /// Every event, as (type, key, revision, value), until one matches `last`.
-    async fn until(
-        &mut self,
-        last: impl Fn(EventType, &str) -> bool,
-    ) -> Vec<(EventType, String, i64, String)> {
-        let mut seen = Vec::new();
-        let wait = async {
-            loop {
-                let resp = self
-                    .stream
-                    .message()
-                    .await
-                    .unwrap()
-                    .expect("watch stream open");
-                for e in resp.events() {
-                    let kv = e.kv().unwrap();
-                    let key = kv.key_str().unwrap().to_owned();
-                    let done = last(e.event_type(), &key);
-                    seen.push((
-                        e.event_type(),
-                        key,
-                        kv.mod_revision(),
-                        kv.value_str().unwrap().to_owned(),
-                    ));
-                    if done {
-                        return;
-                    }
-                }
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(15), wait)
-            .await
-            .expect("watch events within 15 s");
-        seen
-    }
-
-    /// The next event of `kind`, with its key and revision.
-    async fn next(&mut self, kind: EventType) -> (String, i64) {
-        let wait = async {
-            loop {
-                let resp = self
-                    .stream
-                    .message()
-                    .await
-                    .unwrap()
-                    .expect("watch stream open");
-                for e in resp.events() {
-                    if e.event_type() == kind {
-                        let kv = e.kv().unwrap();
-                        return (kv.key_str().unwrap().to_owned(), kv.mod_revision());
-                    }
-                }
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(15), wait)
-            .await
-            .expect("watch event within 15 s")
-    }
-}
-
-/// Spawns an acquire and returns once its waiter key exists in etcd.
-async fn spawn_waiter(
-    locker: &Locker,
-    session: &Session,
-    name: &LockName,
-    mode: Mode,
-    deadline: Instant,
-) -> tokio::task::JoinHandle<Result<Hold, Error>> {
-    let queue = format!("{}q/", lock_base(name));
-    let mut watch = PrefixWatch::start(locker.client(), &queue).await;
-    let (l, s, n) = (locker.clone(), session.clone(), name.clone());
-    let task = tokio::spawn(async move { l.acquire(&s, &n, mode, deadline).await });
-    let (key, _) = watch.next(EventType::Put).await;
-    assert!(
-        key.ends_with(&session.lease().to_string()),
-        "the waiter key {key} is this session's"
-    );
-    task
-}
+use support::{
+    base, class, connect, connect_window, fixture, fixture_window, keys_under, lock, revision,
+    secs, session, spawn_waiter, token, within, Fixture, PrefixWatch, NS, NS2, ROOT,
+};
 
 /// Enqueues `n` exclusive waiters on `name` (key `key`), each with its own session of
 /// `ttl_secs`, one after another (each returns once its waiter key exists). Each, once
