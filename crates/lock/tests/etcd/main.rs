@@ -6,6 +6,7 @@
 //! because members started side by side compete for the same cores and disk, and these
 //! tests bound how long grants, expiries and lock delays take.
 
+mod lease_loss;
 mod shared_mode;
 mod support;
 mod tokens_and_fifo;
@@ -26,76 +27,6 @@ use support::{
     base, class, connect, connect_window, fixture, fixture_window, keys_under, lock, revision,
     secs, session, spawn_waiter, token, within, Fixture, PrefixWatch, NS, NS2, ROOT,
 };
-
-#[tokio::test]
-async fn etcd_expired_holder_loses_within_ttl_and_next_waiter_gets_higher_token() {
-    let f = fixture(1).await;
-    let name = lock("exp");
-    let a = session(&f.locker, 2).await;
-    let ha = f
-        .locker
-        .acquire(&a, &name, Mode::Exclusive, secs(5))
-        .await
-        .unwrap();
-    let b = session(&f.locker, 10).await;
-    let waiter = spawn_waiter(&f.locker, &b, &name, Mode::Exclusive, secs(20)).await;
-
-    // The bound is measured from the moment renewals stop (the last renewal was sent
-    // before it, so the lease ends no later than TTL after it), with the TTL etcd granted.
-    let bound = a.ttl() + Duration::from_secs(1);
-    let stopped = Instant::now();
-    a.stop_keepalive();
-    let reason = tokio::time::timeout(bound, ha.lost())
-        .await
-        .expect("loss signal within TTL + 1 s");
-    assert_eq!(reason, LossReason::KeepaliveFailed);
-    let hb = waiter.await.unwrap().unwrap();
-    let granted_after = stopped.elapsed();
-    assert!(
-        granted_after <= bound,
-        "next waiter granted {granted_after:?} after keepalive stopped"
-    );
-    assert!(token(&hb) > token(&ha));
-    // The expired hold cannot be released: typed NotHeld, never success.
-    let err = ha.release().await.unwrap_err();
-    assert!(err.is_not_held(), "{err:?}");
-    hb.release().await.unwrap();
-}
-
-#[tokio::test]
-async fn etcd_waiter_whose_lease_expires_is_never_granted() {
-    let f = fixture(1).await;
-    let name = lock("w");
-    let h = session(&f.locker, 10).await;
-    let held = f
-        .locker
-        .acquire(&h, &name, Mode::Exclusive, secs(5))
-        .await
-        .unwrap();
-    let w = session(&f.locker, 2).await;
-    let doomed = spawn_waiter(&f.locker, &w, &name, Mode::Exclusive, secs(30)).await;
-    let v = session(&f.locker, 10).await;
-    let next = spawn_waiter(&f.locker, &v, &name, Mode::Exclusive, secs(30)).await;
-
-    // W's lease expires while it waits: its waiter key goes with it.
-    let mut queue = PrefixWatch::start(f.locker.client(), &format!("{}q/", base("w"))).await;
-    w.stop_keepalive();
-    let (gone, _) = queue.next(EventType::Delete).await;
-    assert!(gone.ends_with(&w.lease().to_string()));
-    let err = doomed.await.unwrap().unwrap_err();
-    assert!(err.is_session_lost(), "{err:?}");
-
-    let held_token = token(&held);
-    held.release().await.unwrap();
-    let hv = next.await.unwrap().unwrap();
-    assert!(token(&hv) > held_token);
-    let holds = keys_under(f.locker.client(), &format!("{}h/", base("w"))).await;
-    assert_eq!(
-        holds,
-        vec![format!("{}h/x/{}", base("w"), v.lease())],
-        "only V holds; W never did"
-    );
-}
 
 #[tokio::test]
 async fn etcd_keys_that_prefix_each_other_and_stray_keys_do_not_interfere() {
@@ -989,49 +920,6 @@ async fn etcd_advancing_past_the_last_epoch_is_refused() {
     assert!(err.to_string().contains("32767"), "{err}");
     let durable: Option<EpochRecord> = store.load().await.unwrap();
     assert_eq!(durable.unwrap().epoch, Epoch::MAX, "nothing advanced");
-}
-
-#[tokio::test]
-async fn etcd_waiter_whose_lease_is_revoked_before_it_wakes_is_never_granted() {
-    // Unlike the expiry test, the waiter's own loss signal has not fired yet when it wakes
-    // (its lease is revoked behind its back, long before its next keepalive): only etcd
-    // can refuse it, because its waiter key is gone and a put on the dead lease fails.
-    let f = fixture(1).await;
-    let name = lock("rv");
-    let h = session(&f.locker, 10).await;
-    let held = f
-        .locker
-        .acquire(&h, &name, Mode::Exclusive, secs(5))
-        .await
-        .unwrap();
-    let w = session(&f.locker, 30).await;
-    let doomed = spawn_waiter(&f.locker, &w, &name, Mode::Exclusive, secs(30)).await;
-    let v = session(&f.locker, 10).await;
-    let next = spawn_waiter(&f.locker, &v, &name, Mode::Exclusive, secs(30)).await;
-
-    let mut queue = PrefixWatch::start(f.locker.client(), &format!("{}q/", base("rv"))).await;
-    f.locker
-        .client()
-        .clone()
-        .lease_revoke(w.lease().get())
-        .await
-        .unwrap();
-    queue.next(EventType::Delete).await;
-    assert_eq!(w.loss(), None, "the session has not noticed yet");
-    let mut holds = PrefixWatch::start(f.locker.client(), &format!("{}h/", base("rv"))).await;
-    held.release().await.unwrap();
-
-    let err = doomed.await.unwrap().unwrap_err();
-    assert!(err.is_session_lost(), "{err:?}");
-    let hv = next.await.unwrap().unwrap();
-    let v_hold = format!("{}h/x/{}", base("rv"), v.lease());
-    let events = holds.until(|t, k| t == EventType::Put && k == v_hold).await;
-    let w_lease = w.lease().to_string();
-    assert!(
-        events.iter().all(|e| !e.1.ends_with(&w_lease)),
-        "W never held: {events:?}"
-    );
-    assert!(token(&hv).revision().get() > 0);
 }
 
 /// Keys of the locks under `prefix` (a key prefix inside class `c` of `ns`) that are
