@@ -286,8 +286,6 @@ mod config_store;
 mod detached;
 #[cfg(feature = "core")]
 mod epoch;
-#[cfg(feature = "postgres")]
-mod epoch_pg;
 mod error;
 #[cfg(feature = "core")]
 mod force;
@@ -323,7 +321,7 @@ pub use epoch::{
     DEFAULT_EPOCH_WINDOW, MAX_EPOCH_WINDOW,
 };
 #[cfg(feature = "postgres")]
-pub use epoch_pg::{PostgresEpochStore, MIGRATION as EPOCH_MIGRATION};
+pub use epoch::{PostgresEpochStore, MIGRATION as EPOCH_MIGRATION};
 pub use error::{EpochMismatch, Error, ErrorKind, InvalidInput, Result};
 #[cfg(feature = "core")]
 pub use force::ForceMarker;

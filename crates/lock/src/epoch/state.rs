@@ -1,8 +1,3 @@
-//! Epochs: the record of which etcd cluster (and how far into its revisions) the current
-//! epoch is served by, kept in etcd *and* in a durable store outside it.
-//!
-//! The policy is in the crate docs (# Epochs).
-
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;

@@ -5,13 +5,13 @@ use std::sync::Arc;
 
 use palisade_fence::{Epoch, Revision};
 
-use crate::epoch::{BoxFuture, EpochReason, EpochRecord, EpochStore, StoreError};
+use super::{BoxFuture, EpochReason, EpochRecord, EpochStore, StoreError};
 
 /// The migrations that create the store's table (`lock_epoch`) and add its
 /// `reserved_rev` column to a table created before it existed; idempotent.
 pub const MIGRATION: &str = concat!(
-    include_str!("../migrations/0001_lock_epoch.sql"),
-    include_str!("../migrations/0004_lock_epoch_reserved.sql"),
+    include_str!("../../migrations/0001_lock_epoch.sql"),
+    include_str!("../../migrations/0004_lock_epoch_reserved.sql"),
 );
 
 /// An [`EpochStore`] in one row of the `lock_epoch` table, keyed by the locker's root

@@ -1,0 +1,16 @@
+//! Epochs: the record of which etcd cluster (and how far into its revisions) the current
+//! epoch is served by, kept in etcd *and* in a durable store outside it.
+//!
+//! The policy is in the crate docs (# Epochs).
+
+#[cfg(feature = "postgres")]
+mod postgres;
+mod state;
+
+#[cfg(feature = "postgres")]
+pub use postgres::{PostgresEpochStore, MIGRATION};
+pub(crate) use state::{move_revision_to, Current, EpochState};
+pub use state::{
+    BoxFuture, EpochReason, EpochRecord, EpochStore, FileEpochStore, StoreError,
+    DEFAULT_EPOCH_WINDOW, MAX_EPOCH_WINDOW,
+};
