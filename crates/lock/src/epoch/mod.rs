@@ -3,14 +3,15 @@
 //!
 //! The policy is in the crate docs (# Epochs).
 
+mod file;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod record;
 mod state;
 
+pub use file::FileEpochStore;
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresEpochStore, MIGRATION};
+pub use record::{BoxFuture, EpochReason, EpochRecord, EpochStore, StoreError};
 pub(crate) use state::{move_revision_to, Current, EpochState};
-pub use state::{
-    BoxFuture, EpochReason, EpochRecord, EpochStore, FileEpochStore, StoreError,
-    DEFAULT_EPOCH_WINDOW, MAX_EPOCH_WINDOW,
-};
+pub use state::{DEFAULT_EPOCH_WINDOW, MAX_EPOCH_WINDOW};

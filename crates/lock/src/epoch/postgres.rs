@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use palisade_fence::{Epoch, Revision};
 
-use super::{BoxFuture, EpochReason, EpochRecord, EpochStore, StoreError};
+use super::record::{BoxFuture, EpochReason, EpochRecord, EpochStore, StoreError};
 
 /// The migrations that create the store's table (`lock_epoch`) and add its
 /// `reserved_rev` column to a table created before it existed; idempotent.
