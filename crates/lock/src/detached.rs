@@ -25,8 +25,9 @@ use crate::config_store::decode;
 use crate::error::{Error, ErrorKind, InvalidInput, Result};
 use crate::hold::release_lease_txn;
 use crate::keys::validate_key;
-use crate::locker::{LockName, Locker};
+use crate::locker::Locker;
 use crate::model::{validate_name, LeaseId, Mode, SpiffeId};
+use crate::name::LockName;
 use crate::retry::{self, CallError};
 use crate::session::Session;
 

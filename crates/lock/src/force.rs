@@ -7,8 +7,9 @@ use tokio::time::Instant;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::validate_key;
-use crate::locker::{LockName, Locker};
+use crate::locker::Locker;
 use crate::model::{validate_name, LeaseId, Mode};
+use crate::name::LockName;
 use crate::retry;
 
 /// Who forced a release and why. Written as `{"forced": <marker>}` into the hold's grant

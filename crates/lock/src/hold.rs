@@ -9,9 +9,10 @@ use tokio::time::Instant;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::handover::Successor;
+use crate::inner::LockerInner;
 use crate::keys::LockKeys;
-use crate::locker::{LockName, LockerInner};
 use crate::model::{Enforcement, LockClass, Mode};
+use crate::name::LockName;
 use crate::retry;
 use crate::session::{LossReason, Session};
 

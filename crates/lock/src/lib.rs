@@ -294,6 +294,8 @@ mod handover;
 #[cfg(feature = "core")]
 mod hold;
 #[cfg(feature = "core")]
+mod inner;
+#[cfg(feature = "core")]
 mod inspect;
 mod keys;
 #[cfg(feature = "core")]
@@ -302,6 +304,8 @@ mod lock_watch;
 mod locker;
 mod meta;
 mod model;
+#[cfg(feature = "core")]
+mod name;
 #[cfg(feature = "core")]
 mod retry;
 #[cfg(feature = "service")]
@@ -331,9 +335,11 @@ pub use hold::Hold;
 pub use inspect::{Holder, LockState, Waiter};
 pub use keys::MAX_KEY_LEN;
 #[cfg(feature = "core")]
-pub use locker::{LockName, Locker, LockerOptions, DEFAULT_ROOT};
+pub use locker::{Locker, LockerOptions, DEFAULT_ROOT};
 pub use meta::{HolderMeta, MAX_HOLDER_META_LEN};
 pub use model::{Enforcement, LeaseId, LockClass, Mode, Namespace, QuorumPolicy, SpiffeId};
+#[cfg(feature = "core")]
+pub use name::LockName;
 pub use palisade_fence::{Epoch, FencingToken, Revision};
 #[cfg(feature = "core")]
 pub use session::{LossReason, Session};

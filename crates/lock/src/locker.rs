@@ -7,7 +7,7 @@ use etcd_client::{Client, Compare, CompareOp, ConnectOptions, Txn, TxnOp};
 use palisade_fence::{Epoch, Revision};
 use tokio::time::Instant;
 
-use crate::class_cache::{spawn_watch, ClassCache, WatchGuard};
+use crate::class_cache::{spawn_watch, ClassCache};
 use crate::config_store::{decode, ConfigStore};
 use crate::epoch::{
     move_revision_to, Current, EpochReason, EpochRecord, EpochState, EpochStore,
@@ -16,12 +16,15 @@ use crate::epoch::{
 use crate::error::{EpochMismatch, Error, ErrorKind, InvalidInput, Result};
 use crate::handover::Successors;
 use crate::hold::Hold;
+use crate::inner::LockerInner;
 use crate::keys::{validate_key, RootKeys};
 use crate::lock_watch::LockWatches;
 use crate::meta::HolderMeta;
 #[cfg(feature = "service")]
 use crate::model::Namespace;
 use crate::model::{validate_name, LockClass, Mode, SpiffeId};
+// The service names locks through this module.
+pub(crate) use crate::name::LockName;
 use crate::retry;
 use crate::session::Session;
 use crate::watches::Watches;
@@ -85,47 +88,6 @@ impl LockerOptions {
 /// A class lookup's own budget when it has a last known class to fall back on, in
 /// request timeouts (see `Locker::class`).
 const CLASS_LOOKUP_TIMEOUTS: u32 = 3;
-
-pub(crate) struct LockerInner {
-    pub(crate) client: Client,
-    /// The KV service alone, for the acquire and release Txns: a clone per call of it
-    /// is one service's handle, not the whole client's (every service's).
-    pub(crate) kv: etcd_client::KvClient,
-    pub(crate) keys: RootKeys,
-    pub(crate) epoch: Arc<EpochState>,
-    pub(crate) request_timeout: Duration,
-    /// The watch streams shared by every wait of this locker's acquires.
-    pub(crate) watches: Watches,
-    /// One watch per lock with waiters, on those streams, shared by its waiters.
-    pub(crate) lock_watches: LockWatches,
-    /// Whom forgotten holds hand over to, for `release_by`.
-    pub(crate) successors: Successors,
-    classes: Arc<ClassCache>,
-    /// Ends the class cache's watch task with the locker.
-    _class_watch: WatchGuard,
-}
-
-/// Names one lock: a key in a class of a namespace.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct LockName {
-    /// Namespace.
-    pub ns: String,
-    /// Class within the namespace.
-    pub class: String,
-    /// Lock key; must start with the class's key prefix.
-    pub key: String,
-}
-
-impl LockName {
-    /// Names a lock.
-    pub fn new(ns: impl Into<String>, class: impl Into<String>, key: impl Into<String>) -> Self {
-        LockName {
-            ns: ns.into(),
-            class: class.into(),
-            key: key.into(),
-        }
-    }
-}
 
 /// The lock service core on one etcd cluster. Cheap to clone.
 #[derive(Clone)]

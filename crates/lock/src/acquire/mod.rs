@@ -15,10 +15,11 @@ use tokio::time::Instant;
 use crate::error::{Error, ErrorKind, Result};
 use crate::handover::Successor;
 use crate::hold::Hold;
+use crate::inner::LockerInner;
 use crate::keys::LockKeys;
-use crate::locker::{LockName, LockerInner};
 use crate::meta::HolderMeta;
 use crate::model::{LockClass, Mode, QuorumPolicy};
+use crate::name::LockName;
 use crate::retry::{self, CallError};
 use crate::session::Session;
 
