@@ -8,7 +8,7 @@ use std::time::Duration;
 use etcd_client::Client;
 
 use crate::class_cache::{ClassCache, WatchGuard};
-use crate::epoch::EpochState;
+use crate::epoch::{adopt_advanced, EpochState};
 use crate::handover::Successors;
 use crate::keys::RootKeys;
 use crate::lock_watch::LockWatches;
@@ -32,4 +32,12 @@ pub(crate) struct LockerInner {
     pub(crate) classes: Arc<ClassCache>,
     /// Ends the class cache's watch task with the locker.
     pub(crate) _class_watch: WatchGuard,
+}
+
+impl LockerInner {
+    /// Adopts an epoch another locker advanced, if both records agree on it (see
+    /// [`adopt_advanced`]). Returns whether this locker now grants under it.
+    pub(crate) async fn adopt_advanced_epoch(&self) -> bool {
+        adopt_advanced(&self.client, &self.keys, &self.epoch, self.request_timeout).await
+    }
 }

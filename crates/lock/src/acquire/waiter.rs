@@ -164,7 +164,7 @@ impl Attempt {
             // did and both records agree on the new epoch (adopted): the attempt is
             // stale, the locker is not. Otherwise this locker refuses grants.
             if view.epoch_mod_rev == self.locker.epoch.snapshot().etcd_mod_rev
-                || crate::locker::adopt_advanced_epoch(&self.locker).await
+                || self.locker.adopt_advanced_epoch().await
             {
                 return Err(Error::epoch(crate::error::EpochMismatch::Advanced));
             }

@@ -1,17 +1,14 @@
 //! [`EpochState`]: the locker's running view of the current epoch, the checks on every
 //! response header, and the reservation of grant revisions in the durable record.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use etcd_client::{Client, ResponseHeader};
+use etcd_client::ResponseHeader;
 use palisade_fence::{Epoch, Revision};
-use tokio::time::Instant;
 
 use super::record::{EpochRecord, EpochStore};
 use crate::error::{EpochMismatch, Error, ErrorKind, Result};
-use crate::retry;
 
 /// The reservation window a locker uses unless told otherwise
 /// ([`LockerOptions::with_epoch_window`](crate::LockerOptions::with_epoch_window)), in
@@ -21,9 +18,6 @@ pub const DEFAULT_EPOCH_WINDOW: u64 = 1024;
 /// The largest reservation window a locker accepts, in etcd revisions: a restart may
 /// have to write this many times to etcd before its first grant.
 pub const MAX_EPOCH_WINDOW: u64 = 1 << 20;
-
-/// How many writes [`move_revision_to`] keeps in flight.
-const BUMP_CONCURRENCY: usize = 16;
 
 /// The locker's view of the current epoch, the checks on every response header, and
 /// the reservation of grant revisions in the durable record.
@@ -328,66 +322,6 @@ impl EpochState {
         }
         Ok(())
     }
-}
-
-/// Writes to `key` (a key of Palisade's own, no lease) until etcd's revision is at least
-/// `target`, keeping [`BUMP_CONCURRENCY`] writes in flight; returns the highest header
-/// revision seen and the writes made. Each write is one revision.
-///
-/// # Errors
-///
-/// [`ErrorKind::QuorumLost`] if etcd cannot commit before `deadline`.
-pub(crate) async fn move_revision_to(
-    client: &Client,
-    key: String,
-    target: u64,
-    deadline: Instant,
-    per_request: Duration,
-) -> Result<(u64, u64)> {
-    let reached = Arc::new(AtomicU64::new(0));
-    let writes = Arc::new(AtomicU64::new(0));
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..BUMP_CONCURRENCY {
-        let (client, key, reached, writes) =
-            (client.clone(), key.clone(), reached.clone(), writes.clone());
-        tasks.spawn(async move {
-            while reached.load(Ordering::SeqCst) < target {
-                let resp = retry::call("epoch.bump", deadline, per_request, || {
-                    let (mut c, key) = (client.clone(), key.clone());
-                    async move { c.put(key, Vec::new(), None).await }
-                })
-                .await
-                .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
-                writes.fetch_add(1, Ordering::SeqCst);
-                let rev = resp
-                    .header()
-                    .map(|h| h.revision().max(0) as u64)
-                    .unwrap_or(0);
-                reached.fetch_max(rev, Ordering::SeqCst);
-            }
-            Ok::<(), Error>(())
-        });
-    }
-    let mut outcome = Ok(());
-    while let Some(done) = tasks.join_next().await {
-        match done {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                outcome = outcome.and(Err(e));
-                tasks.abort_all();
-            }
-            Err(e) if e.is_cancelled() => {}
-            Err(e) => {
-                outcome = outcome.and(Err(Error::with_source(ErrorKind::Etcd, e)));
-                tasks.abort_all();
-            }
-        }
-    }
-    outcome?;
-    Ok((
-        reached.load(Ordering::SeqCst),
-        writes.load(Ordering::SeqCst),
-    ))
 }
 
 #[cfg(test)]
