@@ -23,9 +23,9 @@ use crate::name::LockName;
 use crate::retry::{self, CallError};
 use crate::session::Session;
 
-mod waiter;
+mod decide;
 
-use waiter::Step;
+use decide::Step;
 
 /// The value of hold, waiter and grant-record keys: who, for which class, in which epoch.
 /// The token of a hold is `epoch · 2^48 + create_revision` of its hold key.
