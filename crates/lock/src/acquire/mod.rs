@@ -24,6 +24,7 @@ use crate::retry::{self, CallError};
 use crate::session::Session;
 
 mod decide;
+mod wait;
 
 use decide::Step;
 
