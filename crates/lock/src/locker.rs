@@ -205,8 +205,9 @@ impl Locker {
     ///
     /// Uncontended, this is one etcd Txn. Otherwise the session waits in the lock's
     /// queue (FIFO by the waiter key's create revision), woken only by writes to the
-    /// keys of the one waiter or holder that blocks it, and is granted by a Txn whose header revision becomes the token's
-    /// revision. See the crate docs for the exact rules.
+    /// keys of the one waiter or holder that blocks it. It is granted by a Txn whose
+    /// header revision becomes the token's revision. See
+    /// [the granting rules](crate#granting-rules).
     ///
     /// # Errors
     ///
@@ -352,8 +353,8 @@ impl Locker {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::EpochExhausted`] at [`Epoch::MAX`](crate::Epoch::MAX); [`ErrorKind::QuorumLost`];
-    /// [`ErrorKind::EpochStore`].
+    /// [`ErrorKind::EpochExhausted`] at [`Epoch::MAX`](crate::Epoch::MAX);
+    /// [`ErrorKind::QuorumLost`]; [`ErrorKind::EpochStore`].
     pub async fn advance_epoch(&self, reason: EpochReason) -> Result<EpochRecord> {
         let inner = &self.inner;
         advance(
