@@ -11,7 +11,6 @@ use etcd_client::{
 use palisade_fence::{FencingToken, Revision};
 use tokio::time::Instant;
 
-use super::wait::Woken;
 use super::Attempt;
 use crate::error::{Error, ErrorKind, Result};
 use crate::handover::{oldest_waiter_op, Successor};
@@ -53,6 +52,18 @@ enum NoGrantRecords {
     SinceView,
     /// None at all.
     Required,
+}
+
+/// How a wait on a blocker ended (see `wait.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Woken {
+    /// What it waited on is gone.
+    Released,
+    /// The watch stream failed or was cancelled; nothing is known.
+    WatchFailed,
+    /// The predecessor's release handed the lock over: this attempt's hold key was
+    /// put at this revision.
+    HandedOver(i64),
 }
 
 /// Who wrote a hold key of this session that a view found.

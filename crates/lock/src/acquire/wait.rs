@@ -5,25 +5,13 @@ use etcd_client::{EventType, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse, Wa
 use palisade_fence::Revision;
 use tokio::time::Instant;
 
-use super::decide::{Entry, Step, View};
+use super::decide::{Entry, Step, View, Woken};
 use super::Attempt;
 use crate::error::{Error, ErrorKind, Result};
 use crate::handover::oldest_waiter_options;
 use crate::lock_watch::{LockSubscription, QUIET_TIMEOUTS};
 use crate::model::Mode;
 use crate::retry;
-
-/// How a wait on a blocker ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Woken {
-    /// What it waited on is gone.
-    Released,
-    /// The watch stream failed or was cancelled; nothing is known.
-    WatchFailed,
-    /// The predecessor's release handed the lock over: this attempt's hold key was
-    /// put at this revision.
-    HandedOver(i64),
-}
 
 impl Attempt {
     /// Waits until `blocker` (an entry of the view) no longer blocks this waiter.
