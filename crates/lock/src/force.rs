@@ -5,7 +5,8 @@ use palisade_fence::Revision;
 use tokio::time::Instant;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::locker::{LockName, Locker};
+use crate::locker::Locker;
+use crate::name::LockName;
 use crate::retry;
 use palisade_api::keys::{ForceMarker, ForcedGrant};
 use palisade_api::validate_key;

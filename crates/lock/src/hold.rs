@@ -9,7 +9,8 @@ use tokio::time::Instant;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::handover::Successor;
-use crate::locker::{LockName, LockerInner};
+use crate::inner::LockerInner;
+use crate::name::LockName;
 use crate::retry;
 use crate::session::{LossReason, Session};
 use palisade_api::keys::LockKeys;

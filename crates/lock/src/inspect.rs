@@ -6,7 +6,8 @@ use serde_json::{Map, Value};
 use tokio::time::Instant;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::locker::{LockName, Locker};
+use crate::locker::Locker;
+use crate::name::LockName;
 use crate::retry;
 use palisade_api::keys::HoldValue;
 use palisade_api::validate_key;

@@ -3,20 +3,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, ConnectOptions, Txn, TxnOp};
-use palisade_fence::{Epoch, Revision};
+use etcd_client::{Client, ConnectOptions};
 use tokio::time::Instant;
 
-use crate::class_cache::{spawn_watch, ClassCache, WatchGuard};
-use crate::config_store::{decode, ConfigStore};
+use crate::class_cache::{spawn_watch, ClassCache};
+use crate::config_store::ConfigStore;
 use crate::epoch::{
-    move_revision_to, Current, EpochState, EpochStore, DEFAULT_EPOCH_WINDOW, MAX_EPOCH_WINDOW,
+    advance, start, EpochState, EpochStore, DEFAULT_EPOCH_WINDOW, MAX_EPOCH_WINDOW,
 };
 use crate::error::{EpochMismatch, Error, ErrorKind, InvalidInput, Result};
 use crate::handover::Successors;
 use crate::hold::Hold;
+use crate::inner::LockerInner;
 use crate::lock_watch::LockWatches;
-use crate::retry;
+use crate::name::LockName;
 use crate::session::Session;
 use crate::watches::Watches;
 use palisade_api::keys::RootKeys;
@@ -85,47 +85,6 @@ impl LockerOptions {
 /// request timeouts (see `Locker::class`).
 const CLASS_LOOKUP_TIMEOUTS: u32 = 3;
 
-pub(crate) struct LockerInner {
-    pub(crate) client: Client,
-    /// The KV service alone, for the acquire and release Txns: a clone per call of it
-    /// is one service's handle, not the whole client's (every service's).
-    pub(crate) kv: etcd_client::KvClient,
-    pub(crate) keys: RootKeys,
-    pub(crate) epoch: Arc<EpochState>,
-    pub(crate) request_timeout: Duration,
-    /// The watch streams shared by every wait of this locker's acquires.
-    pub(crate) watches: Watches,
-    /// One watch per lock with waiters, on those streams, shared by its waiters.
-    pub(crate) lock_watches: LockWatches,
-    /// Whom forgotten holds hand over to, for `release_by`.
-    pub(crate) successors: Successors,
-    classes: Arc<ClassCache>,
-    /// Ends the class cache's watch task with the locker.
-    _class_watch: WatchGuard,
-}
-
-/// Names one lock: a key in a class of a namespace.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct LockName {
-    /// Namespace.
-    pub ns: String,
-    /// Class within the namespace.
-    pub class: String,
-    /// Lock key; must start with the class's key prefix.
-    pub key: String,
-}
-
-impl LockName {
-    /// Names a lock.
-    pub fn new(ns: impl Into<String>, class: impl Into<String>, key: impl Into<String>) -> Self {
-        LockName {
-            ns: ns.into(),
-            class: class.into(),
-            key: key.into(),
-        }
-    }
-}
-
 /// The lock service core on one etcd cluster. Cheap to clone.
 #[derive(Clone)]
 pub struct Locker {
@@ -170,7 +129,7 @@ impl Locker {
             .await
             .map_err(|e| Error::with_source(ErrorKind::QuorumLost, e))?;
         let keys = RootKeys::new(&options.root);
-        let (current, seen) = load_epoch(&client, &keys, &store, options.request_timeout).await?;
+        let (current, seen) = start(&client, &keys, &store, options.request_timeout).await?;
         let epoch = Arc::new(EpochState::new(
             Box::new(store),
             options.epoch_window,
@@ -244,8 +203,9 @@ impl Locker {
     ///
     /// Uncontended, this is one etcd Txn. Otherwise the session waits in the lock's
     /// queue (FIFO by the waiter key's create revision), woken only by writes to the
-    /// keys of the one waiter or holder that blocks it, and is granted by a Txn whose header revision becomes the token's
-    /// revision. See the crate docs for the exact rules.
+    /// keys of the one waiter or holder that blocks it. It is granted by a Txn whose
+    /// header revision becomes the token's revision. See
+    /// [the granting rules](crate#granting-rules).
     ///
     /// # Errors
     ///
@@ -305,7 +265,7 @@ impl Locker {
         if self.inner.epoch.snapshot().mismatch.is_some() {
             // Refusing (a restore seen, another cluster id, or another locker advanced
             // the epoch): adopt an epoch advanced since, if the records agree on it.
-            adopt_advanced_epoch(&self.inner).await;
+            self.inner.adopt_advanced_epoch().await;
         }
         let mut stale = 0;
         loop {
@@ -390,284 +350,17 @@ impl Locker {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::EpochExhausted`] at [`Epoch::MAX`]; [`ErrorKind::QuorumLost`];
-    /// [`ErrorKind::EpochStore`].
+    /// [`ErrorKind::EpochExhausted`] at [`Epoch::MAX`](crate::Epoch::MAX);
+    /// [`ErrorKind::QuorumLost`]; [`ErrorKind::EpochStore`].
     pub async fn advance_epoch(&self, reason: EpochReason) -> Result<EpochRecord> {
         let inner = &self.inner;
-        let deadline = Instant::now() + inner.request_timeout * 3;
-        let key = inner.keys.epoch();
-        let resp = retry::call("epoch.get", deadline, inner.request_timeout, || {
-            let (mut c, key) = (inner.client.clone(), key.clone());
-            async move { c.get(key, None).await }
-        })
-        .await
-        .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
-        let header = resp.header().ok_or_else(|| Error::new(ErrorKind::Etcd))?;
-        let in_etcd: Option<EpochRecord> = resp
-            .kvs()
-            .first()
-            .map(|kv| decode(kv.value()))
-            .transpose()?;
-        let durable = inner
-            .epoch
-            .store()
-            .load()
-            .await
-            .map_err(|e| Error::with_source(ErrorKind::EpochStore, e))?;
-        let used = [
-            in_etcd.as_ref().map(|r| r.epoch),
-            durable.as_ref().map(|r| r.epoch),
-            Some(inner.epoch.snapshot().record.epoch),
-        ]
-        .into_iter()
-        .flatten()
-        .max()
-        .unwrap_or(Epoch::ZERO);
-        let next = used
-            .next()
-            .ok_or_else(|| Error::new(ErrorKind::EpochExhausted))?;
-        let record = EpochRecord::new(
-            next,
-            header.cluster_id(),
-            reason,
-            Revision::from_i64(header.revision()).unwrap_or_default(),
-        );
-        inner
-            .epoch
-            .store()
-            .store(record.clone())
-            .await
-            .map_err(|e| Error::with_source(ErrorKind::EpochStore, e))?;
-        let value = serde_json::to_vec(&record)
-            .map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
-        let put = retry::call("epoch.put", deadline, inner.request_timeout, || {
-            let (mut c, key, value) = (inner.client.clone(), key.clone(), value.clone());
-            async move { c.put(key, value, None).await }
-        })
-        .await
-        .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
-        let mod_rev = put.header().map(|h| h.revision()).unwrap_or(0);
-        inner.epoch.replace(Current {
-            record: record.clone(),
-            etcd_mod_rev: mod_rev,
-            mismatch: None,
-        });
-        Ok(record)
-    }
-}
-
-/// Called when the epoch key changed under this locker (another locker advanced it), and
-/// by every acquire while this locker refuses grants: re-reads both records and adopts
-/// the new epoch if they agree on an epoch above this locker's, naming the cluster that
-/// answered, and etcd has not gone below the durable record's highest grant revision
-/// (an operator-sanctioned advance). If etcd is below the record's reservation, it is
-/// first moved past it (another locker may have handed out tokens up to it). Returns
-/// whether it adopted; otherwise the caller refuses (sticky until adopted or advanced
-/// here).
-pub(crate) async fn adopt_advanced_epoch(inner: &LockerInner) -> bool {
-    let deadline = Instant::now() + inner.request_timeout * 3;
-    let key = inner.keys.epoch();
-    let Ok(resp) = retry::call("epoch.get", deadline, inner.request_timeout, || {
-        let (mut c, key) = (inner.client.clone(), key.clone());
-        async move { c.get(key, None).await }
-    })
-    .await
-    else {
-        return false;
-    };
-    let Some(header) = resp.header() else {
-        return false;
-    };
-    let Some(Ok((etcd, mod_rev))) = resp
-        .kvs()
-        .first()
-        .map(|kv| decode::<EpochRecord>(kv.value()).map(|r| (r, kv.mod_revision())))
-    else {
-        return false;
-    };
-    let Ok(Some(durable)) = inner.epoch.store().load().await else {
-        return false;
-    };
-    let current = inner.epoch.snapshot();
-    let mut revision = Revision::from_i64(header.revision()).unwrap_or_default();
-    let agreed = etcd.epoch == durable.epoch
-        && etcd.cluster_id == durable.cluster_id
-        && durable.cluster_id == header.cluster_id()
-        && revision >= durable.highest_grant_rev;
-    if !agreed {
-        return false;
-    }
-    if durable.epoch <= current.record.epoch {
-        // Nothing newer; a concurrent acquire may have adopted this very record.
-        return current.mismatch.is_none() && current.etcd_mod_rev == mod_rev;
-    }
-    if revision < durable.reserved_rev {
-        let deadline = bump_deadline(inner.request_timeout, revision, durable.reserved_rev);
-        match move_revision_to(
+        advance(
             &inner.client,
-            inner.keys.epoch_bump(),
-            durable.reserved_rev.get(),
-            deadline,
+            &inner.keys,
+            &inner.epoch,
             inner.request_timeout,
+            reason,
         )
         .await
-        {
-            Ok((reached, _)) => revision = Revision::new(reached),
-            Err(_) => return false,
-        }
-    }
-    let adopted = inner.epoch.adopt(
-        Current {
-            record: durable.clone(),
-            etcd_mod_rev: mod_rev,
-            mismatch: None,
-        },
-        revision.get(),
-    );
-    if adopted {
-        tracing::info!(
-            epoch = durable.epoch.get(),
-            "adopting an epoch advanced by another locker"
-        );
-    }
-    adopted
-}
-
-/// How long moving etcd's revision from `from` to `to` may take: five request timeouts
-/// plus 5 ms per write (a loaded machine here managed about 600 writes/s).
-fn bump_deadline(per_request: Duration, from: Revision, to: Revision) -> Instant {
-    let writes = to.get().saturating_sub(from.get());
-    Instant::now() + per_request * 5 + Duration::from_millis(writes.saturating_mul(5))
-}
-
-/// Reads both epoch records and decides whether grants may proceed; if they may and
-/// etcd's revision is below the durable reservation, moves it there first. Returns the
-/// epoch and the highest etcd revision seen.
-async fn load_epoch(
-    client: &Client,
-    keys: &RootKeys,
-    store: &dyn EpochStore,
-    per_request: Duration,
-) -> Result<(Current, u64)> {
-    let deadline = Instant::now() + per_request * 5;
-    let key = keys.epoch();
-    let resp = retry::call("epoch.load", deadline, per_request, || {
-        let (mut c, key) = (client.clone(), key.clone());
-        async move { c.get(key, None).await }
-    })
-    .await
-    .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
-    let header = resp.header().ok_or_else(|| Error::new(ErrorKind::Etcd))?;
-    let (cluster_id, revision) = (
-        header.cluster_id(),
-        Revision::from_i64(header.revision()).unwrap_or_default(),
-    );
-    let in_etcd = match resp.kvs().first() {
-        Some(kv) => Some((decode::<EpochRecord>(kv.value())?, kv.mod_revision())),
-        None => None,
-    };
-    let durable = store
-        .load()
-        .await
-        .map_err(|e| Error::with_source(ErrorKind::EpochStore, e))?;
-    match (in_etcd, durable) {
-        (None, None) => {
-            let record =
-                EpochRecord::new(Epoch::ZERO, cluster_id, EpochReason::Bootstrap, revision);
-            store
-                .store(record.clone())
-                .await
-                .map_err(|e| Error::with_source(ErrorKind::EpochStore, e))?;
-            let value = serde_json::to_vec(&record)
-                .map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
-            let txn = Txn::new()
-                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-                .and_then([TxnOp::put(key.clone(), value, None)]);
-            let resp = retry::call("epoch.bootstrap", deadline, per_request, || {
-                let (mut c, txn) = (client.clone(), txn.clone());
-                async move { c.txn(txn).await }
-            })
-            .await
-            .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
-            let mismatch = (!resp.succeeded()).then_some(EpochMismatch::Records {
-                etcd: None,
-                durable: Some(Epoch::ZERO),
-            });
-            let mod_rev = resp.header().map(|h| h.revision()).unwrap_or(0);
-            Ok((
-                Current {
-                    record,
-                    etcd_mod_rev: mod_rev,
-                    mismatch,
-                },
-                mod_rev.max(0) as u64,
-            ))
-        }
-        (Some((etcd, mod_rev)), Some(durable))
-            if etcd.epoch == durable.epoch && etcd.cluster_id == durable.cluster_id =>
-        {
-            let mismatch = if cluster_id != durable.cluster_id {
-                Some(EpochMismatch::ClusterId {
-                    recorded: durable.cluster_id,
-                    actual: cluster_id,
-                })
-            } else if revision < durable.highest_grant_rev {
-                Some(EpochMismatch::RevisionBehind {
-                    recorded: durable.highest_grant_rev,
-                    actual: revision,
-                })
-            } else {
-                None
-            };
-            let mut seen = revision;
-            if mismatch.is_none() && revision < durable.reserved_rev {
-                // Tokens up to the reservation may have been handed out (by a locker
-                // that crashed, or by running lockers sharing the record) without being
-                // confirmed: every grant of this locker must be above it.
-                let deadline = bump_deadline(per_request, revision, durable.reserved_rev);
-                let (reached, writes) = move_revision_to(
-                    client,
-                    keys.epoch_bump(),
-                    durable.reserved_rev.get(),
-                    deadline,
-                    per_request,
-                )
-                .await?;
-                tracing::info!(
-                    from = revision.get(),
-                    reservation = durable.reserved_rev.get(),
-                    writes,
-                    "moved etcd's revision past the epoch reservation"
-                );
-                seen = Revision::new(reached);
-            }
-            Ok((
-                Current {
-                    record: durable,
-                    etcd_mod_rev: mod_rev,
-                    mismatch,
-                },
-                seen.get(),
-            ))
-        }
-        (etcd, durable) => {
-            let mismatch = Some(EpochMismatch::Records {
-                etcd: etcd.as_ref().map(|(r, _)| r.epoch),
-                durable: durable.as_ref().map(|r| r.epoch),
-            });
-            let record = durable
-                .or(etcd.as_ref().map(|(r, _)| r.clone()))
-                .unwrap_or_else(|| {
-                    EpochRecord::new(Epoch::ZERO, cluster_id, EpochReason::Bootstrap, revision)
-                });
-            Ok((
-                Current {
-                    record,
-                    etcd_mod_rev: etcd.map(|(_, m)| m).unwrap_or(0),
-                    mismatch,
-                },
-                revision.get(),
-            ))
-        }
     }
 }

@@ -23,7 +23,8 @@ use palisade_api::keys::prefix_end;
 use palisade_api::{LeaseId, Mode};
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::locker::{LockName, Locker};
+use crate::locker::Locker;
+use crate::name::LockName;
 use crate::retry::{self, CallError};
 
 /// The wait's own deadline ran out before etcd was seen failing: deadline exceeded;

@@ -34,8 +34,8 @@ mod authz;
 mod force_release;
 mod identity;
 mod metrics;
-mod options;
 mod openapi;
+mod options;
 mod problem;
 mod rate;
 mod routes;
@@ -50,12 +50,12 @@ pub use force_release::{
 };
 pub use identity::{PeerIdentity, DEV_IDENTITY_HEADER};
 pub use options::ServiceOptions;
-pub use serve::{serve_dev, ServeError};
 pub use palisade_api::ProblemKind;
 pub use problem::Problem;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub use routes::fuzzing::{parse_body, BodyRoute};
+pub use serve::{serve_dev, ServeError};
 pub use tls::{serve_tls, server_config, spiffe_id_of, TlsConfigError};
 
 use palisade_lock::Locker;
@@ -76,4 +76,3 @@ pub fn routes() -> Vec<(axum::http::Method, String)> {
 pub fn openapi_json() -> String {
     routes::openapi().to_json().unwrap_or_default()
 }
-

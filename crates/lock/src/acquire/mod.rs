@@ -1,7 +1,72 @@
 //! Acquire: one Txn when uncontended (it grants, or enqueues and reads the lock);
 //! otherwise a FIFO waiter woken only by writes to its predecessor's keys (from the
-//! locker's one watch on the lock), and a grant Txn
-//! whose header revision is the token's revision.
+//! locker's one watch on the lock), and a grant Txn whose header revision is the
+//! token's revision. `decide.rs` decides each round on the lock read at one revision;
+//! `wait.rs` waits on the one waiter or holder that blocks it.
+//!
+//! # Granting rules
+//!
+//! - Uncontended exclusive acquire, one Txn: if `h/`, `q/` and `g/` are empty (etcd
+//!   compares a create revision over an empty range as 0) and the epoch key is unchanged,
+//!   put `h/x/<lease>` (on the lease) and `g/x/<lease>`; else put the waiter key and read
+//!   queue, holds and grant records in the same Txn. Shared: the same with `h/x/`,
+//!   `q/x/`, `g/x/`, and no leftover `h/s/<lease>` of its own.
+//! - A waiter decides on queue, holds and grant records read at one revision. Exclusive:
+//!   it waits for the waiter just ahead of it, else for one holder. Shared: for the
+//!   exclusive waiter just ahead of it, else for one exclusive holder. For a waiter ahead
+//!   it waits on that waiter's key and its lease's hold key, and wakes when both are
+//!   gone, that is on the predecessor's release (or its giving up); for a holder, on its
+//!   hold key. An exclusive waiter also wakes when its own hold key is put (a
+//!   hand-over, below).
+//!   The waiters of a locker on one lock share one watch on its hold and waiter keys,
+//!   created by the first of them from etcd's current revision (a past start revision
+//!   is served by etcd's 100 ms catch-up loop) and cancelled when the last leaves; it
+//!   keeps its latest messages, so a waiter that joins it after its view was read
+//!   misses nothing (else it reads its keys once). A waiter whose lock's watch passed
+//!   nothing on for ten request timeouts reads its keys anyway, and a write found that
+//!   way ends the watch, which the next waiter creates anew. These watches share four streams per
+//!   locker (etcd multiplexes watches on a stream by watch id); when one fails, every
+//!   waiter on it reads anew. No polling and no thundering herd: a release wakes one
+//!   waiter.
+//!   Woken, it sends its grant Txn at once (allowing no grant record at all); a grant
+//!   Txn that fails reads the lock in its else branch, and the waiter decides again.
+//!   These reads are keys only (which keys exist, and their revisions); a hold of the
+//!   waiter's own session is read with its value, to tell a grant whose answer was lost
+//!   (adopted) from an earlier acquire's leftover (released). Every read and Txn answer
+//!   is checked against the epoch (see [`crate::epoch`]), and the wait's watch messages raise
+//!   the locker's high water, so a waiter that sat in a watch still knows how far etcd
+//!   had moved.
+//! - When nothing blocks it, it grants itself in one Txn that compares its own waiter
+//!   key's create revision (a waiter whose lease expired lost its key and can never be
+//!   granted; a put on a dead lease also fails the Txn), the epoch key, no grant record
+//!   changed since the read, and: exclusive, no holds and every waiter created at or after
+//!   its own; shared, no exclusive hold and every exclusive waiter created after its own.
+//!   Then it deletes its waiter key and puts the hold and grant record. Only a
+//!   *succeeded* grant Txn's header revision is a grant revision (on the else branch it
+//!   is just the current revision).
+//! - Hand-over at release: an exclusive holder granted on the contended path read the
+//!   oldest waiter of the lock (with its value) in its grant Txn. If that waiter is
+//!   exclusive and of the holder's epoch, the release Txn also grants it, in a nested
+//!   Txn that compares the waiter key's create revision (it still waits; any waiter
+//!   created since is younger) and the epoch key: it deletes the waiter key and puts its
+//!   hold key (on its lease) and grant record, with the waiter's stored meta. One write
+//!   per hand-over instead of two in series; the release's revision is the new grant
+//!   revision. The waiter sees its hold key's put (newer than the state it waited on),
+//!   confirms it with a read checked against the epoch (its hold key as handed over, the
+//!   epoch key unchanged), which also reads whom it hands over to in turn. That read is
+//!   serializable (no read index through the leader): it decides on a past write, so it
+//!   is taken from a member that applied the hand-over and every revision the locker has
+//!   seen, and sent again linearizable when a lagging member answers. If the nested
+//!   compares fail, the release is a plain one and the waiter grants itself.
+//! - Lock-delay: if grant records of ended holds are found (expiry or force), the waiter
+//!   grants no sooner than `lock_delay` after it first observed them. That instant is
+//!   after the hold actually ended, so the delay is measured conservatively.
+//! - A wait that times out or whose future is dropped deletes its waiter key, and a
+//!   hold whose grant it never saw (inline on error, from a spawned task on drop); the
+//!   deletes compare the value with the attempt's meta. If a key-creating Txn of the
+//!   attempt may still be in flight, the same cleanup Txn writes the cancel marker (see
+//!   [the key layout](crate#key-layout)). A waiter's grant Txn needs no marker: it
+//!   compares its own waiter key's create revision, and the cleanup deleted that key.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -15,7 +80,8 @@ use tokio::time::Instant;
 use crate::error::{Error, ErrorKind, Result};
 use crate::handover::Successor;
 use crate::hold::Hold;
-use crate::locker::{LockName, LockerInner};
+use crate::inner::LockerInner;
+use crate::name::LockName;
 use crate::retry::{self, CallError};
 use crate::session::Session;
 use palisade_api::keys::{HoldValue, LockKeys};
@@ -23,9 +89,10 @@ use palisade_api::HolderMeta;
 use palisade_api::InvalidInput;
 use palisade_api::{LockClass, Mode, QuorumPolicy};
 
-mod waiter;
+mod decide;
+mod wait;
 
-use waiter::Step;
+use decide::Step;
 
 /// Failed grant Txns in a row (each on the state the previous one returned) before the
 /// waiter loop backs off.

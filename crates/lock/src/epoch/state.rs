@@ -1,163 +1,15 @@
-//! Epochs: the record of which etcd cluster (and how far into its revisions) the current
-//! epoch is served by, kept in etcd *and* in a durable store outside it.
-//!
-//! The policy is in the crate docs (# Epochs).
+//! [`EpochState`]: the locker's running view of the current epoch, the checks on every
+//! response header, and the reservation of grant revisions in the durable record.
 
-use std::future::Future;
-use std::path::PathBuf;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use etcd_client::{Client, ResponseHeader};
-use palisade_api::EpochRecord;
+use etcd_client::ResponseHeader;
 use palisade_fence::{Epoch, Revision};
-use tokio::time::Instant;
 
+use super::record::EpochStore;
 use crate::error::{EpochMismatch, Error, ErrorKind, Result};
-use crate::retry;
-
-/// A boxed, sendable future, as returned by [`EpochStore`] methods.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-/// The error type of an [`EpochStore`].
-pub type StoreError = Box<dyn std::error::Error + Send + Sync>;
-
-/// The durable record outside etcd: [`FileEpochStore`] (one host) or
-/// `PostgresEpochStore` (feature `postgres`, shared by replicas).
-///
-/// `store` must be durable when its future completes. A locker writes it at start, when
-/// an epoch is advanced, and when it raises its reservation (about once per half
-/// reservation window of etcd revisions; see [the epoch policy](crate#epochs)), not on
-/// every grant.
-pub trait EpochStore: Send + Sync + 'static {
-    /// Loads the record, or `None` if none was ever stored.
-    fn load(&self) -> BoxFuture<'_, Result<Option<EpochRecord>, StoreError>>;
-    /// Merges `record` into the stored one durably, never lowering it: a record with a
-    /// higher epoch replaces it, a lower epoch changes nothing, and within one epoch
-    /// `highest_grant_rev` and `reserved_rev` each only rise (each the max of the stored
-    /// and the new value). Concurrent writers (other lockers sharing the store) must not
-    /// be able to lower them either.
-    fn store(&self, record: EpochRecord) -> BoxFuture<'_, Result<(), StoreError>>;
-}
-
-impl<T: EpochStore> EpochStore for std::sync::Arc<T> {
-    fn load(&self) -> BoxFuture<'_, Result<Option<EpochRecord>, StoreError>> {
-        (**self).load()
-    }
-    fn store(&self, record: EpochRecord) -> BoxFuture<'_, Result<(), StoreError>> {
-        (**self).store(record)
-    }
-}
-
-/// An [`EpochStore`] in one JSON file, for a single locker process (or several lockers
-/// of one host sharing the file). Each write takes an exclusive `flock` on `<path>.lock`,
-/// reads the record, max-merges the new one into it (see [`EpochStore::store`]), and
-/// replaces it atomically: a uniquely named temporary file beside it, fsync, rename over
-/// the record, fsync of the directory. Unix only.
-#[derive(Debug, Clone)]
-pub struct FileEpochStore {
-    path: PathBuf,
-}
-
-impl FileEpochStore {
-    /// A store at `path` (the file need not exist yet; its directory must).
-    pub fn new(path: impl Into<PathBuf>) -> Self {
-        FileEpochStore { path: path.into() }
-    }
-}
-
-impl EpochStore for FileEpochStore {
-    fn load(&self) -> BoxFuture<'_, Result<Option<EpochRecord>, StoreError>> {
-        let path = self.path.clone();
-        Box::pin(async move {
-            tokio::task::spawn_blocking(move || match std::fs::read(&path) {
-                Ok(bytes) => Ok(Some(serde_json::from_slice(&bytes)?)),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                Err(e) => Err(e.into()),
-            })
-            .await?
-        })
-    }
-
-    fn store(&self, record: EpochRecord) -> BoxFuture<'_, Result<(), StoreError>> {
-        let path = self.path.clone();
-        Box::pin(
-            async move { tokio::task::spawn_blocking(move || store_file(&path, record)).await? },
-        )
-    }
-}
-
-/// Numbers temporary files within the process (with the process id: unique per host).
-static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
-
-/// The max-merge of a stored record and a new one: a higher epoch replaces the record; a
-/// lower epoch changes nothing; the same epoch keeps the higher `highest_grant_rev` and
-/// the higher `reserved_rev`.
-pub(crate) fn merge(stored: Option<EpochRecord>, new: EpochRecord) -> EpochRecord {
-    match stored {
-        Some(old) if old.epoch > new.epoch => old,
-        Some(old) if old.epoch == new.epoch => EpochRecord {
-            highest_grant_rev: old.highest_grant_rev.max(new.highest_grant_rev),
-            reserved_rev: old.reserved_rev.max(new.reserved_rev),
-            ..new
-        },
-        _ => new,
-    }
-}
-
-fn store_file(path: &std::path::Path, record: EpochRecord) -> Result<(), StoreError> {
-    use std::io::Write;
-    // Writers of one path (in this process or others) take turns on a lock file beside
-    // it; the record itself is replaced by rename, so it cannot carry the lock.
-    let mut lock_name = path.as_os_str().to_owned();
-    lock_name.push(".lock");
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_name)?;
-    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)?;
-    let stored = match std::fs::read(path) {
-        Ok(bytes) => Some(serde_json::from_slice::<EpochRecord>(&bytes)?),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(e.into()),
-    };
-    let record = merge(stored.clone(), record);
-    if stored.as_ref() == Some(&record) {
-        return Ok(()); // already durable
-    }
-    let mut tmp_name = path.as_os_str().to_owned();
-    tmp_name.push(format!(
-        ".{}.{}.tmp",
-        std::process::id(),
-        TMP_SEQ.fetch_add(1, Ordering::Relaxed)
-    ));
-    let tmp = PathBuf::from(tmp_name);
-    let written = (|| -> Result<(), StoreError> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&serde_json::to_vec(&record)?)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        Ok(())
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written?;
-    if let Some(dir) = path.parent() {
-        let dir = if dir.as_os_str().is_empty() {
-            std::path::Path::new(".")
-        } else {
-            dir
-        };
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    // The lock is released when `lock` is closed.
-    drop(lock);
-    Ok(())
-}
+use palisade_api::EpochRecord;
 
 /// The reservation window a locker uses unless told otherwise
 /// ([`LockerOptions::with_epoch_window`](crate::LockerOptions::with_epoch_window)), in
@@ -167,9 +19,6 @@ pub const DEFAULT_EPOCH_WINDOW: u64 = 1024;
 /// The largest reservation window a locker accepts, in etcd revisions: a restart may
 /// have to write this many times to etcd before its first grant.
 pub const MAX_EPOCH_WINDOW: u64 = 1 << 20;
-
-/// How many writes [`move_revision_to`] keeps in flight.
-const BUMP_CONCURRENCY: usize = 16;
 
 /// The locker's view of the current epoch, the checks on every response header, and
 /// the reservation of grant revisions in the durable record.
@@ -476,122 +325,12 @@ impl EpochState {
     }
 }
 
-/// Writes to `key` (a key of Palisade's own, no lease) until etcd's revision is at least
-/// `target`, keeping [`BUMP_CONCURRENCY`] writes in flight; returns the highest header
-/// revision seen and the writes made. Each write is one revision.
-///
-/// # Errors
-///
-/// [`ErrorKind::QuorumLost`] if etcd cannot commit before `deadline`.
-pub(crate) async fn move_revision_to(
-    client: &Client,
-    key: String,
-    target: u64,
-    deadline: Instant,
-    per_request: Duration,
-) -> Result<(u64, u64)> {
-    let reached = Arc::new(AtomicU64::new(0));
-    let writes = Arc::new(AtomicU64::new(0));
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..BUMP_CONCURRENCY {
-        let (client, key, reached, writes) =
-            (client.clone(), key.clone(), reached.clone(), writes.clone());
-        tasks.spawn(async move {
-            while reached.load(Ordering::SeqCst) < target {
-                let resp = retry::call("epoch.bump", deadline, per_request, || {
-                    let (mut c, key) = (client.clone(), key.clone());
-                    async move { c.put(key, Vec::new(), None).await }
-                })
-                .await
-                .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
-                writes.fetch_add(1, Ordering::SeqCst);
-                let rev = resp
-                    .header()
-                    .map(|h| h.revision().max(0) as u64)
-                    .unwrap_or(0);
-                reached.fetch_max(rev, Ordering::SeqCst);
-            }
-            Ok::<(), Error>(())
-        });
-    }
-    let mut outcome = Ok(());
-    while let Some(done) = tasks.join_next().await {
-        match done {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                outcome = outcome.and(Err(e));
-                tasks.abort_all();
-            }
-            Err(e) if e.is_cancelled() => {}
-            Err(e) => {
-                outcome = outcome.and(Err(Error::with_source(ErrorKind::Etcd, e)));
-                tasks.abort_all();
-            }
-        }
-    }
-    outcome?;
-    Ok((
-        reached.load(Ordering::SeqCst),
-        writes.load(Ordering::SeqCst),
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::epoch::{BoxFuture, FileEpochStore, StoreError};
     use palisade_api::EpochReason;
-
-    #[tokio::test]
-    async fn file_store_round_trips_and_replaces() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = FileEpochStore::new(dir.path().join("epoch.json"));
-        assert_eq!(store.load().await.unwrap(), None);
-        let mut r = EpochRecord::new(
-            Epoch::new(3).unwrap(),
-            0xabc,
-            EpochReason::Restore,
-            Revision::new(9),
-        );
-        store.store(r.clone()).await.unwrap();
-        assert_eq!(store.load().await.unwrap(), Some(r.clone()));
-        r.highest_grant_rev = Revision::new(10);
-        r.reserved_rev = Revision::new(30);
-        store.store(r.clone()).await.unwrap();
-        assert_eq!(store.load().await.unwrap(), Some(r.clone()));
-        // Never lowered: an older revision of the epoch, or an older epoch, is ignored.
-        let mut lower = r.clone();
-        lower.highest_grant_rev = Revision::new(5);
-        lower.reserved_rev = Revision::new(20);
-        store.store(lower.clone()).await.unwrap();
-        lower.epoch = Epoch::new(2).unwrap();
-        lower.highest_grant_rev = Revision::new(50);
-        store.store(lower).await.unwrap();
-        assert_eq!(store.load().await.unwrap(), Some(r));
-        let names: Vec<_> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
-        assert!(names.iter().all(|n| !n.ends_with(".tmp")), "{names:?}");
-    }
-
-    #[tokio::test]
-    async fn file_store_concurrent_writers_keep_the_max() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("epoch.json");
-        let (a, b) = (FileEpochStore::new(&path), FileEpochStore::new(&path));
-        let rec =
-            |rev| EpochRecord::new(Epoch::ZERO, 7, EpochReason::Bootstrap, Revision::new(rev));
-        let writes = (1..=200u64).map(|i| {
-            let store = if i % 2 == 0 { a.clone() } else { b.clone() };
-            let r = rec(i);
-            tokio::spawn(async move { store.store(r).await })
-        });
-        for w in writes.collect::<Vec<_>>() {
-            w.await.unwrap().unwrap();
-        }
-        let stored = a.load().await.unwrap().unwrap();
-        assert_eq!(stored.highest_grant_rev, Revision::new(200));
-    }
 
     fn state(dir: &std::path::Path, window: u64) -> Arc<EpochState> {
         let rec = EpochRecord::new(Epoch::ZERO, 7, EpochReason::Bootstrap, Revision::new(100));
@@ -756,22 +495,5 @@ mod tests {
             e.kind(),
             ErrorKind::EpochMismatch(EpochMismatch::Advanced)
         ));
-    }
-
-    #[test]
-    fn a_record_without_a_reservation_loads_with_the_confirmed_revision() {
-        let old = r#"{"epoch":2,"cluster_id":7,"advanced_at_ms":5,"reason":"restore","highest_grant_rev":40}"#;
-        let r: EpochRecord = serde_json::from_str(old).unwrap();
-        assert_eq!(r.highest_grant_rev, Revision::new(40));
-        assert_eq!(r.reserved_rev, Revision::new(40));
-        let mut new = r.clone();
-        new.reserved_rev = Revision::new(90);
-        let back: EpochRecord = serde_json::from_slice(&serde_json::to_vec(&new).unwrap()).unwrap();
-        assert_eq!(back, new);
-        assert_eq!(
-            merge(Some(new.clone()), r.clone()).reserved_rev,
-            Revision::new(90)
-        );
-        assert_eq!(merge(Some(r), new).reserved_rev, Revision::new(90));
     }
 }

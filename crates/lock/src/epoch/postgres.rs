@@ -5,14 +5,14 @@ use std::sync::Arc;
 
 use palisade_fence::{Epoch, Revision};
 
-use crate::epoch::{BoxFuture, EpochStore, StoreError};
+use super::record::{BoxFuture, EpochStore, StoreError};
 use palisade_api::{EpochReason, EpochRecord};
 
 /// The migrations that create the store's table (`lock_epoch`) and add its
 /// `reserved_rev` column to a table created before it existed; idempotent.
 pub const MIGRATION: &str = concat!(
-    include_str!("../migrations/0001_lock_epoch.sql"),
-    include_str!("../migrations/0004_lock_epoch_reserved.sql"),
+    include_str!("../../migrations/0001_lock_epoch.sql"),
+    include_str!("../../migrations/0004_lock_epoch_reserved.sql"),
 );
 
 /// An [`EpochStore`] in one row of the `lock_epoch` table, keyed by the locker's root
