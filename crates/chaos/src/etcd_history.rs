@@ -18,7 +18,16 @@ use palisade_api::{LeaseId, Mode};
 
 use crate::error::ChaosError;
 use crate::history::{Event, HoldEnd, LockName};
-use crate::runner::Space;
+
+/// One revision space of etcd: the cluster between two restores.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RevisionSpace {
+    pub(crate) epoch: u16,
+    /// The first revision that belongs to this space (after a restore: the snapshot's + 1).
+    pub(crate) from: i64,
+    /// 0 for the cluster the run started with, `n` after the `n`-th restore.
+    pub(crate) number: u32,
+}
 
 /// How long one read may take in all.
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
@@ -238,7 +247,7 @@ pub(crate) struct Holds {
 /// end are [`HoldEnd::Open`] (for a space a restore ended: present when it was
 /// destroyed). Hold keys in `read.initial` (the space began with them: a restore brought
 /// them back) become [`Event::RestoredHold`]s, ended by their delete in the space.
-pub(crate) fn holds(keys: &RootKeys, read: &Read, space: Space) -> Holds {
+pub(crate) fn holds(keys: &RootKeys, read: &Read, space: RevisionSpace) -> Holds {
     let epoch = space.epoch;
     let mut result = Holds::default();
     let out = &mut result.holds;
@@ -420,7 +429,7 @@ mod tests {
         let found = holds(
             &RootKeys::new("/palisade/"),
             &read,
-            Space {
+            RevisionSpace {
                 epoch: 3,
                 from: 5,
                 number: 1,

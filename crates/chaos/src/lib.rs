@@ -35,11 +35,13 @@ mod audit_rows;
 mod error;
 mod etcd_history;
 mod nemesis;
+mod options;
 mod procs;
 mod runner;
 mod summary;
 
 pub use error::ChaosError;
-pub use runner::{run, RunOptions};
+pub use options::RunOptions;
+pub use runner::run;
 pub use summary::{Summary, WriteCounts};
 pub use worker::{run_worker, WorkerConfig};

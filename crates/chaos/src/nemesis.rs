@@ -18,10 +18,11 @@ use serde_json::json;
 
 use crate::audit_rows::{self, Replayed};
 use crate::error::ChaosError;
+use crate::etcd_history::RevisionSpace;
 use crate::etcd_history::{self, Head};
 use crate::history::{Event, FaultKind, Phase};
 use crate::procs;
-use crate::runner::{epoch_field, retry, Run, Space, REPLICAS, ROOT, TTL};
+use crate::runner::{epoch_field, retry, Run, REPLICAS, ROOT, TTL};
 use crate::schedule::PlannedFault;
 use palisade_api::keys::RootKeys;
 
@@ -255,7 +256,7 @@ impl Run {
             through: snapshot.revision(),
             epoch,
         });
-        self.space = Space {
+        self.space = RevisionSpace {
             epoch,
             from: snapshot.revision() + 1,
             number: self.space.number + 1,

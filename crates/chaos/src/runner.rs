@@ -16,11 +16,13 @@ use crate::audit_rows::{self, Replayed};
 use crate::clock::RunClock;
 use crate::error::ChaosError;
 use crate::etcd_history;
+use crate::etcd_history::RevisionSpace;
 use crate::history::{self, Entry, Event};
+use crate::options::RunOptions;
 use crate::procs::{Replicas, Workers};
 use crate::resource::{self, ResourceService};
 use crate::schedule;
-use crate::summary::Summary;
+use crate::summary::{RunTallies, Summary};
 use crate::worker::{WorkerConfig, CLASS, NAMESPACE};
 use palisade_api::keys::RootKeys;
 
@@ -38,34 +40,6 @@ pub(crate) const RUNNER: u32 = u32::MAX;
 const AUTHZ: &str = "admins = [\"spiffe://chaos/admin\"]\n\n[[namespace]]\nid = \"chaos\"\n\n\
     [[namespace.grant]]\nids = [\"spiffe://chaos/workers/\"]\nclasses = [\"cells\"]\n";
 
-/// What to run.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RunOptions {
-    /// Seeds the fault schedule and the workers' choices.
-    pub seed: u64,
-    /// How long the workers work. The first round of faults (one of each kind) always
-    /// completes, so a very short run lasts longer than this.
-    pub duration: Duration,
-    /// Worker processes (at least 1).
-    pub workers: u32,
-    /// Lock keys the workers share (at least 1); fewer keys, more contention.
-    pub keys: u32,
-    /// Where to write the history (JSON lines); it is replaced.
-    pub history: PathBuf,
-    /// The `palisade` binary, which serves the replicas and runs the workers.
-    pub exe: PathBuf,
-}
-
-/// One revision space of etcd: the cluster between two restores.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Space {
-    pub(crate) epoch: u16,
-    /// The first revision that belongs to this space (after a restore: the snapshot's + 1).
-    pub(crate) from: i64,
-    /// 0 for the cluster the run started with, `n` after the `n`-th restore.
-    pub(crate) number: u32,
-}
-
 /// Everything a run holds while it runs.
 pub(crate) struct Run {
     pub(crate) clock: RunClock,
@@ -75,7 +49,7 @@ pub(crate) struct Run {
     pub(crate) workers: Option<Workers>,
     pub(crate) entries: mpsc::UnboundedSender<Entry>,
     pub(crate) audit_pool: deadpool_postgres::Pool,
-    pub(crate) space: Space,
+    pub(crate) space: RevisionSpace,
     /// Holds read from revision spaces a restore destroyed.
     pub(crate) holds: Vec<Event>,
     /// Hold ends read that matched no hold of their space (see `etcd_history::Holds`).
@@ -226,25 +200,13 @@ pub async fn run(options: RunOptions) -> Result<Summary, ChaosError> {
     Ok(summary)
 }
 
-/// What the run knows that the history does not say.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct Extra {
-    pub(crate) audit_replayed: u64,
-    pub(crate) unmatched_ends: u64,
-    pub(crate) audit_gaps: u64,
-    pub(crate) sink_dropped: u64,
-    pub(crate) tailer_caught_up: bool,
-    /// Workers that exited before the end, as the reader should know them.
-    pub(crate) workers_failed: Vec<String>,
-}
-
 async fn drive(
     options: &RunOptions,
     dir: PathBuf,
     clock: RunClock,
     entries: mpsc::UnboundedSender<Entry>,
     holding: Holding,
-) -> Result<Extra, ChaosError> {
+) -> Result<RunTallies, ChaosError> {
     // PostgreSQL of its own, so the nemesis may restart it.
     let pg = PgServer::start().await?;
     let admin_pool = palisade_audit::pool(&pg.connection_string("postgres"), 1)?;
@@ -279,7 +241,7 @@ async fn drive(
         workers: None,
         entries,
         audit_pool: pool.clone(),
-        space: Space {
+        space: RevisionSpace {
             epoch: 0,
             from: 1,
             number: 0,
@@ -392,7 +354,7 @@ async fn drive(
     for e in holds.into_iter().chain(audit.rows) {
         run.record(e);
     }
-    Ok(Extra {
+    Ok(RunTallies {
         audit_replayed: audit.replayed,
         unmatched_ends,
         audit_gaps: audit.gaps,

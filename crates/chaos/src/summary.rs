@@ -7,8 +7,20 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::history::{Entry, Event, FaultKind, HoldEnd, Phase, Target, WriteOutcome};
-use crate::runner::{Extra, RunOptions};
+use crate::options::RunOptions;
 use crate::schedule::ALL_KINDS;
+
+/// What the run knows that the history does not say.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct RunTallies {
+    pub(crate) audit_replayed: u64,
+    pub(crate) unmatched_ends: u64,
+    pub(crate) audit_gaps: u64,
+    pub(crate) sink_dropped: u64,
+    pub(crate) tailer_caught_up: bool,
+    /// Workers that exited before the end, as the reader should know them.
+    pub(crate) workers_failed: Vec<String>,
+}
 
 /// Write outcomes of one kind of resource.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -85,7 +97,7 @@ pub struct Summary {
 }
 
 impl Summary {
-    pub(crate) fn of(options: &RunOptions, entries: &[Entry], extra: Extra) -> Summary {
+    pub(crate) fn of(options: &RunOptions, entries: &[Entry], extra: RunTallies) -> Summary {
         let mut s = Summary {
             seed: options.seed,
             elapsed: Duration::from_nanos(entries.iter().map(|e| e.at_ns).max().unwrap_or(0)),
