@@ -5,14 +5,13 @@
 mod common;
 
 use palisade_api::ProblemKind;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::pki::Pki;
 use palisade_client::{Client, ClientErrorKind, ClientTls};
-use palisade_lock::{FileEpochStore, LockClass, LockName, Locker, LockerOptions, Mode, Namespace};
+use palisade_lock::{LockClass, LockName, Mode, Namespace};
+use palisade_server::testing::{serve_tls_on_loopback, ServiceFixture};
 use palisade_server::{Authz, AuthzConfig, ServiceOptions};
-use palisade_testkit::EtcdCluster;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::json;
@@ -21,31 +20,18 @@ const OWNER: &str = "spiffe://test/billing/a";
 const OTHER: &str = "spiffe://test/billing/b";
 
 struct Fixture {
-    _cluster: EtcdCluster,
-    locker: Locker,
+    service: ServiceFixture,
     pki: Pki,
     url: String,
-    dir: tempfile::TempDir,
 }
 
 /// etcd, namespace `ns` with class `c`, and the service over mTLS (not dev mode).
 async fn fixture() -> Fixture {
-    let cluster = EtcdCluster::start(1).await;
-    let dir = tempfile::tempdir().unwrap();
-    let locker = Locker::connect(
-        LockerOptions::new(cluster.endpoints()),
-        FileEpochStore::new(dir.path().join("epoch.json")),
-    )
-    .await
-    .unwrap();
-    locker
-        .config()
-        .put_namespace(&Namespace::new("ns", "t"))
+    let service = ServiceFixture::start(1, Duration::from_secs(1))
         .await
         .unwrap();
-    locker
-        .config()
-        .put_class(&LockClass::new("ns", "c", ""))
+    service
+        .configure(&Namespace::new("ns", "t"), &LockClass::new("ns", "c", ""))
         .await
         .unwrap();
     let authz = AuthzConfig::from_toml(
@@ -62,21 +48,14 @@ async fn fixture() -> Fixture {
         .collect::<Result<Vec<_>, _>>()
         .unwrap();
     let tls = palisade_server::server_config(roots, chain, key).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr: SocketAddr = listener.local_addr().unwrap();
     let options = ServiceOptions::new(Authz::fixed(authz));
-    tokio::spawn(palisade_server::serve_tls(
-        listener,
-        tls,
-        locker.clone(),
-        options,
-    ));
+    let served = serve_tls_on_loopback(service.locker.clone(), tls, options)
+        .await
+        .unwrap();
     Fixture {
-        _cluster: cluster,
-        locker,
+        url: served.url(),
+        service,
         pki,
-        url: format!("https://127.0.0.1:{}", addr.port()),
-        dir,
     }
 }
 
@@ -94,8 +73,8 @@ fn client_with(f: &Fixture, uris: &[&str]) -> Client {
 async fn etcd_client_mtls_acquires_as_its_spiffe_id_and_foreign_ids_get_403() {
     let f = fixture().await;
     // The owner's SVID from PEM files, as a deployment mounts them.
-    let files = f.pki.client(&[OWNER]).files(f.dir.path(), "owner");
-    let tls = ClientTls::from_ca_file(f.pki.ca_file(f.dir.path()))
+    let files = f.pki.client(&[OWNER]).files(f.service.dir(), "owner");
+    let tls = ClientTls::from_ca_file(f.pki.ca_file(f.service.dir()))
         .unwrap()
         .with_identity_files(&files.cert, &files.key)
         .unwrap();
@@ -166,6 +145,7 @@ async fn etcd_client_mtls_acquires_as_its_spiffe_id_and_foreign_ids_get_403() {
     theirs.close().await.unwrap();
     session.close().await.unwrap();
     let state = f
+        .service
         .locker
         .lock_state(&LockName::new("ns", "c", "k"))
         .await
@@ -281,7 +261,7 @@ async fn etcd_client_sessions_opened_in_a_namespace_count_against_its_quota() {
     let f = fixture().await;
     let mut ns = Namespace::new("ns", "t");
     ns.held_lease_quota = 2;
-    f.locker.config().put_namespace(&ns).await.unwrap();
+    f.service.locker.config().put_namespace(&ns).await.unwrap();
     let client = client_with(&f, &[OWNER]);
     let ttl = Duration::from_secs(5);
     let first = client.open_session_in("ns", ttl).await.unwrap();

@@ -5,46 +5,29 @@ use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::Duration;
 
-use palisade_lock::{
-    FileEpochStore, LeaseId, LockClass, LockName, Locker, LockerOptions, Namespace,
-};
+use palisade_lock::{LeaseId, LockClass, LockName, Namespace};
+use palisade_server::testing::{serve_dev_on_loopback, ServiceFixture};
 use palisade_server::{Authz, AuthzConfig, ServiceOptions};
-use palisade_testkit::EtcdCluster;
 
 const ME: &str = "spiffe://test/job";
 
-async fn setup() -> (EtcdCluster, Locker, SocketAddr, tempfile::TempDir) {
-    let cluster = EtcdCluster::start(1).await;
-    let dir = tempfile::tempdir().unwrap();
-    let locker = Locker::connect(
-        LockerOptions::new(cluster.endpoints()),
-        FileEpochStore::new(dir.path().join("epoch.json")),
-    )
-    .await
-    .unwrap();
-    locker
-        .config()
-        .put_namespace(&Namespace::new("ns", "t"))
+/// etcd, namespace `ns` with class `c`, and the service in dev mode.
+async fn setup() -> (ServiceFixture, SocketAddr) {
+    let f = ServiceFixture::start(1, Duration::from_secs(1))
         .await
         .unwrap();
-    locker
-        .config()
-        .put_class(&LockClass::new("ns", "c", ""))
+    f.configure(&Namespace::new("ns", "t"), &LockClass::new("ns", "c", ""))
         .await
         .unwrap();
     let authz = AuthzConfig::from_toml(
         "admins = [\"spiffe://test/admin\"]\n[[namespace]]\nid = \"ns\"\n[[namespace.grant]]\nids = [\"spiffe://test/job\"]\nclasses = [\"c\"]\n",
     )
     .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let options = ServiceOptions::new(Authz::fixed(authz)).insecure_dev_identity();
-    tokio::spawn(palisade_server::serve_dev(
-        listener,
-        locker.clone(),
-        options,
-    ));
-    (cluster, locker, addr, dir)
+    let served = serve_dev_on_loopback(f.locker.clone(), options)
+        .await
+        .unwrap();
+    (f, served.addr)
 }
 
 fn lock_run(addr: SocketAddr, ttl: &str, script: &str) -> tokio::process::Command {
@@ -74,8 +57,8 @@ fn lock_run(addr: SocketAddr, ttl: &str, script: &str) -> tokio::process::Comman
 
 #[tokio::test]
 async fn etcd_lock_run_passes_the_token_and_releases() {
-    let (_cluster, locker, addr, dir) = setup().await;
-    let out_file = dir.path().join("token");
+    let (f, addr) = setup().await;
+    let (locker, out_file) = (&f.locker, f.dir().join("token"));
     let script = format!("echo $FENCING_TOKEN > {}; exit 7", out_file.display());
     let out = lock_run(addr, "5", &script).output().await.unwrap();
     assert_eq!(
@@ -115,8 +98,8 @@ async fn etcd_lock_run_passes_the_token_and_releases() {
 
 #[tokio::test]
 async fn etcd_lock_run_kills_the_command_when_the_hold_is_lost() {
-    let (_cluster, locker, addr, dir) = setup().await;
-    let pid_file = dir.path().join("pid");
+    let (f, addr) = setup().await;
+    let (locker, pid_file) = (&f.locker, f.dir().join("pid"));
     let script = format!("echo $$ > {}; exec sleep 30", pid_file.display());
     let mut run = lock_run(addr, "3", &script).spawn().unwrap();
     let name = LockName::new("ns", "c", "jobs/nightly");
@@ -158,7 +141,7 @@ async fn etcd_lock_run_kills_the_command_when_the_hold_is_lost() {
 
 #[tokio::test]
 async fn etcd_lock_status_prints_the_service_answer() {
-    let (_cluster, _locker, addr, _dir) = setup().await;
+    let (_f, addr) = setup().await;
     let url = format!("http://{addr}");
     let as_id = |id: &str, args: Vec<&str>| {
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_palisade"));

@@ -14,11 +14,9 @@ use bytes::Bytes;
 use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use palisade_lock::{
-    FileEpochStore, LockClass, LockName, Locker, LockerOptions, Mode, Namespace, Session, SpiffeId,
-};
-use palisade_server::{serve_tls, server_config, Authz, AuthzConfig, ServiceOptions};
-use palisade_testkit::EtcdCluster;
+use palisade_lock::{LockClass, LockName, Locker, Mode, Namespace, Session, SpiffeId};
+use palisade_server::testing::{serve_tls_on_loopback, ServiceFixture};
+use palisade_server::{server_config, Authz, AuthzConfig, ServiceOptions};
 use rcgen::{BasicConstraints, Certificate, CertificateParams, IsCa, KeyPair, SanType};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
 use serde_json::{json, Value};
@@ -80,33 +78,23 @@ fn setup(_: impl std::fmt::Debug) -> BenchError {
 
 /// Runs the comparison at each client count.
 pub(crate) async fn run(clients: &[usize], secs: Duration, rounds: usize) -> Result<Table> {
-    let cluster = EtcdCluster::single().await;
-    let dir = tempfile::tempdir()?;
-    let options =
-        LockerOptions::new(cluster.endpoints()).with_request_timeout(Duration::from_secs(2));
-    let locker =
-        Locker::connect(options, FileEpochStore::new(dir.path().join("epoch.json"))).await?;
-    locker
-        .config()
-        .put_namespace(&Namespace::new("bench", "bench"))
+    let fixture = ServiceFixture::start(1, Duration::from_secs(2))
+        .await
+        .map_err(|_| BenchError::Unexpected("etcd or the locker did not start"))?;
+    fixture
+        .configure(
+            &Namespace::new("bench", "bench"),
+            &LockClass::new("bench", "c", ""),
+        )
         .await?;
-    locker
-        .config()
-        .put_class(&LockClass::new("bench", "c", ""))
-        .await?;
+    let locker = fixture.locker.clone();
 
     let pki = Pki::new().map_err(setup)?;
     let (chain, key) = pki.leaf(None).map_err(setup)?;
     let tls = server_config(vec![pki.ca.der().clone()], chain, key).map_err(setup)?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
     let authz = Authz::fixed(AuthzConfig::from_toml(AUTHZ).map_err(setup)?);
-    let server = tokio::spawn(serve_tls(
-        listener,
-        tls,
-        locker.clone(),
-        ServiceOptions::new(authz),
-    ));
+    let server = serve_tls_on_loopback(locker.clone(), tls, ServiceOptions::new(authz)).await?;
+    let addr = server.addr;
 
     let mut table = Table::new(
         format!(
@@ -180,7 +168,7 @@ pub(crate) async fn run(clients: &[usize], secs: Duration, rounds: usize) -> Res
             }
         }
     }
-    server.abort();
+    server.stop();
     Ok(table)
 }
 

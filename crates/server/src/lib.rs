@@ -16,6 +16,7 @@
 //! | `force_release` | force release by two people, and its audit |
 //! | `tls` | the mTLS acceptor ([`serve_tls`]) |
 //! | `metrics`, `openapi`, `problem` | Prometheus metrics, the OpenAPI document, problem responses |
+//! | [`testing`] | feature `testing`: a running service on real etcd, for tests and benchmarks |
 //!
 //! The wire bodies, routes and problem kinds are defined in `palisade-api`; every etcd
 //! call goes through `palisade-lock`.
@@ -40,6 +41,8 @@ mod problem;
 mod rate;
 mod routes;
 mod serve;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod tls;
 
 use axum::Router;

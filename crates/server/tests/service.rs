@@ -9,9 +9,9 @@ use etcd_client::GetOptions;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use palisade_lock::{FileEpochStore, LockClass, Locker, LockerOptions, Namespace};
+use palisade_lock::{LockClass, Locker, Namespace};
+use palisade_server::testing::{serve_dev_on_loopback, Served, ServiceFixture};
 use palisade_server::{Authz, AuthzConfig, ServiceOptions, DEV_IDENTITY_HEADER};
-use palisade_testkit::EtcdCluster;
 use serde_json::{json, Value};
 
 #[path = "service/class_update.rs"]
@@ -41,27 +41,27 @@ ids = ["spiffe://test/billing/"]
 classes = ["c"]
 "#;
 
-struct Replica {
-    addr: SocketAddr,
-    _task: tokio::task::JoinHandle<()>,
-}
-
+/// A [`ServiceFixture`] and the replicas serving it.
 struct Fixture {
-    cluster: EtcdCluster,
-    locker: Locker,
-    replicas: Vec<Replica>,
-    _dir: tempfile::TempDir,
+    service: ServiceFixture,
+    replicas: Vec<Served>,
 }
 
-async fn start_replica(locker: Locker, options: ServiceOptions) -> Replica {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let task = tokio::spawn(async move {
-        palisade_server::serve_dev(listener, locker, options)
-            .await
-            .unwrap();
-    });
-    Replica { addr, _task: task }
+impl std::ops::Deref for Fixture {
+    type Target = ServiceFixture;
+    fn deref(&self) -> &ServiceFixture {
+        &self.service
+    }
+}
+
+impl std::ops::DerefMut for Fixture {
+    fn deref_mut(&mut self) -> &mut ServiceFixture {
+        &mut self.service
+    }
+}
+
+async fn start_replica(locker: Locker, options: ServiceOptions) -> Served {
+    serve_dev_on_loopback(locker, options).await.unwrap()
 }
 
 fn options() -> ServiceOptions {
@@ -78,33 +78,18 @@ async fn fixture(n: usize) -> Fixture {
 
 /// [`fixture`] with another etcd request timeout for every locker.
 async fn fixture_with_timeout(n: usize, request_timeout: Duration) -> Fixture {
-    let cluster = EtcdCluster::start(1).await;
-    let dir = tempfile::tempdir().unwrap();
-    let connect = || {
-        Locker::connect(
-            LockerOptions::new(cluster.endpoints()).with_request_timeout(request_timeout),
-            FileEpochStore::new(dir.path().join("epoch.json")),
-        )
-    };
-    let locker = connect().await.unwrap();
-    locker
-        .config()
-        .put_namespace(&Namespace::new("ns", "tenant"))
-        .await
-        .unwrap();
+    let service = ServiceFixture::start(1, request_timeout).await.unwrap();
     let mut c = LockClass::new("ns", "c", "");
     c.ttl_max = Duration::from_secs(30);
-    locker.config().put_class(&c).await.unwrap();
+    service
+        .configure(&Namespace::new("ns", "tenant"), &c)
+        .await
+        .unwrap();
     let mut replicas = Vec::new();
     for _ in 0..n {
-        replicas.push(start_replica(connect().await.unwrap(), options()).await);
+        replicas.push(start_replica(service.connect().await.unwrap(), options()).await);
     }
-    Fixture {
-        cluster,
-        locker,
-        replicas,
-        _dir: dir,
-    }
+    Fixture { service, replicas }
 }
 
 struct Resp {
@@ -315,7 +300,7 @@ async fn etcd_two_replicas_one_queue_increasing_tokens() {
     )
     .await;
     assert_problem(&r, 404, "not-found");
-    drop(f.cluster);
+    drop(f);
 }
 
 #[tokio::test]
@@ -1050,13 +1035,9 @@ async fn etcd_force_release_needs_a_second_admin_and_lock_delay_holds_the_next_g
     let options = ServiceOptions::new(Authz::fixed(AuthzConfig::from_toml(&authz).unwrap()))
         .insecure_dev_identity()
         .with_force_releases(force);
-    let locker = Locker::connect(
-        LockerOptions::new(f.cluster.endpoints()).with_request_timeout(Duration::from_millis(500)),
-        FileEpochStore::new(f._dir.path().join("epoch.json")),
-    )
-    .await
-    .unwrap();
-    let addr = start_replica(locker, options).await.addr;
+    let addr = start_replica(f.connect().await.unwrap(), options)
+        .await
+        .addr;
 
     // The old holder holds the lock and writes to a resource.
     let sa = open(addr, OWNER, 20_000).await;

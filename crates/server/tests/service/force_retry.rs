@@ -4,9 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use palisade_lock::{FileEpochStore, LockClass, Locker, LockerOptions, Namespace};
+use palisade_lock::{LockClass, Namespace};
+use palisade_server::testing::ServiceFixture;
 use palisade_server::{Authz, AuthzConfig, ForceReleases, ServiceOptions};
-use palisade_testkit::{EtcdCluster, TestDb};
+use palisade_testkit::TestDb;
 use serde_json::{json, Value};
 
 use super::{
@@ -40,27 +41,22 @@ async fn holders(addr: std::net::SocketAddr, key: &str) -> Value {
 
 #[tokio::test]
 async fn etcd_force_release_survives_a_dead_member_and_a_lost_quorum_executing_once() {
-    let mut cluster = EtcdCluster::start(3).await;
-    let dir = tempfile::tempdir().unwrap();
-    let locker = Locker::connect(
-        LockerOptions::new(cluster.endpoints()).with_request_timeout(Duration::from_millis(500)),
-        FileEpochStore::new(dir.path().join("epoch.json")),
-    )
-    .await
-    .unwrap();
-    locker
-        .config()
-        .put_namespace(&Namespace::new("ns", "tenant"))
+    let mut f = ServiceFixture::start(3, Duration::from_millis(500))
         .await
         .unwrap();
     let mut c = LockClass::new("ns", "c", "");
     c.ttl_max = Duration::from_secs(60);
-    locker.config().put_class(&c).await.unwrap();
+    f.configure(&Namespace::new("ns", "tenant"), &c)
+        .await
+        .unwrap();
     let db = TestDb::create().await;
     let recorded = Recorded::default();
     let force = ForceReleases::new(pool_of(&db), Arc::new(recorded.clone()));
     force.migrate().await.unwrap();
-    let addr = start_replica(locker, force_options(force)).await.addr;
+    let addr = start_replica(f.locker.clone(), force_options(force))
+        .await
+        .addr;
+    let cluster = &mut f.cluster;
 
     // Two holds, on k1 and k2, by one session with a long TTL.
     let s = open(addr, OWNER, 60_000).await;
@@ -155,28 +151,21 @@ async fn etcd_force_release_survives_a_dead_member_and_a_lost_quorum_executing_o
 
 #[tokio::test]
 async fn etcd_force_release_requests_survive_a_terminated_database_connection() {
-    let cluster = EtcdCluster::start(1).await;
-    let dir = tempfile::tempdir().unwrap();
-    let locker = Locker::connect(
-        LockerOptions::new(cluster.endpoints()).with_request_timeout(Duration::from_millis(500)),
-        FileEpochStore::new(dir.path().join("epoch.json")),
+    let f = ServiceFixture::start(1, Duration::from_millis(500))
+        .await
+        .unwrap();
+    f.configure(
+        &Namespace::new("ns", "tenant"),
+        &LockClass::new("ns", "c", ""),
     )
     .await
     .unwrap();
-    locker
-        .config()
-        .put_namespace(&Namespace::new("ns", "tenant"))
-        .await
-        .unwrap();
-    locker
-        .config()
-        .put_class(&LockClass::new("ns", "c", ""))
-        .await
-        .unwrap();
     let db = TestDb::create().await;
     let force = ForceReleases::new(pool_of(&db), Arc::new(Recorded::default()));
     force.migrate().await.unwrap();
-    let addr = start_replica(locker, force_options(force)).await.addr;
+    let addr = start_replica(f.locker.clone(), force_options(force))
+        .await
+        .addr;
     let admin = db.connect().await;
 
     let first = request(addr, "k").await;
