@@ -3,14 +3,11 @@
 //!
 //! etcd serves any number of watches on one `Watch` gRPC stream: each create request
 //! names its watch (`WatchCreateRequest.watch_id`, etcd 3.4+), and every response on the
-//! stream carries the id of the watch it is for. A waiter used to open a stream of its
-//! own for each wait, which costs a stream set-up in the client and in etcd (two
-//! goroutines and a watch stream there) per hand-over, and as many streams as waits;
-//! here [`STREAMS`] streams are opened once, and each watch is added to one of them in
-//! turn and cancelled when it is done. (With 64 clients cycling on one lock, one
-//! stream alone measured 258–352 cycles/s against 384–402 for a stream per wait: every
-//! message then goes through one sender in etcd and one reader here; four measured
-//! 382–386.)
+//! stream carries the id of the watch it is for. So [`STREAMS`] streams are opened once
+//! per locker, each watch is added to one of them in turn and cancelled when it is done,
+//! and no wait pays a stream set-up (two goroutines and a watch stream in etcd). More
+//! than one stream, because every message of a stream goes through one sender in etcd
+//! and one reader here (BENCHMARKS.md, section 4, has the measurements).
 //!
 //! A stream is opened lazily by the first watch given to it, with a first watch on the epoch key
 //! (etcd-client opens a stream only together with a watch; that key is written only when
