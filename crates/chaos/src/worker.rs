@@ -15,7 +15,7 @@ use deadpool_postgres::Pool;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::rt::TokioExecutor;
-use palisade_api::Mode;
+use palisade_api::{LeaseId, Mode};
 use palisade_client::{Client, ClientSession, RemoteHold};
 use palisade_fence::{fenced_transaction, FenceError, FencingToken, FencingTokenLayer};
 use rand::rngs::StdRng;
@@ -196,7 +196,7 @@ pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
             let _ = hold.release().await;
             continue;
         };
-        let lease = i64::from_str_radix(s.id(), 16).unwrap_or(-1);
+        let lease = LeaseId::from_hex(s.id()).map_or(-1, LeaseId::get);
         *current.lock().unwrap_or_else(|e| e.into_inner()) =
             Some((s.id().to_owned(), lock.clone(), t.get()));
         *token.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);

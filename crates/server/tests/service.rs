@@ -950,7 +950,7 @@ mod client {
         assert!(h2.token().unwrap() > t1);
         // A session that etcd loses (revoked behind the client's back) fires lost()
         // within a keepalive period or so.
-        let lease = LeaseId::new(i64::from_str_radix(s2.id(), 16).unwrap());
+        let lease = LeaseId::from_hex(s2.id()).unwrap();
         f.locker.revoke_session(lease).await.unwrap();
         tokio::time::timeout(Duration::from_secs(3), h2.lost())
             .await

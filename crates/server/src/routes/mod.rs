@@ -229,19 +229,12 @@ async fn method_not_allowed() -> Problem {
 }
 
 fn parse_session(s: &str) -> ApiResult<LeaseId> {
-    if s.len() == 16 {
-        if let Ok(v) = u64::from_str_radix(s, 16) {
-            if let Ok(v) = i64::try_from(v) {
-                if v > 0 {
-                    return Ok(LeaseId::new(v));
-                }
-            }
-        }
-    }
-    Err(Problem::new(
-        ProblemKind::InvalidInput,
-        "a session id is 16 lower-case hex digits",
-    ))
+    LeaseId::from_hex(s).ok_or_else(|| {
+        Problem::new(
+            ProblemKind::InvalidInput,
+            "a session id is 16 lower-case hex digits",
+        )
+    })
 }
 
 fn forbidden(what: &str) -> Problem {
