@@ -42,7 +42,7 @@ use std::time::Duration;
 
 use palisade_fence::Revision;
 
-use palisade_api::keys::LockKeys;
+use palisade_api::keys::{HoldValue, LockKeys};
 use palisade_api::{LeaseId, Mode};
 
 /// Successors of holds that were forgotten, by hold key and grant revision: at most
@@ -116,8 +116,7 @@ impl Successor {
         if kv.lease() == 0 || kv.key() != keys.waiter(Mode::Exclusive, lease).as_bytes() {
             return None;
         }
-        let stored = serde_json::from_slice::<serde_json::Value>(kv.value()).ok()?;
-        if stored.get("epoch").and_then(serde_json::Value::as_u64) != Some(u64::from(epoch)) {
+        if HoldValue::parse(kv.value())?.epoch != epoch {
             return None;
         }
         Some(Successor {

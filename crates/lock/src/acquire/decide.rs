@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use super::Attempt;
 use crate::error::{Error, ErrorKind, Result};
 use crate::handover::{oldest_waiter_op, Successor};
+use palisade_api::keys::HoldValue;
 use palisade_api::Mode;
 
 /// One key of the lock's queue, holds or grant records, read without its value.
@@ -455,9 +456,7 @@ impl Attempt {
         let Some(kv) = kv.filter(|kv| kv.create_revision() == create_rev) else {
             return Ok(OwnHold::Changed);
         };
-        let attempt = serde_json::from_slice::<serde_json::Value>(kv.value())
-            .ok()
-            .and_then(|v| v.get("attempt").and_then(serde_json::Value::as_u64));
+        let attempt = HoldValue::parse(kv.value()).map(|v| v.attempt);
         if attempt != Some(self.id) {
             return Ok(OwnHold::Earlier);
         }
