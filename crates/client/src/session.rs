@@ -110,7 +110,7 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// As [`Client::open_session`]; also [`ProblemKind::QuotaExceeded`]
+    /// As [`Client::open_session`]; also [`ProblemKind::QuotaExceeded`](crate::ProblemKind::QuotaExceeded)
     /// when the namespace's quota is full, `Forbidden` when the caller may not use the
     /// namespace, `NotFound` when it does not exist.
     pub async fn open_session_in(
@@ -245,8 +245,8 @@ impl ClientSession {
     ///
     /// # Errors
     ///
-    /// [`ProblemKind::DeadlineExceeded`], [`ProblemKind::Forbidden`],
-    /// [`ProblemKind::InvalidInput`], [`ProblemKind::SessionLost`]...
+    /// [`ProblemKind::DeadlineExceeded`](crate::ProblemKind::DeadlineExceeded), [`ProblemKind::Forbidden`](crate::ProblemKind::Forbidden),
+    /// [`ProblemKind::InvalidInput`](crate::ProblemKind::InvalidInput), [`ProblemKind::SessionLost`](crate::ProblemKind::SessionLost)...
     pub async fn acquire(
         &self,
         ns: &str,
@@ -375,7 +375,7 @@ impl RemoteHold {
     ///
     /// # Errors
     ///
-    /// [`ProblemKind::NotHeld`] if it already ended; transport errors.
+    /// [`ProblemKind::NotHeld`](crate::ProblemKind::NotHeld) if it already ended; transport errors.
     pub async fn release(mut self) -> Result<(), ClientError> {
         self.done = true;
         match self.release_body() {

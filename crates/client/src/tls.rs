@@ -19,7 +19,7 @@ use crate::error::{ClientError, ClientErrorKind};
 ///
 /// Without a client certificate ([`ClientTls::with_identity`] not called) the service
 /// answers every request with 401; requests then fail with
-/// [`ProblemKind::Unauthenticated`].
+/// [`ProblemKind::Unauthenticated`](crate::ProblemKind::Unauthenticated).
 ///
 /// ```no_run
 /// # fn demo() -> Result<(), palisade_client::ClientError> {

@@ -31,8 +31,8 @@ impl ServiceOptions {
         }
     }
 
-    /// INSECURE: takes the caller's identity from the [`DEV_IDENTITY_HEADER`], which
-    /// anyone can set. [`serve_dev`] then binds to loopback only and warns at start.
+    /// INSECURE: takes the caller's identity from the [`DEV_IDENTITY_HEADER`](crate::DEV_IDENTITY_HEADER), which
+    /// anyone can set. [`serve_dev`](crate::serve_dev) then binds to loopback only and warns at start.
     pub fn insecure_dev_identity(mut self) -> Self {
         self.dev_identity = true;
         self
