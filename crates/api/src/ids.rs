@@ -22,11 +22,12 @@ impl LeaseId {
         self.0
     }
 
-    /// Parses the 16 hex digits of [`LeaseId`]'s `Display` form (a session id on the
-    /// wire, the `<lease>` segment of a key). `None` for another length, a non-hex
-    /// digit, or an id that is not a positive `i64` (etcd's lease ids are positive).
+    /// Parses [`LeaseId`]'s `Display` form, exactly 16 lower-case hex digits (a session
+    /// id on the wire, the `<lease>` segment of a key). `None` for anything else: another
+    /// length, an upper-case or non-hex digit, a sign, or an id that is not a positive
+    /// `i64` (etcd's lease ids are positive).
     pub fn from_hex(s: &str) -> Option<LeaseId> {
-        if s.len() != 16 {
+        if s.len() != 16 || !s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
             return None;
         }
         let v = i64::try_from(u64::from_str_radix(s, 16).ok()?).ok()?;

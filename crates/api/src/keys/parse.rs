@@ -2,8 +2,8 @@
 
 use crate::config::Mode;
 use crate::ids::LeaseId;
-use crate::keys::layout::RootKeys;
-use crate::names::is_name;
+use crate::keys::layout::{escape_key, RootKeys};
+use crate::names::{is_name, validate_key};
 
 /// What a key under a lock's base path is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,9 +41,12 @@ impl LockEntryKey<'_> {
 }
 
 impl RootKeys {
-    /// Parses a key under [`RootKeys::locks`]. `None` for anything else: another prefix,
-    /// a name that is not `[a-z0-9][a-z0-9_-]{0,62}`, an escaped key that does not
-    /// unescape, a lease that is not 16 lower-case hex digits, or another entry shape.
+    /// Parses a key under [`RootKeys::locks`]: exactly the keys this layout builds, so
+    /// two etcd keys never name one entry. `None` for anything else: another prefix, a
+    /// name that is not `[a-z0-9][a-z0-9_-]{0,62}`, a lock key that is not valid
+    /// ([`validate_key`](crate::validate_key)) or not escaped as [`escape_key`] escapes
+    /// it, a lease that is not [`LeaseId::from_hex`]'s form, an attempt that is not
+    /// plain decimal, or another entry shape.
     pub fn parse_lock_entry<'a>(&self, key: &'a [u8]) -> Option<LockEntryKey<'a>> {
         let rest = std::str::from_utf8(key)
             .ok()?
@@ -55,16 +58,19 @@ impl RootKeys {
         if segs.next().is_some() || !is_name(ns) || !is_name(class) {
             return None;
         }
-        unescape_key(escaped_key)?;
+        let unescaped = unescape_key(escaped_key)?;
+        if validate_key(&unescaped).is_err() || escape_key(&unescaped) != escaped_key {
+            return None;
+        }
         let entry = if sub == "c" {
-            LockEntry::CancelMarker(lease_segment(a)?, decimal(b)?)
+            LockEntry::CancelMarker(LeaseId::from_hex(a)?, decimal(b)?)
         } else {
             let mode = match a {
                 "x" => Mode::Exclusive,
                 "s" => Mode::Shared,
                 _ => return None,
             };
-            let lease = lease_segment(b)?;
+            let lease = LeaseId::from_hex(b)?;
             match sub {
                 "q" => LockEntry::Waiter(mode, lease),
                 "h" => LockEntry::Hold(mode, lease),
@@ -81,21 +87,10 @@ impl RootKeys {
     }
 }
 
-/// Exactly 16 lower-case hex digits, as [`LeaseId`]'s `Display` writes them.
-fn lease_segment(s: &str) -> Option<LeaseId> {
-    let ok = s.len() == 16 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
-    // Two's complement, as `{:016x}` of an i64 writes it.
-    ok.then(|| {
-        u64::from_str_radix(s, 16)
-            .ok()
-            .map(|v| LeaseId::new(v as i64))
-    })?
-}
-
+/// Plain decimal, as `{}` writes a `u64`: no sign, no leading zero.
 fn decimal(s: &str) -> Option<u64> {
-    (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
-        .then(|| s.parse().ok())
-        .flatten()
+    let v: u64 = s.parse().ok()?;
+    (v.to_string() == s).then_some(v)
 }
 
 /// Undoes [`escape_key`](crate::keys::escape_key) (`%25`, `%2F`, `%20`); `None` for an
@@ -124,31 +119,54 @@ pub fn unescape_key(s: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keys::escape_key;
 
     #[test]
     fn every_key_the_layout_builds_parses_back() {
-        let root = RootKeys::new("/p");
-        let key = "a/b c%d";
-        let k = root.lock("ns", "c-1", key);
-        let l = LeaseId::new(0x3211a22c6da3b70c);
-        let neg = LeaseId::new(-1);
-        for (built, entry) in [
-            (
-                k.waiter(Mode::Exclusive, l),
-                LockEntry::Waiter(Mode::Exclusive, l),
-            ),
-            (k.hold(Mode::Shared, l), LockEntry::Hold(Mode::Shared, l)),
-            (
-                k.grant(Mode::Exclusive, neg),
-                LockEntry::Grant(Mode::Exclusive, neg),
-            ),
-            (k.cancel_marker(l, 42), LockEntry::CancelMarker(l, 42)),
-        ] {
-            let p = root.parse_lock_entry(built.as_bytes()).unwrap();
-            assert_eq!((p.ns, p.class, p.entry), ("ns", "c-1", entry), "{built}");
-            assert_eq!(p.escaped_key, escape_key(key));
-            assert_eq!(p.key(), key);
+        let keys = [
+            "a/b c%d",
+            "k",
+            ".",
+            "%2F",
+            "h/x/00000000000000ff",
+            "é/ü",
+            "a..b",
+        ];
+        let long = "k".repeat(crate::MAX_KEY_LEN);
+        let max_name = "n".repeat(crate::MAX_NAME_LEN);
+        for root in ["/p", "", "/locks/", "/a b/"] {
+            let root = RootKeys::new(root);
+            for (ns, class) in [("ns", "c-1"), (max_name.as_str(), "0")] {
+                for key in keys.iter().copied().chain([long.as_str()]) {
+                    let k = root.lock(ns, class, key);
+                    for l in [
+                        LeaseId::new(1),
+                        LeaseId::new(0x3211a22c6da3b70c),
+                        LeaseId::new(i64::MAX),
+                    ] {
+                        for (built, entry) in [
+                            (
+                                k.waiter(Mode::Exclusive, l),
+                                LockEntry::Waiter(Mode::Exclusive, l),
+                            ),
+                            (k.hold(Mode::Shared, l), LockEntry::Hold(Mode::Shared, l)),
+                            (
+                                k.grant(Mode::Exclusive, l),
+                                LockEntry::Grant(Mode::Exclusive, l),
+                            ),
+                            (k.cancel_marker(l, 0), LockEntry::CancelMarker(l, 0)),
+                            (
+                                k.cancel_marker(l, u64::MAX),
+                                LockEntry::CancelMarker(l, u64::MAX),
+                            ),
+                        ] {
+                            let p = root.parse_lock_entry(built.as_bytes()).unwrap();
+                            assert_eq!((p.ns, p.class, p.entry), (ns, class, entry), "{built}");
+                            assert_eq!(p.escaped_key, escape_key(key));
+                            assert_eq!(p.key(), key);
+                        }
+                    }
+                }
+            }
         }
     }
 
@@ -167,6 +185,19 @@ mod tests {
             "/p/locks/ns/c//h/x/00000000000000ff",
             "/p/locks/ns/c/k/c/00000000000000ff/x7",
             "/p/config/ns/ns",
+            // Not as the layout escapes or validates a key: two etcd keys would name one
+            // lock, or a key the API refuses would be read back.
+            "/p/locks/ns/c/a b/h/x/00000000000000ff",
+            "/p/locks/ns/c/a%2f/h/x/00000000000000ff",
+            "/p/locks/ns/c/a%2F..%2Fb/h/x/00000000000000ff",
+            "/p/locks/ns/c/../h/x/00000000000000ff",
+            "/p/locks/ns/c/a\u{0}b/h/x/00000000000000ff",
+            // Attempts and leases only in the form the layout writes them.
+            "/p/locks/ns/c/k/c/00000000000000ff/007",
+            "/p/locks/ns/c/k/c/00000000000000ff/00",
+            "/p/locks/ns/c/k/c/00000000000000ff/+7",
+            "/p/locks/ns/c/k/h/x/0000000000000000",
+            "/p/locks/ns/c/k/h/x/8000000000000000",
         ] {
             assert_eq!(root.parse_lock_entry(bad.as_bytes()), None, "{bad}");
         }
