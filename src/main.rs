@@ -60,8 +60,9 @@ Exit codes:
   5   quota exceeded
   6   unauthenticated (certificate refused or missing, 401)
   7   forbidden (403)
+  74  outcome unknown: a release got no definite answer within 10 s of retries
   75  not acquired: others held the lock for the whole wait
-  76  not held: the hold or its session is gone
+  76  not held: the hold or its session is gone, or it was force-released
   130 interrupted (Ctrl-C) while lock acquire waited
 `lock run` exits with its command's code once the command ran.";
 

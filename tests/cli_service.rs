@@ -200,7 +200,7 @@ async fn etcd_cli_acquired_hold_lives_by_keepalive_and_lapses_without() {
     s.dev(JOB, &["lock", "acquire", "ns/c/k", "--ttl", "0"])
         .await
         .fails(2, "ttl_ms must be");
-    s.dev(JOB, &["lock", "acquire", "ns/c/k", "--wait-ms", "0"])
+    s.dev(JOB, &["lock", "acquire", "ns/c/k", "--wait-ms", "3600001"])
         .await
         .fails(2, "wait_ms must be");
     s.dev(
@@ -607,4 +607,52 @@ async fn etcd_cli_interrupted_acquire_closes_its_session() {
         .ok()
         .json();
     assert!(token(&next) > token(&first));
+}
+
+#[tokio::test]
+async fn etcd_cli_release_whose_answer_is_lost_is_sent_again_and_an_unknown_outcome_exits_74() {
+    use palisade_testkit::{Loss, LossyProxy};
+
+    let s = Service::start(Mode::Dev, None).await;
+    let upstream: std::net::SocketAddr = s.url.trim_start_matches("http://").parse().unwrap();
+    let proxy = LossyProxy::start(upstream).await;
+    let via_proxy = format!("http://{}", proxy.addr());
+    let cli = |args: &[&str]| {
+        let mut all: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        all.extend([
+            "--service".into(),
+            via_proxy.clone(),
+            "--dev-identity".into(),
+            JOB.into(),
+        ]);
+        run(all, &[])
+    };
+    let name = LockName::new("ns", "c", "k");
+    let hold_file = s.dir.path().join("hold.json");
+    let hold_path = hold_file.to_str().unwrap();
+
+    // The release commits, its answer is lost: sent again, the hold is gone, exit 0.
+    let out = cli(&["lock", "acquire", "ns/c/k", "--ttl", "30"])
+        .await
+        .ok();
+    std::fs::write(&hold_file, &out.stdout).unwrap();
+    proxy.set(Loss::NextAnswer);
+    cli(&["lock", "release", "--hold", hold_path]).await.ok();
+    assert_eq!(proxy.loss(), Loss::None, "the answer was lost once");
+    assert!(s.locker.lock_state(&name).await.unwrap().holders.is_empty());
+
+    // Nothing gets through for the whole budget: exit 74, the hold still held.
+    let out = cli(&["lock", "acquire", "ns/c/k", "--ttl", "30"])
+        .await
+        .ok();
+    std::fs::write(&hold_file, &out.stdout).unwrap();
+    proxy.set(Loss::Everything);
+    cli(&["lock", "release", "--hold", hold_path])
+        .await
+        .fails(74, "outcome is unknown");
+    assert_eq!(s.locker.lock_state(&name).await.unwrap().holders.len(), 1);
+    // Run again once the service answers: released.
+    proxy.set(Loss::None);
+    cli(&["lock", "release", "--hold", hold_path]).await.ok();
+    assert!(s.locker.lock_state(&name).await.unwrap().holders.is_empty());
 }

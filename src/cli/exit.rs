@@ -10,8 +10,9 @@
 //! | 5 | a quota of the namespace is reached (`quota-exceeded`) |
 //! | 6 | unauthenticated: the service refused the certificate (or its absence), or answered 401 |
 //! | 7 | forbidden: the caller may not do this (403) |
+//! | 74 | outcome unknown: a release got no definite answer in time (sent again, with the same grant revision, for 10 s); the hold may still be held until its session's TTL lapses |
 //! | 75 | not acquired: the wait ended while others held the lock (`deadline-exceeded`) |
-//! | 76 | not held: the hold or its session is gone (`not-held`, `session-lost`) |
+//! | 76 | not held: the hold or its session is gone (`not-held`, `hold-forced`, `session-lost`) |
 //! | 130 | interrupted (SIGINT) while `lock acquire` waited |
 //!
 //! `lock run` exits with its command's code once the command ran.
@@ -29,6 +30,7 @@ pub(crate) enum Exit {
     Quota = 5,
     Unauthenticated = 6,
     Forbidden = 7,
+    OutcomeUnknown = 74,
     NotAcquired = 75,
     Lost = 76,
     Interrupted = 130,
@@ -49,7 +51,9 @@ impl Exit {
             ClientErrorKind::Problem(ProblemKind::Forbidden) => Exit::Forbidden,
             ClientErrorKind::Problem(ProblemKind::DeadlineExceeded) => Exit::NotAcquired,
             ClientErrorKind::Problem(ProblemKind::NotHeld)
+            | ClientErrorKind::Problem(ProblemKind::HoldForced)
             | ClientErrorKind::Problem(ProblemKind::SessionLost) => Exit::Lost,
+            ClientErrorKind::OutcomeUnknown => Exit::OutcomeUnknown,
             _ => Exit::Failure,
         }
     }

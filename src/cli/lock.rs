@@ -5,9 +5,11 @@
 //! until `lock release`, `session close`, or the session's lease lapses: renew it with
 //! `session keepalive` more often than once per TTL to keep the lock longer.
 
+use palisade_api::wire::ReleaseBody;
 use palisade_api::ProblemKind;
 use std::io::Read;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use palisade_client::ClientErrorKind;
 use palisade_lock::{Enforcement, HolderMeta, Mode};
@@ -308,6 +310,9 @@ fn read_hold(path: &std::path::Path) -> Result<HoldFile> {
     })
 }
 
+/// How long `lock release` sends a release whose answer is lost (exit 74 after it).
+const RELEASE_BUDGET: Duration = Duration::from_secs(10);
+
 fn release(conn: &Connection, h: &HoldFile) -> Result<String> {
     let Some(grant_rev) = h.grant_rev else {
         return Err(CliError::bad_input(
@@ -317,15 +322,27 @@ fn release(conn: &Connection, h: &HoldFile) -> Result<String> {
     };
     let client = conn.client()?;
     block_on(async move {
-        let body = json!({ "session": h.session, "namespace": h.namespace, "class": h.class,
-                           "key": h.key, "mode": h.mode, "grant_rev": grant_rev });
-        let released = match client
-            .call_json("POST", "/v1/locks/release", Some(body))
-            .await
-        {
-            Ok(_) => Ok(()),
+        let body = ReleaseBody {
+            session: h.session.clone(),
+            namespace: h.namespace.clone(),
+            class: h.class.clone(),
+            key: h.key.clone(),
+            mode: h.mode,
+            grant_rev: palisade_api::Revision::new(grant_rev),
+        };
+        // Sent again while the answer is lost, until a definite one or the budget ends.
+        let released = match client.release(&body, RELEASE_BUDGET).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.is_outcome_unknown() => Err(CliError::new(
+                Exit::OutcomeUnknown,
+                format!(
+                    "{e}; the hold may still be held: run the same release again, or let its session's TTL lapse"
+                ),
+            )
+            .into()),
             Err(e)
                 if e.is_not_held()
+                    || e.is_hold_forced()
                     || e.kind() == &ClientErrorKind::Problem(ProblemKind::SessionLost) =>
             {
                 Err(CliError::new(

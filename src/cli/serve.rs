@@ -48,6 +48,11 @@ pub(crate) struct ServeArgs {
     /// loopback only.
     #[arg(long)]
     insecure_dev_identity: bool,
+    /// How many sessions one identity may have open at once, across every replica
+    /// (each is an etcd lease); past it, opening one answers 429 quota-exceeded.
+    #[arg(long, default_value_t = palisade_server::DEFAULT_MAX_SESSIONS_PER_IDENTITY,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_sessions_per_identity: u32,
 }
 
 pub(crate) fn run(args: ServeArgs) -> Result<String, Box<dyn std::error::Error>> {
@@ -79,7 +84,8 @@ pub(crate) fn run(args: ServeArgs) -> Result<String, Box<dyn std::error::Error>>
         )
         .await?;
         let listener = tokio::net::TcpListener::bind(args.listen).await?;
-        let mut options = ServiceOptions::new(authz);
+        let mut options = ServiceOptions::new(authz)
+            .with_max_sessions_per_identity(args.max_sessions_per_identity);
         if let Some(database) = &args.database {
             options = options.with_force_releases(force_releases(database).await?);
         }
@@ -132,7 +138,8 @@ impl ForceReleaseAudit for AuditTrail {
                 r.reason,
                 r.class_was_fenced,
                 r.at,
-            );
+            )
+            .with_grant(r.grant_rev, r.token);
             palisade_audit::insert_force_release(&**client, &row).await?;
             Ok(())
         })

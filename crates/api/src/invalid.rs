@@ -70,9 +70,6 @@ pub enum InvalidInput {
     /// This session already holds, or is waiting for, this lock.
     #[error("this session already holds or waits for this lock")]
     AlreadyAcquiring,
-    /// The deadline has already passed.
-    #[error("deadline is in the past")]
-    DeadlinePassed,
     /// Holder meta over [`MAX_HOLDER_META_LEN`](crate::MAX_HOLDER_META_LEN) bytes of
     /// compact JSON.
     #[error(

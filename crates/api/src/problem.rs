@@ -30,6 +30,12 @@ pub enum ProblemKind {
     SessionLost,
     /// 409: the force release request was already approved.
     AlreadyApproved,
+    /// 409: the hold was force-released (the detail names the request). A release or
+    /// keepalive of its session tells the holder so, rather than just "not held".
+    HoldForced,
+    /// 409: an approval found the holds its request named gone or replaced (released,
+    /// expired, or granted anew since the request): it released nothing.
+    ForceTargetGone,
     /// 429: a quota of the namespace (`held_lease_quota` or `op_rate_quota`, named in
     /// the detail) is reached; `op_rate_quota` answers carry `Retry-After` (seconds).
     QuotaExceeded,
@@ -47,7 +53,7 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, in declaration order.
-    pub const ALL: [ProblemKind; 14] = [
+    pub const ALL: [ProblemKind; 16] = [
         ProblemKind::InvalidInput,
         ProblemKind::Unauthenticated,
         ProblemKind::Forbidden,
@@ -56,6 +62,8 @@ impl ProblemKind {
         ProblemKind::DeadlineExceeded,
         ProblemKind::SessionLost,
         ProblemKind::AlreadyApproved,
+        ProblemKind::HoldForced,
+        ProblemKind::ForceTargetGone,
         ProblemKind::QuotaExceeded,
         ProblemKind::EpochMismatch,
         ProblemKind::EpochExhausted,
@@ -75,6 +83,8 @@ impl ProblemKind {
             ProblemKind::DeadlineExceeded => "deadline-exceeded",
             ProblemKind::SessionLost => "session-lost",
             ProblemKind::AlreadyApproved => "already-approved",
+            ProblemKind::HoldForced => "hold-forced",
+            ProblemKind::ForceTargetGone => "force-target-gone",
             ProblemKind::QuotaExceeded => "quota-exceeded",
             ProblemKind::EpochMismatch => "epoch-mismatch",
             ProblemKind::EpochExhausted => "epoch-exhausted",
@@ -110,7 +120,9 @@ impl ProblemKind {
             ProblemKind::NotHeld
             | ProblemKind::DeadlineExceeded
             | ProblemKind::EpochExhausted
-            | ProblemKind::AlreadyApproved => StatusCode::CONFLICT,
+            | ProblemKind::AlreadyApproved
+            | ProblemKind::HoldForced
+            | ProblemKind::ForceTargetGone => StatusCode::CONFLICT,
             ProblemKind::SessionLost => StatusCode::GONE,
             ProblemKind::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
             ProblemKind::EpochMismatch | ProblemKind::QuorumLost => StatusCode::SERVICE_UNAVAILABLE,

@@ -153,6 +153,11 @@ pub struct ForceRelease {
     pub cluster_id: ClusterId,
     /// The revision of the forced delete; joins the `force` row of `audit_event`.
     pub revision: Revision,
+    /// The revision of the Txn that granted the deleted hold; `None` in rows recorded
+    /// before the grant was part of the record.
+    pub grant_rev: Option<Revision>,
+    /// The deleted hold's token; `None` as `grant_rev`.
+    pub token: Option<FencingToken>,
     /// The lock key.
     pub lock_key: String,
     /// Who asked (SPIFFE ID or user).
@@ -185,6 +190,8 @@ impl ForceRelease {
             request_id: request_id.into(),
             cluster_id,
             revision,
+            grant_rev: None,
+            token: None,
             lock_key: lock_key.into(),
             requester: requester.into(),
             approver: approver.into(),
@@ -192,5 +199,13 @@ impl ForceRelease {
             class_was_fenced,
             at,
         }
+    }
+
+    /// The same record, naming the grant it ended: its revision and token.
+    #[must_use]
+    pub fn with_grant(mut self, grant_rev: Revision, token: FencingToken) -> Self {
+        self.grant_rev = Some(grant_rev);
+        self.token = Some(token);
+        self
     }
 }

@@ -24,6 +24,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "audit_history",
         include_str!("../migrations/0004_audit_history.sql"),
     ),
+    (
+        5,
+        "force_release_grant",
+        include_str!("../migrations/0005_force_release_grant.sql"),
+    ),
 ];
 
 /// The advisory lock key that serializes migrations across processes ("paud").

@@ -138,8 +138,8 @@ pub async fn insert_force_release<C: GenericClient>(
     let n = client
         .execute(
             "INSERT INTO force_release \
-             (request_id, cluster_id, revision, lock_key, requester, approver, reason, class_was_fenced, at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (request_id) DO NOTHING",
+             (request_id, cluster_id, revision, lock_key, requester, approver, reason, class_was_fenced, at, grant_rev, token) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (request_id) DO NOTHING",
             &[
                 &f.request_id,
                 &f.cluster_id.to_sql(),
@@ -150,6 +150,8 @@ pub async fn insert_force_release<C: GenericClient>(
                 &f.reason,
                 &f.class_was_fenced,
                 &f.at,
+                &f.grant_rev.map(palisade_fence::Revision::as_i64),
+                &f.token.map(i64::from),
             ],
         )
         .await?;

@@ -23,11 +23,15 @@ pub enum ClientErrorKind {
     Config,
     /// The answer could not be decoded.
     Decode,
+    /// A release was sent, possibly more than once, and no definite answer came back
+    /// within its budget: it may or may not have committed (see
+    /// [`RemoteHold::release_within`](crate::RemoteHold::release_within)).
+    OutcomeUnknown,
 }
 
 impl ClientErrorKind {
     /// The problem type's slug (`forbidden`, `not-held`...); `transport`, `decode` and
-    /// `config` for failures without one.
+    /// `config` and `outcome-unknown` for failures without one.
     pub fn slug(&self) -> &str {
         match self {
             ClientErrorKind::Problem(p) => p.slug(),
@@ -35,6 +39,7 @@ impl ClientErrorKind {
             ClientErrorKind::Transport => "transport",
             ClientErrorKind::Decode => "decode",
             ClientErrorKind::Config => "config",
+            ClientErrorKind::OutcomeUnknown => "outcome-unknown",
         }
     }
 
@@ -87,6 +92,23 @@ impl ClientError {
             status: None,
             detail,
             source: Some(e),
+        }
+    }
+
+    /// A release whose budget ran out with its outcome open; `last` is the last
+    /// attempt's failure.
+    pub(crate) fn outcome_unknown(last: Option<ClientError>) -> Self {
+        let detail = match &last {
+            Some(e) => {
+                format!("the release's outcome is unknown: no definite answer in time (last: {e})")
+            }
+            None => "the release's outcome is unknown: it was not sent in time".to_owned(),
+        };
+        ClientError {
+            kind: ClientErrorKind::OutcomeUnknown,
+            status: None,
+            detail,
+            source: last.map(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>),
         }
     }
 
@@ -147,6 +169,16 @@ impl ClientError {
     /// The caller may not do this.
     pub fn is_forbidden(&self) -> bool {
         self.problem() == Some(ProblemKind::Forbidden)
+    }
+
+    /// A release got no definite answer within its budget.
+    pub fn is_outcome_unknown(&self) -> bool {
+        self.kind == ClientErrorKind::OutcomeUnknown
+    }
+
+    /// The hold was force-released.
+    pub fn is_hold_forced(&self) -> bool {
+        self.problem() == Some(ProblemKind::HoldForced)
     }
 
     /// The session is gone (expired, closed) or unknown.

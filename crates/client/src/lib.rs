@@ -23,8 +23,14 @@
 //!   is gone, or when no renewal succeeded for a whole TTL (measured from when the last
 //!   successful renewal was sent), or when it is closed.
 //! - [`ClientSession`] is `Clone` and `Send + Sync`: share it across tasks.
-//! - [`RemoteHold`] carries the token; dropping it without [`RemoteHold::release`]
-//!   releases it in the background (best effort; the session's expiry is the backstop).
+//! - [`RemoteHold`] carries the token. [`RemoteHold::lost`] completes when its session
+//!   ends or when a keepalive reports the hold force-released ([`RemoteHold::loss`]
+//!   says which).
+//! - [`RemoteHold::release`] is sent again while its answer is lost (no answer, a reset
+//!   connection, a 5xx) until a definite answer or its budget runs out; then it reports
+//!   [`ClientErrorKind::OutcomeUnknown`] and goes on trying in the background while the
+//!   session lives. Dropping a hold without releasing it releases it in the background
+//!   the same way.
 //!
 //! Transport: mTLS ([`Client::new_mtls`] with a [`ClientTls`]: the service's CA bundle
 //! and the client's certificate and key, from PEM files or memory; rustls with the
@@ -48,13 +54,16 @@
 //! the HTTP status and the problem's `detail`, or a transport or configuration failure.
 
 mod error;
+mod hold;
 mod http;
+mod release;
 mod session;
 mod tls;
 
 pub use error::{ClientError, ClientErrorKind};
+pub use hold::{HoldLoss, RemoteHold};
 pub use palisade_api::{FencingToken, HolderMeta, Mode, ProblemKind, Revision};
 /// The DER certificate and key types [`ClientTls`] takes (from `rustls`).
 pub use rustls::pki_types;
-pub use session::{Client, ClientSession, RemoteHold};
+pub use session::{Client, ClientSession};
 pub use tls::ClientTls;

@@ -1,5 +1,6 @@
-//! [`Client`], [`ClientSession`] (one keepalive task) and [`RemoteHold`].
+//! [`Client`] and [`ClientSession`] (one keepalive task).
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -7,7 +8,7 @@ use palisade_api::routes;
 use palisade_api::wire::{
     AcquireBody, HoldView, KeepaliveView, OpenSessionBody, ReleaseBody, SessionView,
 };
-use palisade_fence::{FencingToken, Revision};
+use palisade_fence::Revision;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -15,6 +16,7 @@ use tokio::time::Instant;
 use crate::error::ClientError;
 #[cfg(doc)]
 use crate::error::ClientErrorKind;
+use crate::hold::RemoteHold;
 use crate::http::Http;
 use crate::tls::ClientTls;
 use palisade_api::Mode;
@@ -93,6 +95,19 @@ impl Client {
         self.http.send_value(method, path, body).await
     }
 
+    /// Releases the hold `body` names, with the retry policy of
+    /// [`RemoteHold::release_within`]: sent again while its answer is lost, until a
+    /// definite answer or `budget` runs out. For tools that hold no [`RemoteHold`] (the
+    /// CLI's `lock release`); nothing goes on in the background.
+    ///
+    /// # Errors
+    ///
+    /// As [`RemoteHold::release_within`]:
+    /// [`ClientErrorKind::OutcomeUnknown`] when `budget` ran out.
+    pub async fn release(&self, body: &ReleaseBody, budget: Duration) -> Result<(), ClientError> {
+        crate::release::send(&self.http, body, Instant::now() + budget).await
+    }
+
     /// Opens a session with a lease of `ttl` (whole seconds) and starts its keepalive.
     /// The session names no namespace: it counts against a namespace's
     /// `held_lease_quota` only through its holds and waits (see [`Client::open_session_in`]).
@@ -137,11 +152,13 @@ impl Client {
             .await?;
         let ttl = Duration::from_millis(opened.ttl_ms);
         let (lost, _) = watch::channel(false);
+        let (forced, _) = watch::channel(BTreeMap::new());
         let shared = Arc::new(Shared {
             http: self.http.clone(),
             id: opened.session,
             ttl,
             lost,
+            forced,
             keepalive: Mutex::new(None),
         });
         let task = tokio::spawn(keepalive(Arc::downgrade(&shared), sent_at + ttl));
@@ -155,6 +172,9 @@ struct Shared {
     id: String,
     ttl: Duration,
     lost: watch::Sender<bool>,
+    /// The grants of this session that the service reported force-released, with the
+    /// request that ended each.
+    forced: watch::Sender<BTreeMap<Revision, String>>,
     keepalive: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -180,10 +200,11 @@ impl Drop for Shared {
 }
 
 /// Renews every TTL/3; marks the session lost when the service says it is gone or when
-/// `expires_at` (last successful renewal sent + TTL) passes.
+/// `expires_at` (last successful renewal sent + TTL) passes, and passes on the holds each
+/// renewal reports force-released.
 async fn keepalive(shared: std::sync::Weak<Shared>, mut expires_at: Instant) {
     let Some(s) = shared.upgrade() else { return };
-    let (http, ttl, lost) = (s.http.clone(), s.ttl, s.lost.clone());
+    let (http, ttl, lost, forced) = (s.http.clone(), s.ttl, s.lost.clone(), s.forced.clone());
     let path = routes::keepalive(&s.id);
     drop(s);
     let mut next = Instant::now() + ttl / 3;
@@ -199,6 +220,13 @@ async fn keepalive(shared: std::sync::Weak<Shared>, mut expires_at: Instant) {
             Ok(Ok(r)) => {
                 expires_at = sent_at + Duration::from_millis(r.ttl_ms);
                 next = sent_at + ttl / 3;
+                forced.send_if_modified(|known| {
+                    let before = known.len();
+                    for f in r.forced {
+                        known.entry(f.grant_rev).or_insert(f.request_id);
+                    }
+                    known.len() != before
+                });
             }
             Ok(Err(e)) if e.is_session_lost() || e.is_forbidden() => break,
             _ => next = Instant::now() + Duration::from_millis(200),
@@ -239,6 +267,25 @@ impl ClientSession {
     /// Whether the session is known to be gone.
     pub fn is_lost(&self) -> bool {
         *self.shared.lost.borrow()
+    }
+
+    pub(crate) fn http(&self) -> &Http {
+        &self.shared.http
+    }
+
+    /// Completes once a keepalive reported the hold granted at `grant_rev` forced.
+    pub(crate) async fn forced(&self, grant_rev: Revision) {
+        let mut rx = self.shared.forced.subscribe();
+        if rx.wait_for(|f| f.contains_key(&grant_rev)).await.is_err() {
+            // The session is gone, and this signal with it: wait on the session's loss.
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// The request that force-released the hold granted at `grant_rev`, if a keepalive
+    /// reported one.
+    pub(crate) fn forced_by(&self, grant_rev: Revision) -> Option<String> {
+        self.shared.forced.borrow().get(&grant_rev).cloned()
     }
 
     /// Acquires `ns/class/key` in `mode`, waiting (long-poll) up to `wait`.
@@ -312,102 +359,6 @@ impl ClientSession {
             Err(e) if !e.is_session_lost() => Err(e),
             _ => Ok(()),
         }
-    }
-}
-
-/// A held lock. Send [`RemoteHold::token`] with every write to the resource; stop when
-/// [`RemoteHold::lost`] completes.
-pub struct RemoteHold {
-    session: ClientSession,
-    ns: String,
-    class: String,
-    key: String,
-    mode: Mode,
-    token: Option<FencingToken>,
-    grant_rev: Option<Revision>,
-    done: bool,
-}
-
-impl std::fmt::Debug for RemoteHold {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RemoteHold")
-            .field("lock", &(&self.ns, &self.class, &self.key))
-            .field("mode", &self.mode)
-            .field("token", &self.token)
-            .finish()
-    }
-}
-
-impl RemoteHold {
-    /// The fencing token; `None` for an unprotected grant (open class, etcd down).
-    pub fn token(&self) -> Option<FencingToken> {
-        self.token
-    }
-
-    /// The revision of the granting Txn.
-    pub fn grant_rev(&self) -> Option<Revision> {
-        self.grant_rev
-    }
-
-    /// Completes when the hold's session is gone; from then on the lock may be granted
-    /// to someone else. (A force release while the session lives does not fire it.)
-    pub async fn lost(&self) {
-        self.session.lost().await;
-    }
-
-    /// The session the hold belongs to.
-    pub fn session(&self) -> &ClientSession {
-        &self.session
-    }
-
-    fn release_body(&self) -> Option<serde_json::Value> {
-        Some(json(&ReleaseBody {
-            session: self.session.shared.id.clone(),
-            namespace: self.ns.clone(),
-            class: self.class.clone(),
-            key: self.key.clone(),
-            mode: self.mode,
-            grant_rev: self.grant_rev?,
-        }))
-    }
-
-    /// Releases the hold.
-    ///
-    /// # Errors
-    ///
-    /// [`ProblemKind::NotHeld`](crate::ProblemKind::NotHeld) if it already ended; transport errors.
-    pub async fn release(mut self) -> Result<(), ClientError> {
-        self.done = true;
-        match self.release_body() {
-            Some(body) => {
-                self.session
-                    .shared
-                    .http
-                    .send_empty("POST", routes::RELEASE, Some(body))
-                    .await
-            }
-            None => Ok(()),
-        }
-    }
-}
-
-impl Drop for RemoteHold {
-    fn drop(&mut self) {
-        if self.done {
-            return;
-        }
-        let (Some(body), Ok(rt)) = (self.release_body(), tokio::runtime::Handle::try_current())
-        else {
-            return;
-        };
-        let session = self.session.clone();
-        rt.spawn(async move {
-            let _ = session
-                .shared
-                .http
-                .send_empty("POST", routes::RELEASE, Some(body))
-                .await;
-        });
     }
 }
 

@@ -16,7 +16,7 @@
 
 use std::time::Duration;
 
-use etcd_client::PutOptions;
+use etcd_client::{GetOptions, PutOptions, Txn, TxnOp};
 use palisade_fence::Revision;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
@@ -28,6 +28,7 @@ use crate::locker::Locker;
 use crate::name::LockName;
 use crate::retry::{self, CallError};
 use crate::session::Session;
+use palisade_api::keys::ForcedNotice;
 use palisade_api::validate_key;
 use palisade_api::{validate_name, LeaseId, Mode, SpiffeId};
 
@@ -46,6 +47,17 @@ pub struct SessionRecord {
     /// The revision that wrote the record (its key's create revision; not in the JSON).
     #[serde(skip)]
     pub opened_rev: Revision,
+    /// The holds of this session that were force-released while it lived, oldest grant
+    /// first (read with the record; not in the JSON).
+    #[serde(skip)]
+    pub forced: Vec<ForcedNotice>,
+}
+
+impl SessionRecord {
+    /// The force notice of the hold granted at `grant_rev`, if it was force-released.
+    pub fn forced_grant(&self, grant_rev: Revision) -> Option<&ForcedNotice> {
+        self.forced.iter().find(|n| n.grant_rev == grant_rev.get())
+    }
 }
 
 /// Checks that etcd can express `ttl` as a lease TTL: whole seconds, at least one.
@@ -56,13 +68,20 @@ pub(crate) fn check_lease_ttl(ttl: Duration) -> Result<()> {
     Ok(())
 }
 
+/// The revision of a response header (0 without one).
+fn header_revision(header: Option<&etcd_client::ResponseHeader>) -> Revision {
+    Revision::from_i64(header.map_or(0, etcd_client::ResponseHeader::revision)).unwrap_or_default()
+}
+
 impl Locker {
     fn op_deadline(&self) -> Instant {
         Instant::now() + self.inner.request_timeout.max(Duration::from_millis(500)) * 3
     }
 
     /// Grants a lease of `ttl` and records its owner, without starting a keepalive: the
-    /// caller renews it with [`Locker::keep_alive_once`] at least once per TTL.
+    /// caller renews it with [`Locker::keep_alive_once`] at least once per TTL. The
+    /// record's `ttl` is the TTL etcd granted, which can be longer than `ttl` (etcd's
+    /// minimum lease TTL is about 1.5 election timeouts, 2 s with its default settings).
     ///
     /// # Errors
     ///
@@ -73,6 +92,27 @@ impl Locker {
         &self,
         spiffe_id: SpiffeId,
         ttl: Duration,
+    ) -> Result<SessionRecord> {
+        self.open_detached_session_limited(spiffe_id, ttl, None)
+            .await
+    }
+
+    /// [`open_detached_session`](Locker::open_detached_session), refused when
+    /// `spiffe_id` already has `limit` open sessions opened this way (counted across
+    /// every locker on the cluster: one key per session under `owners/<id>/`, on the
+    /// session's lease, taken as `held_lease_quota` slots are: count at a revision, then
+    /// a Txn that commits only if no key of the identity was created since).
+    ///
+    /// # Errors
+    ///
+    /// As [`open_detached_session`](Locker::open_detached_session), and
+    /// [`ErrorKind::SessionLimit`] when the identity has `limit` sessions (the lease
+    /// granted for it is revoked).
+    pub async fn open_detached_session_limited(
+        &self,
+        spiffe_id: SpiffeId,
+        ttl: Duration,
+        limit: Option<u32>,
     ) -> Result<SessionRecord> {
         check_lease_ttl(ttl)?;
         let inner = &self.inner;
@@ -88,40 +128,79 @@ impl Locker {
         .await
         .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
         let lease = LeaseId::new(grant.id());
-        let key = inner.keys.session(lease);
+        // etcd raises a TTL below its minimum: the granted TTL is the session's.
+        let granted = u64::try_from(grant.ttl())
+            .ok()
+            .filter(|&s| s > 0)
+            .map_or(ttl, Duration::from_secs);
         let mut record = SessionRecord {
             lease,
             spiffe_id,
-            ttl,
+            ttl: granted,
             opened_rev: Revision::default(),
+            forced: Vec::new(),
         };
         let value = serde_json::to_vec(&record)
             .map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
-        let put = retry::call(
-            "session.record_put",
-            self.op_deadline(),
-            inner.request_timeout,
-            || {
-                let (mut c, key, value) = (inner.client.clone(), key.clone(), value.clone());
-                async move {
-                    c.put(key, value, Some(PutOptions::new().with_lease(lease.get())))
-                        .await
-                }
-            },
-        )
-        .await;
-        match put {
-            Ok(resp) => {
-                let rev = resp.header().map_or(0, |h| h.revision());
-                record.opened_rev = Revision::from_i64(rev).unwrap_or_default();
+        match self.record_session(&record, value, limit).await {
+            Ok(rev) => {
+                record.opened_rev = rev;
                 Ok(record)
             }
             Err(e) => {
                 let mut c = inner.client.clone();
                 let _ =
                     tokio::time::timeout(inner.request_timeout, c.lease_revoke(lease.get())).await;
-                Err(e.into_error(ErrorKind::QuorumLost))
+                Err(e)
             }
+        }
+    }
+
+    /// Puts the session's record (and, with a limit, its key under `owners/`) on its
+    /// lease; the revision of the put.
+    async fn record_session(
+        &self,
+        record: &SessionRecord,
+        value: Vec<u8>,
+        limit: Option<u32>,
+    ) -> Result<Revision> {
+        let inner = &self.inner;
+        let lease = record.lease;
+        let on_lease = || Some(PutOptions::new().with_lease(lease.get()));
+        let mut ops = vec![TxnOp::put(inner.keys.session(lease), value, on_lease())];
+        let deadline = self.op_deadline();
+        let Some(limit) = limit else {
+            let txn = Txn::new().and_then(ops);
+            let resp = retry::call(
+                "session.record_put",
+                deadline,
+                inner.request_timeout,
+                || {
+                    let (mut c, txn) = (inner.client.clone(), txn.clone());
+                    async move { c.txn(txn).await }
+                },
+            )
+            .await
+            .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
+            return Ok(header_revision(resp.header()));
+        };
+        let owner = record.spiffe_id.as_str();
+        let prefix = inner.keys.owner_sessions(owner);
+        ops.push(TxnOp::put(
+            inner.keys.owner_session(owner, lease),
+            Vec::new(),
+            on_lease(),
+        ));
+        let counted = crate::quota::CountedPut {
+            spans: ["session.owner_count", "session.owner_take"],
+            prefix: &prefix,
+            limit,
+            ops,
+            deadline,
+        };
+        match counted.commit(self).await? {
+            Some(rev) => Ok(rev),
+            None => Err(Error::new(ErrorKind::SessionLimit { limit })),
         }
     }
 
@@ -134,26 +213,30 @@ impl Locker {
     /// [`ErrorKind::QuorumLost`].
     pub async fn session_record(&self, lease: LeaseId) -> Result<SessionRecord> {
         let inner = &self.inner;
-        let key = inner.keys.session(lease);
+        // One Range: the record and the notices of holds forced while it lived.
+        let (start, end) = inner.keys.session_range(lease);
         let resp = retry::call(
             "session.record_get",
             self.op_deadline(),
             inner.request_timeout,
             || {
-                let (mut c, key) = (inner.client.clone(), key.clone());
-                async move { c.get(key, None).await }
+                let (mut c, start, end) = (inner.client.clone(), start.clone(), end.clone());
+                async move { c.get(start, Some(GetOptions::new().with_range(end))).await }
             },
         )
         .await
         .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
-        match resp.kvs().first() {
-            Some(kv) if kv.lease() == lease.get() => {
-                let mut record: SessionRecord = decode(kv.value())?;
-                record.opened_rev = Revision::from_i64(kv.create_revision()).unwrap_or_default();
-                Ok(record)
-            }
-            _ => Err(Error::new(ErrorKind::SessionLost)),
-        }
+        let mut kvs = resp.kvs().iter().filter(|kv| kv.lease() == lease.get());
+        // The record sorts first: its key is a prefix of every notice's.
+        let Some(kv) = kvs.next().filter(|kv| kv.key() == start.as_bytes()) else {
+            return Err(Error::new(ErrorKind::SessionLost));
+        };
+        let mut record: SessionRecord = decode(kv.value())?;
+        record.opened_rev = Revision::from_i64(kv.create_revision()).unwrap_or_default();
+        record.forced = kvs
+            .map(|kv| decode::<ForcedNotice>(kv.value()))
+            .collect::<Result<_>>()?;
+        Ok(record)
     }
 
     /// Renews the lease once and returns the TTL etcd granted from now.
@@ -235,7 +318,10 @@ impl Locker {
     /// Releases the hold of `lease` on `lock` in `mode` that was granted at `grant_rev`:
     /// the same Txn as [`Hold::release`](crate::Hold::release), so audit sees a release.
     /// If the hold was let go of with [`Hold::forget`](crate::Hold::forget) through this
-    /// locker, the release hands the lock over to the waiter the hold would have.
+    /// locker, the release hands the lock over to the waiter the hold would have. The
+    /// same Txn deletes the hold's `held_lease_quota` slot
+    /// ([`Locker::take_quota_slot`]), if any: a slot is freed only with its hold, never by
+    /// a release that found no such hold.
     ///
     /// # Errors
     ///
@@ -255,8 +341,20 @@ impl Locker {
         let keys = self.inner.keys.lock(&lock.ns, &lock.class, &lock.key);
         let hold_key = keys.hold(mode, lease);
         let to = self.inner.successors.take(hold_key.clone(), grant_rev);
-        let result =
-            release_lease_txn(&self.inner, &keys, mode, lease, grant_rev, to.as_ref()).await;
+        let slot = self
+            .inner
+            .keys
+            .quota_slot(&lock.ns, lease, mode, &lock.class, &lock.key);
+        let result = release_lease_txn(
+            &self.inner,
+            &keys,
+            mode,
+            lease,
+            grant_rev,
+            to.as_ref(),
+            Some(slot),
+        )
+        .await;
         if let (Err(e), Some(to)) = (&result, to) {
             if e.is_quorum_lost() {
                 // Not released (or not known to be): a retry hands over as this one would.

@@ -49,6 +49,12 @@ pub enum ErrorKind {
         /// Its `held_lease_quota`.
         quota: u32,
     },
+    /// The identity already has this many open sessions, the service's per-identity
+    /// limit ([`Locker::open_detached_session_limited`](crate::Locker::open_detached_session_limited)).
+    SessionLimit {
+        /// The limit.
+        limit: u32,
+    },
 }
 
 /// Which epoch check failed.
@@ -216,6 +222,10 @@ impl fmt::Display for Error {
             ErrorKind::QuotaExceeded { ns, quota } => write!(
                 f,
                 "held_lease_quota of namespace {ns} reached: {quota} sessions, holds and waits"
+            ),
+            ErrorKind::SessionLimit { limit } => write!(
+                f,
+                "this identity already has {limit} open sessions, the service's limit per identity"
             ),
         }
     }

@@ -1,6 +1,7 @@
-//! Force release: end someone else's hold, leaving a marker that audit and lock-delay see.
+//! Force release: end someone else's hold, leaving a marker that audit and lock-delay
+//! see, and a notice that the holder's session reads.
 
-use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use palisade_fence::Revision;
 use tokio::time::Instant;
 
@@ -8,21 +9,21 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::locker::Locker;
 use crate::name::LockName;
 use crate::retry;
-use palisade_api::keys::{ForceMarker, ForcedGrant};
+use palisade_api::keys::{ForceMarker, ForcedGrant, ForcedNotice};
 use palisade_api::validate_key;
 use palisade_api::{validate_name, LeaseId, Mode};
 
 impl Locker {
-    /// Deletes the hold of `holder` on `lock` (in `mode`) and marks its grant record as
-    /// forced, in one Txn. Returns the revision of that Txn. The lock is then granted
-    /// again only after the class's lock-delay, as after an expiry. The former holder's
-    /// [`Hold::release`](crate::Hold::release) returns [`ErrorKind::NotHeld`].
+    /// Force-releases the hold that `holder` has on `lock` in `mode` now: reads its
+    /// grant revision, then [`force_release_grant`](Locker::force_release_grant) of
+    /// exactly that grant. Returns the revision of the force Txn.
     ///
     /// # Errors
     ///
     /// [`ErrorKind::InvalidInput`] for a bad name or key (nothing written);
-    /// [`ErrorKind::NotHeld`] if that lease holds no such hold;
-    /// [`ErrorKind::QuorumLost`] if etcd could not commit in time.
+    /// [`ErrorKind::NotHeld`] if that lease holds no such hold (or it was replaced
+    /// between the read and the Txn); [`ErrorKind::QuorumLost`] if etcd could not commit
+    /// in time.
     pub async fn force_release(
         &self,
         lock: &LockName,
@@ -30,17 +31,54 @@ impl Locker {
         mode: Mode,
         marker: &ForceMarker,
     ) -> Result<Revision> {
-        self.force_release_at(lock, holder, mode, None, marker)
+        check_lock(lock)?;
+        let inner = &self.inner;
+        let hold = inner
+            .keys
+            .lock(&lock.ns, &lock.class, &lock.key)
+            .hold(mode, holder);
+        let deadline = Instant::now() + inner.request_timeout * 3;
+        let resp = retry::call(
+            "force_release.read",
+            deadline,
+            inner.request_timeout,
+            || {
+                let (mut c, hold) = (inner.client.clone(), hold.clone());
+                async move { c.get(hold, None).await }
+            },
+        )
+        .await
+        .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
+        let grant_rev = resp
+            .kvs()
+            .first()
+            .filter(|kv| kv.lease() == holder.get())
+            .and_then(|kv| Revision::from_i64(kv.create_revision()).ok())
+            .ok_or_else(|| Error::new(ErrorKind::NotHeld))?;
+        self.force_release_grant(lock, holder, mode, grant_rev, marker)
             .await
     }
 
-    /// [`force_release`](Locker::force_release) of exactly the hold granted at
-    /// `grant_rev`: a later hold of the same lease on the lock is [`ErrorKind::NotHeld`],
-    /// so repeating the call never deletes another hold.
+    /// Deletes the hold of `holder` on `lock` (in `mode`) that was granted at
+    /// `grant_rev`, in one Txn that also:
+    ///
+    /// - rewrites its grant record to a [`ForcedGrant`] (audit tells a force from an
+    ///   expiry by it; the lock is granted again only after the class's lock-delay, as
+    ///   after an expiry);
+    /// - puts a [`ForcedNotice`] at `sessions/<lease>/forced/<grant_rev>` on the holder's
+    ///   lease, so the holder's session learns of it ([`Locker::session_record`] reads
+    ///   it with the record);
+    /// - deletes the hold's `held_lease_quota` slot: the hold is gone.
+    ///
+    /// Any other hold (a later grant of the same lease on the lock) fails the compare,
+    /// so repeating the call never deletes another hold. Returns the revision of the Txn.
     ///
     /// # Errors
     ///
-    /// As [`force_release`](Locker::force_release).
+    /// [`ErrorKind::InvalidInput`] for a bad name or key (nothing written);
+    /// [`ErrorKind::NotHeld`] if no hold of that lease on the lock has that grant
+    /// revision (released, expired, forced, or replaced by a later grant);
+    /// [`ErrorKind::QuorumLost`] if etcd could not commit in time.
     pub async fn force_release_grant(
         &self,
         lock: &LockName,
@@ -49,40 +87,43 @@ impl Locker {
         grant_rev: Revision,
         marker: &ForceMarker,
     ) -> Result<Revision> {
-        self.force_release_at(lock, holder, mode, Some(grant_rev), marker)
-            .await
-    }
-
-    async fn force_release_at(
-        &self,
-        lock: &LockName,
-        holder: LeaseId,
-        mode: Mode,
-        grant_rev: Option<Revision>,
-        marker: &ForceMarker,
-    ) -> Result<Revision> {
-        validate_name(&lock.ns)?;
-        validate_name(&lock.class)?;
-        validate_key(&lock.key)?;
+        check_lock(lock)?;
         let inner = &self.inner;
         let keys = inner.keys.lock(&lock.ns, &lock.class, &lock.key);
         let hold = keys.hold(mode, holder);
+        let corrupt = |e| Error::with_source(ErrorKind::CorruptRecord, e);
         let value = serde_json::to_vec(&ForcedGrant {
             forced: std::borrow::Cow::Borrowed(marker),
         })
-        .map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
+        .map_err(corrupt)?;
+        let notice = serde_json::to_vec(&ForcedNotice {
+            namespace: lock.ns.clone(),
+            class: lock.class.clone(),
+            key: lock.key.clone(),
+            mode,
+            grant_rev: grant_rev.get(),
+            request_id: marker.request_id.clone(),
+        })
+        .map_err(corrupt)?;
         let txn = Txn::new()
-            .when([match grant_rev {
-                Some(rev) => Compare::create_revision(
-                    hold.clone(),
-                    CompareOp::Equal,
-                    i64::try_from(rev.get()).unwrap_or(i64::MAX),
-                ),
-                None => Compare::create_revision(hold.clone(), CompareOp::Greater, 0),
-            }])
+            .when([
+                Compare::create_revision(hold.clone(), CompareOp::Equal, grant_rev.as_i64()),
+                Compare::lease(hold.clone(), CompareOp::Equal, holder.get()),
+            ])
             .and_then([
                 TxnOp::delete(hold, None),
                 TxnOp::put(keys.grant(mode, holder), value, None),
+                TxnOp::put(
+                    inner.keys.session_forced(holder, grant_rev.get()),
+                    notice,
+                    Some(PutOptions::new().with_lease(holder.get())),
+                ),
+                TxnOp::delete(
+                    inner
+                        .keys
+                        .quota_slot(&lock.ns, holder, mode, &lock.class, &lock.key),
+                    None,
+                ),
             ]);
         let deadline = Instant::now() + inner.request_timeout * 3;
         let resp = retry::call("force_release.txn", deadline, inner.request_timeout, || {
@@ -99,4 +140,52 @@ impl Locker {
             .map_or(0, etcd_client::ResponseHeader::revision);
         Revision::from_i64(rev).map_err(|e| Error::with_source(ErrorKind::Etcd, e))
     }
+
+    /// Whether the grant record of `holder` on `lock` in `mode` is a force marker of
+    /// request `request_id`, and the revision that wrote it: how a retried approval
+    /// tells a hold it deleted itself (before its answer was lost) from one that ended
+    /// otherwise. `None` once the next grant of the lock consumed the record.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidInput`]; [`ErrorKind::QuorumLost`].
+    pub async fn forced_by(
+        &self,
+        lock: &LockName,
+        holder: LeaseId,
+        mode: Mode,
+        request_id: &str,
+    ) -> Result<Option<Revision>> {
+        check_lock(lock)?;
+        let inner = &self.inner;
+        let grant = inner
+            .keys
+            .lock(&lock.ns, &lock.class, &lock.key)
+            .grant(mode, holder);
+        let deadline = Instant::now() + inner.request_timeout * 3;
+        let resp = retry::call(
+            "force_release.check",
+            deadline,
+            inner.request_timeout,
+            || {
+                let (mut c, grant) = (inner.client.clone(), grant.clone());
+                async move { c.get(grant, None).await }
+            },
+        )
+        .await
+        .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
+        Ok(resp.kvs().first().and_then(|kv| {
+            let forced: ForcedGrant<'_> = serde_json::from_slice(kv.value()).ok()?;
+            (forced.forced.request_id == request_id)
+                .then(|| Revision::from_i64(kv.mod_revision()).ok())
+                .flatten()
+        }))
+    }
+}
+
+fn check_lock(lock: &LockName) -> Result<()> {
+    validate_name(&lock.ns)?;
+    validate_name(&lock.class)?;
+    validate_key(&lock.key)?;
+    Ok(())
 }

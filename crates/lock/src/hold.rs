@@ -208,12 +208,14 @@ async fn release_txn(
     rev: Revision,
     to: Option<&Successor>,
 ) -> Result<()> {
-    release_lease_txn(locker, keys, mode, session.lease(), rev, to).await
+    release_lease_txn(locker, keys, mode, session.lease(), rev, to, None).await
 }
 
 /// The release Txn by lease: deletes `h/<mode>/<lease>` and its grant record only if the
 /// hold key has create revision `rev` and is attached to `lease`; with `to` (exclusive
 /// holds only), hands the lock over to that waiter in the same Txn if it still waits.
+/// With `slot`, deletes that key (the hold's `held_lease_quota` slot) in the same Txn, so
+/// a slot is freed exactly when its hold is.
 pub(crate) async fn release_lease_txn(
     locker: &LockerInner,
     keys: &LockKeys,
@@ -221,12 +223,16 @@ pub(crate) async fn release_lease_txn(
     lease: palisade_api::LeaseId,
     rev: Revision,
     to: Option<&Successor>,
+    slot: Option<String>,
 ) -> Result<()> {
     let hold = keys.hold(mode, lease);
     let mut ops = vec![
         TxnOp::delete(hold.clone(), None),
         TxnOp::delete(keys.grant(mode, lease), None),
     ];
+    if let Some(slot) = slot {
+        ops.push(TxnOp::delete(slot, None));
+    }
     if let (Some(to), Mode::Exclusive) = (to, mode) {
         // A locker that refuses grants (its epoch checks failed) hands over nothing either.
         if locker.epoch.snapshot().mismatch.is_none() {

@@ -201,6 +201,13 @@ impl Locker {
 
     /// Acquires `lock` in `mode` for `session`, waiting until `deadline` at most.
     ///
+    /// `deadline` bounds the waiting only: while the lock is held by others, or its
+    /// lock-delay runs. A deadline that has already passed means *try once*: the lock is
+    /// granted if nothing blocks it, else the acquire fails with
+    /// [`ErrorKind::DeadlineExceeded`] at once. etcd calls get their own budget of a few
+    /// request timeouts, so a short deadline never cuts a call short, and a grant Txn
+    /// that committed is always returned as a [`Hold`].
+    ///
     /// Uncontended, this is one etcd Txn. Otherwise the session waits in the lock's
     /// queue (FIFO by the waiter key's create revision), woken only by writes to the
     /// keys of the one waiter or holder that blocks it. It is granted by a Txn whose
@@ -212,13 +219,12 @@ impl Locker {
     /// - [`ErrorKind::InvalidInput`] (bad key, unknown namespace or class, TTL outside
     ///   the class bounds, key outside the class prefix, shared acquire on an exclusive
     ///   class, this session already acquiring the lock): nothing was written.
-    /// - [`ErrorKind::DeadlineExceeded`]: others held the lock until the deadline, or the
-    ///   deadline cut an etcd call short; the waiter key was deleted (if etcd answers
-    ///   within one request timeout; else in the background).
-    /// - [`ErrorKind::QuorumLost`]: etcd could not commit before the deadline (it was seen
-    ///   failing: errors, or no answer within a request timeout) and the class is
-    ///   `closed` (an `open` class returns an unprotected [`Hold`] instead). A deadline
-    ///   that cut a call short before that is [`ErrorKind::DeadlineExceeded`].
+    /// - [`ErrorKind::DeadlineExceeded`]: others held the lock (or its lock-delay ran)
+    ///   until the deadline; the waiter key was deleted (if etcd answers within one
+    ///   request timeout; else in the background).
+    /// - [`ErrorKind::QuorumLost`]: etcd could not commit within the call's budget (it
+    ///   was seen failing: errors, or no answer within a request timeout) and the class
+    ///   is `closed` (an `open` class returns an unprotected [`Hold`] instead).
     /// - [`ErrorKind::EpochMismatch`]: see [the epoch policy](crate#epochs).
     /// - [`ErrorKind::SessionLost`]: the session's lease is gone.
     pub async fn acquire(
@@ -246,9 +252,6 @@ impl Locker {
         deadline: Instant,
         holder_meta: Option<&HolderMeta>,
     ) -> Result<Hold> {
-        if deadline <= Instant::now() {
-            return Err(Error::invalid(InvalidInput::DeadlinePassed));
-        }
         validate_name(&lock.ns)?;
         validate_name(&lock.class)?;
         validate_key(&lock.key)?;
@@ -314,11 +317,12 @@ impl Locker {
 
     /// The class: from the cache while its watch on the config prefix is up (see
     /// `class_cache`), else from etcd, else, if etcd cannot answer, the last class this
-    /// locker read. With such a class to fall back on, etcd gets three request timeouts
-    /// at most, never past `deadline`; without one, all of `deadline` (failing sooner
-    /// would only fail the acquire: an attempt sent to a member that stopped answering,
-    /// while its connection stays up, costs a whole request timeout, and a retry may
-    /// reach another member).
+    /// locker read. With such a class to fall back on, etcd gets three request timeouts;
+    /// without one, the later of those and `deadline` (failing sooner would only fail the
+    /// acquire: an attempt sent to a member that stopped answering, while its connection
+    /// stays up, costs a whole request timeout, and a retry may reach another member).
+    /// The caller's deadline bounds waiting for the lock, never this lookup: an acquire
+    /// that may not wait at all still reads its class.
     async fn class(&self, ns: &str, class: &str, deadline: Instant) -> Result<Arc<LockClass>> {
         let cache = &self.inner.classes;
         if let Some(c) = cache.get(ns, class) {
@@ -326,7 +330,7 @@ impl Locker {
         }
         let generation = cache.generation();
         let own = Instant::now() + self.inner.request_timeout * CLASS_LOOKUP_TIMEOUTS;
-        let until = if deadline <= own || cache.last_known(ns, class).is_none() {
+        let until = if deadline > own && cache.last_known(ns, class).is_none() {
             crate::config_store::Until::Callers(deadline)
         } else {
             crate::config_store::Until::Own(own)

@@ -1,17 +1,6 @@
 //! Two-person force release: requests in PostgreSQL, approval by a second admin, the
 //! record handed to a [`ForceReleaseAudit`].
 //!
-//! An approval goes through three recorded steps, so that an etcd or database failure
-//! in between leaves the request approved but not executed, and approving it again
-//! finishes it without deleting anything twice:
-//!
-//! 1. claim: `approver` is set (one conditional `UPDATE`; one replica wins);
-//! 2. targets: the holds of the key, read from etcd, are stored with the request before
-//!    any is deleted (the first stored list wins);
-//! 3. each target is deleted by a Txn that compares its exact grant revision, so a
-//!    target already deleted (by an earlier attempt) or ended is skipped and a later
-//!    holder of the key is never touched; then `executed_at` is set.
-//!
 //! # Force release, by two people
 //!
 //! Needs [`ServiceOptions::with_force_releases`] (a PostgreSQL table of requests,
@@ -19,19 +8,32 @@
 //! are 404. An admin of the namespace requests the release of a lock key with a reason
 //! (reason 1 to 1024 bytes); a *different* admin approves it: the requester approving
 //! their own request is 403 `forbidden`, a second approval 409 `already-approved` (the
-//! approval is one conditional `UPDATE`, so only one replica wins). Only on approval
-//! is every current hold of the key deleted ([`Locker::force_release_grant`], one Txn per
-//! hold, marked as forced), and each deletion recorded through the [`ForceReleaseAudit`]
-//! with the revision of its Txn, requester, approver, reason and whether the class was
-//! fenced. An approval that finds no holder deletes nothing and answers `released: []`.
+//! approval is one conditional `UPDATE`, so only one replica wins).
+//!
+//! **A request names the grants it is about, fixed when it is made.** The holds of the
+//! key at request time (or the one hold named by `grant_rev` or `token`) are read from
+//! etcd and stored with the request as its *targets*; a key with no holder, or a named
+//! hold that does not exist, is 409 `not-held` and no request is made. On approval each
+//! target is deleted by a Txn that compares its exact grant revision
+//! ([`Locker::force_release_grant`]), so a hold granted after the request (the holder
+//! released and acquired again) is never touched. An approval that finds every target
+//! gone or replaced releases nothing and answers 409 `force-target-gone`; the request
+//! is then closed. Each deletion is recorded through the [`ForceReleaseAudit`] with the
+//! grant it ended (grant revision and token), the revision of its Txn, requester,
+//! approver, reason and whether the class was fenced.
+//!
+//! **The forced holder is told.** The force Txn puts a notice on the holder's session
+//! (see `palisade_api::keys`): its next keepalive answers with the hold in `forced`, a
+//! release of it answers 409 `hold-forced`, and the Rust client's `RemoteHold::lost`
+//! fires.
 //!
 //! etcd calls of an approval go through the shared retry (a dead member is left for
 //! the others). If etcd or the database still fails after the approval is recorded, the
 //! answer is the failure (503, 502...) and the request stays approved but not executed:
-//! the holds it found are stored with it before any is deleted, and approving it again
-//! (the approver or another admin of the namespace, never the requester) deletes those
-//! that remain, each at most once (the delete compares the hold's grant revision, so a
-//! later holder of the key is never touched), and records each in the audit trail once.
+//! approving it again (the approver or another admin of the namespace, never the
+//! requester) deletes the targets that remain, each at most once, and records each in
+//! the audit trail once (a target an earlier attempt deleted is recognised by the force
+//! marker with this request's id in its grant record, and recorded if it was not yet).
 //! Only an executed request answers 409 `already-approved`. The request table is used
 //! through a connection pool (deadpool-postgres); a statement whose connection the
 //! server ended is run again on another connection.
@@ -42,10 +44,12 @@
 //! writes: fencing refuses a token only once a newer one has been seen. The class's
 //! lock-delay keeps the next grant back (no one is granted the lock for `lock_delay`
 //! after the forced delete), which gives the old holder time to notice the loss (its
-//! keepalive or release answers `not-held`) before anyone else writes; it does not stop
-//! the old holder from writing in that window. Once the next holder has written with its
+//! keepalive lists the hold as forced) before anyone else writes; it does not stop the
+//! old holder from writing in that window. Once the next holder has written with its
 //! token, every resource it wrote to refuses the old token (409 `stale`).
 //!
+//! [`ServiceOptions::with_force_releases`]: crate::ServiceOptions::with_force_releases
+//! [`Locker::force_release_grant`]: palisade_lock::Locker::force_release_grant
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -77,6 +81,10 @@ pub struct ForcedRelease {
     pub cluster_id: u64,
     /// The revision of the Txn that deleted the hold.
     pub revision: Revision,
+    /// The revision of the Txn that granted the deleted hold.
+    pub grant_rev: Revision,
+    /// The deleted hold's token.
+    pub token: FencingToken,
     /// The lock key within its class.
     pub lock_key: String,
     /// Who requested it (SPIFFE ID).
@@ -152,13 +160,24 @@ impl ForceReleases {
     }
 }
 
-/// One hold an approval found, to be deleted.
+/// One hold a request is about, to be deleted on approval.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(super) struct Target {
     pub(super) lease: LeaseId,
     pub(super) mode: Mode,
     pub(super) grant_rev: Revision,
     pub(super) token: FencingToken,
+}
+
+impl Target {
+    pub(super) fn view(&self) -> palisade_api::wire::ForceTargetView {
+        palisade_api::wire::ForceTargetView {
+            session: self.lease.to_string(),
+            mode: self.mode,
+            grant_rev: self.grant_rev,
+            token: self.token,
+        }
+    }
 }
 
 /// A stored request.
@@ -211,6 +230,7 @@ macro_rules! with_client {
 }
 
 impl ForceReleases {
+    /// Stores a new request with its `targets` (the holds it is about); its id.
     pub(super) async fn insert(
         &self,
         ns: &str,
@@ -218,12 +238,16 @@ impl ForceReleases {
         key: &str,
         requester: &str,
         reason: &str,
+        targets: &[Target],
     ) -> Result<String, ForceDbError> {
-        let row = with_client!(self, |c| c.query_one(
-            "INSERT INTO force_release_request (id, namespace, class, key, requester, reason) \
-             VALUES (gen_random_uuid()::text, $1, $2, $3, $4, $5) RETURNING id",
-            &[&ns, &class, &key, &requester, &reason],
-        ))?;
+        let targets = serde_json::to_string(targets)?;
+        let row = with_client!(self, |c| {
+            c.query_one(
+            "INSERT INTO force_release_request (id, namespace, class, key, requester, reason, targets) \
+             VALUES (gen_random_uuid()::text, $1, $2, $3, $4, $5, $6) RETURNING id",
+            &[&ns, &class, &key, &requester, &reason, &targets],
+        )
+        })?;
         Ok(row.get(0))
     }
 

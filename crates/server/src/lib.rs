@@ -52,7 +52,7 @@ pub use force_release::{
     ForceDbError, ForceReleaseAudit, ForceReleases, ForcedRelease, FORCE_RELEASE_MIGRATION,
 };
 pub use identity::{PeerIdentity, DEV_IDENTITY_HEADER};
-pub use options::ServiceOptions;
+pub use options::{ServiceOptions, DEFAULT_MAX_SESSIONS_PER_IDENTITY};
 pub use palisade_api::ProblemKind;
 pub use problem::Problem;
 #[cfg(feature = "fuzzing")]

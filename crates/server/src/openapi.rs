@@ -101,7 +101,7 @@ problems! {
         DeadlineExceeded, SessionLost, QuotaExceeded, EpochMismatch, QuorumLost, Upstream, Internal] }
     /// `POST /v1/locks/release`.
     ReleaseProblems { body: true, kinds: [InvalidInput, Unauthenticated, Forbidden, NotFound,
-        NotHeld, SessionLost, QuotaExceeded, QuorumLost, Upstream, Internal] }
+        NotHeld, HoldForced, SessionLost, QuotaExceeded, QuorumLost, Upstream, Internal] }
     /// `GET /v1/locks/status`.
     StatusProblems { body: false, kinds: [InvalidInput, Unauthenticated, Forbidden, NotFound,
         QuotaExceeded, QuorumLost, Upstream, Internal] }
@@ -123,10 +123,10 @@ problems! {
         EpochExhausted, QuorumLost, Upstream, Internal] }
     /// `POST /v1/force-releases`.
     RequestForceProblems { body: true, kinds: [InvalidInput, Unauthenticated, Forbidden, NotFound,
-        Upstream, Internal] }
+        NotHeld, QuorumLost, Upstream, Internal] }
     /// `POST /v1/force-releases/{id}/approve`.
     ApproveForceProblems { body: false, kinds: [Unauthenticated, Forbidden, NotFound,
-        AlreadyApproved, QuorumLost, Upstream, Internal] }
+        AlreadyApproved, ForceTargetGone, QuorumLost, Upstream, Internal] }
 }
 
 /// Adds what the attributes cannot say: the `Problem` schema (every `type` URI), the

@@ -5,6 +5,9 @@ use std::time::Duration;
 use crate::authz::Authz;
 use crate::force_release::ForceReleases;
 
+/// The default of [`ServiceOptions::with_max_sessions_per_identity`].
+pub const DEFAULT_MAX_SESSIONS_PER_IDENTITY: u32 = 64;
+
 /// How the service is built.
 #[derive(Debug, Clone)]
 #[must_use]
@@ -15,11 +18,12 @@ pub struct ServiceOptions {
     pub(crate) max_wait: Duration,
     pub(crate) max_ttl: Duration,
     pub(crate) force: Option<ForceReleases>,
+    pub(crate) max_sessions_per_identity: u32,
 }
 
 impl ServiceOptions {
     /// Identity from the transport only; body limit 16 KiB; waits up to 60 s; TTLs up
-    /// to 1 h.
+    /// to 1 h; at most [`DEFAULT_MAX_SESSIONS_PER_IDENTITY`] open sessions per identity.
     pub fn new(authz: Authz) -> Self {
         ServiceOptions {
             authz,
@@ -28,6 +32,7 @@ impl ServiceOptions {
             max_wait: Duration::from_secs(60),
             max_ttl: Duration::from_secs(3600),
             force: None,
+            max_sessions_per_identity: DEFAULT_MAX_SESSIONS_PER_IDENTITY,
         }
     }
 
@@ -41,6 +46,14 @@ impl ServiceOptions {
     /// The largest request body accepted, in bytes; larger bodies get 413.
     pub fn with_body_limit(mut self, bytes: usize) -> Self {
         self.body_limit = bytes;
+        self
+    }
+
+    /// How many sessions one identity may have open at once, across every replica of
+    /// the service (each session is an etcd lease, and etcd slows as leases pile up).
+    /// Past it, opening a session is 429 `quota-exceeded`. At least 1.
+    pub fn with_max_sessions_per_identity(mut self, max: u32) -> Self {
+        self.max_sessions_per_identity = max.max(1);
         self
     }
 

@@ -109,7 +109,9 @@ impl From<Error> for Problem {
             ErrorKind::DeadlineExceeded => ProblemKind::DeadlineExceeded,
             ErrorKind::SessionLost => ProblemKind::SessionLost,
             ErrorKind::Etcd => ProblemKind::Upstream,
-            ErrorKind::QuotaExceeded { .. } => ProblemKind::QuotaExceeded,
+            ErrorKind::QuotaExceeded { .. } | ErrorKind::SessionLimit { .. } => {
+                ProblemKind::QuotaExceeded
+            }
             _ => ProblemKind::Internal,
         };
         if kind == ProblemKind::Internal || kind == ProblemKind::Upstream {

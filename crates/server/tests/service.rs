@@ -20,6 +20,8 @@ mod class_update;
 mod force_retry;
 #[path = "service/holder_meta.rs"]
 mod holder_meta;
+#[path = "service/lock_edges.rs"]
+mod lock_edges;
 #[path = "service/observability.rs"]
 mod observability;
 #[path = "service/openapi.rs"]
@@ -539,7 +541,6 @@ async fn etcd_bad_input_is_4xx_problem_json_and_writes_nothing() {
         (acquire_body(&s, "a/../b", 100), 400, "invalid-input"),
         (acquire_body(&s, "a\u{1}b", 100), 400, "invalid-input"),
         (acquire_body(&s, "", 100), 400, "invalid-input"),
-        (acquire_body(&s, "k", 0), 400, "invalid-input"),
         (acquire_body(&s, "k", 3_600_000), 400, "invalid-input"),
         (
             json!({ "session": s, "namespace": "ns", "class": "c", "key": "k", "mode": "exclusive", "wait_ms": -1 }),
@@ -1157,7 +1158,7 @@ async fn etcd_force_release_needs_a_second_admin_and_lock_delay_holds_the_next_g
     );
     // The window: nothing newer has been seen, so the resource still admits the old token.
     assert_eq!(resource.raise_now("res", old_token), Raise::Admitted);
-    // The old holder learns it lost the hold.
+    // The old holder learns it lost the hold, and that it was forced.
     let r = call(
         addr,
         "POST",
@@ -1167,7 +1168,12 @@ async fn etcd_force_release_needs_a_second_admin_and_lock_delay_holds_the_next_g
         "class": "c", "key": "k", "mode": "exclusive", "grant_rev": old_grant }),
     )
     .await;
-    assert_problem(&r, 409, "not-held");
+    assert_problem(&r, 409, "hold-forced");
+    assert!(
+        r.body["detail"].as_str().unwrap().contains(&id),
+        "{:?}",
+        r.body
+    );
 
     // After lock-delay the next holder is granted a higher token; once it writes, the old
     // token is refused.

@@ -5,6 +5,7 @@
 //!   that may be stopped, crashed and started again ([`StopMode`]).
 //! - [`EtcdCluster`]: one etcd member or a cluster of several, each a real `etcd` process in
 //!   a temp dir on free loopback ports; kill, restart, pause, leader, snapshot and restore.
+//! - [`LossyProxy`]: a TCP proxy on loopback that loses a request or its answer on demand.
 //!
 //! Nothing here is mocked and nothing is skipped: a missing server fails the test with a
 //! message that names `scripts/test`, which installs and starts what is missing.
@@ -12,7 +13,9 @@
 mod etcd;
 mod pg_server;
 mod postgres;
+mod proxy;
 
 pub use etcd::{EtcdCluster, MemberStatus, RestoreMode, Snapshot};
 pub use pg_server::{PgServer, PgServerError, StopMode};
 pub use postgres::TestDb;
+pub use proxy::{Loss, LossyProxy};

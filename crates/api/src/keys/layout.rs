@@ -111,6 +111,34 @@ impl RootKeys {
         format!("{}sessions/{lease}", self.root)
     }
 
+    /// The notice that the hold granted at `grant_rev` to the session of `lease` was
+    /// force-released: `sessions/<lease>/forced/<grant_rev>` (`grant_rev` as 20 decimal
+    /// digits). Put on the session's lease by the force release's Txn, so it lasts as
+    /// long as the session and is read with the session's record (see
+    /// [`RootKeys::session_range`]).
+    pub fn session_forced(&self, lease: LeaseId, grant_rev: u64) -> String {
+        format!("{}sessions/{lease}/forced/{grant_rev:020}", self.root)
+    }
+
+    /// The range `[start, end)` of a session's record and its force notices: one Range
+    /// reads both. No other session's key is in it (lease ids have 16 digits).
+    pub fn session_range(&self, lease: LeaseId) -> (String, Vec<u8>) {
+        let start = self.session(lease);
+        let end = prefix_end(&start);
+        (start, end)
+    }
+
+    /// `<root>owners/<escaped spiffe id>/`: one key per open session of that identity,
+    /// each on its session's lease (the per-identity session limit).
+    pub fn owner_sessions(&self, spiffe_id: &str) -> String {
+        format!("{}owners/{}/", self.root, escape_key(spiffe_id))
+    }
+
+    /// The key counting one session of `spiffe_id`: `owners/<escaped id>/<lease>`.
+    pub fn owner_session(&self, spiffe_id: &str, lease: LeaseId) -> String {
+        format!("{}{lease}", self.owner_sessions(spiffe_id))
+    }
+
     /// The epoch record in etcd: `config/epoch`.
     pub fn epoch(&self) -> String {
         format!("{}config/epoch", self.root)

@@ -12,6 +12,8 @@
 //! | `config/epoch` | `EpochRecord` JSON | none | bootstrap, `Locker::advance_epoch` |
 //! | `epoch-bump` | empty | none | a starting locker moving etcd's revision past the epoch reservation (the lock core's epoch rules) |
 //! | `sessions/<lease>` | `SessionRecord` JSON | session | `Locker::open_detached_session` |
+//! | `sessions/<lease>/forced/<grant_rev>` | [`ForcedNotice`] JSON | session | a force release of that session's hold (`Locker::force_release_grant`) |
+//! | `owners/<esc-spiffe-id>/<lease>` | empty | session | `Locker::open_detached_session`, per open session of an identity (the service's per-identity limit) |
 //! | `quota/<ns>/<lease>/<m>/<class>/<esc-key>` | empty | session | the service, per hold or wait (`held_lease_quota`) |
 //! | `quota/<ns>/<lease>/session` | empty | session | the service, per session opened with the namespace (`held_lease_quota`) |
 //! | `locks/<ns>/<class>/<k>/q/<x\|s>/<lease>` | holder meta | session | a waiter |
@@ -71,4 +73,4 @@ mod values;
 
 pub use layout::{escape_key, prefix_end, LockKeys, RootKeys, DEFAULT_ROOT};
 pub use parse::{unescape_key, LockEntry, LockEntryKey};
-pub use values::{ForceMarker, ForcedGrant, HoldValue};
+pub use values::{ForceMarker, ForcedGrant, ForcedNotice, HoldValue};

@@ -69,6 +69,26 @@ impl ForcedGrant<'_> {
     }
 }
 
+/// What a force release tells the session whose hold it deleted: the value of
+/// `sessions/<lease>/forced/<grant_rev>`, written in the force release's Txn on the
+/// session's lease. The service reads it with the session's record and reports it on
+/// keepalive, and as the answer to a release of that hold.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForcedNotice {
+    /// The lock's namespace.
+    pub namespace: String,
+    /// The lock's class.
+    pub class: String,
+    /// The lock key.
+    pub key: String,
+    /// The mode the hold was held in.
+    pub mode: Mode,
+    /// The revision of the Txn that granted the hold (its token's revision).
+    pub grant_rev: u64,
+    /// The force release request that ended it.
+    pub request_id: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

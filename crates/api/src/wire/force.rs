@@ -21,6 +21,31 @@ pub struct ForceRequestBody {
     /// Why, 1 to 1024 bytes, not blank.
     #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 1024))]
     pub reason: String,
+    /// The one hold to release, by its grant revision. Without it (and without
+    /// `token`), the request is about every hold of the key at request time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>))]
+    pub grant_rev: Option<Revision>,
+    /// The one hold to release, by its token (a decimal u64 as a string).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub token: Option<FencingToken>,
+}
+
+/// One hold a force release request is about, fixed when the request is made.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ForceTargetView {
+    /// The holder's session.
+    pub session: String,
+    /// Its mode.
+    pub mode: Mode,
+    /// The revision of the Txn that granted the hold.
+    #[cfg_attr(feature = "openapi", schema(value_type = u64))]
+    pub grant_rev: Revision,
+    /// Its token, a decimal u64 as a string.
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub token: FencingToken,
 }
 
 /// A force release request, not yet approved.
@@ -39,6 +64,9 @@ pub struct ForceRequestView {
     pub requester: String,
     /// Why.
     pub reason: String,
+    /// The holds the request is about, as found when it was made: an approval releases
+    /// these and no other (a hold granted since is never touched).
+    pub targets: Vec<ForceTargetView>,
 }
 
 /// One hold a force release deleted.
@@ -52,6 +80,9 @@ pub struct ReleasedView {
     /// The deleted hold's token, a decimal u64 as a string.
     #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub token: FencingToken,
+    /// The revision of the Txn that granted the deleted hold.
+    #[cfg_attr(feature = "openapi", schema(value_type = u64))]
+    pub grant_rev: Revision,
     /// The revision of the Txn that deleted it.
     #[cfg_attr(feature = "openapi", schema(value_type = u64))]
     pub revision: Revision,
@@ -69,6 +100,9 @@ pub struct ApproveView {
     pub approver: String,
     /// Whether the class was fenced when the holds were deleted.
     pub class_was_fenced: bool,
-    /// The holds deleted (empty if the lock had no holder).
+    /// The holds this approval deleted: those of the request's targets still held
+    /// (never empty; an approval that finds every target gone answers 409
+    /// `force-target-gone`). A retried approval lists again the holds an earlier attempt
+    /// of the same request deleted.
     pub released: Vec<ReleasedView>,
 }

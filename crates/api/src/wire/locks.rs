@@ -24,9 +24,10 @@ pub struct AcquireBody {
     pub key: String,
     /// `exclusive` or `shared`.
     pub mode: Mode,
-    /// How long to wait in the queue at most, in ms (1 to the service's maximum,
-    /// default 60 s).
-    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
+    /// How long to wait for the lock at most, in ms, from 0 to the service's maximum
+    /// (default 60 s). `0` tries once: granted if nothing blocks the lock, else 409
+    /// `deadline-exceeded` at once. The wait bounds only the waiting, never the
+    /// service's own etcd calls.
     pub wait_ms: u64,
     /// A JSON object stored with the hold and listed by status, at most 1024 bytes as
     /// compact JSON (`MAX_HOLDER_META_LEN`); larger: 400 `invalid-input`.

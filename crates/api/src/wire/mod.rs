@@ -10,8 +10,8 @@ mod locks;
 mod sessions;
 
 pub use admin::{AdvanceBody, AdvanceReason, ClassBody, NamespaceBody};
-pub use force::{ApproveView, ForceRequestBody, ForceRequestView, ReleasedView};
+pub use force::{ApproveView, ForceRequestBody, ForceRequestView, ForceTargetView, ReleasedView};
 pub use locks::{
     AcquireBody, HoldView, HolderView, ReleaseBody, StatusQuery, StatusView, WaiterView,
 };
-pub use sessions::{KeepaliveView, OpenSessionBody, SessionView};
+pub use sessions::{ForcedHoldView, KeepaliveView, OpenSessionBody, SessionView};

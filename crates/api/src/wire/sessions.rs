@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::Revision;
+use crate::{Mode, Revision};
 
 /// Opens a session: one etcd lease of `ttl_ms`, owned by the caller.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -44,4 +44,28 @@ pub struct SessionView {
 pub struct KeepaliveView {
     /// The TTL the lease was renewed to, in ms.
     pub ttl_ms: u64,
+    /// The holds of this session that were force-released while it lived, oldest grant
+    /// first: each is gone although the session lives, and its token is no longer the
+    /// holder's to use.
+    #[serde(default)]
+    pub forced: Vec<ForcedHoldView>,
+}
+
+/// A hold of a session that a force release ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ForcedHoldView {
+    /// The namespace.
+    pub namespace: String,
+    /// The class.
+    pub class: String,
+    /// The lock key.
+    pub key: String,
+    /// The mode it was held in.
+    pub mode: Mode,
+    /// The revision of the Txn that granted it.
+    #[cfg_attr(feature = "openapi", schema(value_type = u64))]
+    pub grant_rev: Revision,
+    /// The force release request that ended it.
+    pub request_id: String,
 }

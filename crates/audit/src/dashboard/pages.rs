@@ -221,7 +221,8 @@ pub(super) async fn force_releases(State(pool): State<Pool>) -> Result<Html<Stri
         } @else {
             table.forces {
                 thead { tr {
-                    th { "At (UTC)" } th { "Lock key" } th { "Revision" } th { "Requester" } th { "Approver" }
+                    th { "At (UTC)" } th { "Lock key" } th { "Revision" } th { "Grant ended" } th { "Token" }
+                    th { "Requester" } th { "Approver" }
                     th { "Reason" } th { "Class was fenced" } th { "Request" }
                 } }
                 tbody { @for f in &rows {
@@ -229,6 +230,8 @@ pub(super) async fn force_releases(State(pool): State<Pool>) -> Result<Html<Stri
                         td.mono.nowrap { (rfc3339(f.at)) }
                         td.mono { a href={ "/locks?key=" (encode(&f.lock_key)) } { (f.lock_key) } }
                         td.mono { (f.revision) }
+                        td.mono { @if let Some(g) = f.grant_rev { (g) } @else { "—" } }
+                        td.mono { @if let Some(t) = f.token { (t) } @else { "—" } }
                         td.mono { (f.requester) }
                         td.mono { (f.approver) }
                         td { (f.reason) }

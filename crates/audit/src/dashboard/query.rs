@@ -477,15 +477,15 @@ pub(crate) async fn force_releases<C: GenericClient>(
 ) -> Result<Vec<ForceRelease>, AuditError> {
     let rows = client
         .query(
-            "SELECT request_id, cluster_id, revision, lock_key, requester, approver, reason, class_was_fenced, at \
-             FROM force_release ORDER BY at DESC, request_id LIMIT $1",
+            "SELECT request_id, cluster_id, revision, lock_key, requester, approver, reason, class_was_fenced, at, \
+             grant_rev, token FROM force_release ORDER BY at DESC, request_id LIMIT $1",
             &[&(limit as i64)],
         )
         .await?;
     Ok(rows
         .iter()
         .map(|r| {
-            ForceRelease::new(
+            let mut f = ForceRelease::new(
                 r.get::<_, String>(0),
                 ClusterId::from_sql(r.get(1)),
                 Revision::new(r.get::<_, i64>(2).max(0) as u64),
@@ -495,7 +495,14 @@ pub(crate) async fn force_releases<C: GenericClient>(
                 r.get::<_, String>(6),
                 r.get(7),
                 r.get(8),
-            )
+            );
+            f.grant_rev = r
+                .get::<_, Option<i64>>(9)
+                .map(|g| Revision::new(g.max(0) as u64));
+            f.token = r
+                .get::<_, Option<i64>>(10)
+                .and_then(|t| FencingToken::try_from(t).ok());
+            f
         })
         .collect())
 }

@@ -98,6 +98,10 @@ use decide::Step;
 /// waiter loop backs off.
 const RACES_BEFORE_BACKOFF: u32 = 3;
 
+/// The budget of one etcd call of an acquire, in request timeouts (see
+/// `Attempt::call_deadline`).
+const CALL_TIMEOUTS: u32 = 3;
+
 /// Numbers acquire attempts.
 static ATTEMPTS: AtomicU64 = AtomicU64::new(1);
 
@@ -349,10 +353,18 @@ impl Attempt {
         self.session.lease().get()
     }
 
+    /// The deadline of one etcd call: the wait's deadline, but never less than
+    /// [`CALL_TIMEOUTS`] request timeouts from now. The wait bounds waiting, not the
+    /// calls: a call cut short may have committed a grant that would then be undone.
+    fn call_deadline(&self) -> Instant {
+        self.deadline
+            .max(Instant::now() + self.locker.request_timeout * CALL_TIMEOUTS)
+    }
+
     async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
         retry::call(
             "acquire.txn",
-            self.deadline,
+            self.call_deadline(),
             self.locker.request_timeout,
             || {
                 let (mut c, txn) = (self.locker.kv.clone(), txn.clone());
@@ -385,7 +397,7 @@ impl Attempt {
         let sends = AtomicUsize::new(0);
         let resp = retry::call(
             "acquire.grant_or_enqueue",
-            self.deadline,
+            self.call_deadline(),
             self.locker.request_timeout,
             || {
                 sends.fetch_add(1, Ordering::SeqCst);
@@ -496,6 +508,10 @@ impl Attempt {
                 }
                 Step::Raced(v) => {
                     raced += 1;
+                    if raced >= RACES_BEFORE_BACKOFF && Instant::now() >= self.deadline {
+                        // The state keeps changing under a wait that has no time left.
+                        return Err(Error::new(ErrorKind::DeadlineExceeded));
+                    }
                     view = if raced >= RACES_BEFORE_BACKOFF {
                         backoff.wait(self.deadline).await;
                         self.read().await?

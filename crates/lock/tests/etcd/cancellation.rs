@@ -335,3 +335,37 @@ async fn etcd_waiter_whose_predecessor_gives_up_is_granted_on_the_holders_releas
         Vec::<String>::new()
     );
 }
+
+/// A deadline that has already passed tries once: a free lock is granted, a held one
+/// fails at once with DeadlineExceeded and leaves no waiter key.
+#[tokio::test]
+async fn etcd_an_acquire_whose_deadline_passed_tries_once() {
+    let f = fixture(1).await;
+    let (a, b) = (session(&f.locker, 30).await, session(&f.locker, 30).await);
+    let name = lock("try");
+    let mut tokens = Vec::new();
+    for _ in 0..50 {
+        let h = f
+            .locker
+            .acquire(&a, &name, Mode::Exclusive, Instant::now())
+            .await
+            .unwrap();
+        tokens.push(token(&h));
+        h.release().await.unwrap();
+    }
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+    let held = f
+        .locker
+        .acquire(&a, &name, Mode::Exclusive, Instant::now())
+        .await
+        .unwrap();
+    let err = f
+        .locker
+        .acquire(&b, &name, Mode::Exclusive, Instant::now())
+        .await
+        .unwrap_err();
+    assert!(err.is_deadline_exceeded(), "{err:?}");
+    let state = f.locker.lock_state(&name).await.unwrap();
+    assert!(state.waiters.is_empty(), "{:?}", state.waiters);
+    assert_eq!(state.holders[0].token, token(&held));
+}

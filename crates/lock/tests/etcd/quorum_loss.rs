@@ -171,12 +171,14 @@ async fn etcd_a_deadline_that_cuts_a_call_short_is_no_quorum_loss_and_grants_not
     held.release().await.unwrap();
 }
 
-/// A deadline shorter than one request timeout (500 ms here), against a member that does
-/// not answer (paused): the acquire reports DeadlineExceeded, not QuorumLost, and returns
-/// within one request timeout of its deadline, leaving the cleanup of what it may have
-/// written to the background; once etcd answers again nothing of it is left.
+/// A wait shorter than one request timeout (500 ms here), against a member that does
+/// not answer (paused): the wait bounds only the waiting, so the acquire's etcd calls
+/// still get their own budget (three request timeouts), and a member silent for all of
+/// it is a lost quorum, not a passed deadline. The acquire returns after that budget and
+/// one request timeout of cleanup at most, leaving the rest of the cleanup to the
+/// background; once etcd answers again nothing of it is left.
 #[tokio::test]
-async fn etcd_a_deadline_cut_short_by_a_silent_member_returns_promptly_and_cleans_up_later() {
+async fn etcd_a_short_wait_on_a_silent_member_gets_the_call_budget_and_cleans_up_later() {
     let mut f = fixture(1).await;
     let s = session(&f.locker, 30).await;
     let name = lock("silent");
@@ -202,12 +204,10 @@ async fn etcd_a_deadline_cut_short_by_a_silent_member_returns_promptly_and_clean
     let took = started.elapsed();
     f.cluster.resume(0);
     let err = result.unwrap_err();
-    assert!(err.is_deadline_exceeded(), "{err:?}");
-    // The deadline, then one request timeout of cleanup at most (three before).
-    assert!(
-        took < Duration::from_millis(1_400),
-        "returned after {took:?}"
-    );
+    assert!(err.is_quorum_lost(), "{err:?}");
+    // Three request timeouts of calls, then one of cleanup at most (2 s), with room
+    // for a busy machine: it returns, it does not hang on the silent member.
+    assert!(took < Duration::from_secs(5), "returned after {took:?}");
     let h = f
         .locker
         .acquire(&s, &name, Mode::Exclusive, secs(5))

@@ -45,7 +45,9 @@ pub(super) fn check_reason(reason: &str) -> ApiResult<()> {
     Ok(())
 }
 
-/// Requests a force release (admins of the namespace); nothing is deleted yet.
+/// Requests a force release (admins of the namespace); nothing is deleted yet. The
+/// request is about the holds of the key now (or the one named by `grant_rev` or
+/// `token`), stored with it as its targets.
 #[utoipa::path(post, path = routes::FORCE_RELEASES, tag = "force release",
     request_body = ForceRequestBody,
     responses((status = 201, description = "requested; a different admin must approve it",
@@ -69,6 +71,28 @@ pub(super) async fn request_force_release(
             "only admins of the namespace request force releases",
         ));
     }
+    let name = LockName::new(body.namespace.clone(), body.class.clone(), body.key.clone());
+    let lock = state.locker.lock_state(&name).await?;
+    let targets: Vec<Target> = lock
+        .holders
+        .into_iter()
+        .filter(|h| body.grant_rev.is_none_or(|r| r == h.grant_rev))
+        .filter(|h| body.token.is_none_or(|t| t == h.token))
+        .map(|h| Target {
+            lease: h.lease,
+            mode: h.mode,
+            grant_rev: h.grant_rev,
+            token: h.token,
+        })
+        .collect();
+    if targets.is_empty() {
+        let detail = match (body.grant_rev, body.token) {
+            (None, None) => "the lock has no holder".to_owned(),
+            (Some(r), _) => format!("no hold of the lock was granted at revision {r}"),
+            (None, Some(t)) => format!("no hold of the lock has token {t}"),
+        };
+        return Err(Problem::new(ProblemKind::NotHeld, detail));
+    }
     let id = force
         .insert(
             &body.namespace,
@@ -76,10 +100,11 @@ pub(super) async fn request_force_release(
             &body.key,
             caller.0.as_str(),
             &body.reason,
+            &targets,
         )
         .await
         .map_err(|e| db_problem(&e))?;
-    tracing::warn!(%id, requester = caller.0.as_str(), ns = %body.namespace, class = %body.class, key = %body.key, "force release requested");
+    tracing::warn!(%id, requester = caller.0.as_str(), ns = %body.namespace, class = %body.class, key = %body.key, targets = targets.len(), "force release requested");
     Ok((
         StatusCode::CREATED,
         Json(ForceRequestView {
@@ -89,18 +114,20 @@ pub(super) async fn request_force_release(
             key: body.key,
             requester: caller.0.as_str().to_owned(),
             reason: body.reason,
+            targets: targets.iter().map(Target::view).collect(),
         }),
     ))
 }
 
-/// Approves a force release (a different admin of the namespace): every current hold
-/// of the key is deleted and recorded in the audit trail. If that fails part way (etcd
-/// or the database unavailable), the request stays approved but not executed, and
-/// approving it again (any admin of the namespace but the requester) finishes it,
-/// deleting each hold the first approval found at most once.
+/// Approves a force release (a different admin of the namespace): the holds the request
+/// named are deleted, if they are still held, and recorded in the audit trail. If every
+/// one of them is gone or replaced, nothing is deleted: 409 `force-target-gone`. If
+/// etcd or the database fails part way, the request stays approved but not executed,
+/// and approving it again (any admin of the namespace but the requester) finishes it,
+/// deleting each target at most once.
 #[utoipa::path(post, path = routes::APPROVE_FORCE_RELEASE, tag = "force release",
     params(("id" = String, Path, description = "the request id")),
-    responses((status = 200, description = "approved and executed (`released`: the holds this call deleted)",
+    responses((status = 200, description = "approved and executed (`released`: the holds deleted)",
         body = ApproveView), ApproveForceProblems))]
 pub(super) async fn approve_force_release(
     State(state): State<AppState>,
@@ -112,12 +139,6 @@ pub(super) async fn approve_force_release(
         Problem::new(
             ProblemKind::NotFound,
             "no force release request with this id",
-        )
-    };
-    let already = || {
-        Problem::new(
-            ProblemKind::AlreadyApproved,
-            "this request was already approved and executed",
         )
     };
     if id.is_empty() || id.len() > 64 {
@@ -140,7 +161,10 @@ pub(super) async fn approve_force_release(
         req = force.get(&id).await.map_err(db)?.ok_or_else(not_found)?;
     }
     if req.executed {
-        return Err(already());
+        return Err(Problem::new(
+            ProblemKind::AlreadyApproved,
+            "this request was already approved and executed",
+        ));
     }
     let approver = req
         .approver
@@ -155,6 +179,7 @@ pub(super) async fn approve_force_release(
     let name = LockName::new(req.namespace, req.class, req.key);
     let targets = match req.targets {
         Some(t) => t,
+        // A request stored before targets were fixed at request time: the holds now.
         None => {
             let lock = state.locker.lock_state(&name).await?;
             let found: Vec<Target> = lock
@@ -184,8 +209,14 @@ pub(super) async fn approve_force_release(
             .await
         {
             Ok(rev) => rev,
-            // Deleted by an earlier attempt, or released or expired since: nothing to do.
-            Err(e) if e.kind() == &palisade_lock::ErrorKind::NotHeld => continue,
+            // Gone: deleted by an earlier attempt of this request (its grant record
+            // carries this request's marker), or released, expired or replaced since.
+            Err(e) if e.is_not_held() => {
+                match state.locker.forced_by(&name, t.lease, t.mode, &id).await? {
+                    Some(rev) => rev,
+                    None => continue,
+                }
+            }
             Err(e) => return Err(e.into()),
         };
         let request_id = if i == 0 {
@@ -193,13 +224,15 @@ pub(super) async fn approve_force_release(
         } else {
             format!("{id}.{i}")
         };
-        tracing::warn!(%request_id, %revision, requester = %req.requester, approver = %approver, "hold force-released");
+        tracing::warn!(%request_id, %revision, grant_rev = %t.grant_rev, requester = %req.requester, approver = %approver, "hold force-released");
         force
             .audit
             .record(ForcedRelease {
                 request_id,
                 cluster_id,
                 revision,
+                grant_rev: t.grant_rev,
+                token: t.token,
                 lock_key: name.key.clone(),
                 requester: req.requester.clone(),
                 approver: approver.clone(),
@@ -219,10 +252,17 @@ pub(super) async fn approve_force_release(
             session: t.lease.to_string(),
             mode: t.mode,
             token: t.token,
+            grant_rev: t.grant_rev,
             revision,
         });
     }
     force.mark_executed(&id).await.map_err(db)?;
+    if released.is_empty() {
+        return Err(Problem::new(
+            ProblemKind::ForceTargetGone,
+            "every hold the request named was released, expired or granted anew since it was made: nothing was released",
+        ));
+    }
     Ok(Json(ApproveView {
         id,
         requester: req.requester,

@@ -53,7 +53,8 @@ pub(super) async fn acquire(
         .ok_or_else(not_a_namespace)?;
     state.rates.check(&namespace.id, namespace.op_rate_quota)?;
     let started = std::time::Instant::now();
-    let deadline = Instant::now() + wait;
+    // The quota check is the service's own etcd work: it has its own budget, so that a
+    // short wait (or none) is spent waiting for the lock, not cut short by the check.
     let slot = state
         .locker
         .take_quota_slot(
@@ -61,9 +62,10 @@ pub(super) async fn acquire(
             record.lease,
             body.mode,
             namespace.held_lease_quota,
-            deadline,
+            Instant::now() + QUOTA_CHECK_BUDGET,
         )
         .await?;
+    let deadline = Instant::now() + wait;
     let hold = state
         .locker
         .acquire_with_meta(&session, &name, body.mode, deadline, holder_meta.as_ref())
@@ -89,13 +91,16 @@ pub(super) async fn acquire(
     Ok(Json(view))
 }
 
-/// `wait_ms` of an [`AcquireBody`] as a wait: from 1 ms to `max_wait`.
+/// How long an acquire's quota check may take, whatever its wait.
+const QUOTA_CHECK_BUDGET: Duration = Duration::from_secs(5);
+
+/// `wait_ms` of an [`AcquireBody`] as a wait: from 0 (try once) to `max_wait`.
 pub(super) fn acquire_wait(wait_ms: u64, max_wait: Duration) -> ApiResult<Duration> {
     let wait = Duration::from_millis(wait_ms);
-    if wait.is_zero() || wait > max_wait {
+    if wait > max_wait {
         return Err(Problem::new(
             ProblemKind::InvalidInput,
-            format!("wait_ms must be from 1 to {}", ms(max_wait)),
+            format!("wait_ms must be from 0 to {}", ms(max_wait)),
         ));
     }
     Ok(wait)
@@ -113,18 +118,28 @@ pub(super) async fn release(
     let record = owned_session(&state, &caller, &body.session, Expiry::Hold).await?;
     rate_check(&state, &body.namespace).await?;
     let name = LockName::new(body.namespace, body.class, body.key);
-    let released = state
+    // The release Txn frees the hold's quota slot with the hold, and only then.
+    match state
         .locker
         .release_by(&name, record.lease, body.mode, body.grant_rev)
-        .await;
-    if !matches!(&released, Err(e) if matches!(e.kind(), palisade_lock::ErrorKind::InvalidInput(_)))
+        .await
     {
-        state
-            .locker
-            .free_quota_slot(&name, record.lease, body.mode)
-            .await;
+        Ok(()) => {}
+        Err(e) if e.is_not_held() => {
+            // Read with the session's record above: a forced hold is told apart.
+            if let Some(n) = record.forced_grant(body.grant_rev) {
+                return Err(Problem::new(
+                    ProblemKind::HoldForced,
+                    format!(
+                        "the hold granted at revision {} was force-released (request {})",
+                        n.grant_rev, n.request_id
+                    ),
+                ));
+            }
+            return Err(e.into());
+        }
+        Err(e) => return Err(e.into()),
     }
-    released?;
     state.metrics.releases.inc();
     Ok(StatusCode::NO_CONTENT)
 }

@@ -30,7 +30,7 @@
 //! larger is 400 `invalid-input`, anything but an object 422.
 //!
 //! Tokens are JSON strings (decimal u64). `ttl_ms` is a whole number of seconds in ms,
-//! from 1,000 to [`ServiceOptions::with_max_ttl`] (default 1 h); `wait_ms` is 1 to
+//! from 1,000 to [`ServiceOptions::with_max_ttl`] (default 1 h); `wait_ms` is 0 (try once, no waiting) to
 //! [`ServiceOptions::with_max_wait`] (default 60 s): acquire long-polls that long at most.
 //!
 //! Every request runs in a `tower-http` trace span (method, path, status, latency), and
@@ -90,6 +90,7 @@ pub(crate) struct AppState {
     pub(crate) dev_identity: bool,
     max_wait: Duration,
     max_ttl: Duration,
+    max_sessions_per_identity: u32,
     force: Option<ForceReleases>,
     rates: Arc<super::rate::RateLimits>,
     metrics: super::metrics::Metrics,
@@ -163,6 +164,7 @@ pub(super) fn router(locker: Locker, options: ServiceOptions) -> Router {
         dev_identity: options.dev_identity,
         max_wait: options.max_wait,
         max_ttl: options.max_ttl,
+        max_sessions_per_identity: options.max_sessions_per_identity,
         force: options.force,
         rates: Arc::default(),
         metrics: super::metrics::Metrics::new(),

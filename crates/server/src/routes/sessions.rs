@@ -13,8 +13,9 @@ use crate::identity::Caller;
 use crate::openapi::{CloseProblems, KeepaliveProblems, OpenProblems};
 use crate::problem::Problem;
 use palisade_api::routes;
-use palisade_api::wire::{KeepaliveView, OpenSessionBody, SessionView};
+use palisade_api::wire::{ForcedHoldView, KeepaliveView, OpenSessionBody, SessionView};
 use palisade_api::ProblemKind;
+use palisade_api::Revision;
 
 /// Opens a session for the caller.
 #[utoipa::path(post, path = routes::SESSIONS, tag = "sessions",
@@ -41,7 +42,10 @@ pub(super) async fn open_session(
         }
         None => None,
     };
-    let record = state.locker.open_detached_session(caller.0, ttl).await?;
+    let record = state
+        .locker
+        .open_detached_session_limited(caller.0, ttl, Some(state.max_sessions_per_identity))
+        .await?;
     if let (Some(ns), Some(quota)) = (&body.namespace, quota) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         match state
@@ -87,7 +91,8 @@ pub(super) fn session_ttl(ttl_ms: u64, max_ttl: Duration) -> ApiResult<Duration>
     Ok(ttl)
 }
 
-/// Renews the session's lease, and so every hold and wait of the session.
+/// Renews the session's lease, and so every hold and wait of the session. The answer
+/// lists the session's holds that were force-released while it lived (`forced`).
 #[utoipa::path(post, path = routes::KEEPALIVE, tag = "sessions",
     params(("session" = String, Path, description = "the session id, 16 lower-case hex digits")),
     responses((status = 200, description = "renewed", body = KeepaliveView), KeepaliveProblems))]
@@ -106,7 +111,22 @@ pub(super) async fn keepalive(
                 state.count_expiry(Expiry::Session);
             }
         })?;
-    Ok(Json(KeepaliveView { ttl_ms: ms(ttl) }))
+    let forced = record
+        .forced
+        .into_iter()
+        .map(|n| ForcedHoldView {
+            namespace: n.namespace,
+            class: n.class,
+            key: n.key,
+            mode: n.mode,
+            grant_rev: Revision::new(n.grant_rev),
+            request_id: n.request_id,
+        })
+        .collect();
+    Ok(Json(KeepaliveView {
+        ttl_ms: ms(ttl),
+        forced,
+    }))
 }
 
 /// Closes the session: revokes its lease, which ends every hold and wait of it.

@@ -15,7 +15,7 @@ use super::{
     AUTHZ, OWNER,
 };
 
-fn force_options(force: ForceReleases) -> ServiceOptions {
+pub(super) fn force_options(force: ForceReleases) -> ServiceOptions {
     let authz = format!(
         "admins = [\"{ADMIN}\", \"{ADMIN2}\"]\n{}",
         AUTHZ.replace("admins = [\"spiffe://test/ops\"]", "")
@@ -167,6 +167,17 @@ async fn etcd_force_release_requests_survive_a_terminated_database_connection() 
         .await
         .addr;
     let admin = db.connect().await;
+    // A request names a hold that exists when it is made.
+    let s = open(addr, OWNER, 30_000).await;
+    let r = call(
+        addr,
+        "POST",
+        "/v1/locks/acquire",
+        OWNER,
+        acquire_body(&s, "k", 1_000),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
 
     let first = request(addr, "k").await;
     for round in 0..3 {
@@ -187,7 +198,7 @@ async fn etcd_force_release_requests_survive_a_terminated_database_connection() 
         let id = request(addr, "k").await;
         assert_ne!(id, first);
     }
-    // And an approval (no holder: nothing released) works on the pool too.
+    // And an approval works on the pool too.
     let r = call(
         addr,
         "POST",
@@ -197,5 +208,5 @@ async fn etcd_force_release_requests_survive_a_terminated_database_connection() 
     )
     .await;
     assert_eq!(r.status, 200, "{:?}", r.body);
-    assert_eq!(r.body["released"], json!([]));
+    assert_eq!(r.body["released"][0]["session"], s.as_str());
 }
