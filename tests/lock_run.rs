@@ -174,3 +174,47 @@ async fn etcd_lock_status_prints_the_service_answer() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[tokio::test]
+async fn etcd_lock_run_kills_the_command_when_the_hold_is_force_released() {
+    let (f, addr) = setup().await;
+    let (locker, pid_file) = (&f.locker, f.dir().join("pid"));
+    let script = format!("echo $$ > {}; exec sleep 30", pid_file.display());
+    let mut run = lock_run(addr, "3", &script).spawn().unwrap();
+    let name = LockName::new("ns", "c", "jobs/nightly");
+    let mut holder = None;
+    for _ in 0..100 {
+        let state = locker.lock_state(&name).await.unwrap();
+        if let (Some(h), true) = (state.holders.first(), pid_file.exists()) {
+            holder = Some((h.lease, h.mode));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (lease, mode) = holder.expect("lock run never held the lock");
+    let pid: u32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // Forced while its session lives: the runner learns it from its next keepalive.
+    let marker = palisade_api::keys::ForceMarker {
+        request_id: "r-1".into(),
+        requester: "spiffe://test/admin".into(),
+        reason: "stuck".into(),
+    };
+    locker
+        .force_release(&name, lease, mode, &marker)
+        .await
+        .unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(5), run.wait())
+        .await
+        .expect("lock run did not stop after its hold was forced")
+        .unwrap();
+    assert_eq!(status.code(), Some(76));
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    assert!(
+        stat.is_empty() || stat.contains(") Z "),
+        "child still running: {stat}"
+    );
+}
