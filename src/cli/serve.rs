@@ -28,17 +28,19 @@ use super::exit::{with_causes, CliError, Exit, Result};
 
 /// The authorization config's format, as `serve --help` shows it.
 const CONFIG_HELP: &str = "\
-The authorization config (--config, TOML; reloaded on SIGHUP, a bad file keeps the old one):
+The authorization config (--config, TOML; reloaded on SIGHUP, a file with an error keeps
+the old rules). A pattern is a SPIFFE ID, or a prefix of IDs ending in /:
 
-  # Service admins: create namespaces, see and advance the epoch, force release.
-  admins = [\"spiffe://acme/ops/\"]            # a SPIFFE ID, or a prefix ending in /
+  # Service admins: namespaces, the epoch, force release; they administer every namespace.
+  admins = [\"spiffe://example.org/ops/\"]
 
   [[namespace]]
   id = \"orders\"
-  admins = [\"spiffe://acme/orders/lead\"]     # create and update the namespace's classes
-  [[namespace.grant]]
-  ids = [\"spiffe://acme/orders/workers/\"]    # who may open sessions and lock...
-  classes = [\"jobs\", \"invoices\"]            # ...these classes of the namespace
+  admins = [\"spiffe://example.org/orders/lead\"]   # create and change its classes
+
+  [[namespace.grant]]                                # who may open sessions and lock...
+  ids = [\"spiffe://example.org/orders/\"]
+  classes = [\"jobs\", \"invoices\"]                 # ...these classes (\"*\": every class)
 
 examples/authz.toml is a copy to start from.";
 
