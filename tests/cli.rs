@@ -169,3 +169,25 @@ fn audit_serve_with_an_unreachable_database_exits_with_the_reason() {
     assert!(out.is_empty(), "{out}");
     assert!(err.starts_with("palisade: audit database"), "{err}");
 }
+
+#[test]
+fn serve_help_shows_the_config_format_and_the_sample_config_loads() {
+    let (code, out, _) = palisade(&["serve", "--help"]);
+    assert_eq!(code, 0);
+    for line in ["[[namespace.grant]]", "classes = [", "examples/authz.toml"] {
+        assert!(out.contains(line), "{line}: {out}");
+    }
+    let sample = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/authz.toml");
+    let authz = palisade_server::Authz::load(sample).expect("examples/authz.toml loads");
+    let config = authz.current();
+    let id = |s: &str| palisade_api::SpiffeId::new(s).unwrap();
+    // What the README's first steps rely on.
+    assert!(config.is_admin(&id("spiffe://example.org/ops/alice")));
+    assert!(config.may_lock("orders", "jobs", &id("spiffe://example.org/ops/alice")));
+    assert!(config.may_lock(
+        "orders",
+        "invoices",
+        &id("spiffe://example.org/orders/nightly")
+    ));
+    assert!(!config.may_lock("orders", "jobs", &id("spiffe://acme/nightly")));
+}
