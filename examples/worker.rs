@@ -1,7 +1,7 @@
 //! A worker that holds a lock through the lock service and writes with its fencing token.
 //!
 //! ```sh
-//! cargo run --example worker -- --service http://127.0.0.1:8080 --identity spiffe://acme/workers/a \
+//! cargo run --example worker -- --service http://127.0.0.1:8080 --identity spiffe://example.org/orders/workers/a \
 //!     --lock orders/invoices/invoice-42 --target http://127.0.0.1:8081/orders/invoice-42
 //! ```
 //!

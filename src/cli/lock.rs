@@ -295,7 +295,11 @@ fn acquire(
                 let path = format!("/v1/sessions/{}", enc(&hold.session));
                 call(conn, "DELETE", path, None).map(drop)
             }
-            None => Ok(()),
+            None => Err(CliError::new(
+                Exit::Failure,
+                "an unprotected grant on a session this command did not open: close that session to end it",
+            )
+            .into()),
         };
         let what = match undone {
             Ok(()) => "released it".to_owned(),
