@@ -3,8 +3,9 @@
 #
 #   examples/lock_run.sh http://127.0.0.1:8080 http://127.0.0.1:8081
 #
-# The first argument is a lock service in dev mode (`palisade serve --insecure-dev-identity`,
-# or the one `scripts/demo --keep-running` leaves up), the second a fenced service such as
+# The first argument is a lock service in dev mode (`palisade serve --insecure-dev-identity`
+# with examples/authz.toml and a class `orders/invoices` for keys starting `invoice-`, as
+# the README's first steps set up), the second a fenced service such as
 # examples/protected_service.rs. The job below runs only once the lock is held; if the hold
 # is lost (session expired, lock service unreachable for a TTL) `lock run` kills it and
 # exits with 76. Exit 75 means the lock was not acquired in time.
@@ -16,10 +17,10 @@ service=${1:?lock service URL}
 target=${2:?protected service URL}
 
 palisade lock run orders/invoices/invoice-42 \
-    --service "$service" --dev-identity spiffe://acme/nightly --ttl 10 --wait-ms 5000 \
+    --service "$service" --dev-identity spiffe://example.org/orders/nightly --ttl 10 --wait-ms 5000 \
     -- sh -c '
         echo "holding orders/invoices/invoice-42 with token $FENCING_TOKEN"
         # Send the token with every write; a stale token gets 409 Conflict.
-        curl -fsS -X PUT -H "Fencing-Token: $FENCING_TOKEN" -H "x-caller: spiffe://acme/nightly" \
+        curl -fsS -X PUT -H "Fencing-Token: $FENCING_TOKEN" -H "x-caller: spiffe://example.org/orders/nightly" \
             --data "closed by the nightly job" "$0/orders/invoice-42"
     ' "$target"

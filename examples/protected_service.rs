@@ -3,11 +3,15 @@
 //! token-less writes are reported to the audit trail.
 //!
 //! ```sh
-//! cargo run --example protected_service -- --database "host=127.0.0.1 user=postgres dbname=demo"
-//! # a fenced write (the token comes from a lock hold):
-//! curl -X PUT -H 'Fencing-Token: 281474976715098' -d 'paid' http://127.0.0.1:PORT/orders/invoice-42
+//! createdb -h 127.0.0.1 -U postgres demo          # the database must exist
+//! cargo run --example protected_service -- --listen 127.0.0.1:8081 \
+//!     --database "host=127.0.0.1 user=postgres dbname=demo"
+//! # a fenced write, with the token of a real hold (a made-up token would raise the
+//! # resource's mark above every token the lock service issues):
+//! TOKEN=$(palisade lock acquire orders/invoices/invoice-42 | jq -r .token)
+//! curl -X PUT -H "Fencing-Token: $TOKEN" -d 'paid' http://127.0.0.1:8081/orders/invoice-42
 //! # an advisory write (legacy code without a token): admitted, recorded as unprotected:
-//! curl -X PUT -d 'total=12' http://127.0.0.1:PORT/legacy/report-7
+//! curl -X PUT -d 'total=12' http://127.0.0.1:8081/legacy/report-7
 //! ```
 //!
 //! Routes (both under `route_layer`, so paths that match no route never create marks):
@@ -62,15 +66,42 @@ struct Args {
 type Pool = deadpool_postgres::Pool;
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = Args::parse();
+async fn main() -> std::process::ExitCode {
+    match run(Args::parse()).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("protected_service: {}", with_causes(&*e));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
 
+/// An error and its causes, e.g. the database server's own message.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let more = cause.to_string();
+        if !text.contains(&more) {
+            text = format!("{text}: {more}");
+        }
+        source = cause.source();
+    }
+    text
+}
+
+async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     // One pool for the handlers and the audit sink; one dedicated connection for the
     // layer's high-water store.
-    let pool = palisade_audit::pool(&args.database, 8)?;
-    palisade_audit::migrate(&pool).await?;
-    let (store_client, connection) =
-        tokio_postgres::connect(&args.database, tokio_postgres::NoTls).await?;
+    let database =
+        |e: &dyn std::error::Error| format!("database {:?}: {}", args.database, with_causes(e));
+    let pool = palisade_audit::pool(&args.database, 8).map_err(|e| database(&e))?;
+    palisade_audit::migrate(&pool)
+        .await
+        .map_err(|e| database(&e))?;
+    let (store_client, connection) = tokio_postgres::connect(&args.database, tokio_postgres::NoTls)
+        .await
+        .map_err(|e| database(&e))?;
     tokio::spawn(connection);
     let mut setup = pool.get().await?;
     palisade_fence::migrate(&mut **setup).await?; // creates fence_high_water and fence_raise

@@ -1,7 +1,7 @@
 //! A worker that holds a lock through the lock service and writes with its fencing token.
 //!
 //! ```sh
-//! cargo run --example worker -- --service http://127.0.0.1:8080 --identity spiffe://acme/workers/a \
+//! cargo run --example worker -- --service http://127.0.0.1:8080 --identity spiffe://example.org/orders/workers/a \
 //!     --lock orders/invoices/invoice-42 --target http://127.0.0.1:8081/orders/invoice-42
 //! ```
 //!
@@ -23,7 +23,8 @@
 //!   already under way when the process was paused would be;
 //! - `release`, `quit`.
 //!
-//! A `{"event":"lost"}` line is printed as soon as the hold is lost.
+//! A `{"event":"lost"}` line is printed as soon as the hold is lost (not after a
+//! `release` or `quit`, which end it on purpose).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -103,6 +104,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut session: Option<ClientSession> = None;
     let mut hold: Option<RemoteHold> = None;
     let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Watches the session of the current hold; stopped on a deliberate release or close,
+    // which end the session's hold without anything being lost.
+    let mut watcher: Option<tokio::task::JoinHandle<()>> = None;
     let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
     let mut writes = 0_u32;
     while let Some(line) = lines.next_line().await? {
@@ -123,11 +127,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                         // checks the flag). A real worker would also abort work in progress.
                         let s = s.clone();
                         let flag = lost.clone();
-                        tokio::spawn(async move {
+                        if let Some(w) = watcher.take() {
+                            w.abort();
+                        }
+                        watcher = Some(tokio::spawn(async move {
                             s.lost().await;
                             flag.store(true, std::sync::atomic::Ordering::SeqCst);
                             say(json!({"event": "lost"}));
-                        });
+                        }));
                         say(json!({"event": "acquired", "token": h.token().map(|t| t.get())}));
                         hold = Some(h);
                     }
@@ -187,6 +194,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             "release" => {
                 if let Some(h) = hold.take() {
+                    if let Some(w) = watcher.take() {
+                        w.abort();
+                    }
                     let t = h.token().map(|t| t.get());
                     match h.release().await {
                         Ok(()) => say(json!({"event": "released", "token": t})),
@@ -197,6 +207,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "quit" => break,
             other => say(json!({"event": "error", "error": format!("unknown command {other:?}")})),
         }
+    }
+    if let Some(w) = watcher.take() {
+        w.abort();
     }
     if let Some(s) = session {
         let _ = s.close().await;

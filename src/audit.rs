@@ -36,8 +36,9 @@ pub(crate) struct TailArgs {
 /// Arguments of `palisade audit serve`.
 #[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
-    /// Address to listen on; port 0 picks a free port.
-    #[arg(long, default_value = "127.0.0.1:8080")]
+    /// Address to listen on; port 0 picks a free port (the lock service's default is
+    /// 127.0.0.1:8080).
+    #[arg(long, default_value = "127.0.0.1:8090")]
     listen: SocketAddr,
     /// The audit database: a libpq connection string, key/value or URL form.
     #[arg(long)]
@@ -59,10 +60,11 @@ async fn serve(args: ServeArgs) -> Result<String, Box<dyn Error>> {
     let pool = palisade_audit::pool(&args.database, 8)?;
     palisade_audit::migrate(&pool).await?;
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
-    println!(
+    // A closed stdout does not stop the dashboard.
+    let _ = crate::cli::output::emit(&format!(
         "palisade audit dashboard on http://{}/",
         listener.local_addr()?
-    );
+    ));
     axum::serve(listener, palisade_audit::dashboard::router(pool))
         .with_graceful_shutdown(interrupted())
         .await?;
@@ -75,7 +77,7 @@ async fn tail(args: TailArgs) -> Result<String, Box<dyn Error>> {
     let tailer = palisade_audit::Tailer::connect(&args.etcd, pool)
         .await?
         .with_root(args.root);
-    println!("palisade audit tailer on {}", args.etcd.join(","));
+    let _ = crate::cli::output::emit(&format!("palisade audit tailer on {}", args.etcd.join(",")));
     tokio::select! {
         never = tailer.run() => match never {},
         () = interrupted() => {}

@@ -75,8 +75,8 @@ enum TokenCommand {
     },
     /// Compose a token from an epoch and an etcd revision.
     Compose {
-        /// Epoch, below 2^15.
-        #[arg(long)]
+        /// Epoch, from 0 to 32767 (below 2^15).
+        #[arg(long, value_parser = clap::value_parser!(u16).range(0..=i64::from(Epoch::MAX.get())))]
         epoch: u16,
         /// etcd revision of the granting transaction, below 2^48.
         #[arg(long)]
@@ -86,15 +86,22 @@ enum TokenCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(cli) {
-        Ok(out) => {
-            if !out.is_empty() {
-                println!("{out}");
-            }
-            ExitCode::SUCCESS
+    let done = run(cli).and_then(|out| {
+        if out.is_empty() {
+            return Ok(());
         }
+        cli::output::emit(&out).map_err(|e| {
+            cli::exit::CliError::new(
+                cli::exit::Exit::Failure,
+                format!("cannot write to stdout: {e}"),
+            )
+            .into()
+        })
+    });
+    match done {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("palisade: {e}");
+            cli::output::warn(&cli::exit::with_causes(&*e));
             ExitCode::from(cli::exit::Exit::of(&*e).code())
         }
     }

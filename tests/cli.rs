@@ -36,9 +36,63 @@ fn malformed_token_is_a_clear_error_not_a_panic() {
     assert_eq!(code, 2);
     assert!(out.is_empty());
     assert!(err.contains("invalid byte 0x2b at position 0"), "{err}");
-    let (code, _, err) = palisade(&["token", "compose", "--epoch", "32768", "--revision", "1"]);
-    assert_eq!(code, 2);
-    assert!(err.contains("epoch 32768 is out of range"), "{err}");
+    // The flag's own range is the epoch's: 32767 is the last, nothing above parses.
+    let (code, out, _) = palisade(&["token", "compose", "--epoch", "32767", "--revision", "1"]);
+    assert_eq!(
+        (code, out.trim()),
+        (0, ((32767u64 << 48) + 1).to_string().as_str())
+    );
+    for epoch in ["32768", "65535"] {
+        let (code, _, err) = palisade(&["token", "compose", "--epoch", epoch, "--revision", "1"]);
+        assert_eq!(code, 2);
+        assert!(
+            err.contains(&format!("{epoch} is not in 0..=32767")),
+            "{err}"
+        );
+    }
+}
+
+/// Runs `palisade args` with its stdout a pipe whose reader has already gone.
+fn palisade_into_closed_pipe(args: &[&str]) -> (i32, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run palisade");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait for palisade");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_closed_stdout_is_an_error_not_a_panic() {
+    let (code, err) = palisade_into_closed_pipe(&["token", "inspect", "5"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("cannot write to stdout") && err.contains("Broken pipe"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn a_ttl_is_checked_in_whole_seconds_before_anything_is_sent() {
+    for cmd in [
+        &["lock", "run", "ns/c/k", "--ttl", "0", "--", "true"][..],
+        &["lock", "acquire", "ns/c/k", "--ttl", "0"][..],
+        &["session", "open", "--ttl", "0"][..],
+    ] {
+        let (code, _, err) = palisade(cmd);
+        assert_eq!(code, 2, "{cmd:?}: {err}");
+        assert!(
+            err.contains("the TTL is in whole seconds, from 1 to 9000000000, not 0"),
+            "{cmd:?}: {err}"
+        );
+    }
 }
 
 /// `GET path` over HTTP/1.0; the status line and the body.
@@ -114,4 +168,26 @@ fn audit_serve_with_an_unreachable_database_exits_with_the_reason() {
     assert_eq!(code, 1);
     assert!(out.is_empty(), "{out}");
     assert!(err.starts_with("palisade: audit database"), "{err}");
+}
+
+#[test]
+fn serve_help_shows_the_config_format_and_the_sample_config_loads() {
+    let (code, out, _) = palisade(&["serve", "--help"]);
+    assert_eq!(code, 0);
+    for line in ["[[namespace.grant]]", "classes = [", "examples/authz.toml"] {
+        assert!(out.contains(line), "{line}: {out}");
+    }
+    let sample = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/authz.toml");
+    let authz = palisade_server::Authz::load(sample).expect("examples/authz.toml loads");
+    let config = authz.current();
+    let id = |s: &str| palisade_api::SpiffeId::new(s).unwrap();
+    // What the README's first steps rely on.
+    assert!(config.is_admin(&id("spiffe://example.org/ops/alice")));
+    assert!(config.may_lock("orders", "jobs", &id("spiffe://example.org/ops/alice")));
+    assert!(config.may_lock(
+        "orders",
+        "invoices",
+        &id("spiffe://example.org/orders/nightly")
+    ));
+    assert!(!config.may_lock("orders", "jobs", &id("spiffe://acme/nightly")));
 }

@@ -199,7 +199,7 @@ async fn etcd_cli_acquired_hold_lives_by_keepalive_and_lapses_without() {
     // Bad input is refused with exit 2 and the service's reason; nothing is held.
     s.dev(JOB, &["lock", "acquire", "ns/c/k", "--ttl", "0"])
         .await
-        .fails(2, "ttl_ms must be");
+        .fails(2, "the TTL is in whole seconds, from 1");
     s.dev(JOB, &["lock", "acquire", "ns/c/k", "--wait-ms", "3600001"])
         .await
         .fails(2, "wait_ms must be");
@@ -208,7 +208,7 @@ async fn etcd_cli_acquired_hold_lives_by_keepalive_and_lapses_without() {
         &["lock", "acquire", "ns/c/k", "--ttl", "99999999999999999"],
     )
     .await
-    .fails(2, "too large");
+    .fails(2, "from 1 to 9000000000, not 99999999999999999");
     s.dev(JOB, &["lock", "acquire", "ns/c/", "--wait-ms", "100"])
         .await
         .fails(2, "invalid-input");
@@ -655,4 +655,89 @@ async fn etcd_cli_release_whose_answer_is_lost_is_sent_again_and_an_unknown_outc
     proxy.set(Loss::None);
     cli(&["lock", "release", "--hold", hold_path]).await.ok();
     assert!(s.locker.lock_state(&name).await.unwrap().holders.is_empty());
+}
+
+/// Runs `palisade ARGS --service URL --dev-identity JOB` with its stdout a pipe whose
+/// reader has already gone; the exit code and stderr.
+async fn into_closed_pipe(s: &Service, args: &[&str]) -> (i32, String) {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args(args)
+        .args(["--service", &s.url, "--dev-identity", JOB])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().await.unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn etcd_cli_closed_stdout_releases_the_hold_it_could_not_hand_over() {
+    let s = Service::start(Mode::Dev, None).await;
+    let name = LockName::new("ns", "c", "jobs/nightly");
+    let (code, err) = into_closed_pipe(&s, &["lock", "acquire", "ns/c/jobs/nightly"]).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("cannot write the hold to stdout") && err.contains("released it"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    // Nobody received the hold, so nobody holds the lock (its 30 s TTL did not pass).
+    let state = s.locker.lock_state(&name).await.unwrap();
+    assert!(state.holders.is_empty(), "{state:?}");
+    let (code, err) = into_closed_pipe(&s, &["lock", "status", "ns/c/jobs/nightly"]).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("cannot write to stdout"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[tokio::test]
+async fn etcd_cli_first_steps_refusals_say_what_to_pass() {
+    let s = Service::start(Mode::Dev, None).await;
+    // Class `c` has the default, empty prefix: it covers every key of `ns`.
+    s.dev(
+        ADMIN,
+        &["class", "create", "ns", "d", "--prefix", "invoice-"],
+    )
+    .await
+    .fails(2, "class ns/c has the empty key prefix")
+    .fails(2, "palisade class update ns c --prefix c-");
+    s.dev(ADMIN, &["class", "update", "ns", "c", "--prefix", "c-"])
+        .await
+        .ok();
+    s.dev(ADMIN, &["class", "create", "ns", "d"]).await.fails(
+        2,
+        "without --prefix, class d would take the empty key prefix",
+    );
+    s.dev(ADMIN, &["class", "create", "ns", "d", "--prefix", "c-x"])
+        .await
+        .fails(2, "overlaps class ns/c's prefix \"c-\"");
+    s.dev(ADMIN, &["class", "create", "ns", "d", "--prefix", "d-"])
+        .await
+        .ok();
+    // A TTL above the class's bounds names them plainly.
+    let out = s
+        .dev(JOB, &["lock", "acquire", "ns/c/c-1", "--ttl", "3600"])
+        .await
+        .fails(2, "outside the class's TTL bounds, from 1s to 60s");
+    assert!(!out.stderr.contains("..="), "{out:?}");
+    // A dev-mode service asks a caller without identity for the dev header.
+    let addr = s.url.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    use std::io::{Read, Write};
+    write!(
+        stream,
+        "GET /v1/namespaces HTTP/1.0\r\nHost: {addr}\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.0 401 "), "{response}");
+    assert!(response.contains("x-palisade-dev-identity"), "{response}");
+    assert!(!response.contains("client certificate"), "{response}");
 }

@@ -291,3 +291,54 @@ async fn etcd_client_sessions_opened_in_a_namespace_count_against_its_quota() {
         s.close().await.unwrap();
     }
 }
+
+/// `GET path` over TLS without a client certificate (as a kubelet's probe is): the
+/// status and the body.
+fn get_without_certificate(f: &Fixture, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in CertificateDer::pem_slice_iter(f.pki.ca_pem().as_bytes()) {
+        roots.add(ca.unwrap()).unwrap();
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let addr = f.url.trim_start_matches("https://").to_owned();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name).unwrap();
+    let tcp = std::net::TcpStream::connect(&addr).unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    write!(
+        tls,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = Vec::new();
+    // The server may close without a TLS close_notify: keep what arrived.
+    let _ = tls.read_to_end(&mut response);
+    let response = String::from_utf8_lossy(&response).into_owned();
+    let (head, body) = response.split_once("\r\n\r\n").expect("a response");
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, body.to_owned())
+}
+
+#[tokio::test]
+async fn etcd_probes_answer_over_mtls_without_a_client_certificate() {
+    let f = fixture().await;
+    let (livez, readyz, api) = tokio::task::spawn_blocking(move || {
+        (
+            get_without_certificate(&f, "/livez"),
+            get_without_certificate(&f, "/readyz"),
+            get_without_certificate(&f, "/v1/namespaces"),
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(livez, (200, "ok\n".to_owned()));
+    assert_eq!(readyz, (200, "ready\n".to_owned()));
+    // The API itself still needs the certificate.
+    assert_eq!(api.0, 401, "{api:?}");
+}

@@ -129,3 +129,61 @@ fn etcd_demo_stops_the_stale_writer_and_audits_the_unprotected_write() {
     let left: Vec<u64> = pids.into_iter().filter(|p| alive(*p)).collect();
     assert!(left.is_empty(), "still running: {left:?}");
 }
+
+#[tokio::test]
+async fn etcd_worker_reports_no_loss_after_a_release_or_quit() {
+    use palisade_lock::{LockClass, Namespace};
+    use palisade_server::testing::{serve_dev_on_loopback, ServiceFixture};
+    use palisade_server::{Authz, AuthzConfig, ServiceOptions};
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+
+    let worker = demo_binary().with_file_name("worker");
+    let f = ServiceFixture::start(1, std::time::Duration::from_secs(1))
+        .await
+        .unwrap();
+    f.configure(
+        &Namespace::new("orders", "t"),
+        &LockClass::new("orders", "invoices", ""),
+    )
+    .await
+    .unwrap();
+    let authz = AuthzConfig::from_toml(
+        "[[namespace]]\nid = \"orders\"\n[[namespace.grant]]\nids = [\"spiffe://test/w\"]\nclasses = [\"invoices\"]\n",
+    )
+    .unwrap();
+    let options = ServiceOptions::new(Authz::fixed(authz)).insecure_dev_identity();
+    let served = serve_dev_on_loopback(f.locker.clone(), options)
+        .await
+        .unwrap();
+    let mut child = tokio::process::Command::new(worker)
+        .args(["--service", &served.url(), "--identity", "spiffe://test/w"])
+        .args([
+            "--lock",
+            "orders/invoices/k",
+            "--target",
+            "http://127.0.0.1:9/x",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut events = Vec::new();
+    for cmd in ["acquire", "release"] {
+        stdin
+            .write_all(format!("{cmd}\n").as_bytes())
+            .await
+            .unwrap();
+        let line = lines.next_line().await.unwrap().expect("an answer");
+        events.push(serde_json::from_str::<Value>(&line).unwrap()["event"].clone());
+    }
+    stdin.write_all(b"quit\n").await.unwrap();
+    while let Some(line) = lines.next_line().await.unwrap() {
+        events.push(serde_json::from_str::<Value>(&line).unwrap()["event"].clone());
+    }
+    assert!(child.wait().await.unwrap().success());
+    // Released and closed on purpose: nothing was lost.
+    assert_eq!(events, vec!["acquired", "released"], "{events:?}");
+}

@@ -169,3 +169,320 @@ async fn etcd_serve_records_an_approved_force_release_in_the_audit_trail() {
         .holders
         .is_empty());
 }
+
+/// `palisade serve ARGS` run to its end (it fails to start); exit code and stderr.
+async fn serve_fails(args: &[&std::ffi::OsStr]) -> (i32, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .arg("serve")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn os(s: &str) -> &std::ffi::OsStr {
+    std::ffi::OsStr::new(s)
+}
+
+#[tokio::test]
+async fn serve_startup_errors_name_the_config_or_endpoint_and_the_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("authz.toml");
+    std::fs::write(
+        &bad,
+        "admins = [\"spiffe://acme/ops/\"]\n[[namespace]]\nid = \"orders\"\nadmin = []\n",
+    )
+    .unwrap();
+    let epoch = dir.path().join("epoch.json");
+    let common = |config: &std::path::Path| {
+        vec![
+            os("--etcd"),
+            os("http://127.0.0.1:2379"),
+            os("--insecure-dev-identity"),
+            os("--epoch-file"),
+            epoch.as_os_str().to_owned().leak(),
+            os("--config"),
+            config.as_os_str().to_owned().leak(),
+        ]
+    };
+    let (code, err) = serve_fails(&common(&bad)).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains(&format!(
+            "malformed authorization config {}, line 4, column 1: unknown field `admin`",
+            bad.display()
+        )),
+        "{err}"
+    );
+    let missing = dir.path().join("nowhere.toml");
+    let (code, err) = serve_fails(&common(&missing)).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains(&format!(
+            "cannot read authorization config {}: No such file or directory",
+            missing.display()
+        )),
+        "{err}"
+    );
+    let mut args = common(&bad);
+    args[1] = os("http//127.0.0.1:2379");
+    let (code, err) = serve_fails(&args).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--etcd \"http//127.0.0.1:2379\" is not an etcd endpoint"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn etcd_serve_names_a_bad_epoch_file_and_an_unreachable_etcd() {
+    let cluster = EtcdCluster::start(1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("authz.toml");
+    std::fs::write(&config, format!("admins = [\"{ADMIN}\"]\n")).unwrap();
+    let endpoints = cluster.endpoints().join(",");
+    let epoch = dir.path().join("no-such-dir").join("epoch.json");
+    let args = |etcd: &str, epoch: &std::path::Path| {
+        vec![
+            os("--etcd"),
+            std::ffi::OsString::from(etcd).leak() as &std::ffi::OsStr,
+            os("--insecure-dev-identity"),
+            os("--listen"),
+            os("127.0.0.1:0"),
+            os("--epoch-file"),
+            epoch.as_os_str().to_owned().leak(),
+            os("--config"),
+            config.as_os_str().to_owned().leak(),
+        ]
+    };
+    let (code, err) = serve_fails(&args(&endpoints, &epoch)).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(&format!("cannot use the epoch file {}", epoch.display()))
+            && err.contains("No such file or directory"),
+        "{err}"
+    );
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let (code, err) = serve_fails(&args(&closed, &dir.path().join("epoch.json"))).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(&format!("cannot start on etcd {closed}"))
+            && err.contains("Connection refused"),
+        "{err}"
+    );
+}
+
+/// A `palisade serve` process in dev mode with `extra` flags, and its address once it
+/// printed `listening on`; its stderr is collected line by line into the returned vector.
+async fn spawn_serve(
+    etcd: &str,
+    config: &std::path::Path,
+    epoch: &std::path::Path,
+    extra: &[&str],
+) -> (
+    tokio::process::Child,
+    SocketAddr,
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+) {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args(["serve", "--etcd", etcd, "--listen", "127.0.0.1:0"])
+        .arg("--config")
+        .arg(config)
+        .arg("--epoch-file")
+        .arg(epoch)
+        .arg("--insecure-dev-identity")
+        .args(extra)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (sink, stderr) = (lines.clone(), child.stderr.take().unwrap());
+    tokio::spawn(async move {
+        let mut r = tokio::io::BufReader::new(stderr).lines();
+        while let Ok(Some(line)) = r.next_line().await {
+            sink.lock().unwrap().push(line);
+        }
+    });
+    let mut out = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(Duration::from_secs(30), out.next_line())
+        .await
+        .expect("palisade serve announced nothing")
+        .unwrap()
+        .unwrap_or_default();
+    let addr = first
+        .strip_prefix("listening on http://")
+        .unwrap_or_else(|| panic!("not a listening line: {first:?}"))
+        .parse()
+        .unwrap();
+    (child, addr, lines)
+}
+
+/// `GET path`: the status and the body.
+fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect to the service");
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    (
+        head.split(' ').nth(1).unwrap().parse().unwrap(),
+        body.to_owned(),
+    )
+}
+
+#[tokio::test]
+async fn etcd_serve_without_its_epoch_record_starts_not_ready_and_says_so() {
+    let cluster = EtcdCluster::start(1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("authz.toml");
+    std::fs::write(&config, format!("admins = [\"{ADMIN}\"]\n")).unwrap();
+    let etcd = cluster.endpoints().join(",");
+    // A first start records epoch 0 in etcd and in its epoch file.
+    let (first, addr, _) = spawn_serve(&etcd, &config, &dir.path().join("a.json"), &[]).await;
+    assert_eq!(get(addr, "/readyz"), (200, "ready\n".to_owned()));
+    drop(first);
+    // Another start whose epoch file is missing: etcd has an epoch, the file none.
+    let missing = dir.path().join("b.json");
+    let (_second, addr, stderr) = spawn_serve(&etcd, &config, &missing, &[]).await;
+    assert_eq!(get(addr, "/livez"), (200, "ok\n".to_owned()));
+    let (status, why) = get(addr, "/readyz");
+    assert_eq!(status, 503, "{why}");
+    assert!(
+        why.contains("grants are refused until the epoch is advanced"),
+        "{why}"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let log = loop {
+        let log = stderr.lock().unwrap().join("\n");
+        if log.contains("NOT READY") || tokio::time::Instant::now() > deadline {
+            break log;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        log.contains("NOT READY") && log.contains(&missing.display().to_string()),
+        "{log}"
+    );
+    // stderr is a pipe, not a terminal: no colour codes.
+    assert!(!log.contains('\u{1b}'), "{log}");
+}
+
+#[tokio::test]
+async fn etcd_serve_logs_json_reloads_and_finishes_in_flight_requests_on_sigterm() {
+    use nix::sys::signal::{kill, Signal};
+    let cluster = EtcdCluster::start(1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let epoch = dir.path().join("epoch.json");
+    let locker = Locker::connect(
+        LockerOptions::new(cluster.endpoints()),
+        FileEpochStore::new(&epoch),
+    )
+    .await
+    .unwrap();
+    locker
+        .config()
+        .put_namespace(&Namespace::new("ns", "t"))
+        .await
+        .unwrap();
+    locker
+        .config()
+        .put_class(&LockClass::new("ns", "c", ""))
+        .await
+        .unwrap();
+    let config = dir.path().join("authz.toml");
+    let good = format!("admins = [\"{ADMIN}\"]\n[[namespace]]\nid = \"ns\"\n[[namespace.grant]]\nids = [\"{JOB}\"]\nclasses = [\"c\"]\n");
+    std::fs::write(&config, &good).unwrap();
+    let etcd = cluster.endpoints().join(",");
+    let (mut server, addr, stderr) =
+        spawn_serve(&etcd, &config, &epoch, &["--log-format", "json"]).await;
+    assert_eq!(get(addr, "/readyz"), (200, "ready\n".to_owned()));
+
+    // A malformed config on SIGHUP: the old one stays, and the log says where and what.
+    std::fs::write(&config, format!("{good}bogus = 1\n")).unwrap();
+    let pid = nix::unistd::Pid::from_raw(server.id().unwrap() as i32);
+    kill(pid, Signal::SIGHUP).unwrap();
+    let wanted = format!(
+        "{}, line 7, column 1: unknown field `bogus`",
+        config.display()
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !stderr.lock().unwrap().iter().any(|l| l.contains(&wanted)) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:?}",
+            stderr.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // One hold, and a second acquire waiting for it (a long poll in flight).
+    let (status, s1) = call(
+        addr,
+        "POST",
+        "/v1/sessions",
+        JOB,
+        &json!({ "ttl_ms": 30_000 }),
+    );
+    assert_eq!(status, 201, "{s1:?}");
+    let (status, s2) = call(
+        addr,
+        "POST",
+        "/v1/sessions",
+        JOB,
+        &json!({ "ttl_ms": 30_000 }),
+    );
+    assert_eq!(status, 201, "{s2:?}");
+    let acquire = |s: &Value, wait_ms: u64| {
+        json!({ "session": s["session"], "namespace": "ns", "class": "c", "key": "k",
+                "mode": "exclusive", "wait_ms": wait_ms })
+    };
+    let (status, _) = call(addr, "POST", "/v1/locks/acquire", JOB, &acquire(&s1, 1000));
+    assert_eq!(status, 200);
+    let body = acquire(&s2, 6000);
+    let in_flight = std::thread::spawn(move || call(addr, "POST", "/v1/locks/acquire", JOB, &body));
+    let name = palisade_lock::LockName::new("ns", "c", "k");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while locker.lock_state(&name).await.unwrap().waiters.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the second acquire never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    kill(pid, Signal::SIGTERM).unwrap();
+    // The waiting request gets its answer (its wait ends: deadline-exceeded), not a
+    // reset connection; then the process exits 0.
+    let (status, problem) = tokio::task::spawn_blocking(move || in_flight.join().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        (status, problem["type"].as_str()),
+        (409, Some("urn:palisade:problem:deadline-exceeded")),
+        "{problem:?}"
+    );
+    let exit = tokio::time::timeout(Duration::from_secs(20), server.wait())
+        .await
+        .expect("palisade serve did not stop on SIGTERM")
+        .unwrap();
+    assert_eq!(exit.code(), Some(0));
+    assert!(std::net::TcpStream::connect(addr).is_err());
+    // Every log line is one JSON object with a level.
+    let lines = stderr.lock().unwrap().clone();
+    assert!(lines.iter().any(|l| l.contains("SIGTERM")), "{lines:?}");
+    for line in &lines {
+        let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(v["level"].is_string(), "{line}");
+    }
+}

@@ -80,7 +80,7 @@ pub(crate) fn run(args: ChaosArgs) -> Result<String, Box<dyn std::error::Error>>
                 std::io::Error::new(e.kind(), format!("reading {}: {e}", history.display()))
             })?;
             let report = palisade_chaos::check::check_reader(std::io::BufReader::new(file))?;
-            println!("{report}");
+            super::output::emit(&report.to_string())?;
             return match report.violations.len() {
                 0 => Ok(String::new()),
                 n => Err(ChaosCliError::Violations(n).into()),
@@ -106,7 +106,7 @@ pub(crate) fn run(args: ChaosArgs) -> Result<String, Box<dyn std::error::Error>>
         history,
         exe,
     }))?;
-    println!("{summary}");
+    super::output::emit(&summary.to_string())?;
     match &summary.violations {
         Some(v) if !v.is_empty() => Err(ChaosCliError::Violations(v.len()).into()),
         None => Err(ChaosCliError::NotChecked.into()),

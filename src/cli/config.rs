@@ -87,7 +87,9 @@ enum ClassCommand {
         ns: String,
         /// Class name.
         class: String,
-        /// Lock keys of the class start with this prefix.
+        /// Lock keys of the class start with this prefix. No class's prefix may start
+        /// with another's in one namespace: the default, empty, covers every key and
+        /// leaves no room for a second class.
         #[arg(long, default_value = "")]
         prefix: String,
         #[command(flatten)]
@@ -290,12 +292,18 @@ pub(crate) fn run_class(args: ClassArgs) -> Result<String> {
             prefix,
             fields,
         } => {
-            if classes(&conn, &ns)?.iter().any(|c| c.id == class) {
+            let existing = classes(&conn, &ns)?;
+            if existing.iter().any(|c| c.id == class) {
                 return Err(CliError::new(
                     Exit::Conflict,
                     format!("class {ns}/{class} exists: use `class update`"),
                 )
                 .into());
+            }
+            if let Some(other) = existing.iter().find(|c| {
+                c.key_prefix.starts_with(prefix.as_str()) || prefix.starts_with(&c.key_prefix)
+            }) {
+                return Err(CliError::bad_input(overlap(&ns, &class, &prefix, other)).into());
             }
             let mut c = LockClass::new(ns, class, prefix);
             fields.apply(&mut c);
@@ -317,5 +325,28 @@ pub(crate) fn run_class(args: ClassArgs) -> Result<String> {
             fields.apply(&mut c);
             put_class(&conn, &c)
         }
+    }
+}
+
+/// What to do when the prefix of a new class overlaps that of `other`.
+fn overlap(ns: &str, class: &str, prefix: &str, other: &LockClass) -> String {
+    let (id, theirs) = (&other.id, &other.key_prefix);
+    if theirs.is_empty() {
+        format!(
+            "class {ns}/{id} has the empty key prefix, which covers every key of {ns}, so no \
+             other class fits beside it: give it a prefix first (`palisade class update {ns} \
+             {id} --prefix {id}-`), then create {class} with a --prefix of its own"
+        )
+    } else if prefix.is_empty() {
+        format!(
+            "without --prefix, class {class} would take the empty key prefix, which covers \
+             every key, and {ns} already has class {id} (prefix {theirs:?}): pass a --prefix \
+             that neither starts with {theirs:?} nor is the start of it, e.g. --prefix {class}-"
+        )
+    } else {
+        format!(
+            "--prefix {prefix:?} overlaps class {ns}/{id}'s prefix {theirs:?} (one starts with \
+             the other): pass a --prefix that neither starts with {theirs:?} nor is the start of it"
+        )
     }
 }

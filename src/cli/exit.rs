@@ -97,3 +97,19 @@ impl CliError {
 
 /// Boxed errors of the command handlers.
 pub(crate) type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+/// `e` and its causes, `outer: inner: innermost`; a cause whose text the message
+/// already contains is not repeated.
+pub(crate) fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let more = cause.to_string();
+        if !more.is_empty() && !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = cause.source();
+    }
+    text
+}

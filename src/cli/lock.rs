@@ -42,8 +42,8 @@ enum LockCommand {
     Acquire {
         /// The lock: namespace/class/key (the key may contain `/`).
         lock: String,
-        /// TTL of the new session, in whole seconds (the class bounds it).
-        #[arg(long, default_value_t = 30, conflicts_with = "session")]
+        /// TTL of the new session, in whole seconds, at least 1 (the class bounds it).
+        #[arg(long, default_value_t = 30, conflicts_with = "session", value_parser = super::args::ttl_secs)]
         ttl: u64,
         /// Take the lock on this existing session (from `session open` or an earlier
         /// acquire) instead of opening one; `lock release` then leaves it open.
@@ -288,7 +288,32 @@ fn acquire(
             }
         }
     })?;
-    Ok(serde_json::to_string_pretty(&hold)?)
+    let text = serde_json::to_string_pretty(&hold)?;
+    if let Err(e) = super::output::emit(&text) {
+        // Nobody received the hold: end it now rather than leave it held until its TTL.
+        let undone = match hold.grant_rev {
+            Some(_) => release(conn, &hold).map(drop),
+            None if hold.own_session => {
+                let path = format!("/v1/sessions/{}", enc(&hold.session));
+                call(conn, "DELETE", path, None).map(drop)
+            }
+            None => Err(CliError::new(
+                Exit::Failure,
+                "an unprotected grant on a session this command did not open: close that session to end it",
+            )
+            .into()),
+        };
+        let what = match undone {
+            Ok(()) => "released it".to_owned(),
+            Err(u) => format!("releasing it failed too: {u}"),
+        };
+        return Err(CliError::new(
+            Exit::Failure,
+            format!("cannot write the hold to stdout ({e}); {what}"),
+        )
+        .into());
+    }
+    Ok(String::new())
 }
 
 fn read_hold(path: &std::path::Path) -> Result<HoldFile> {

@@ -1,7 +1,8 @@
 //! Handlers of the subcommands that talk to etcd or to the lock service, one module per
-//! command group; `connect` (the connection flags) and `exit` (the exit codes) are
-//! shared.
+//! command group; `connect` (the connection flags), `exit` (the exit codes), `args` (shared
+//! value parsers) and `output` (stdout and stderr without panics) are shared.
 
+pub(crate) mod args;
 pub(crate) mod chaos;
 pub(crate) mod config;
 pub(crate) mod connect;
@@ -9,6 +10,7 @@ pub(crate) mod epoch;
 pub(crate) mod exit;
 pub(crate) mod force;
 pub(crate) mod lock;
+pub(crate) mod output;
 pub(crate) mod run;
 pub(crate) mod serve;
 pub(crate) mod session;

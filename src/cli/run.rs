@@ -1,27 +1,54 @@
 //! `palisade lock run NS/CLASS/KEY -- COMMAND...`: a command under a lock, as
-//! `consul lock` and flock(1) run one.
+//! `consul lock` and flock(1) run one, and as a supervisor (systemd, Kubernetes, a cron
+//! wrapper) expects to stop one.
+//!
+//! Rules:
+//! - The command runs in a process group of its own. SIGTERM, SIGINT and SIGHUP sent to
+//!   `palisade` are forwarded to that group; if the command has not exited `--grace-ms`
+//!   after the first of them, the group gets SIGKILL. Then the hold is released and
+//!   `palisade` exits with the command's code, or 128 + the signal that ended it.
+//! - A signal that arrives while the lock is still awaited ends the wait: the session is
+//!   closed and `palisade` exits with 128 + the signal.
+//! - When the hold is lost the group gets SIGKILL at once and `palisade` exits 76.
+//! - Every call to the service after the command ended is bounded: release and close
+//!   together by one TTL, a close after a loss by [`CLOSE_AFTER_LOSS`]. Past the bound
+//!   the session's lease ends the hold anyway.
 
-use std::process::Stdio;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
 use palisade_lock::Mode;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::time::Instant;
 
 use super::connect::{block_on, Connection};
 use super::exit::{CliError, Exit, Result};
 use super::lock::{parse_meta, split_lock};
+use super::output::warn;
+
+/// How long a session close may take once the hold is known lost: the lease is gone or
+/// going, so the close is a courtesy.
+const CLOSE_AFTER_LOSS: Duration = Duration::from_secs(1);
 
 /// Flags of `lock run`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct RunArgs {
     /// The lock: namespace/class/key (the key may contain `/`).
     lock: String,
-    /// Session TTL in whole seconds; the session is renewed every third of it while the
-    /// command runs.
-    #[arg(long, default_value_t = 10)]
+    /// Session TTL in whole seconds (at least 1; the class bounds it); the session is
+    /// renewed every third of it while the command runs.
+    #[arg(long, default_value_t = 10, value_parser = super::args::ttl_secs)]
     ttl: u64,
     /// How long to wait for the lock, in milliseconds.
     #[arg(long, default_value_t = 10_000)]
     wait_ms: u64,
+    /// After forwarding SIGTERM, SIGINT or SIGHUP to the command, how long to wait for it
+    /// to exit before SIGKILL, in milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    grace_ms: u64,
     /// Take the lock shared instead of exclusive.
     #[arg(long)]
     shared: bool,
@@ -34,12 +61,57 @@ pub(crate) struct RunArgs {
     command: Vec<String>,
 }
 
-/// Exits the process with the command's exit code, 75 (not acquired) or 76 (lost).
+/// The signals `lock run` forwards to its command.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Installs the handlers: from here on these signals no longer end `palisade`.
+    fn install() -> std::io::Result<Signals> {
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+
+    /// The next signal received.
+    async fn recv(&mut self) -> Signal {
+        tokio::select! {
+            _ = self.term.recv() => Signal::SIGTERM,
+            _ = self.int.recv() => Signal::SIGINT,
+            _ = self.hup.recv() => Signal::SIGHUP,
+        }
+    }
+}
+
+/// Sends `sig` to every process of the group `pgid`; a group already gone is fine.
+fn signal_group(pgid: Pid, sig: Signal) {
+    match killpg(pgid, sig) {
+        Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+        Err(e) => warn(&format!("cannot send {sig} to the command: {e}")),
+    }
+}
+
+/// The code a shell would report: the exit code, or 128 + the signal that ended it.
+fn code_of(status: ExitStatus) -> i32 {
+    status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(1)
+}
+
+/// Exits the process with the command's exit code (or 128 + signal), 75 (not acquired),
+/// 76 (lost), or 128 + a signal received before the command started.
 pub(crate) fn run(conn: &Connection, args: RunArgs) -> Result<String> {
     let RunArgs {
         lock,
         ttl,
         wait_ms,
+        grace_ms,
         shared,
         holder_meta,
         command,
@@ -47,63 +119,127 @@ pub(crate) fn run(conn: &Connection, args: RunArgs) -> Result<String> {
     let (ns, class, key) = split_lock(&lock)?;
     let meta = holder_meta.as_deref().map(parse_meta).transpose()?;
     let client = conn.client()?;
+    let ttl = Duration::from_secs(ttl);
+    let lock_env = lock.clone();
     let code = block_on(async move {
-        let session = client.open_session(Duration::from_secs(ttl)).await?;
+        let mut signals = Signals::install()?;
+        let session = tokio::select! {
+            s = client.open_session(ttl) => s?,
+            sig = signals.recv() => return Ok(128 + sig as i32),
+        };
         let mode = if shared {
             Mode::Shared
         } else {
             Mode::Exclusive
         };
-        let hold = match session
-            .acquire_with_meta(
-                ns,
-                class,
-                key,
-                mode,
-                Duration::from_millis(wait_ms),
-                meta.as_ref(),
-            )
-            .await
-        {
-            Ok(h) => h,
-            Err(e) => {
-                let _ = session.close().await;
+        let wait = Duration::from_millis(wait_ms);
+        let acquired = tokio::select! {
+            r = session.acquire_with_meta(ns, class, key, mode, wait, meta.as_ref()) => Ok(r),
+            sig = signals.recv() => Err(sig),
+        };
+        let hold = match acquired {
+            Ok(Ok(h)) => h,
+            Ok(Err(e)) => {
+                let _ = tokio::time::timeout(ttl, session.close()).await;
                 let exit = Exit::of_client(&e);
                 return Err(CliError::new(exit, format!("lock not acquired: {e}")).into());
             }
+            Err(sig) => {
+                // Closing the session also ends the wait on the service.
+                let _ = tokio::time::timeout(ttl, session.close()).await;
+                return Ok(128 + sig as i32);
+            }
         };
         let token = hold.token().map(|t| t.to_string()).unwrap_or_default();
+        let grant_rev = hold.grant_rev().map(|r| r.to_string()).unwrap_or_default();
         let spawned = tokio::process::Command::new(&command[0])
             .args(&command[1..])
             .env("FENCING_TOKEN", &token)
+            .env("PALISADE_LOCK", &lock_env)
+            .env("PALISADE_SESSION", session.id())
+            .env("PALISADE_GRANT_REV", &grant_rev)
             .stdin(Stdio::inherit())
+            .process_group(0)
             .kill_on_drop(true)
             .spawn();
         let mut child = match spawned {
             Ok(c) => c,
             Err(e) => {
-                let _ = hold.release().await;
-                let _ = session.close().await;
+                let _ = tokio::time::timeout(ttl, async {
+                    let _ = hold.release().await;
+                    let _ = session.close().await;
+                })
+                .await;
                 return Err(
                     CliError::bad_input(format!("cannot run {:?}: {e}", command[0])).into(),
                 );
             }
         };
-        let code = tokio::select! {
-            status = child.wait() => status?.code().unwrap_or(1),
-            () = hold.lost() => {
-                eprintln!("palisade: the hold was lost; killing the command");
-                child.kill().await?;
-                i32::from(Exit::Lost.code())
+        // The child leads its own group: its pid is the group id.
+        let pgid = child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .map(Pid::from_raw);
+        let mut kill_at: Option<Instant> = None;
+        let (mut signalled, mut lost) = (false, false);
+        let status = loop {
+            tokio::select! {
+                status = child.wait() => break status?,
+                sig = signals.recv() => {
+                    if let Some(pgid) = pgid {
+                        signal_group(pgid, sig);
+                    }
+                    if !signalled {
+                        signalled = true;
+                        kill_at = Some(Instant::now() + Duration::from_millis(grace_ms));
+                    }
+                }
+                () = sleep_until(kill_at) => {
+                    warn(&format!("the command outlived the {grace_ms} ms grace period; killing it"));
+                    if let Some(pgid) = pgid {
+                        signal_group(pgid, Signal::SIGKILL);
+                    }
+                    kill_at = None;
+                }
+                () = hold.lost(), if !lost => {
+                    warn("the hold was lost; killing the command");
+                    lost = true;
+                    if let Some(pgid) = pgid {
+                        signal_group(pgid, Signal::SIGKILL);
+                    }
+                }
             }
         };
-        if code != i32::from(Exit::Lost.code()) || !session.is_lost() {
-            if let Err(e) = hold.release().await {
-                eprintln!("palisade: release failed: {e}");
-            }
+        // Nothing of a stopped or cut-off job keeps running without the lock.
+        if let (Some(pgid), true) = (pgid, lost || signalled) {
+            signal_group(pgid, Signal::SIGKILL);
         }
-        let _ = session.close().await;
-        Ok(code)
+        if lost || session.is_lost() {
+            let _ = tokio::time::timeout(CLOSE_AFTER_LOSS, session.close()).await;
+            return Ok(i32::from(Exit::Lost.code()));
+        }
+        let finished = tokio::time::timeout(ttl, async {
+            if let Err(e) = hold.release().await {
+                warn(&format!("release failed: {e}"));
+            }
+            let _ = session.close().await;
+        })
+        .await;
+        if finished.is_err() {
+            warn(&format!(
+                "the service did not answer the release within the TTL ({} s); the hold ends with its session's lease",
+                ttl.as_secs()
+            ));
+        }
+        Ok(code_of(status))
     })?;
     std::process::exit(code)
+}
+
+/// Sleeps until `at`, forever if `None`.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }

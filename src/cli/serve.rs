@@ -1,9 +1,20 @@
-//! `palisade serve`: the lock service in front of etcd.
+//! `palisade serve`: the lock service in front of etcd, run as a daemon.
+//!
+//! - Prints `listening on URL` on stdout once it accepts connections.
+//! - Stops gracefully on SIGTERM or SIGINT: no new connection, in-flight requests answered
+//!   within `--shutdown-grace-ms`, then exit 0.
+//! - Logs to stderr: text (colours only on a terminal) or JSON lines (`--log-format json`),
+//!   filtered by `RUST_LOG` (default `info`).
+//! - Every startup error names the file, address or endpoint and the cause. A locker whose
+//!   epoch records disagree (e.g. the epoch file is missing while etcd has an epoch) starts
+//!   not ready: `/readyz` answers 503, every acquire 503 `epoch-mismatch`, and an error is
+//!   logged at start with what to do.
 
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-
 use std::sync::Arc;
+use std::time::Duration;
 
 use palisade_lock::{FileEpochStore, Locker, LockerOptions};
 use palisade_server::{
@@ -11,20 +22,43 @@ use palisade_server::{
 };
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::signal::unix::{signal, SignalKind};
+
+use super::exit::{with_causes, CliError, Exit, Result};
+
+/// The authorization config's format, as `serve --help` shows it.
+const CONFIG_HELP: &str = "\
+The authorization config (--config, TOML; reloaded on SIGHUP, a file with an error keeps
+the old rules). A pattern is a SPIFFE ID, or a prefix of IDs ending in /:
+
+  # Service admins: namespaces, the epoch, force release; they administer every namespace.
+  admins = [\"spiffe://example.org/ops/\"]
+
+  [[namespace]]
+  id = \"orders\"
+  admins = [\"spiffe://example.org/orders/lead\"]   # create and change its classes
+
+  [[namespace.grant]]                                # who may open sessions and lock...
+  ids = [\"spiffe://example.org/orders/\"]
+  classes = [\"jobs\", \"invoices\"]                 # ...these classes (\"*\": every class)
+
+examples/authz.toml is a copy to start from.";
 
 /// Flags of `palisade serve`.
 #[derive(Debug, clap::Args)]
+#[command(after_help = CONFIG_HELP)]
 pub(crate) struct ServeArgs {
     /// etcd client endpoints (`http://host:port`), comma-separated or repeated.
     #[arg(long, required = true, value_delimiter = ',')]
     etcd: Vec<String>,
-    /// Address to listen on.
-    #[arg(long)]
+    /// Address to listen on (the audit dashboard's default is 127.0.0.1:8090).
+    #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
-    /// Authorization config (TOML); reloaded on SIGHUP.
+    /// Authorization config (TOML, format below); reloaded on SIGHUP.
     #[arg(long)]
     config: PathBuf,
-    /// The durable epoch record (a JSON file on a volume every replica shares).
+    /// The durable epoch record (a JSON file on a volume every replica shares); created
+    /// on first start.
     #[arg(long)]
     epoch_file: PathBuf,
     /// Root prefix of the key space in etcd.
@@ -53,64 +87,212 @@ pub(crate) struct ServeArgs {
     #[arg(long, default_value_t = palisade_server::DEFAULT_MAX_SESSIONS_PER_IDENTITY,
           value_parser = clap::value_parser!(u32).range(1..))]
     max_sessions_per_identity: u32,
+    /// Log format on stderr: `text` (colours only on a terminal) or `json` (one object a
+    /// line).
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
+    /// On SIGTERM or SIGINT, how long in-flight requests may take to finish before the
+    /// process exits anyway, in milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    shutdown_grace_ms: u64,
 }
 
-pub(crate) fn run(args: ServeArgs) -> Result<String, Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let rt = tokio::runtime::Runtime::new()?;
-    rt.block_on(async move {
-        let authz = Authz::load(&args.config)?;
-        let reload = authz.clone();
-        tokio::spawn(async move {
-            let Ok(mut hup) =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-            else {
-                return;
-            };
-            while hup.recv().await.is_some() {
-                if let Err(e) = reload.reload() {
-                    tracing::error!(error = %e, "authorization config not reloaded; the old one stays");
-                }
-            }
-        });
-        let locker = Locker::connect(
-            LockerOptions::new(args.etcd).with_root(args.root),
-            FileEpochStore::new(args.epoch_file),
-        )
-        .await?;
-        let listener = tokio::net::TcpListener::bind(args.listen).await?;
-        let mut options = ServiceOptions::new(authz)
-            .with_max_sessions_per_identity(args.max_sessions_per_identity);
-        if let Some(database) = &args.database {
-            options = options.with_force_releases(force_releases(database).await?);
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn init_logging(format: LogFormat) {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => builder.json().with_ansi(false).init(),
+    }
+}
+
+/// A startup error: what was being done, with what, and why.
+fn failed(what: String) -> impl FnOnce(&dyn std::error::Error) -> CliError {
+    move |e| CliError::new(Exit::Failure, format!("{what}: {}", with_causes(e)))
+}
+
+/// Refuses an endpoint etcd-client would only fail on after its timeout.
+fn check_endpoint(endpoint: &str) -> std::result::Result<(), CliError> {
+    let rest = endpoint
+        .strip_prefix("http://")
+        .or_else(|| endpoint.strip_prefix("https://"))
+        .unwrap_or(endpoint);
+    let ok = match rest.trim_end_matches('/').rsplit_once(':') {
+        Some((host, port)) => {
+            !host.is_empty() && !host.contains('/') && port.parse::<u16>().is_ok()
         }
+        None => false,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(CliError::bad_input(format!(
+            "--etcd {endpoint:?} is not an etcd endpoint of the form http://HOST:PORT"
+        )))
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT, naming it.
+async fn stop_signal() -> &'static str {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    }
+}
+
+pub(crate) fn run(args: ServeArgs) -> Result<String> {
+    for e in &args.etcd {
+        check_endpoint(e)?;
+    }
+    init_logging(args.log_format);
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(serve(args))
+}
+
+async fn serve(args: ServeArgs) -> Result<String> {
+    let authz = Authz::load(&args.config).map_err(|e| CliError::bad_input(with_causes(&e)))?;
+    // Signals are taken from here on: a SIGTERM during the start still stops cleanly.
+    let stop = tokio::spawn(stop_signal());
+    let reload = authz.clone();
+    tokio::spawn(async move {
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            return;
+        };
+        while hup.recv().await.is_some() {
+            if let Err(e) = reload.reload() {
+                tracing::error!("authorization config not reloaded, the old one stays: {e}");
+            }
+        }
+    });
+    let endpoints = args.etcd.join(",");
+    let locker = Locker::connect(
+        LockerOptions::new(args.etcd).with_root(args.root),
+        FileEpochStore::new(&args.epoch_file),
+    )
+    .await
+    .map_err(|e| {
+        let what = if e.kind() == &palisade_lock::ErrorKind::EpochStore {
+            format!("cannot use the epoch file {}", args.epoch_file.display())
+        } else {
+            format!("cannot start on etcd {endpoints}")
+        };
+        failed(what)(&e)
+    })?;
+    if let (_, Some(mismatch)) = locker.epoch() {
+        tracing::error!(
+            "NOT READY: every grant is refused (503 epoch-mismatch, /readyz 503): {mismatch}. \
+             If the epoch file {} was lost or is not the one the other replicas share, \
+             point --epoch-file at the shared one; after an etcd restore or rehome, run \
+             `palisade epoch advance --reason restore` (or rehome)",
+            args.epoch_file.display()
+        );
+    }
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| failed(format!("cannot listen on {}", args.listen))(&e))?;
+    let mut options =
+        ServiceOptions::new(authz).with_max_sessions_per_identity(args.max_sessions_per_identity);
+    if let Some(database) = &args.database {
+        let force = force_releases(database)
+            .await
+            .map_err(|e| failed("cannot use the --database for force release".into())(&*e))?;
+        options = options.with_force_releases(force);
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let shutdown = async move {
+        let _ = rx.await;
+    };
+    let addr = listener.local_addr()?;
+    let serving: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> =
         match (args.tls_cert, args.tls_key, args.client_ca) {
             (Some(cert), Some(key), Some(ca)) => {
-                let chain = CertificateDer::pem_file_iter(cert)?.collect::<Result<Vec<_>, _>>()?;
-                let key = PrivateKeyDer::from_pem_file(key)?;
-                let roots = CertificateDer::pem_file_iter(ca)?.collect::<Result<Vec<_>, _>>()?;
-                let tls = palisade_server::server_config(roots, chain, key)?;
-                tracing::info!(addr = %args.listen, "serving over mTLS");
-                palisade_server::serve_tls(listener, tls, locker, options).await?;
+                let tls = tls_config(&cert, &key, &ca)?;
+                announce(&format!("https://{addr}"), "mTLS");
+                Box::pin(palisade_server::serve_tls_until(
+                    listener, tls, locker, options, shutdown,
+                ))
             }
             _ if args.insecure_dev_identity => {
-                palisade_server::serve_dev(listener, locker, options.insecure_dev_identity()).await?;
+                let serving = palisade_server::serve_dev_until(
+                    listener,
+                    locker,
+                    options.insecure_dev_identity(),
+                    shutdown,
+                );
+                announce(&format!("http://{addr}"), "dev mode");
+                Box::pin(serving)
             }
-            _ => return Err("either --tls-cert/--tls-key/--client-ca or --insecure-dev-identity".into()),
+            _ => {
+                return Err(CliError::bad_input(
+                    "either --tls-cert/--tls-key/--client-ca or --insecure-dev-identity",
+                )
+                .into())
+            }
+        };
+    tokio::pin!(serving);
+    tokio::select! {
+        r = &mut serving => r?,
+        sig = stop => {
+            let sig = sig.unwrap_or("a stop signal");
+            let grace = Duration::from_millis(args.shutdown_grace_ms);
+            tracing::info!("{sig}: no new connections; finishing in-flight requests (at most {} ms)", grace.as_millis());
+            let _ = tx.send(());
+            match tokio::time::timeout(grace, serving).await {
+                Ok(r) => r?,
+                Err(_) => tracing::warn!("in-flight requests did not finish within {} ms; stopping anyway", grace.as_millis()),
+            }
+            tracing::info!("stopped");
         }
-        Ok(String::new())
-    })
+    }
+    Ok(String::new())
+}
+
+/// The `listening on URL` line on stdout (a closed stdout does not stop the service),
+/// and the same as a log event.
+fn announce(url: &str, mode: &str) {
+    tracing::info!(url, mode, "listening on {url}");
+    let _ = super::output::emit(&format!("listening on {url}"));
+}
+
+fn tls_config(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+    ca: &std::path::Path,
+) -> Result<Arc<rustls::ServerConfig>> {
+    let pem = |what: &str, path: &std::path::Path| {
+        failed(format!("cannot read the {what} {}", path.display()))
+    };
+    let chain = CertificateDer::pem_file_iter(cert)
+        .and_then(|i| i.collect::<std::result::Result<Vec<_>, _>>())
+        .map_err(|e| pem("--tls-cert", cert)(&e))?;
+    let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| pem("--tls-key", key)(&e))?;
+    let roots = CertificateDer::pem_file_iter(ca)
+        .and_then(|i| i.collect::<std::result::Result<Vec<_>, _>>())
+        .map_err(|e| pem("--client-ca", ca)(&e))?;
+    Ok(palisade_server::server_config(roots, chain, key_der)
+        .map_err(|e| failed("the TLS certificate, key or CA is refused".into())(&e))?)
 }
 
 /// Force release over `database`: the lock service's request table and the audit
 /// trail's `force_release` table, both through the audit crate's pool (the lock crate
 /// cannot depend on the audit crate, which depends on it, so the binary joins them).
-async fn force_releases(database: &str) -> Result<ForceReleases, Box<dyn std::error::Error>> {
+async fn force_releases(database: &str) -> Result<ForceReleases> {
     let pool = palisade_audit::pool(database, 4)?;
     palisade_audit::migrate(&pool).await?;
     let force = ForceReleases::new(pool.clone(), Arc::new(AuditTrail(pool)));
@@ -125,7 +307,10 @@ impl ForceReleaseAudit for AuditTrail {
     fn record(
         &self,
         r: ForcedRelease,
-    ) -> palisade_lock::BoxFuture<'_, Result<(), Box<dyn std::error::Error + Send + Sync>>> {
+    ) -> palisade_lock::BoxFuture<
+        '_,
+        std::result::Result<(), Box<dyn std::error::Error + Send + Sync>>,
+    > {
         Box::pin(async move {
             let client = self.0.get().await?;
             let row = palisade_audit::ForceRelease::new(

@@ -23,8 +23,8 @@ pub(crate) struct SessionArgs {
 enum SessionCommand {
     /// Open a session; prints {"session","spiffe_id","ttl_ms","opened_rev"}.
     Open {
-        /// TTL in whole seconds.
-        #[arg(long, default_value_t = 30)]
+        /// TTL in whole seconds, at least 1.
+        #[arg(long, default_value_t = 30, value_parser = super::args::ttl_secs)]
         ttl: u64,
     },
     /// Renew a session once (every hold of it); prints {"ttl_ms"}. Exits 76 if the

@@ -150,6 +150,11 @@ impl Service {
         }
     }
 
+    /// The pid of the `palisade serve` process.
+    pub fn server_pid(&self) -> u32 {
+        self._server.id().expect("palisade serve is running")
+    }
+
     /// PEM files of an SVID for `uris` from the service's CA (mTLS mode).
     pub fn svid(&self, name: &str, uris: &[&str]) -> SvidFiles {
         self.pki

@@ -31,7 +31,7 @@ pub enum InvalidInput {
     #[error("malformed SPIFFE ID {0:?}")]
     BadSpiffeId(String),
     /// The session's TTL is outside the class's bounds.
-    #[error("session TTL {ttl:?} is outside the class bounds {min:?}..={max:?}")]
+    #[error("session TTL {ttl:?} is outside the class's TTL bounds, from {min:?} to {max:?}")]
     TtlOutOfBounds {
         /// The session's TTL.
         ttl: Duration,
@@ -53,7 +53,11 @@ pub enum InvalidInput {
         max: Duration,
     },
     /// A class whose key prefix overlaps another class's prefix in the same namespace.
-    #[error("class key prefix overlaps the prefix of class {other:?}")]
+    #[error(
+        "class key prefix overlaps the prefix of class {other:?}: no class's prefix may start \
+         with another's in one namespace (an empty prefix covers every key); give each class \
+         its own prefix, such as \"invoice-\" and \"nightly-\""
+    )]
     PrefixOverlap {
         /// The other class.
         other: String,

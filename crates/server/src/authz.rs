@@ -67,7 +67,7 @@ pub struct Grant {
 #[non_exhaustive]
 pub enum AuthzError {
     /// The file could not be read.
-    #[error("cannot read authorization config {path:?}")]
+    #[error("cannot read authorization config {}: {source}", path.display())]
     Io {
         /// The file.
         path: PathBuf,
@@ -76,11 +76,31 @@ pub enum AuthzError {
         source: std::io::Error,
     },
     /// The TOML is malformed or has unknown fields.
-    #[error("malformed authorization config")]
+    #[error("malformed authorization config: {}", .0.message())]
     Parse(#[from] toml::de::Error),
+    /// The file is malformed TOML, or a field is unknown, missing or of the wrong type.
+    #[error("malformed authorization config {}, line {line}, column {column}: {message}", path.display())]
+    Malformed {
+        /// The file.
+        path: PathBuf,
+        /// Where the error is: line, from 1.
+        line: usize,
+        /// Where the error is: column (characters), from 1.
+        column: usize,
+        /// What is wrong, naming the field if one is.
+        message: String,
+    },
     /// A pattern is not a SPIFFE ID (or a `spiffe://` path prefix).
     #[error("authorization config: {0:?} is not a SPIFFE ID or prefix")]
     BadPattern(String),
+    /// A pattern in the file is not a SPIFFE ID (or a `spiffe://` path prefix).
+    #[error("authorization config {}: {pattern:?} is not a SPIFFE ID or prefix", path.display())]
+    BadPatternIn {
+        /// The file.
+        path: PathBuf,
+        /// The pattern.
+        pattern: String,
+    },
 }
 
 fn matches(pattern: &str, id: &SpiffeId) -> bool {
@@ -211,7 +231,33 @@ fn read(path: &Path) -> Result<AuthzConfig, AuthzError> {
         path: path.to_owned(),
         source,
     })?;
-    AuthzConfig::from_toml(&text)
+    AuthzConfig::from_toml(&text).map_err(|e| match e {
+        AuthzError::Parse(e) => {
+            let (line, column) = e
+                .span()
+                .map(|span| line_column(&text, span.start))
+                .unwrap_or((1, 1));
+            AuthzError::Malformed {
+                path: path.to_owned(),
+                line,
+                column,
+                message: e.message().trim_end().to_owned(),
+            }
+        }
+        AuthzError::BadPattern(pattern) => AuthzError::BadPatternIn {
+            path: path.to_owned(),
+            pattern,
+        },
+        other => other,
+    })
+}
+
+/// The line and column (both from 1, the column in characters) of byte `offset`.
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = text.get(..offset).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+    (line, column)
 }
 
 #[cfg(test)]

@@ -60,6 +60,13 @@ impl FromRequestParts<AppState> for Caller {
         }
         match parts.extensions.get::<PeerIdentity>() {
             Some(PeerIdentity(id)) => Ok(Caller(id.clone())),
+            None if state.dev_identity => Err(Problem::new(
+                ProblemKind::Unauthenticated,
+                format!(
+                    "no caller identity: send the {DEV_IDENTITY_HEADER} header with a SPIFFE ID \
+                     (the service runs in dev mode; the CLI's --dev-identity sends it)"
+                ),
+            )),
             None => Err(Problem::new(
                 ProblemKind::Unauthenticated,
                 "no caller identity: a client certificate with a SPIFFE ID URI SAN is required",

@@ -15,6 +15,8 @@
 //! | `rate` | the namespace quotas: `held_lease_quota` slots and the `op_rate_quota` bucket |
 //! | `force_release` | force release by two people, and its audit |
 //! | `tls` | the mTLS acceptor ([`serve_tls`]) |
+//! | `serve` | plain HTTP in dev mode ([`serve_dev`]), graceful shutdown ([`serve_dev_until`], [`serve_tls_until`]) |
+//! | `health` | `/livez` and `/readyz` ([`not_ready`]), answered without a caller identity |
 //! | `metrics`, `openapi`, `problem` | Prometheus metrics, the OpenAPI document, problem responses |
 //! | [`testing`] | feature `testing`: a running service on real etcd, for tests and benchmarks |
 //!
@@ -33,6 +35,7 @@
 
 mod authz;
 mod force_release;
+mod health;
 mod identity;
 mod metrics;
 mod openapi;
@@ -51,6 +54,7 @@ pub use authz::{Authz, AuthzConfig, AuthzError, Grant, NamespaceRules};
 pub use force_release::{
     ForceDbError, ForceReleaseAudit, ForceReleases, ForcedRelease, FORCE_RELEASE_MIGRATION,
 };
+pub use health::{not_ready, LIVEZ, READYZ, READY_TIMEOUT};
 pub use identity::{PeerIdentity, DEV_IDENTITY_HEADER};
 pub use options::{ServiceOptions, DEFAULT_MAX_SESSIONS_PER_IDENTITY};
 pub use palisade_api::ProblemKind;
@@ -58,8 +62,8 @@ pub use problem::Problem;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub use routes::fuzzing::{parse_body, BodyRoute};
-pub use serve::{serve_dev, ServeError};
-pub use tls::{serve_tls, server_config, spiffe_id_of, TlsConfigError};
+pub use serve::{serve_dev, serve_dev_until, ServeError};
+pub use tls::{serve_tls, serve_tls_until, server_config, spiffe_id_of, TlsConfigError};
 
 use palisade_lock::Locker;
 

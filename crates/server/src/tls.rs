@@ -10,7 +10,9 @@
 //! - A verified certificate whose URI SAN is not a SPIFFE ID (or that has none, or more
 //!   than one) gets the same **401** on every request.
 //! - Otherwise the caller is the SPIFFE ID of the URI SAN ([`PeerIdentity`]).
+//! - `/livez` and `/readyz` answer every connection, with or without a certificate.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use axum::{Extension, Router};
@@ -20,10 +22,12 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
 use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
 use tokio_rustls::TlsAcceptor;
 
 use super::identity::PeerIdentity;
-use super::{router, ServeError, ServiceOptions};
+use super::serve::app;
+use super::{health, ServeError, ServiceOptions};
 use crate::problem::Problem;
 use palisade_api::ProblemKind;
 use palisade_api::SpiffeId;
@@ -86,14 +90,16 @@ pub fn spiffe_id_of(cert: &CertificateDer<'_>) -> Option<SpiffeId> {
 }
 
 /// The whole service as a connection without a usable client certificate sees it: 401
-/// `unauthenticated` on every route.
-fn unauthenticated() -> Router {
-    Router::new().fallback(|| async {
-        Problem::new(
-            ProblemKind::Unauthenticated,
-            "no caller identity: a client certificate with a SPIFFE ID URI SAN is required",
-        )
-    })
+/// `unauthenticated` on every route but the probes of `health`.
+fn unauthenticated(locker: Locker) -> Router {
+    Router::new()
+        .fallback(|| async {
+            Problem::new(
+                ProblemKind::Unauthenticated,
+                "no caller identity: a client certificate with a SPIFFE ID URI SAN is required",
+            )
+        })
+        .merge(health::router(locker))
 }
 
 /// Serves the API over mTLS on `listener` until accepting fails. Each connection's
@@ -108,18 +114,47 @@ pub async fn serve_tls(
     locker: Locker,
     options: ServiceOptions,
 ) -> Result<(), ServeError> {
+    serve_tls_until(listener, tls, locker, options, std::future::pending()).await
+}
+
+/// [`serve_tls`] until `shutdown` completes, then stops gracefully (see `serve_dev_until`):
+/// returns once every connection has closed.
+///
+/// # Errors
+///
+/// [`ServeError::Io`] when accepting fails.
+pub async fn serve_tls_until(
+    listener: TcpListener,
+    tls: Arc<ServerConfig>,
+    locker: Locker,
+    options: ServiceOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
     let acceptor = TlsAcceptor::from(tls);
-    let app = router(locker, options);
+    let app = app(locker.clone(), options);
+    let anonymous = unauthenticated(locker);
+    // Every connection task holds a clone of `open`; `closed` reports when all are gone.
+    let (open, mut closed) = mpsc::channel::<()>(1);
+    let (stop, stopping) = watch::channel(false);
+    tokio::pin!(shutdown);
     loop {
-        let (tcp, peer) = listener.accept().await?;
-        let (acceptor, app) = (acceptor.clone(), app.clone());
+        let (tcp, peer) = tokio::select! {
+            accepted = listener.accept() => accepted?,
+            () = &mut shutdown => break,
+        };
+        let (acceptor, app, anonymous) = (acceptor.clone(), app.clone(), anonymous.clone());
+        let (open, mut stopping) = (open.clone(), stopping.clone());
         tokio::spawn(async move {
-            let stream = match acceptor.accept(tcp).await {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::info!(%peer, error = %e, "TLS handshake refused");
-                    return;
-                }
+            let _open = open;
+            let stream = tokio::select! {
+                s = acceptor.accept(tcp) => match s {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::info!(%peer, error = %e, "TLS handshake refused");
+                        return;
+                    }
+                },
+                () = stopped(&mut stopping) => return,
             };
             let id = stream
                 .get_ref()
@@ -129,16 +164,33 @@ pub async fn serve_tls(
                 .and_then(spiffe_id_of);
             let app: Router = match id {
                 Some(id) => app.layer(Extension(PeerIdentity(id))),
-                None => unauthenticated(),
+                None => anonymous,
             };
             let service = TowerToHyperService::new(app);
-            if let Err(e) = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                .http1_only()
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
+            let builder =
+                hyper_util::server::conn::auto::Builder::new(TokioExecutor::new()).http1_only();
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(conn);
+            let result = tokio::select! {
+                r = conn.as_mut() => r,
+                () = stopped(&mut stopping) => {
+                    // Answer what is in flight, then close.
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = result {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
         });
     }
+    stop.send_replace(true);
+    drop(open);
+    let _ = closed.recv().await;
+    Ok(())
+}
+
+/// Completes once `stop` says so (or its sender is gone).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
 }

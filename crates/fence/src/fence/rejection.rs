@@ -34,13 +34,14 @@ impl RejectionKind {
         }
     }
 
-    /// The problem `type` URI.
+    /// The problem `type` URI: `urn:palisade:problem:<slug>`, the prefix of the lock
+    /// service's problems (the slugs differ from theirs).
     pub fn problem_type(self) -> &'static str {
         match self {
-            RejectionKind::MissingToken => "urn:palisade:fence:missing-token",
-            RejectionKind::MalformedToken => "urn:palisade:fence:malformed-token",
-            RejectionKind::StaleToken => "urn:palisade:fence:stale-token",
-            RejectionKind::StoreUnavailable => "urn:palisade:fence:store-unavailable",
+            RejectionKind::MissingToken => "urn:palisade:problem:missing-token",
+            RejectionKind::MalformedToken => "urn:palisade:problem:malformed-token",
+            RejectionKind::StaleToken => "urn:palisade:problem:stale-token",
+            RejectionKind::StoreUnavailable => "urn:palisade:problem:store-unavailable",
         }
     }
 

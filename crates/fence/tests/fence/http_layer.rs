@@ -54,7 +54,7 @@ fn assert_problem(
     assert_eq!(reply.headers["content-type"], "application/problem+json");
     let doc = reply.json();
     assert_eq!(doc["status"], status, "{doc}");
-    assert_eq!(doc["type"], format!("urn:palisade:fence:{kind}"), "{doc}");
+    assert_eq!(doc["type"], format!("urn:palisade:problem:{kind}"), "{doc}");
     assert!(
         doc["title"].as_str().is_some_and(|t| !t.is_empty()),
         "{doc}"
