@@ -125,7 +125,7 @@ problems! {
     RequestForceProblems { body: true, kinds: [InvalidInput, Unauthenticated, Forbidden, NotFound,
         Upstream, Internal] }
     /// `POST /v1/force-releases/{id}/approve`.
-    ApproveForceProblems { body: false, kinds: [Unauthenticated, Forbidden, NotFound,
+    ApproveForceProblems { body: false, kinds: [InvalidInput, Unauthenticated, Forbidden, NotFound,
         AlreadyApproved, QuorumLost, Upstream, Internal] }
 }
 

@@ -26,6 +26,8 @@ mod observability;
 mod openapi;
 #[path = "service/session_quota.rs"]
 mod session_quota;
+#[path = "service/text_input.rs"]
+mod text_input;
 
 const OWNER: &str = "spiffe://test/billing/a";
 const OTHER: &str = "spiffe://test/billing/b";
