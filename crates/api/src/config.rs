@@ -64,8 +64,10 @@ pub struct Namespace {
     /// Owning tenant.
     pub tenant_id: String,
     /// Most holds that may be live at once in the namespace (enforced by the service).
+    #[cfg_attr(feature = "openapi", schema(value_type = u64, maximum = 4294967295_u64))]
     pub held_lease_quota: u32,
     /// Most lock operations per second (enforced by the service).
+    #[cfg_attr(feature = "openapi", schema(value_type = u64, maximum = 4294967295_u64))]
     pub op_rate_quota: u32,
     /// Which etcd cluster tier serves the namespace.
     pub cluster_tier: String,

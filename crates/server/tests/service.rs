@@ -24,6 +24,8 @@ mod holder_meta;
 mod observability;
 #[path = "service/openapi.rs"]
 mod openapi;
+#[path = "service/schemathesis.rs"]
+mod schemathesis;
 #[path = "service/session_quota.rs"]
 mod session_quota;
 #[path = "service/text_input.rs"]

@@ -20,11 +20,19 @@ pub struct NamespaceBody {
         )
     )]
     pub tenant_id: String,
-    /// Default 10,000.
+    /// Default 10,000; at most 2^32 - 1.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(value_type = Option<u64>, maximum = 4294967295_u64)
+    )]
     pub held_lease_quota: Option<u32>,
-    /// Operations per second; default 1,000.
+    /// Operations per second; default 1,000; at most 2^32 - 1.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(value_type = Option<u64>, maximum = 4294967295_u64)
+    )]
     pub op_rate_quota: Option<u32>,
     /// Default `default`; 1 to 256 bytes, not blank, no control character
     /// (`validate_text`).

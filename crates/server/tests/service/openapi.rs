@@ -249,3 +249,25 @@ fn text_field_schemas_agree_with_validate_text() {
         palisade_api::MAX_REQUEST_ID_LEN
     );
 }
+
+/// The quotas are `u32`: the schema's bounds are the type's (utoipa's default for `u32`,
+/// `format: int32`, says at most 2^31 - 1, and the handlers accept more).
+#[test]
+fn quota_schemas_state_the_u32_range_the_handlers_accept() {
+    let doc: Value = serde_json::from_str(&palisade_server::openapi_json()).unwrap();
+    for field in ["held_lease_quota", "op_rate_quota"] {
+        for schema in ["NamespaceBody", "Namespace"] {
+            let prop = &doc["components"]["schemas"][schema]["properties"][field];
+            let v = jsonschema::draft202012::new(prop).unwrap();
+            for (n, ok) in [(0_u64, true), (1 << 31, true), (u64::from(u32::MAX), true)] {
+                assert_eq!(v.is_valid(&json!(n)), ok, "{schema}.{field} {n}");
+            }
+            assert!(!v.is_valid(&json!(u64::from(u32::MAX) + 1)));
+            assert!(!v.is_valid(&json!(-1)));
+        }
+        let body = |n: u64| json!({ "tenant_id": "t", field: n });
+        let parse = |n| serde_json::from_value::<palisade_api::wire::NamespaceBody>(body(n));
+        assert!(parse(1 << 31).is_ok() && parse(u64::from(u32::MAX)).is_ok());
+        assert!(parse(u64::from(u32::MAX) + 1).is_err());
+    }
+}
