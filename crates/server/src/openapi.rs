@@ -119,8 +119,10 @@ problems! {
     /// `GET /v1/epoch`.
     ShowEpochProblems { body: false, kinds: [Unauthenticated, Forbidden] }
     /// `POST /v1/epoch/advance`.
+    /// `deadline-exceeded`: the steps of an advance (read etcd's record, store the durable
+    /// one, write etcd's) share one time budget, three etcd request timeouts.
     AdvanceEpochProblems { body: true, kinds: [InvalidInput, Unauthenticated, Forbidden,
-        EpochExhausted, QuorumLost, Upstream, Internal] }
+        EpochExhausted, DeadlineExceeded, QuorumLost, Upstream, Internal] }
     /// `POST /v1/force-releases`.
     RequestForceProblems { body: true, kinds: [InvalidInput, Unauthenticated, Forbidden, NotFound,
         Upstream, Internal] }

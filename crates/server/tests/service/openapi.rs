@@ -271,3 +271,26 @@ fn quota_schemas_state_the_u32_range_the_handlers_accept() {
         assert!(parse(u64::from(u32::MAX) + 1).is_err());
     }
 }
+
+/// An epoch advance runs out of its time budget as `deadline-exceeded` (409), besides
+/// `epoch-exhausted`; the document lists both under 409 (schemathesis saw the first
+/// undocumented, seed 1).
+#[test]
+fn advance_epoch_documents_deadline_exceeded() {
+    let doc: Value = serde_json::from_str(&palisade_server::openapi_json()).unwrap();
+    let conflict = &doc["paths"]["/v1/epoch/advance"]["post"]["responses"]["409"];
+    let types: BTreeSet<&str> = conflict["content"]["application/problem+json"]["schema"]["allOf"]
+        [1]["properties"]["type"]["enum"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        types,
+        BTreeSet::from([
+            "urn:palisade:problem:deadline-exceeded",
+            "urn:palisade:problem:epoch-exhausted"
+        ])
+    );
+}

@@ -17,7 +17,7 @@ use palisade_server::{Authz, AuthzConfig, ForceReleases, ServiceOptions, DEV_IDE
 use palisade_testkit::TestDb;
 use serde_json::Value;
 
-use super::{fixture, pool_of, start_replica, Recorded};
+use super::{fixture_with_timeout, pool_of, start_replica, Recorded};
 
 /// The version `scripts/lib/setup.sh` installs (`PALISADE_SCHEMATHESIS_VERSION`).
 const VERSION: &str = "4.32.5";
@@ -78,7 +78,9 @@ async fn etcd_schemathesis_finds_no_5xx_and_answers_match_the_document() {
         st.display()
     );
 
-    let f = fixture(0).await;
+    // A generous etcd request timeout: the run is about input, not about a loaded
+    // machine's slow fsync running out an operation's time budget.
+    let f = fixture_with_timeout(0, Duration::from_secs(5)).await;
     let db = TestDb::create().await;
     let force = ForceReleases::new(pool_of(&db), Arc::new(Recorded::default()));
     force.migrate().await.unwrap();
