@@ -508,7 +508,7 @@ async fn etcd_cli_force_release_needs_a_second_admin() {
         ],
     )
     .await
-    .fails(2, "reason must be");
+    .fails(2, "reason is blank");
     let req = s
         .dev(
             ADMIN,

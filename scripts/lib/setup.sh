@@ -1,5 +1,12 @@
 # Shared set-up for scripts/test and scripts/demo: install and start what Palisade needs on a
 # Debian machine. Sourced, not run.
+#
+# What it changes on the system: Debian packages (protobuf-compiler, etcd-server,
+# etcd-client, postgresql-client, chromium, postgresql, python3-venv when missing; the
+# system etcd service is stopped and disabled), cargo-nextest in cargo's bin directory,
+# PostgreSQL's pg_hba.conf (trust on loopback) when no server answers on 5432, and
+# schemathesis from PyPI in a virtual environment under
+# ${XDG_CACHE_HOME:-$HOME/.cache}/palisade-venv (not the system's Python).
 
 step() { printf '\n==> %s\n' "$*"; }
 
@@ -34,6 +41,28 @@ palisade_install_deps() {
         step "installing cargo-nextest"
         cargo install --locked cargo-nextest
     fi
+}
+
+# The schemathesis version the OpenAPI fuzz test runs (crates/server/tests/schemathesis.rs).
+PALISADE_SCHEMATHESIS_VERSION=4.32.5
+
+# Installs schemathesis from PyPI into a Python virtual environment outside the clone,
+# ${XDG_CACHE_HOME:-$HOME/.cache}/palisade-venv (python3-venv from apt if `python3 -m venv`
+# is missing), and exports PALISADE_SCHEMATHESIS, the path of its command. Nothing is
+# installed into the system's Python.
+palisade_install_schemathesis() {
+    local venv="${XDG_CACHE_HOME:-$HOME/.cache}/palisade-venv"
+    local want="$PALISADE_SCHEMATHESIS_VERSION"
+    export PALISADE_SCHEMATHESIS="$venv/bin/schemathesis"
+    if [ -x "$venv/bin/python" ] &&
+        [ "$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("schemathesis"))' 2>/dev/null)" = "$want" ]; then
+        return 0
+    fi
+    command -v python3 >/dev/null || apt_install python3
+    python3 -c 'import venv, ensurepip' 2>/dev/null || apt_install python3-venv
+    step "installing schemathesis $want into $venv"
+    python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check "schemathesis==$want"
 }
 
 # Makes sure PostgreSQL answers on 127.0.0.1:5432 with trust authentication for loopback.

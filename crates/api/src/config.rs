@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::names::{validate_key, validate_name};
+use crate::text::{validate_text, MAX_LABEL_LEN};
 use crate::InvalidInput;
 
 /// How a lock is held.
@@ -63,8 +64,10 @@ pub struct Namespace {
     /// Owning tenant.
     pub tenant_id: String,
     /// Most holds that may be live at once in the namespace (enforced by the service).
+    #[cfg_attr(feature = "openapi", schema(value_type = u64, maximum = 4294967295_u64))]
     pub held_lease_quota: u32,
     /// Most lock operations per second (enforced by the service).
+    #[cfg_attr(feature = "openapi", schema(value_type = u64, maximum = 4294967295_u64))]
     pub op_rate_quota: u32,
     /// Which etcd cluster tier serves the namespace.
     pub cluster_tier: String,
@@ -82,13 +85,17 @@ impl Namespace {
         }
     }
 
-    /// Checks the name.
+    /// Checks the name, and `tenant_id` and `cluster_tier` as text of 1 to
+    /// [`MAX_LABEL_LEN`] bytes ([`validate_text`]).
     ///
     /// # Errors
     ///
-    /// [`InvalidInput::BadName`].
+    /// [`InvalidInput::BadName`]; [`InvalidInput::BadText`] naming `tenant_id` or
+    /// `cluster_tier`.
     pub fn validate(&self) -> Result<(), InvalidInput> {
-        validate_name(&self.id)
+        validate_name(&self.id)?;
+        validate_text("tenant_id", &self.tenant_id, MAX_LABEL_LEN)?;
+        validate_text("cluster_tier", &self.cluster_tier, MAX_LABEL_LEN)
     }
 }
 
@@ -211,6 +218,44 @@ pub mod millis {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn namespace_labels_are_checked_text() {
+        assert_eq!(Namespace::new("ns", "acme").validate(), Ok(()));
+        let bad = |tenant: &str, tier: &str| {
+            let mut n = Namespace::new("ns", tenant);
+            n.cluster_tier = tier.to_owned();
+            n.validate().unwrap_err()
+        };
+        assert!(matches!(
+            bad("ac\0me", "default"),
+            InvalidInput::BadText {
+                field: "tenant_id",
+                fault: crate::TextFault::ControlCharacter { ch: '\0', at: 2 }
+            }
+        ));
+        assert!(matches!(
+            bad("", "default"),
+            InvalidInput::BadText {
+                field: "tenant_id",
+                fault: crate::TextFault::Empty
+            }
+        ));
+        assert!(matches!(
+            bad("acme", "t\n"),
+            InvalidInput::BadText {
+                field: "cluster_tier",
+                ..
+            }
+        ));
+        assert!(matches!(
+            bad("acme", &"t".repeat(MAX_LABEL_LEN + 1)),
+            InvalidInput::BadText {
+                field: "cluster_tier",
+                fault: crate::TextFault::TooLong { .. }
+            }
+        ));
+    }
 
     #[test]
     fn class_validation_and_overlap() {

@@ -27,6 +27,14 @@ pub enum InvalidInput {
     /// A namespace or class name is not `[a-z0-9][a-z0-9_-]{0,62}`.
     #[error("name {0:?} is not [a-z0-9][a-z0-9_-]{{0,62}}")]
     BadName(String),
+    /// A text field that breaks the rule of [`validate_text`](crate::validate_text).
+    #[error("{field} {fault}")]
+    BadText {
+        /// The field, as the request names it (`reason`, `tenant_id`...).
+        field: &'static str,
+        /// What is wrong with it.
+        fault: crate::TextFault,
+    },
     /// A SPIFFE ID that does not start with `spiffe://` or is otherwise malformed.
     #[error("malformed SPIFFE ID {0:?}")]
     BadSpiffeId(String),

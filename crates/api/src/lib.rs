@@ -9,7 +9,7 @@
 //! | [`routes`] | every route's path, and builders for concrete paths |
 //! | [`wire`] | the JSON request and response bodies of the service |
 //! | [`problem`] | problem kinds: slugs, `type` URIs and status codes |
-//! | crate root | names and keys ([`validate_name`], [`validate_key`]), ids ([`LeaseId`], [`SpiffeId`]), configuration records ([`Namespace`], [`LockClass`], [`EpochRecord`]), [`HolderMeta`], and [`InvalidInput`], why input was refused |
+//! | crate root | names and keys ([`validate_name`], [`validate_key`]), free text ([`validate_text`]), ids ([`LeaseId`], [`SpiffeId`]), configuration records ([`Namespace`], [`LockClass`], [`EpochRecord`]), [`HolderMeta`], and [`InvalidInput`], why input was refused |
 //!
 //! # Features
 //!
@@ -24,6 +24,7 @@ pub mod keys;
 mod names;
 pub mod problem;
 pub mod routes;
+mod text;
 pub mod wire;
 
 pub use config::{millis, Enforcement, LockClass, Mode, Namespace, QuorumPolicy};
@@ -34,3 +35,6 @@ pub use invalid::InvalidInput;
 pub use names::{is_name, validate_key, validate_name, MAX_KEY_LEN, MAX_NAME_LEN, NAME_PATTERN};
 pub use palisade_fence::{Epoch, FencingToken, Revision};
 pub use problem::ProblemKind;
+pub use text::{
+    validate_text, TextFault, MAX_LABEL_LEN, MAX_REASON_LEN, MAX_REQUEST_ID_LEN, TEXT_PATTERN,
+};

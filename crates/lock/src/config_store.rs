@@ -88,7 +88,9 @@ impl ConfigStore {
     ///
     /// # Errors
     ///
-    /// [`InvalidInput::BadName`]; [`ErrorKind::QuorumLost`] if etcd cannot commit.
+    /// [`InvalidInput::BadName`]; [`InvalidInput::BadText`] for `tenant_id` or
+    /// `cluster_tier` ([`Namespace::validate`]); [`ErrorKind::QuorumLost`] if etcd cannot
+    /// commit.
     pub async fn put_namespace(&self, ns: &Namespace) -> Result<()> {
         ns.validate()?;
         let value =

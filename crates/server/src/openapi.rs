@@ -119,13 +119,15 @@ problems! {
     /// `GET /v1/epoch`.
     ShowEpochProblems { body: false, kinds: [Unauthenticated, Forbidden] }
     /// `POST /v1/epoch/advance`.
+    /// `deadline-exceeded`: the steps of an advance (read etcd's record, store the durable
+    /// one, write etcd's) share one time budget, three etcd request timeouts.
     AdvanceEpochProblems { body: true, kinds: [InvalidInput, Unauthenticated, Forbidden,
-        EpochExhausted, QuorumLost, Upstream, Internal] }
+        EpochExhausted, DeadlineExceeded, QuorumLost, Upstream, Internal] }
     /// `POST /v1/force-releases`.
     RequestForceProblems { body: true, kinds: [InvalidInput, Unauthenticated, Forbidden, NotFound,
         NotHeld, QuorumLost, Upstream, Internal] }
     /// `POST /v1/force-releases/{id}/approve`.
-    ApproveForceProblems { body: false, kinds: [Unauthenticated, Forbidden, NotFound,
+    ApproveForceProblems { body: false, kinds: [InvalidInput, Unauthenticated, Forbidden, NotFound,
         AlreadyApproved, ForceTargetGone, QuorumLost, Upstream, Internal] }
 }
 

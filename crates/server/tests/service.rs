@@ -26,8 +26,12 @@ mod lock_edges;
 mod observability;
 #[path = "service/openapi.rs"]
 mod openapi;
+#[path = "service/schemathesis.rs"]
+mod schemathesis;
 #[path = "service/session_quota.rs"]
 mod session_quota;
+#[path = "service/text_input.rs"]
+mod text_input;
 
 const OWNER: &str = "spiffe://test/billing/a";
 const OTHER: &str = "spiffe://test/billing/b";

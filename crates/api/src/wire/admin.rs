@@ -9,16 +9,42 @@ use crate::{Enforcement, Mode, QuorumPolicy};
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct NamespaceBody {
-    /// The owning tenant.
+    /// The owning tenant: 1 to 256 bytes, not blank, no control character
+    /// (`validate_text`).
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            min_length = 1,
+            max_length = 256,
+            pattern = r"^[^\u0000-\u001f\u007f-\u009f]*[^\u0000-\u0020\u007f-\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff][^\u0000-\u001f\u007f-\u009f]*$"
+        )
+    )]
     pub tenant_id: String,
-    /// Default 10,000.
+    /// Default 10,000; at most 2^32 - 1.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(value_type = Option<u64>, maximum = 4294967295_u64)
+    )]
     pub held_lease_quota: Option<u32>,
-    /// Operations per second; default 1,000.
+    /// Operations per second; default 1,000; at most 2^32 - 1.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(value_type = Option<u64>, maximum = 4294967295_u64)
+    )]
     pub op_rate_quota: Option<u32>,
-    /// Default `default`.
+    /// Default `default`; 1 to 256 bytes, not blank, no control character
+    /// (`validate_text`).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            min_length = 1,
+            max_length = 256,
+            pattern = r"^[^\u0000-\u001f\u007f-\u009f]*[^\u0000-\u0020\u007f-\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff][^\u0000-\u001f\u007f-\u009f]*$"
+        )
+    )]
     pub cluster_tier: Option<String>,
 }
 

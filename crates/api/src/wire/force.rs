@@ -18,8 +18,15 @@ pub struct ForceRequestBody {
     /// The lock key.
     #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 512))]
     pub key: String,
-    /// Why, 1 to 1024 bytes, not blank.
-    #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 1024))]
+    /// Why: 1 to 1024 bytes, not blank, no control character (`validate_text`).
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            min_length = 1,
+            max_length = 1024,
+            pattern = r"^[^\u0000-\u001f\u007f-\u009f]*[^\u0000-\u0020\u007f-\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff][^\u0000-\u001f\u007f-\u009f]*$"
+        )
+    )]
     pub reason: String,
     /// The one hold to release, by its grant revision. Without it (and without
     /// `token`), the request is about every hold of the key at request time.

@@ -70,10 +70,13 @@ pub struct ReleaseBody {
     #[cfg_attr(feature = "openapi", schema(pattern = "^[0-9a-f]{16}$"))]
     pub session: String,
     /// The namespace.
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[a-z0-9][a-z0-9_-]{0,62}$"))]
     pub namespace: String,
     /// The class.
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[a-z0-9][a-z0-9_-]{0,62}$"))]
     pub class: String,
     /// The lock key.
+    #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 512))]
     pub key: String,
     /// The mode held.
     pub mode: Mode,
@@ -89,10 +92,13 @@ pub struct ReleaseBody {
 #[serde(deny_unknown_fields)]
 pub struct StatusQuery {
     /// The namespace.
+    #[cfg_attr(feature = "openapi", param(pattern = "^[a-z0-9][a-z0-9_-]{0,62}$"))]
     pub namespace: String,
     /// The class.
+    #[cfg_attr(feature = "openapi", param(pattern = "^[a-z0-9][a-z0-9_-]{0,62}$"))]
     pub class: String,
     /// The lock key.
+    #[cfg_attr(feature = "openapi", param(min_length = 1, max_length = 512))]
     pub key: String,
 }
 

@@ -11,6 +11,7 @@ use crate::{Mode, Revision};
 pub struct OpenSessionBody {
     /// The lease TTL in ms: a whole number of seconds, from 1000 to the service's
     /// maximum (default 1 h).
+    #[cfg_attr(feature = "openapi", schema(minimum = 1000, multiple_of = 1000))]
     pub ttl_ms: u64,
     /// If given, the session counts against this namespace's `held_lease_quota` for as
     /// long as its lease lives (the caller must be granted some class of it, or

@@ -159,6 +159,7 @@ pub(super) async fn locks(
     Query(params): Query<KeyParams>,
 ) -> Result<Json<Timeline>, DashError> {
     let key = params.key.unwrap_or_default();
+    query::check_lock_key(&key)?;
     let client = pool.get().await?;
     let entries = query::lock_timeline(&**client, &key, query::PAGE_MAX).await?;
     let events = entries

@@ -19,9 +19,13 @@
 //! page. The chart covers `from`..`to`, by default the last 24 hours (two weeks at most).
 //! Tokens are JSON strings (they exceed 2^53); times are RFC 3339 strings.
 //!
+//! Text filters are trimmed, then checked by `palisade_api::validate_text` (no control
+//! character, NUL included; at most 2048 bytes), and `key` as a lock key
+//! (`palisade_api::validate_key`: no control character, at most 512 bytes).
+//!
 //! Everything is rendered server-side with maud, which escapes every value; pages load
-//! nothing from elsewhere (inline CSS, inline SVG, no scripts). A bad filter is a 400, an
-//! unreachable database a 503, as plain text.
+//! nothing from elsewhere (inline CSS, inline SVG, no scripts). A bad filter or key is a
+//! 400 naming the parameter and the cause, an unreachable database a 503, as plain text.
 
 mod api;
 mod csv;

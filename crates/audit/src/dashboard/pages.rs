@@ -171,6 +171,7 @@ pub(super) async fn locks(
         .as_deref()
         .map(str::trim)
         .filter(|k| !k.is_empty());
+    query::check_lock_key(key.unwrap_or_default())?;
     let entries = match key {
         Some(k) => {
             let client = pool.get().await?;

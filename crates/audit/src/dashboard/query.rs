@@ -37,6 +37,9 @@ pub(crate) struct FilterParams {
     pub(crate) limit: Option<usize>,
 }
 
+/// Longest text filter, in bytes: the longest value filtered on, a SPIFFE ID.
+pub(crate) const MAX_FILTER_LEN: usize = 2048;
+
 /// A bad query string.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum FilterError {
@@ -44,6 +47,10 @@ pub(crate) enum FilterError {
     Time { field: &'static str },
     #[error("before: not a cursor from a previous page")]
     Cursor,
+    /// A text filter or lock key that breaks its rule (a NUL, which PostgreSQL cannot
+    /// take, or another control character; too long).
+    #[error("{0}")]
+    Text(#[from] palisade_api::InvalidInput),
 }
 
 /// Parsed filters; empty strings mean "any".
@@ -124,6 +131,26 @@ fn nonempty(s: &Option<String>) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// A text filter, trimmed (empty means any), checked by the text rule of
+/// [`palisade_api::validate_text`] with a bound of [`MAX_FILTER_LEN`] bytes.
+fn text_filter(v: &Option<String>, field: &'static str) -> Result<Option<String>, FilterError> {
+    let v = nonempty(v);
+    if let Some(s) = &v {
+        palisade_api::validate_text(field, s, MAX_FILTER_LEN)?;
+    }
+    Ok(v)
+}
+
+/// Checks the lock key of a timeline, unless it is empty (no key asked for): the rule of
+/// [`palisade_api::validate_key`], so no control character and at most
+/// [`palisade_api::MAX_KEY_LEN`] bytes.
+pub(crate) fn check_lock_key(key: &str) -> Result<(), FilterError> {
+    if !key.is_empty() {
+        palisade_api::validate_key(key)?;
+    }
+    Ok(())
+}
+
 impl FilterParams {
     pub(crate) fn parse(&self) -> Result<(Filter, Option<Cursor>, usize), FilterError> {
         let time = |v: &Option<String>, field| match nonempty(v) {
@@ -131,11 +158,11 @@ impl FilterParams {
             Some(s) => parse_time(&s).map(Some).ok_or(FilterError::Time { field }),
         };
         let filter = Filter {
-            namespace: nonempty(&self.namespace),
-            class: nonempty(&self.class),
-            resource: nonempty(&self.resource),
-            service: nonempty(&self.service),
-            caller: nonempty(&self.caller),
+            namespace: text_filter(&self.namespace, "namespace")?,
+            class: text_filter(&self.class, "class")?,
+            resource: text_filter(&self.resource, "resource")?,
+            service: text_filter(&self.service, "service")?,
+            caller: text_filter(&self.caller, "caller")?,
             from: time(&self.from, "from")?,
             to: time(&self.to, "to")?,
         };

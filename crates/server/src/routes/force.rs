@@ -31,18 +31,15 @@ fn db_problem(e: &ForceDbError) -> Problem {
     Problem::new(ProblemKind::Upstream, "the force release database failed")
 }
 
-/// The longest force release reason, in bytes.
-const MAX_REASON_LEN: usize = 1024;
-
-/// The `reason` of a [`ForceRequestBody`]: 1 to [`MAX_REASON_LEN`] bytes, not blank.
+/// The `reason` of a [`ForceRequestBody`]: text of 1 to
+/// [`MAX_REASON_LEN`](palisade_api::MAX_REASON_LEN) bytes, not blank, no control
+/// character ([`palisade_api::validate_text`]).
 pub(super) fn check_reason(reason: &str) -> ApiResult<()> {
-    if reason.trim().is_empty() || reason.len() > MAX_REASON_LEN {
-        return Err(Problem::new(
-            ProblemKind::InvalidInput,
-            format!("reason must be 1 to {MAX_REASON_LEN} bytes, not blank"),
-        ));
-    }
-    Ok(())
+    Ok(palisade_api::validate_text(
+        "reason",
+        reason,
+        palisade_api::MAX_REASON_LEN,
+    )?)
 }
 
 /// Requests a force release (admins of the namespace); nothing is deleted yet. The
@@ -126,7 +123,8 @@ pub(super) async fn request_force_release(
 /// and approving it again (any admin of the namespace but the requester) finishes it,
 /// deleting each target at most once.
 #[utoipa::path(post, path = routes::APPROVE_FORCE_RELEASE, tag = "force release",
-    params(("id" = String, Path, description = "the request id")),
+    params(("id" = String, Path, description = "the request id (1 to 64 bytes, no control character)",
+        max_length = 64, pattern = r"^[^\u0000-\u001f\u007f-\u009f]*[^\u0000-\u0020\u007f-\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff][^\u0000-\u001f\u007f-\u009f]*$")),
     responses((status = 200, description = "approved and executed (`released`: the holds deleted)",
         body = ApproveView), ApproveForceProblems))]
 pub(super) async fn approve_force_release(
@@ -141,9 +139,7 @@ pub(super) async fn approve_force_release(
             "no force release request with this id",
         )
     };
-    if id.is_empty() || id.len() > 64 {
-        return Err(not_found());
-    }
+    palisade_api::validate_text("id", &id, palisade_api::MAX_REQUEST_ID_LEN)?;
     let db = |e: ForceDbError| db_problem(&e);
     let mut req = force.get(&id).await.map_err(db)?.ok_or_else(not_found)?;
     if !state.authz.current().is_ns_admin(&req.namespace, &caller.0) {

@@ -200,3 +200,100 @@ async fn etcd_openapi_document_matches_the_router_and_its_schemas_refuse_what_ha
     let r = call(addr, "PUT", "/v1/namespaces/ns/classes/d", super::ADMIN, b).await;
     assert_eq!(r.status, 422, "{:?}", r.body);
 }
+
+/// The text fields' schemas (`TEXT_PATTERN` and the bounds) accept exactly what
+/// `validate_text` accepts: every character of the Basic Multilingual Plane alone and
+/// amid text, and samples at the bounds. `maxLength` counts characters and the bound
+/// bytes, so the samples at the bounds are ASCII.
+#[test]
+fn text_field_schemas_agree_with_validate_text() {
+    let doc: Value = serde_json::from_str(&palisade_server::openapi_json()).unwrap();
+    let fields = [
+        ("ForceRequestBody", "reason", palisade_api::MAX_REASON_LEN),
+        ("NamespaceBody", "tenant_id", palisade_api::MAX_LABEL_LEN),
+        ("NamespaceBody", "cluster_tier", palisade_api::MAX_LABEL_LEN),
+    ];
+    let mut samples = vec![
+        "stuck batch job".to_owned(),
+        "ü, ß und 中文 🔒".to_owned(),
+        " padded ".to_owned(),
+        String::new(),
+        "\u{1b}[31m".to_owned(),
+        "two\nlines".to_owned(),
+    ];
+    for c in (0..=0xffff_u32).filter_map(char::from_u32) {
+        samples.push(c.to_string());
+        samples.push(format!("a{c}b"));
+    }
+    for (schema, field, max) in fields {
+        let prop = &doc["components"]["schemas"][schema]["properties"][field];
+        assert_eq!(
+            prop["pattern"],
+            palisade_api::TEXT_PATTERN,
+            "{schema}.{field}"
+        );
+        let v = jsonschema::draft202012::new(prop).unwrap();
+        for s in samples
+            .iter()
+            .cloned()
+            .chain(["x".repeat(max), "x".repeat(max + 1)])
+        {
+            assert_eq!(
+                v.is_valid(&json!(s)),
+                palisade_api::validate_text(field, &s, max).is_ok(),
+                "{schema}.{field}: {s:?}"
+            );
+        }
+    }
+    let approve = &doc["paths"]["/v1/force-releases/{id}/approve"]["post"]["parameters"][0];
+    assert_eq!(approve["schema"]["pattern"], palisade_api::TEXT_PATTERN);
+    assert_eq!(
+        approve["schema"]["maxLength"],
+        palisade_api::MAX_REQUEST_ID_LEN
+    );
+}
+
+/// The quotas are `u32`: the schema's bounds are the type's (utoipa's default for `u32`,
+/// `format: int32`, says at most 2^31 - 1, and the handlers accept more).
+#[test]
+fn quota_schemas_state_the_u32_range_the_handlers_accept() {
+    let doc: Value = serde_json::from_str(&palisade_server::openapi_json()).unwrap();
+    for field in ["held_lease_quota", "op_rate_quota"] {
+        for schema in ["NamespaceBody", "Namespace"] {
+            let prop = &doc["components"]["schemas"][schema]["properties"][field];
+            let v = jsonschema::draft202012::new(prop).unwrap();
+            for (n, ok) in [(0_u64, true), (1 << 31, true), (u64::from(u32::MAX), true)] {
+                assert_eq!(v.is_valid(&json!(n)), ok, "{schema}.{field} {n}");
+            }
+            assert!(!v.is_valid(&json!(u64::from(u32::MAX) + 1)));
+            assert!(!v.is_valid(&json!(-1)));
+        }
+        let body = |n: u64| json!({ "tenant_id": "t", field: n });
+        let parse = |n| serde_json::from_value::<palisade_api::wire::NamespaceBody>(body(n));
+        assert!(parse(1 << 31).is_ok() && parse(u64::from(u32::MAX)).is_ok());
+        assert!(parse(u64::from(u32::MAX) + 1).is_err());
+    }
+}
+
+/// An epoch advance runs out of its time budget as `deadline-exceeded` (409), besides
+/// `epoch-exhausted`; the document lists both under 409 (schemathesis saw the first
+/// undocumented, seed 1).
+#[test]
+fn advance_epoch_documents_deadline_exceeded() {
+    let doc: Value = serde_json::from_str(&palisade_server::openapi_json()).unwrap();
+    let conflict = &doc["paths"]["/v1/epoch/advance"]["post"]["responses"]["409"];
+    let types: BTreeSet<&str> = conflict["content"]["application/problem+json"]["schema"]["allOf"]
+        [1]["properties"]["type"]["enum"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        types,
+        BTreeSet::from([
+            "urn:palisade:problem:deadline-exceeded",
+            "urn:palisade:problem:epoch-exhausted"
+        ])
+    );
+}

@@ -1,0 +1,185 @@
+//! Free text fields: the one rule every text the service stores or looks up keeps
+//! (a force release's reason, a namespace's tenant and tier, a request id, the audit
+//! dashboard's filters).
+//!
+//! Names and lock keys have rules of their own ([`crate::validate_name`],
+//! [`crate::validate_key`]); everything else a request carries as text is checked with
+//! [`validate_text`] before anything is written or looked up. The rule:
+//!
+//! - 1 to `max_len` bytes of UTF-8 (each field has its own bound);
+//! - not blank: at least one character that is not whitespace (Unicode `White_Space`,
+//!   and U+FEFF, which ECMAScript's `\s` counts as whitespace);
+//! - no control character (Unicode `Cc`: U+0000 to U+001F, U+007F to U+009F). PostgreSQL
+//!   cannot store U+0000 in `text`, and the others have no place in one-line labels,
+//!   logs or the dashboard's pages.
+//!
+//! The OpenAPI document states the same with [`TEXT_PATTERN`] and a `maxLength` (which
+//! counts characters, so it bounds the bytes only loosely).
+
+use std::fmt;
+
+use crate::InvalidInput;
+
+/// The pattern of a text field, as the OpenAPI document states it: no control character,
+/// and at least one character that is neither whitespace nor a control character. The
+/// whitespace is spelled out (no `\s`, whose meaning differs between regex engines), so
+/// ECMA-262, Python and Rust regexes read it alike.
+pub const TEXT_PATTERN: &str = r"^[^\u0000-\u001f\u007f-\u009f]*[^\u0000-\u0020\u007f-\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff][^\u0000-\u001f\u007f-\u009f]*$";
+
+/// Longest force release reason, in bytes.
+pub const MAX_REASON_LEN: usize = 1024;
+
+/// Longest label (a namespace's `tenant_id` or `cluster_tier`), in bytes.
+pub const MAX_LABEL_LEN: usize = 256;
+
+/// Longest force release request id accepted, in bytes (the service makes UUIDs, 36).
+pub const MAX_REQUEST_ID_LEN: usize = 64;
+
+/// What is wrong with a text field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TextFault {
+    /// No character at all.
+    Empty,
+    /// Only whitespace.
+    Blank,
+    /// Longer than the field's bound.
+    TooLong {
+        /// Its length, in bytes.
+        len: usize,
+        /// The field's bound, in bytes.
+        max: usize,
+    },
+    /// A control character.
+    ControlCharacter {
+        /// The character.
+        ch: char,
+        /// Its byte offset in the field.
+        at: usize,
+    },
+}
+
+impl fmt::Display for TextFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TextFault::Empty => f.write_str("is empty"),
+            TextFault::Blank => f.write_str("is blank (only whitespace)"),
+            TextFault::TooLong { len, max } => write!(f, "is {len} bytes, more than {max}"),
+            TextFault::ControlCharacter { ch, at } => write!(
+                f,
+                "has the control character U+{:04X} at byte {at} (no control characters, NUL included)",
+                u32::from(*ch)
+            ),
+        }
+    }
+}
+
+/// Whether `c` counts as whitespace for the blank check.
+fn blank_char(c: char) -> bool {
+    c.is_whitespace() || c == '\u{feff}'
+}
+
+/// Checks a text field named `field` against the rule of this module, with a bound of
+/// `max_len` bytes.
+///
+/// # Errors
+///
+/// [`InvalidInput::BadText`] naming `field` and the [`TextFault`]: the first control
+/// character if there is one, else empty, blank or too long.
+pub fn validate_text(field: &'static str, value: &str, max_len: usize) -> Result<(), InvalidInput> {
+    let fault = if let Some((at, ch)) = value.char_indices().find(|(_, c)| c.is_control()) {
+        Some(TextFault::ControlCharacter { ch, at })
+    } else if value.is_empty() {
+        Some(TextFault::Empty)
+    } else if value.len() > max_len {
+        Some(TextFault::TooLong {
+            len: value.len(),
+            max: max_len,
+        })
+    } else if value.chars().all(blank_char) {
+        Some(TextFault::Blank)
+    } else {
+        None
+    };
+    match fault {
+        Some(fault) => Err(InvalidInput::BadText { field, fault }),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fault(value: &str, max: usize) -> Option<TextFault> {
+        match validate_text("f", value, max) {
+            Ok(()) => None,
+            Err(InvalidInput::BadText { field, fault }) => {
+                assert_eq!(field, "f");
+                Some(fault)
+            }
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn text_is_bounded_not_blank_and_free_of_control_characters() {
+        for good in [
+            "stuck batch job",
+            "ü",
+            "a b",
+            " x ",
+            "tab\u{a0}free",
+            "\u{2028}x",
+        ] {
+            assert_eq!(fault(good, 64), None, "{good:?}");
+        }
+        assert_eq!(fault(&"x".repeat(64), 64), None);
+        assert_eq!(fault("", 64), Some(TextFault::Empty));
+        for blank in [" ", "\u{a0}\u{3000}", "\u{feff}", "\u{2028}"] {
+            assert_eq!(fault(blank, 64), Some(TextFault::Blank), "{blank:?}");
+        }
+        assert_eq!(
+            fault(&"x".repeat(65), 64),
+            Some(TextFault::TooLong { len: 65, max: 64 })
+        );
+        // Bytes, not characters: "é" is two.
+        assert_eq!(
+            fault(&"é".repeat(33), 64),
+            Some(TextFault::TooLong { len: 66, max: 64 })
+        );
+        for (value, ch, at) in [
+            ("a\0b", '\0', 1),
+            ("\u{1}", '\u{1}', 0),
+            ("line\nbreak", '\n', 4),
+            ("tab\t", '\t', 3),
+            ("del\u{7f}", '\u{7f}', 3),
+            ("éc1\u{85}", '\u{85}', 4),
+            (" \u{9f}", '\u{9f}', 1),
+        ] {
+            assert_eq!(
+                fault(value, 64),
+                Some(TextFault::ControlCharacter { ch, at }),
+                "{value:?}"
+            );
+        }
+        // A control character is named before any other fault.
+        assert_eq!(
+            fault(&format!("{}\0", "x".repeat(70)), 64),
+            Some(TextFault::ControlCharacter { ch: '\0', at: 70 })
+        );
+    }
+
+    #[test]
+    fn the_error_names_the_field_and_the_cause() {
+        let e = validate_text("reason", "stuck\0", MAX_REASON_LEN).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "reason has the control character U+0000 at byte 5 (no control characters, NUL included)"
+        );
+        let e = validate_text("tenant_id", "", MAX_LABEL_LEN).unwrap_err();
+        assert_eq!(e.to_string(), "tenant_id is empty");
+        let e = validate_text("reason", &"x".repeat(1025), MAX_REASON_LEN).unwrap_err();
+        assert_eq!(e.to_string(), "reason is 1025 bytes, more than 1024");
+    }
+}
