@@ -10,7 +10,8 @@ use palisade_testkit::TestDb;
 use serde_json::{json, Value};
 
 use super::{
-    assert_problem, call, fixture, keys, pool_of, start_replica, Recorded, ADMIN, ADMIN2, AUTHZ,
+    acquire_body, assert_problem, call, fixture, keys, open, pool_of, start_replica, Recorded,
+    ADMIN, ADMIN2, AUTHZ, OWNER,
 };
 
 /// Rows of the force release request table.
@@ -42,6 +43,17 @@ async fn etcd_bad_text_is_400_naming_the_field_before_etcd_or_postgres() {
     let addr = start_replica(f.connect().await.unwrap(), options)
         .await
         .addr;
+    // A holder of `k`, so that a request with good text names a hold.
+    let s = open(addr, OWNER, 30_000).await;
+    let r = call(
+        addr,
+        "POST",
+        "/v1/locks/acquire",
+        OWNER,
+        acquire_body(&s, "k", 1000),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
     let before = keys(&f).await;
 
     // The reason of a force release request.
