@@ -23,6 +23,14 @@ pub enum FenceErrorKind {
     BadParameters,
     /// The connection is closed.
     Closed,
+    /// A prepared form ran where its prepared statement does not exist: SQLSTATE `26000`
+    /// (or `42P05` when preparing found the name taken). The prepared forms
+    /// ([`PreparedFence`](crate::PreparedFence),
+    /// [`PreparedFencedUpdate`](crate::PreparedFencedUpdate), [`fenced_execute`](crate::fenced_execute)
+    /// with statements prepared on the client) need a session: a direct connection or a
+    /// session-mode pool, not a transaction-mode pooler such as PgBouncer's
+    /// `pool_mode = transaction`. Not retryable: the configuration must change.
+    NeedsSession,
     /// Any other database error; see [`FenceError::code`].
     Database,
 }
@@ -88,6 +96,12 @@ impl FenceError {
                     FenceErrorKind::SerializationFailure
                 }
                 Some(c) if *c == SqlState::T_R_DEADLOCK_DETECTED => FenceErrorKind::Deadlock,
+                Some(c)
+                    if *c == SqlState::INVALID_SQL_STATEMENT_NAME
+                        || *c == SqlState::DUPLICATE_PSTATEMENT =>
+                {
+                    FenceErrorKind::NeedsSession
+                }
                 _ => FenceErrorKind::Database,
             },
         }
@@ -154,6 +168,11 @@ impl fmt::Display for FenceError {
                 )
             }
             Repr::Param(_) => f.write_str("fenced write: a parameter does not fit its statement"),
+            Repr::Db(_) if self.kind() == FenceErrorKind::NeedsSession => f.write_str(
+                "fenced write: a prepared statement is not on the server session this \
+                 transaction ran on; the prepared forms need a session of their own (a direct \
+                 connection or a session-mode pool, not a transaction-mode pooler)",
+            ),
             Repr::Db(_) => f.write_str("fenced write failed in the database"),
         }
     }

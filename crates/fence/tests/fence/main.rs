@@ -6,4 +6,6 @@ mod http_layer;
 mod mark_locks;
 mod ordering;
 mod pipelined;
+mod pooler;
 mod postgres_helper;
+mod store_batches;
