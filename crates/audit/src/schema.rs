@@ -24,6 +24,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "audit_history",
         include_str!("../migrations/0004_audit_history.sql"),
     ),
+    (
+        5,
+        "fence_reset",
+        include_str!("../migrations/0005_fence_reset.sql"),
+    ),
 ];
 
 /// The advisory lock key that serializes migrations across processes ("paud").

@@ -118,6 +118,7 @@
 //! # }
 //! ```
 
+mod admin;
 mod error;
 mod pipeline;
 mod update;
@@ -128,6 +129,7 @@ use std::pin::Pin;
 use tokio_postgres::types::Type;
 use tokio_postgres::{GenericClient, Transaction};
 
+pub use admin::{read_mark, read_resets, reset_mark, Mark, MarkReset};
 pub(crate) use error::is_retryable;
 pub use error::{FenceError, FenceErrorKind};
 pub use pipeline::{fenced_execute, FencedStatement, PreparedFence};
@@ -138,7 +140,7 @@ use crate::FencingToken;
 
 /// The SQL of this crate's migrations, in order: `fence_high_water` (`0001`), the raise
 /// functions `fence_raise` and `fence_raise_or_abort` (`0002`), the set-based
-/// `fence_raise_many` (`0003`). Every step is
+/// `fence_raise_many` (`0003`), `fence_reset` and its log `fence_reset_log` (`0004`). Every step is
 /// idempotent (`CREATE TABLE IF NOT EXISTS`, `CREATE OR REPLACE FUNCTION`), so running all
 /// of it again brings a database from any earlier version up to date.
 pub const MIGRATION: &str = concat!(
@@ -147,6 +149,8 @@ pub const MIGRATION: &str = concat!(
     include_str!("../../migrations/0002_fence_raise.sql"),
     "\n",
     include_str!("../../migrations/0003_fence_raise_many.sql"),
+    "\n",
+    include_str!("../../migrations/0004_fence_reset.sql"),
 );
 
 /// The raise: returns the mark as the transaction leaves it (the token when admitted).

@@ -9,7 +9,7 @@ use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
 use super::{HighWaterStore, Raise, RaiseFuture, StoreError};
-use crate::postgres::is_retryable;
+use crate::postgres::{is_retryable, read_mark, reset_mark, FenceError, Mark};
 use crate::FencingToken;
 
 /// One raise: the helper's `fence_raise` (see [`crate::postgres`]), in a transaction of
@@ -200,6 +200,56 @@ impl PostgresStore {
                 .and_upsert_with(|e| e.map_or(mark.get(), |e| (*e.value()).max(mark.get())));
         }
         Ok(outcome)
+    }
+
+    /// Reads `resource`'s mark from the database (not from the reject cache); `None` when
+    /// it has none. See [`read_mark`](crate::postgres::read_mark).
+    ///
+    /// # Errors
+    ///
+    /// The database error, or kind [`Closed`](crate::FenceErrorKind::Closed) when no
+    /// connection could be had.
+    pub async fn mark(&self, resource: &str) -> Result<Option<Mark>, FenceError> {
+        match &self.shared.source {
+            Source::Client(client) => read_mark(&**client, resource).await,
+            Source::Pool(pool) => {
+                let client = pool
+                    .get()
+                    .await
+                    .map_err(|e| FenceError::no_connection(e.to_string().into()))?;
+                read_mark(&**client, resource).await
+            }
+        }
+    }
+
+    /// Lowers `resource`'s mark to `to` for `reason` and forgets it in this store's reject
+    /// cache; returns the mark it replaced. See [`reset_mark`](crate::postgres::reset_mark)
+    /// for the rules that keep a reset from re-admitting a stale writer.
+    ///
+    /// # Errors
+    ///
+    /// As [`reset_mark`](crate::postgres::reset_mark), or kind
+    /// [`Closed`](crate::FenceErrorKind::Closed) when no connection could be had.
+    pub async fn reset(
+        &self,
+        resource: &str,
+        to: FencingToken,
+        reason: &str,
+    ) -> Result<FencingToken, FenceError> {
+        let old = match &self.shared.source {
+            Source::Client(client) => reset_mark(&**client, resource, to, reason).await?,
+            Source::Pool(pool) => {
+                let client = pool
+                    .get()
+                    .await
+                    .map_err(|e| FenceError::no_connection(e.to_string().into()))?;
+                reset_mark(&**client, resource, to, reason).await?
+            }
+        };
+        if let Some(seen) = &self.seen {
+            seen.invalidate(resource);
+        }
+        Ok(old)
     }
 
     fn queue(&self) -> &mpsc::UnboundedSender<Pending> {

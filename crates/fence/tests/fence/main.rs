@@ -8,4 +8,5 @@ mod ordering;
 mod pipelined;
 mod pooler;
 mod postgres_helper;
+mod reset;
 mod store_batches;
