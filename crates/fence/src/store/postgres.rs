@@ -12,12 +12,21 @@ use super::{HighWaterStore, Raise, RaiseFuture, StoreError};
 use crate::postgres::{is_retryable, read_mark, reset_mark, FenceError, Mark};
 use crate::FencingToken;
 
-/// One raise: the helper's `fence_raise` (see [`crate::postgres`]), in a transaction of
-/// its own.
-const RAISE_ONE: &str = "SELECT fence_raise($1, $2)";
-/// Many raises in one statement (migration `0003`): element `i` of the answer is
-/// `fence_raise(resources[i], tokens[i])`.
-const RAISE_MANY: &str = "SELECT fence_raise_many($1, $2)";
+/// One raise, in a transaction of its own: a token not above the committed mark is
+/// decided by the read alone (no lock, no write); a newer one, or a resource's first,
+/// goes through the helper's `fence_raise` (see [`crate::postgres`]), which takes the
+/// resource's lock exclusive and upserts the row.
+const RAISE_ONE: &str = "SELECT CASE WHEN m.token >= $2 THEN m.token ELSE fence_raise($1, $2) END \
+     FROM (SELECT (SELECT token FROM fence_high_water WHERE resource = $1) AS token) m";
+/// Many raises in one statement: [`RAISE_ONE`] for each element, the `fence_raise` calls
+/// in the order of the resources' lock keys (volatile functions in a select list run
+/// after its `ORDER BY`), so two batches never take two locks in opposite orders.
+/// Element `i` of the answer is the mark element `i` leaves.
+const RAISE_MANY: &str = "SELECT array_agg(d.mark ORDER BY d.i) FROM ( \
+       SELECT r.i, CASE WHEN h.token >= r.token THEN h.token ELSE fence_raise(r.resource, r.token) END AS mark \
+       FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS r(resource, token, i) \
+       LEFT JOIN fence_high_water h ON h.resource = r.resource \
+       ORDER BY hashtext(r.resource), r.resource) d";
 
 /// How many raises one round trip carries at most, by default.
 const DEFAULT_MAX_BATCH: usize = 256;
@@ -27,19 +36,24 @@ const DEFAULT_MAX_BATCH: usize = 256;
 ///
 /// # How a raise is decided
 ///
-/// Every raise is `fence_raise(resource, token)`, the raise of the
-/// [Postgres helper](crate::postgres), in an autocommit statement: it reads the
-/// resource's mark and, only if the token is above it, takes the resource's lock
-/// exclusive and upserts the row: atomic per resource across every process that shares
-/// the database. A token equal to the mark (a holder writing again under one hold) is
-/// admitted by a read under the shared lock: no write, no WAL, no commit flush.
+/// Every raise is an autocommit statement that reads the resource's committed mark. A
+/// token below it is refused, a token equal to it (a holder writing again under one
+/// hold) admitted, by that read alone: no lock, no write, no WAL, no commit flush. A newer
+/// token, or a resource's first, goes through `fence_raise`, the raise of the
+/// [Postgres helper](crate::postgres): it takes the resource's lock exclusive (so it
+/// waits for the fenced transactions in flight) and upserts the row only if the token is
+/// still at least the mark: atomic per resource across every process that shares the
+/// database. The read needs no lock because the store's raise is its own transaction and
+/// holds nothing while the request runs: an equal token admitted while a newer raise is
+/// still uncommitted is simply ordered before it, and a raise that completed is seen by
+/// every statement that starts after it.
 ///
 /// Raises are queued to one task per store, which sends them in batches: while every
 /// connection is busy, the raises that arrive wait, and the next free connection takes
-/// all of them (up to [`with_max_batch`](Self::with_max_batch)) in **one round trip**,
-/// `SELECT fence_raise_many(resources, tokens)` (the raise of each resource in the
-/// order of their lock keys, so two batches never deadlock). A lone raise is `SELECT
-/// fence_raise(resource, token)`. Each request gets its own verdict. Raises of one
+/// all of them (up to [`with_max_batch`](Self::with_max_batch)) in **one round trip**:
+/// one statement over arrays that reads every mark in one join and calls `fence_raise`
+/// for the newer tokens in the order of their lock keys, so two batches never deadlock.
+/// Each request gets its own verdict. Raises of one
 /// resource in one batch are decided together: the highest token is raised, an equal
 /// token gets its verdict, and a lower one is refused with the mark that raise left (as
 /// if it had arrived just after it; they were in flight at the same time).
