@@ -179,6 +179,11 @@ impl PostgresStore {
     ///
     /// The database error, as a [`StoreError`] (retryable for SQLSTATE `40001`/`40P01`
     /// and a closed connection or an exhausted pool).
+    ///
+    /// # Panics
+    ///
+    /// The first raise of a store panics outside a tokio runtime (it starts the queue
+    /// task there).
     pub async fn raise_async(
         &self,
         resource: &str,
