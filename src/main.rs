@@ -43,6 +43,8 @@ enum Command {
     ForceRelease(cli::force::ForceArgs),
     /// Fault injection: real etcd, replicas, Postgres and workers under a seeded nemesis.
     Chaos(cli::chaos::ChaosArgs),
+    /// Show a resource's high-water mark, or reset a poisoned one (with a reason, audited).
+    Fence(cli::fence::FenceArgs),
 }
 
 /// The exit codes, as `palisade --help` shows them.
@@ -134,5 +136,6 @@ fn run(cli: Cli) -> Result<String, Box<dyn std::error::Error>> {
         Command::Epoch(args) => cli::epoch::run(args),
         Command::ForceRelease(args) => cli::force::run(args),
         Command::Chaos(args) => cli::chaos::run(args),
+        Command::Fence(args) => cli::fence::run(args),
     }
 }

@@ -31,11 +31,21 @@ palisade_install_deps() {
     # The chaos harness runs a private PostgreSQL cluster of its own (initdb, pg_ctl):
     # the server binaries are needed even when a PostgreSQL already answers on 5432.
     compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing+=(postgresql)
+    # The fence's pooler tests start their own PgBouncer (transaction pool mode) in front
+    # of PostgreSQL; the SQL API examples run from psql and from Python with psycopg 3
+    # (Debian's python3, /usr/bin/python3).
+    [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
+    command -v psql >/dev/null || missing+=(postgresql-client)
+    /usr/bin/python3 -c 'import psycopg' 2>/dev/null || missing+=(python3-psycopg)
     if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
     # The etcd-server package starts a system etcd on the default ports; tests and the demo
     # run their own members on free ports, so a system one is only in the way.
     if command -v systemctl >/dev/null && systemctl is-active --quiet etcd 2>/dev/null; then
         as_root systemctl disable --now etcd >/dev/null 2>&1 || true
+    fi
+    # Likewise the system PgBouncer the pgbouncer package starts on port 6432.
+    if command -v systemctl >/dev/null && systemctl is-active --quiet pgbouncer 2>/dev/null; then
+        as_root systemctl disable --now pgbouncer >/dev/null 2>&1 || true
     fi
     if ! command -v cargo-nextest >/dev/null; then
         step "installing cargo-nextest"

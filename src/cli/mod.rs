@@ -8,6 +8,7 @@ pub(crate) mod config;
 pub(crate) mod connect;
 pub(crate) mod epoch;
 pub(crate) mod exit;
+pub(crate) mod fence;
 pub(crate) mod force;
 pub(crate) mod lock;
 pub(crate) mod output;

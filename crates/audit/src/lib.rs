@@ -7,7 +7,8 @@
 //!   `force_release` (who, who approved, why), `write_event` (one row per checked write),
 //!   `write_event_hourly` (unprotected writes per hour, kept by triggers with the rows),
 //!   `audit_cursor` (how far the tailer has read each etcd cluster's history),
-//!   `audit_history` (a digest per revision read, to recognise restored history).
+//!   `audit_history` (a digest per revision read, to recognise restored history),
+//!   `fence_reset` (resets of a resource's high-water mark, [`insert_fence_reset`]).
 //! - **Write events**: [`AuditSink`] is a bounded, non-blocking
 //!   [`WriteObserver`](palisade_fence::WriteObserver) for the fence layer. It batches rows
 //!   into Postgres and spools them to a local file while Postgres is down; see [`sink`].
@@ -40,9 +41,9 @@ pub mod tailer;
 pub use error::AuditError;
 pub use event::{Finding, Labels, Outcome, WriteRecord};
 pub use identity::{CallerIdentity, PeerSpiffeId, XFCC};
-pub use lock::{ClusterId, ForceRelease, LockEvent, LockEventKind};
+pub use lock::{ClusterId, FenceReset, ForceRelease, LockEvent, LockEventKind};
 pub use pool::{pool, POOL_TIMEOUT};
 pub use schema::{is_current, migrate, migrate_client, MIGRATIONS};
 pub use sink::{AuditSink, SinkBuilder, SinkObserver, SinkStats};
-pub use store::{insert_force_release, insert_lock_events, insert_writes};
+pub use store::{insert_fence_reset, insert_force_release, insert_lock_events, insert_writes};
 pub use tailer::{tailer_position, Tailer};

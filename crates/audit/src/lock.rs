@@ -209,3 +209,45 @@ impl ForceRelease {
         self
     }
 }
+
+/// A reset of a resource's high-water mark, as the audit trail keeps it (table
+/// `fence_reset`): who lowered which mark, from what to what, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FenceReset {
+    /// A unique id (a UUIDv7), so a retried insert is stored once.
+    pub id: uuid::Uuid,
+    /// When the mark was reset.
+    pub at: SystemTime,
+    /// The resource key.
+    pub resource: String,
+    /// The mark before.
+    pub old: FencingToken,
+    /// The mark after (below `old`).
+    pub new: FencingToken,
+    /// Why, in the operator's words.
+    pub reason: String,
+    /// Who (the operator's name or SPIFFE ID).
+    pub actor: String,
+}
+
+impl FenceReset {
+    /// A reset made now, with a fresh id.
+    pub fn new(
+        resource: impl Into<String>,
+        old: FencingToken,
+        new: FencingToken,
+        reason: impl Into<String>,
+        actor: impl Into<String>,
+    ) -> Self {
+        FenceReset {
+            id: uuid::Uuid::now_v7(),
+            at: SystemTime::now(),
+            resource: resource.into(),
+            old,
+            new,
+            reason: reason.into(),
+            actor: actor.into(),
+        }
+    }
+}

@@ -29,6 +29,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "force_release_grant",
         include_str!("../migrations/0005_force_release_grant.sql"),
     ),
+    (
+        6,
+        "fence_reset",
+        include_str!("../migrations/0006_fence_reset.sql"),
+    ),
 ];
 
 /// The advisory lock key that serializes migrations across processes ("paud").

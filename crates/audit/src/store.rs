@@ -5,7 +5,7 @@ use std::time::SystemTime;
 use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
-use crate::{AuditError, ForceRelease, LockEvent, WriteRecord};
+use crate::{AuditError, FenceReset, ForceRelease, LockEvent, WriteRecord};
 
 /// One statement for any number of rows: the columns go as arrays and `unnest` turns them
 /// into rows. `ON CONFLICT DO NOTHING` makes a replay harmless.
@@ -152,6 +152,34 @@ pub async fn insert_force_release<C: GenericClient>(
                 &f.at,
                 &f.grant_rev.map(palisade_fence::Revision::as_i64),
                 &f.token.map(i64::from),
+            ],
+        )
+        .await?;
+    Ok(n == 1)
+}
+
+/// Records a reset of a resource's high-water mark (`palisade fence reset`); a row whose
+/// id is already stored is skipped. Returns whether the row was inserted.
+///
+/// # Errors
+///
+/// [`AuditError::Database`] when the statement fails.
+pub async fn insert_fence_reset<C: GenericClient>(
+    client: &C,
+    r: &FenceReset,
+) -> Result<bool, AuditError> {
+    let n = client
+        .execute(
+            "INSERT INTO fence_reset (id, at, resource, old_token, new_token, reason, actor) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) DO NOTHING",
+            &[
+                &r.id,
+                &r.at,
+                &r.resource,
+                &(r.old.get() as i64),
+                &(r.new.get() as i64),
+                &r.reason,
+                &r.actor,
             ],
         )
         .await?;

@@ -1,6 +1,7 @@
 //! The fence layer over HTTP: one axum service bare, behind `FenceLayer` with a
-//! `MemoryStore`, and behind `FenceLayer` with a `PostgresStore`, loaded by N keep-alive
-//! HTTP/1.1 connections over loopback (a hyper client in this process).
+//! `MemoryStore`, and behind `FenceLayer` with a `PostgresStore` (on a pool, and on one
+//! connection), loaded by N keep-alive HTTP/1.1 connections over loopback (a hyper client
+//! in this process).
 //!
 //! The servers run on their own one-thread runtime (one core, as a small service would)
 //! and the load on the main runtime. Every request is a `PUT /r/<resource>` with the
@@ -32,14 +33,16 @@ pub(crate) struct HttpArgs {
     pub(crate) resources_per_connection: usize,
     pub(crate) secs: Duration,
     pub(crate) rounds: usize,
+    pub(crate) pg_pool: usize,
 }
 
-const VARIANTS: [&str; 3] = [
+const VARIANTS: [&str; 4] = [
     "bare axum",
     "FenceLayer + MemoryStore",
-    "FenceLayer + PostgresStore",
+    "FenceLayer + PostgresStore (pool)",
+    "FenceLayer + PostgresStore (1 connection)",
 ];
-const TARGETS: [&str; 3] = ["", ">= 0.97x", ""];
+const TARGETS: [&str; 4] = ["", ">= 0.97x", ">= 0.6x", ""];
 
 /// Starts the three servers, runs the comparison, returns its table.
 pub(crate) async fn run(args: &HttpArgs) -> Result<Table> {
@@ -47,6 +50,11 @@ pub(crate) async fn run(args: &HttpArgs) -> Result<Table> {
     let mut setup = db.connect().await;
     migrate(&mut setup).await?;
     let store_client = Arc::new(db.connect().await);
+    let manager = deadpool_postgres::Manager::new(db.config(), tokio_postgres::NoTls);
+    let pool = deadpool_postgres::Pool::builder(manager)
+        .max_size(args.pg_pool.max(1))
+        .build()
+        .map_err(|_| BenchError::Unexpected("the Postgres pool did not build"))?;
 
     // The servers' runtime: one worker thread, kept alive until the bench ends.
     let server_rt = tokio::runtime::Builder::new_multi_thread()
@@ -58,13 +66,16 @@ pub(crate) async fn run(args: &HttpArgs) -> Result<Table> {
     let memory = Router::new()
         .route("/r/{id}", handler())
         .route_layer(FenceLayer::new(MemoryStore::new(1_000_000)));
-    let postgres = Router::new()
+    let pooled = Router::new()
+        .route("/r/{id}", handler())
+        .route_layer(FenceLayer::new(PostgresStore::from_pool(pool)));
+    let single = Router::new()
         .route("/r/{id}", handler())
         .route_layer(FenceLayer::new(PostgresStore::new(Arc::clone(
             &store_client,
         ))));
     let mut addrs = Vec::new();
-    for app in [bare, memory, postgres] {
+    for app in [bare, memory, pooled, single] {
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
         listener.set_nonblocking(true)?;
         addrs.push(listener.local_addr()?);
@@ -93,8 +104,9 @@ pub(crate) async fn run(args: &HttpArgs) -> Result<Table> {
     let run = interleave(variants, args.rounds, args.secs).await?;
     let mut table = Table::new(
         format!(
-            "Fence layer over HTTP: {} connections on loopback, server on one thread ({} s x {} rounds per variant; ratio = median of per-round ratios)",
+            "Fence layer over HTTP: {} connections on loopback, server on one thread, PostgresStore pool of {} ({} s x {} rounds per variant; ratio = median of per-round ratios)",
             args.connections,
+            args.pg_pool,
             args.secs.as_secs_f64(),
             args.rounds
         ),

@@ -79,6 +79,9 @@ enum Command {
         /// Resources each connection writes in turn.
         #[arg(long, default_value_t = 16)]
         resources: usize,
+        /// Connections in the pooled PostgresStore's pool.
+        #[arg(long, default_value_t = 4)]
+        pg_pool: usize,
         #[command(flatten)]
         timing: Timing,
     },
@@ -183,11 +186,13 @@ async fn run(command: Command) -> error::Result<()> {
         Command::FenceLayer {
             connections,
             resources,
+            pg_pool,
             timing,
         } => {
             let args = http::HttpArgs {
                 connections,
                 resources_per_connection: resources,
+                pg_pool,
                 secs: timing.secs(),
                 rounds: timing.rounds,
             };

@@ -74,6 +74,7 @@ fn pg_bench_prints_every_variant_at_every_client_count_and_writes_per_token() {
         "FencedUpdate (folded)",
         "PreparedFencedUpdate (folded)",
         "BEGIN + UPDATE + COMMIT (no check)",
+        "BEGIN + UPDATE + COMMIT pipelined (no check)",
     ];
     assert_eq!(rows.len(), 2 * 2 * variants.len());
     for (i, r) in rows.iter().enumerate() {
@@ -102,7 +103,7 @@ fn pg_bench_prints_every_variant_at_every_client_count_and_writes_per_token() {
 }
 
 #[test]
-fn fence_layer_bench_prints_bare_memory_and_postgres() {
+fn fence_layer_bench_prints_bare_memory_and_postgres_pooled_and_single() {
     let tables = bench(&[
         "fence-layer",
         "--connections",
@@ -121,7 +122,8 @@ fn fence_layer_bench_prints_bare_memory_and_postgres() {
         [
             "bare axum",
             "FenceLayer + MemoryStore",
-            "FenceLayer + PostgresStore"
+            "FenceLayer + PostgresStore (pool)",
+            "FenceLayer + PostgresStore (1 connection)"
         ]
     );
     for r in rows {

@@ -56,8 +56,9 @@ pub use fence::{
 };
 #[cfg(feature = "postgres")]
 pub use postgres::{
-    begin_fenced, fenced_execute, fenced_transaction, migrate, FenceError, FenceErrorKind,
-    FencedStatement, FencedUpdate, PreparedFence, PreparedFencedUpdate, TxFuture, MIGRATION,
+    begin_fenced, fenced_execute, fenced_transaction, migrate, read_mark, reset_mark, FenceError,
+    FenceErrorKind, FencedStatement, FencedUpdate, Mark, PreparedFence, PreparedFencedUpdate,
+    TxFuture, MIGRATION,
 };
 #[cfg(feature = "memory")]
 pub use store::MemoryStore;

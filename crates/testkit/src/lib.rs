@@ -3,6 +3,8 @@
 //! - [`TestDb`]: a fresh PostgreSQL database per test, dropped afterwards.
 //! - [`PgServer`]: a private PostgreSQL server (its own `initdb` cluster on a free port)
 //!   that may be stopped, crashed and started again ([`StopMode`]).
+//! - [`PgBouncer`]: a private PgBouncer in transaction pool mode in front of the shared
+//!   server, on a free loopback port.
 //! - [`EtcdCluster`]: one etcd member or a cluster of several, each a real `etcd` process in
 //!   a temp dir on free loopback ports; kill, restart, pause, leader, snapshot and restore.
 //! - [`LossyProxy`]: a TCP proxy on loopback that loses a request or its answer on demand.
@@ -12,10 +14,12 @@
 
 mod etcd;
 mod pg_server;
+mod pgbouncer;
 mod postgres;
 mod proxy;
 
 pub use etcd::{EtcdCluster, MemberStatus, RestoreMode, Snapshot};
 pub use pg_server::{PgServer, PgServerError, StopMode};
+pub use pgbouncer::PgBouncer;
 pub use postgres::TestDb;
 pub use proxy::{Loss, LossyProxy};

@@ -29,6 +29,10 @@ pub enum PgServerError {
     /// project's `scripts/test` does).
     #[error("no PostgreSQL server binaries under {PG_LIB}/*/bin: run scripts/test, which installs PostgreSQL")]
     BinariesMissing,
+    /// No `/usr/sbin/pgbouncer` (install the `pgbouncer` package; the project's
+    /// `scripts/test` does).
+    #[error("no /usr/sbin/pgbouncer: run scripts/test, which installs pgbouncer")]
+    PgBouncerMissing,
     /// A command or file operation failed.
     #[error("{what}: {source}")]
     Io {
@@ -339,7 +343,7 @@ fn server_bin() -> Option<PathBuf> {
 }
 
 /// `setpriv [--reuid/--regid postgres --init-groups] [--pdeathsig KILL] --`.
-fn setpriv(as_postgres: bool, pdeathsig: bool) -> Command {
+pub(crate) fn setpriv(as_postgres: bool, pdeathsig: bool) -> Command {
     let mut command = Command::new("setpriv");
     if as_postgres {
         command.args([
@@ -357,7 +361,7 @@ fn setpriv(as_postgres: bool, pdeathsig: bool) -> Command {
     command
 }
 
-fn is_root() -> Result<bool, PgServerError> {
+pub(crate) fn is_root() -> Result<bool, PgServerError> {
     let out = Command::new("id")
         .arg("-u")
         .output()
@@ -368,7 +372,7 @@ fn is_root() -> Result<bool, PgServerError> {
     Ok(String::from_utf8_lossy(&out.stdout).trim() == "0")
 }
 
-fn run(command: &mut Command, what: &str) -> Result<(), PgServerError> {
+pub(crate) fn run(command: &mut Command, what: &str) -> Result<(), PgServerError> {
     let out = command.output().map_err(|source| PgServerError::Io {
         what: what.to_owned(),
         source,
@@ -387,7 +391,7 @@ fn run(command: &mut Command, what: &str) -> Result<(), PgServerError> {
     })
 }
 
-fn free_port() -> Result<u16, PgServerError> {
+pub(crate) fn free_port() -> Result<u16, PgServerError> {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())

@@ -9,7 +9,7 @@
 //!
 //! | header | store says | `Fenced` | `Advisory` |
 //! |---|---|---|---|
-//! | absent | — | **428** Precondition Required | through; event `MissingToken` |
+//! | absent, or one empty value | — | **428** Precondition Required | through; event `MissingToken` |
 //! | not one decimal token below 2^63 (or repeated) | — | **400** Bad Request | through; event `MalformedToken` |
 //! | token | below the mark | **409** Conflict | through; event `Stale` |
 //! | token | store unavailable | **503** Service Unavailable | through; event `StoreUnavailable` |

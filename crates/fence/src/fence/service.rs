@@ -52,6 +52,10 @@ impl<S: fmt::Debug> fmt::Debug for Fence<S> {
 }
 
 /// The `Fencing-Token` header: absent, one well-formed token, or anything else.
+///
+/// One value that is empty after trimming the optional whitespace HTTP allows around a
+/// field value carries no token: it reads as absent (a missing token, 428 when fenced),
+/// not as malformed. Two values, even if one is empty, are malformed.
 fn read_token(headers: &HeaderMap) -> Result<Option<FencingToken>, ()> {
     let mut values = headers.get_all(&FENCING_TOKEN).iter();
     let Some(value) = values.next() else {
@@ -60,8 +64,10 @@ fn read_token(headers: &HeaderMap) -> Result<Option<FencingToken>, ()> {
     if values.next().is_some() {
         return Err(());
     }
-    let bytes = value.as_bytes();
-    let trimmed = bytes.trim_ascii();
+    let trimmed = value.as_bytes().trim_ascii();
+    if trimmed.is_empty() {
+        return Ok(None);
+    }
     FencingToken::parse_bytes(trimmed).map(Some).map_err(|_| ())
 }
 

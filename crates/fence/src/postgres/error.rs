@@ -21,8 +21,21 @@ pub enum FenceErrorKind {
     /// The parameters did not fit their statement (count or type), found before anything
     /// was sent (see [`fenced_execute`](crate::fenced_execute)).
     BadParameters,
-    /// The connection is closed.
+    /// The connection is closed (or a pool had none to give).
     Closed,
+    /// A prepared form ran where its prepared statement does not exist: SQLSTATE `26000`
+    /// (or `42P05` when preparing found the name taken). The prepared forms
+    /// ([`PreparedFence`](crate::PreparedFence),
+    /// [`PreparedFencedUpdate`](crate::PreparedFencedUpdate), [`fenced_execute`](crate::fenced_execute)
+    /// with statements prepared on the client) need a session: a direct connection or a
+    /// session-mode pool, not a transaction-mode pooler such as PgBouncer's
+    /// `pool_mode = transaction`. Not retryable: the configuration must change.
+    NeedsSession,
+    /// A reset was refused: an empty reason, or a token not below the mark (SQLSTATE
+    /// `22023`, see [`reset_mark`](crate::postgres::reset_mark)). The message says which.
+    BadReset,
+    /// A reset found no mark to lower (SQLSTATE `P0002`).
+    NoMark,
     /// Any other database error; see [`FenceError::code`].
     Database,
 }
@@ -49,12 +62,19 @@ enum Repr {
     },
     Param(Box<dyn std::error::Error + Send + Sync>),
     Db(tokio_postgres::Error),
+    NoConnection(Box<dyn std::error::Error + Send + Sync>),
 }
 
 impl FenceError {
     pub(crate) fn stale(token: FencingToken, highest: FencingToken) -> Self {
         FenceError {
             repr: Repr::Stale { token, highest },
+        }
+    }
+
+    pub(crate) fn no_connection(source: Box<dyn std::error::Error + Send + Sync>) -> Self {
+        FenceError {
+            repr: Repr::NoConnection(source),
         }
     }
 
@@ -83,11 +103,20 @@ impl FenceError {
             Repr::RowMissing => FenceErrorKind::RowMissing,
             Repr::Params { .. } | Repr::Param(_) => FenceErrorKind::BadParameters,
             Repr::Db(e) if e.is_closed() => FenceErrorKind::Closed,
+            Repr::NoConnection(_) => FenceErrorKind::Closed,
             Repr::Db(e) => match e.code() {
                 Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE => {
                     FenceErrorKind::SerializationFailure
                 }
                 Some(c) if *c == SqlState::T_R_DEADLOCK_DETECTED => FenceErrorKind::Deadlock,
+                Some(c)
+                    if *c == SqlState::INVALID_SQL_STATEMENT_NAME
+                        || *c == SqlState::DUPLICATE_PSTATEMENT =>
+                {
+                    FenceErrorKind::NeedsSession
+                }
+                Some(c) if *c == SqlState::INVALID_PARAMETER_VALUE => FenceErrorKind::BadReset,
+                Some(c) if *c == SqlState::NO_DATA_FOUND => FenceErrorKind::NoMark,
                 _ => FenceErrorKind::Database,
             },
         }
@@ -154,6 +183,24 @@ impl fmt::Display for FenceError {
                 )
             }
             Repr::Param(_) => f.write_str("fenced write: a parameter does not fit its statement"),
+            Repr::NoConnection(_) => f.write_str("no database connection could be had"),
+            Repr::Db(_) if self.kind() == FenceErrorKind::NeedsSession => f.write_str(
+                "fenced write: a prepared statement is not on the server session this \
+                 transaction ran on; the prepared forms need a session of their own (a direct \
+                 connection or a session-mode pool, not a transaction-mode pooler)",
+            ),
+            Repr::Db(e)
+                if matches!(
+                    self.kind(),
+                    FenceErrorKind::BadReset | FenceErrorKind::NoMark
+                ) =>
+            {
+                // The function's own message names the resource and the cause.
+                match e.as_db_error() {
+                    Some(db) => f.write_str(db.message()),
+                    None => f.write_str("reset refused"),
+                }
+            }
             Repr::Db(_) => f.write_str("fenced write failed in the database"),
         }
     }
@@ -163,7 +210,7 @@ impl std::error::Error for FenceError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.repr {
             Repr::Db(e) => Some(e),
-            Repr::Param(e) => Some(&**e),
+            Repr::Param(e) | Repr::NoConnection(e) => Some(&**e),
             _ => None,
         }
     }

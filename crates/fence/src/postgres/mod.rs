@@ -67,6 +67,28 @@
 //!   high-water row; zero rows is told apart as [`FenceErrorKind::RowMissing`] or
 //!   [`FenceErrorKind::Stale`].
 //!
+//! # Behind a connection pooler
+//!
+//! A transaction-mode pooler (PgBouncer's `pool_mode = transaction`) runs each
+//! transaction on whichever server connection is free, so session state (a named
+//! prepared statement, a `SET`) does not follow the client from one transaction to the
+//! next. What each form needs:
+//!
+//! | form | behind a transaction-mode pooler |
+//! |---|---|
+//! | [`PostgresStore`](crate::PostgresStore) | works: unnamed statements, each its own transaction |
+//! | [`fenced_transaction`], [`begin_fenced`] | works: `BEGIN`, the raise (unnamed) and the body are one transaction; a body's own statements run inside it |
+//! | [`FencedUpdate::execute`] | works: unnamed statements; the parameter types are learned once with `PREPARE`, a catalog read and `DEALLOCATE` in one simple query |
+//! | [`fenced_execute`] | needs a session when its statements are prepared on the client (they are named) |
+//! | [`PreparedFence`], [`PreparedFencedUpdate`] | need a session: the prepared statement lives in the server connection it was prepared on |
+//!
+//! *Needs a session* means: connect those clients directly to Postgres, or through a
+//! session-mode pool (PgBouncer `pool_mode = session`, or a second PgBouncer database
+//! entry with `pool_mode=session` for them). Misconfigured, a prepared form fails at once
+//! with [`FenceErrorKind::NeedsSession`] (SQLSTATE `26000`, statement missing, or
+//! `42P05`, name taken by another client's statement), not retryable, and writes
+//! nothing: the transaction it was part of is rolled back.
+//!
 //! Run [`migrate`] once to create `fence_high_water` and the raise functions
 //! ([`MIGRATION`] is the SQL, for your own migration tool). A database migrated by an
 //! earlier version gets the functions the next time [`migrate`] runs; until then the
@@ -96,6 +118,7 @@
 //! # }
 //! ```
 
+mod admin;
 mod error;
 mod pipeline;
 mod update;
@@ -106,6 +129,7 @@ use std::pin::Pin;
 use tokio_postgres::types::Type;
 use tokio_postgres::{GenericClient, Transaction};
 
+pub use admin::{read_mark, read_resets, reset_mark, Mark, MarkReset};
 pub(crate) use error::is_retryable;
 pub use error::{FenceError, FenceErrorKind};
 pub use pipeline::{fenced_execute, FencedStatement, PreparedFence};
@@ -114,14 +138,19 @@ pub use update::{FencedUpdate, PreparedFencedUpdate};
 use crate::store::Raise;
 use crate::FencingToken;
 
-/// The SQL of this crate's migrations, in order: `fence_high_water` (`0001`), then the
-/// raise functions `fence_raise` and `fence_raise_or_abort` (`0002`). Every step is
+/// The SQL of this crate's migrations, in order: `fence_high_water` (`0001`), the raise
+/// functions `fence_raise` and `fence_raise_or_abort` (`0002`), the set-based
+/// `fence_raise_many` (`0003`), `fence_reset` and its log `fence_reset_log` (`0004`). Every step is
 /// idempotent (`CREATE TABLE IF NOT EXISTS`, `CREATE OR REPLACE FUNCTION`), so running all
 /// of it again brings a database from any earlier version up to date.
 pub const MIGRATION: &str = concat!(
     include_str!("../../migrations/0001_fence_high_water.sql"),
     "\n",
     include_str!("../../migrations/0002_fence_raise.sql"),
+    "\n",
+    include_str!("../../migrations/0003_fence_raise_many.sql"),
+    "\n",
+    include_str!("../../migrations/0004_fence_reset.sql"),
 );
 
 /// The raise: returns the mark as the transaction leaves it (the token when admitted).

@@ -50,7 +50,10 @@ type Step<'a> = Pin<Box<dyn Future<Output = Result<u64, tokio_postgres::Error>> 
 ///
 /// - `client` must not be inside a transaction (a `Client` borrowed by a tokio-postgres
 ///   `Transaction` cannot be passed here anyway; do not `BEGIN` by hand before).
-/// - Each statement was prepared on `client`. Parameters are checked against the
+/// - Each statement was prepared on `client`, so its server session must be the one the
+///   transaction runs on: behind a transaction-mode pooler this fails with
+///   [`NeedsSession`](super::FenceErrorKind::NeedsSession) (see
+///   [the module docs](super#behind-a-connection-pooler)). Parameters are checked against the
 ///   statements' types (and encoded once) before anything is sent, so a wrong parameter
 ///   never leaves the earlier statements to commit alone.
 ///
@@ -80,9 +83,10 @@ pub async fn fenced_execute(
 /// planning it on every call (the function's own statements keep their plans either
 /// way).
 ///
-/// Like a tokio-postgres `Statement`, it belongs to the connection it was prepared on:
-/// on another connection the server answers "prepared statement does not exist"
-/// (SQLSTATE `26000`) and nothing is written.
+/// Like a tokio-postgres `Statement`, it belongs to the server session it was prepared
+/// on: on another connection, or behind a transaction-mode pooler, the server answers
+/// "prepared statement does not exist" (SQLSTATE `26000`, kind
+/// [`NeedsSession`](super::FenceErrorKind::NeedsSession)) and nothing is written.
 #[derive(Debug, Clone)]
 pub struct PreparedFence {
     raise: Statement,

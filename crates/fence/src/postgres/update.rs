@@ -1,11 +1,12 @@
 //! The folded form: the token check inside the `UPDATE` of a table with a token column.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{GenericClient, Statement};
+use tokio_postgres::{GenericClient, SimpleQueryMessage, Statement};
 
 use super::FenceError;
 use crate::FencingToken;
@@ -26,11 +27,14 @@ use crate::FencingToken;
 ///
 /// # Round trips
 ///
-/// The first [`execute`](Self::execute) of each `set` prepares the statement to learn its
-/// parameter types (two round trips); the types are kept in the `FencedUpdate` (and its
-/// clones), and every later call sends parse, bind and execute in one message: one round
-/// trip, no named statement left on the connection, but the server plans the statement
-/// every time. The types are those of the first database it ran on: use one
+/// The first [`execute`](Self::execute) of each `set` learns the statement's parameter
+/// types (two round trips: `PREPARE`, a read of `pg_prepared_statements` and `DEALLOCATE`
+/// in one simple query, then the update); the types are kept in the `FencedUpdate` (and
+/// its clones), and every later call sends parse, bind and execute in one message: one
+/// round trip, no named statement left on the connection (so it runs behind a
+/// transaction-mode pooler), but the server plans the statement every time. A parameter
+/// of a type without a built-in OID (an enum, say) is learned with a named prepare
+/// instead, which needs a session. The types are those of the first database it ran on: use one
 /// `FencedUpdate` per database schema. For an update run many times on one connection,
 /// [`prepare`](Self::prepare) it: the server then keeps the plan.
 ///
@@ -145,25 +149,37 @@ impl FencedUpdate {
             .cloned();
         let n = match known {
             Some(types) if types.len() == all.len() => {
-                let rows = client
-                    .query_typed_raw(&sql, all.iter().copied().zip(types.iter().cloned()))
-                    .await?;
-                let mut rows = std::pin::pin!(rows);
-                // An UPDATE without RETURNING yields no rows; drain to reach the count.
-                while rows.next().await.transpose()?.is_some() {}
-                rows.rows_affected().unwrap_or(0)
+                run_unnamed(client, &sql, &all, &types).await?
             }
-            _ => {
-                let statement = client.prepare(&sql).await?;
-                let n = client.execute(&statement, &all).await?;
-                self.types
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(set.to_owned(), statement.params().into());
-                n
-            }
+            _ => match describe(client, &sql).await? {
+                Some(types) => {
+                    let types: Arc<[Type]> = types.into();
+                    self.types
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(set.to_owned(), Arc::clone(&types));
+                    run_unnamed(client, &sql, &all, &types).await?
+                }
+                None => {
+                    // A parameter of a type without a built-in OID (an enum, a domain...):
+                    // a named statement learns it, which needs a session (see `prepare`).
+                    let statement = client.prepare(&sql).await?;
+                    let n = client.execute(&statement, &all).await?;
+                    self.types
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(set.to_owned(), statement.params().into());
+                    n
+                }
+            },
         };
-        self.outcome(client, n, key, token).await
+        let key_type = self
+            .types
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(set)
+            .and_then(|t| t.get(1).cloned());
+        self.outcome(client, n, key, key_type, token).await
     }
 
     /// Prepares the update for the assignments `set` on `client`'s connection: the fast
@@ -191,6 +207,7 @@ impl FencedUpdate {
         client: &C,
         n: u64,
         key: &(dyn ToSql + Sync),
+        key_type: Option<Type>,
         token: FencingToken,
     ) -> Result<u64, FenceError> {
         if n > 0 {
@@ -200,7 +217,12 @@ impl FencedUpdate {
             "SELECT {} FROM {} WHERE {} = $1",
             self.token_column, self.table, self.key_column
         );
-        match client.query_opt(probe.as_str(), &[key]).await? {
+        // Unnamed when the key's type is known: nothing left on the server session.
+        let row = match key_type {
+            Some(ty) => client.query_typed_opt(&probe, &[(key, ty)]).await?,
+            None => client.query_opt(probe.as_str(), &[key]).await?,
+        };
+        match row {
             None => Err(FenceError::row_missing()),
             Some(row) => {
                 let highest: Option<FencingToken> = row.try_get(0)?;
@@ -214,9 +236,10 @@ impl FencedUpdate {
 
 /// A [`FencedUpdate`] prepared on one connection ([`FencedUpdate::prepare`]).
 ///
-/// Like a tokio-postgres `Statement`, it belongs to the connection it was prepared on:
-/// on another connection the server answers "prepared statement does not exist"
-/// (SQLSTATE `26000`, kind `Database`) and nothing is written.
+/// Like a tokio-postgres `Statement`, it belongs to the server session it was prepared
+/// on: on another connection, or behind a transaction-mode pooler, the server answers
+/// "prepared statement does not exist" (SQLSTATE `26000`, kind
+/// [`NeedsSession`](super::FenceErrorKind::NeedsSession)) and nothing is written.
 #[derive(Debug, Clone)]
 pub struct PreparedFencedUpdate {
     update: FencedUpdate,
@@ -242,13 +265,71 @@ impl PreparedFencedUpdate {
         all.push(key);
         all.extend_from_slice(params);
         let n = client.execute(&self.statement, &all).await?;
-        self.update.outcome(client, n, key, token).await
+        let key_type = self.statement.params().get(1).cloned();
+        self.update.outcome(client, n, key, key_type, token).await
     }
 
     /// The prepared statement.
     pub fn statement(&self) -> &Statement {
         &self.statement
     }
+}
+
+/// Runs `sql` as an unnamed statement (parse, bind and execute in one message): one round
+/// trip, nothing left on the server session. Returns the rows affected.
+async fn run_unnamed<C: GenericClient + Sync>(
+    client: &C,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+    types: &[Type],
+) -> Result<u64, tokio_postgres::Error> {
+    let rows = client
+        .query_typed_raw(sql, params.iter().copied().zip(types.iter().cloned()))
+        .await?;
+    let mut rows = std::pin::pin!(rows);
+    // An UPDATE without RETURNING yields no rows; drain to reach the count.
+    while rows.next().await.transpose()?.is_some() {}
+    Ok(rows.rows_affected().unwrap_or(0))
+}
+
+/// A name for [`describe`]'s statement, unique in this process.
+static DESCRIBE: AtomicU64 = AtomicU64::new(0);
+
+/// The parameter types the server infers for `sql`, learned without leaving session state
+/// behind: `PREPARE`, a read of `pg_prepared_statements` and `DEALLOCATE` in one simple
+/// query, which is one implicit transaction (or part of the caller's), so a
+/// transaction-mode pooler runs all three on one server session. `None` when a type has
+/// no built-in OID that tokio-postgres knows.
+async fn describe<C: GenericClient + Sync>(
+    client: &C,
+    sql: &str,
+) -> Result<Option<Vec<Type>>, tokio_postgres::Error> {
+    let name = format!(
+        "palisade_fence_describe_{}_{}",
+        std::process::id(),
+        DESCRIBE.fetch_add(1, Ordering::Relaxed)
+    );
+    let script = format!(
+        "PREPARE {name} AS {sql}; \
+         SELECT parameter_types::oid[]::text FROM pg_prepared_statements WHERE name = '{name}'; \
+         DEALLOCATE {name}"
+    );
+    let messages = client.client().simple_query(&script).await?;
+    let oids = messages.iter().find_map(|m| match m {
+        SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+        _ => None,
+    });
+    let Some(oids) = oids else {
+        return Ok(None);
+    };
+    let inner = oids.trim_start_matches('{').trim_end_matches('}');
+    if inner.is_empty() {
+        return Ok(Some(Vec::new()));
+    }
+    Ok(inner
+        .split(',')
+        .map(|oid| oid.trim().parse::<u32>().ok().and_then(Type::from_oid))
+        .collect())
 }
 
 fn identifier(name: &str) -> String {

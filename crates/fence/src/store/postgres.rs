@@ -1,76 +1,125 @@
 //! A durable high-water store on PostgreSQL, shared by every replica of a service.
 
+use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use moka::sync::Cache;
+use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio_postgres::types::Type;
-use tokio_postgres::{Client, Statement};
+use tokio_postgres::Client;
 
 use super::{HighWaterStore, Raise, RaiseFuture, StoreError};
-use crate::postgres::is_retryable;
+use crate::postgres::{is_retryable, read_mark, reset_mark, FenceError, Mark};
 use crate::FencingToken;
 
-/// The store's compare-and-raise: the helper's `fence_raise` (see
-/// [`crate::postgres`]), in a transaction of its own. A token equal to the mark (a holder
-/// writing again) or below it is decided by a read under the resource's shared lock, with
-/// no write, no WAL and no commit flush; only a newer token takes the lock exclusive and
-/// writes, and so waits for the fenced transactions in flight on that resource.
-const RAISE: &str = "SELECT fence_raise($1, $2)";
+/// One raise, in a transaction of its own: a token not above the committed mark is
+/// decided by the read alone (no lock, no write); a newer one, or a resource's first,
+/// goes through the helper's `fence_raise` (see [`crate::postgres`]), which takes the
+/// resource's lock exclusive and upserts the row.
+const RAISE_ONE: &str = "SELECT CASE WHEN m.token >= $2 THEN m.token ELSE fence_raise($1, $2) END \
+     FROM (SELECT (SELECT token FROM fence_high_water WHERE resource = $1) AS token) m";
+/// Many raises in one statement: [`RAISE_ONE`] for each element, the `fence_raise` calls
+/// in the order of the resources' lock keys (volatile functions in a select list run
+/// after its `ORDER BY`), so two batches never take two locks in opposite orders.
+/// Element `i` of the answer is the mark element `i` leaves.
+const RAISE_MANY: &str = "SELECT array_agg(d.mark ORDER BY d.i) FROM ( \
+       SELECT r.i, CASE WHEN h.token >= r.token THEN h.token ELSE fence_raise(r.resource, r.token) END AS mark \
+       FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS r(resource, token, i) \
+       LEFT JOIN fence_high_water h ON h.resource = r.resource \
+       ORDER BY hashtext(r.resource), r.resource) d";
 
-/// Decides a raise with [`RAISE`], prepared once per store (the store owns its
-/// connection); one round trip.
-async fn raise_once(
-    client: &Client,
-    prepared: &OnceLock<Statement>,
-    resource: &str,
-    token: FencingToken,
-) -> Result<Raise, tokio_postgres::Error> {
-    let statement = match prepared.get() {
-        Some(s) => s.clone(),
-        None => {
-            // Concurrent first raises may each prepare; one statement is kept.
-            let s = client
-                .prepare_typed(RAISE, &[Type::TEXT, Type::INT8])
-                .await?;
-            prepared.get_or_init(|| s).clone()
-        }
-    };
-    let row = client.query_one(&statement, &[&resource, &token]).await?;
-    Ok(crate::postgres::verdict(token, row.try_get(0)?))
-}
+/// How many raises one round trip carries at most, by default.
+const DEFAULT_MAX_BATCH: usize = 256;
 
 /// High-water marks in the `fence_high_water` table (create it and the raise functions
-/// with [`migrate`](crate::migrate)).
+/// with [`migrate`](crate::migrate)), decided in batches over a pool of connections.
 ///
-/// Every raise is one statement in its own transaction, `SELECT fence_raise(resource,
-/// token)`, the raise of the [Postgres helper](crate::postgres): it reads the resource's
-/// mark and, only if the token is above it, takes the resource's lock exclusive and
-/// upserts the row: atomic per resource across every process that shares the database.
-/// A token equal to the mark (a holder writing again under one hold) is admitted by a
-/// read under the shared lock, so it costs no write, no WAL and no commit flush; only a
-/// newer token writes. Create the function with [`migrate`](crate::migrate). Concurrent raises
-/// share the one connection (tokio-postgres pipelines them), and so one database
-/// backend: writes of newer tokens are committed one after another.
-/// If that connection closes, every raise fails with a retryable [`StoreError`] (the
-/// layer answers 503 on fenced resources); the store does not reconnect by itself, so
-/// build a new one on a new client.
+/// # How a raise is decided
+///
+/// Every raise is an autocommit statement that reads the resource's committed mark. A
+/// token below it is refused, a token equal to it (a holder writing again under one
+/// hold) admitted, by that read alone: no lock, no write, no WAL, no commit flush. A newer
+/// token, or a resource's first, goes through `fence_raise`, the raise of the
+/// [Postgres helper](crate::postgres): it takes the resource's lock exclusive (so it
+/// waits for the fenced transactions in flight) and upserts the row only if the token is
+/// still at least the mark: atomic per resource across every process that shares the
+/// database. The read needs no lock because the store's raise is its own transaction and
+/// holds nothing while the request runs: an equal token admitted while a newer raise is
+/// still uncommitted is simply ordered before it, and a raise that completed is seen by
+/// every statement that starts after it.
+///
+/// Raises are queued to one task per store, which sends them in batches: while every
+/// connection is busy, the raises that arrive wait, and the next free connection takes
+/// all of them (up to [`with_max_batch`](Self::with_max_batch)) in **one round trip**:
+/// one statement over arrays that reads every mark in one join and calls `fence_raise`
+/// for the newer tokens in the order of their lock keys, so two batches never deadlock.
+/// Each request gets its own verdict. Raises of one
+/// resource in one batch are decided together: the highest token is raised, an equal
+/// token gets its verdict, and a lower one is refused with the mark that raise left (as
+/// if it had arrived just after it; they were in flight at the same time).
+///
+/// # Behind a connection pooler
+///
+/// Every statement is unnamed (parse, bind and execute in one message) and is its own
+/// transaction, so the store keeps no session state on the server: it runs behind a
+/// transaction-mode pooler (PgBouncer's `pool_mode = transaction`) as it does directly.
+///
+/// # Connections
+///
+/// [`from_pool`](Self::from_pool) takes a `deadpool_postgres::Pool`: as many batches in
+/// flight as the pool has connections, and a closed connection is replaced by the pool.
+/// [`new`](Self::new) takes one client: one batch in flight; if that connection closes,
+/// every raise fails with a retryable [`StoreError`] (the layer answers 503 on fenced
+/// resources) until the store is rebuilt on a new client.
+///
+/// The queue task is started by the first raise, on that caller's tokio runtime, and
+/// ends when the last clone of the store is dropped.
 ///
 /// # Reject cache
 ///
 /// [`with_reject_cache`](Self::with_reject_cache) keeps, per resource, the highest mark
 /// this process has seen. Marks only rise, so a token below it is refused without a
-/// round trip. An admit always goes to Postgres. (If an operator lowers or deletes rows
-/// by hand, the cache keeps refusing until the process restarts.)
+/// round trip. An admit always goes to Postgres. (If an operator lowers a mark, the
+/// cache keeps refusing until the process restarts; see [`crate::postgres`] on resets.)
 #[derive(Clone)]
 pub struct PostgresStore {
-    client: Arc<Client>,
-    raise: Arc<OnceLock<Statement>>,
+    shared: Arc<Shared>,
     seen: Option<Cache<String, u64>>,
+}
+
+struct Shared {
+    source: Source,
+    max_batch: usize,
+    queue: OnceLock<mpsc::UnboundedSender<Pending>>,
+}
+
+#[derive(Clone)]
+enum Source {
+    Client(Arc<Client>),
+    Pool(deadpool_postgres::Pool),
+}
+
+impl Source {
+    fn connections(&self) -> usize {
+        match self {
+            Source::Client(_) => 1,
+            Source::Pool(pool) => pool.status().max_size.max(1),
+        }
+    }
+}
+
+/// A raise waiting for its batch.
+struct Pending {
+    resource: String,
+    token: FencingToken,
+    reply: oneshot::Sender<Result<Raise, StoreError>>,
 }
 
 impl std::fmt::Debug for PostgresStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PostgresStore")
+            .field("connections", &self.shared.source.connections())
+            .field("max_batch", &self.shared.max_batch)
             .field(
                 "reject_cache",
                 &self.seen.as_ref().and_then(|c| c.policy().max_capacity()),
@@ -80,12 +129,39 @@ impl std::fmt::Debug for PostgresStore {
 }
 
 impl PostgresStore {
-    /// A store on `client`'s database, without a reject cache.
+    /// A store on `client`'s database (one batch in flight), without a reject cache.
     pub fn new(client: Arc<Client>) -> Self {
+        PostgresStore::with_source(Source::Client(client))
+    }
+
+    /// A store on `pool`'s database: up to the pool's size batches in flight, without a
+    /// reject cache.
+    pub fn from_pool(pool: deadpool_postgres::Pool) -> Self {
+        PostgresStore::with_source(Source::Pool(pool))
+    }
+
+    fn with_source(source: Source) -> Self {
         PostgresStore {
-            client,
-            raise: Arc::default(),
+            shared: Arc::new(Shared {
+                source,
+                max_batch: DEFAULT_MAX_BATCH,
+                queue: OnceLock::new(),
+            }),
             seen: None,
+        }
+    }
+
+    /// Sends at most `max` raises in one round trip (default 256; at least 1). Set it
+    /// before the first raise: it makes a new store (clones made before keep theirs).
+    #[must_use]
+    pub fn with_max_batch(self, max: usize) -> Self {
+        PostgresStore {
+            shared: Arc::new(Shared {
+                source: self.shared.source.clone(),
+                max_batch: max.max(1),
+                queue: OnceLock::new(),
+            }),
+            seen: self.seen,
         }
     }
 
@@ -101,7 +177,13 @@ impl PostgresStore {
     ///
     /// # Errors
     ///
-    /// The database error, as a [`StoreError`] (retryable for SQLSTATE `40001`/`40P01`).
+    /// The database error, as a [`StoreError`] (retryable for SQLSTATE `40001`/`40P01`
+    /// and a closed connection or an exhausted pool).
+    ///
+    /// # Panics
+    ///
+    /// The first raise of a store panics outside a tokio runtime (it starts the queue
+    /// task there).
     pub async fn raise_async(
         &self,
         resource: &str,
@@ -116,12 +198,18 @@ impl PostgresStore {
                 }
             }
         }
-        let outcome = raise_once(&self.client, &self.raise, resource, token)
+        let (reply, answer) = oneshot::channel();
+        let pending = Pending {
+            resource: resource.to_owned(),
+            token,
+            reply,
+        };
+        if self.queue().send(pending).is_err() {
+            return Err(StoreError::new("the store's queue task has stopped", true));
+        }
+        let outcome = answer
             .await
-            .map_err(|e| {
-                let retryable = is_retryable(&e) || e.is_closed();
-                StoreError::new(e, retryable)
-            })?;
+            .map_err(|_| StoreError::new("the store's queue task dropped a raise", true))??;
         if let Some(seen) = &self.seen {
             let mark = match outcome {
                 Raise::Admitted => token,
@@ -132,6 +220,68 @@ impl PostgresStore {
         }
         Ok(outcome)
     }
+
+    /// Reads `resource`'s mark from the database (not from the reject cache); `None` when
+    /// it has none. See [`read_mark`](crate::postgres::read_mark).
+    ///
+    /// # Errors
+    ///
+    /// The database error, or kind [`Closed`](crate::FenceErrorKind::Closed) when no
+    /// connection could be had.
+    pub async fn mark(&self, resource: &str) -> Result<Option<Mark>, FenceError> {
+        match &self.shared.source {
+            Source::Client(client) => read_mark(&**client, resource).await,
+            Source::Pool(pool) => {
+                let client = pool
+                    .get()
+                    .await
+                    .map_err(|e| FenceError::no_connection(e.to_string().into()))?;
+                read_mark(&**client, resource).await
+            }
+        }
+    }
+
+    /// Lowers `resource`'s mark to `to` for `reason` and forgets it in this store's reject
+    /// cache; returns the mark it replaced. See [`reset_mark`](crate::postgres::reset_mark)
+    /// for the rules that keep a reset from re-admitting a stale writer.
+    ///
+    /// # Errors
+    ///
+    /// As [`reset_mark`](crate::postgres::reset_mark), or kind
+    /// [`Closed`](crate::FenceErrorKind::Closed) when no connection could be had.
+    pub async fn reset(
+        &self,
+        resource: &str,
+        to: FencingToken,
+        reason: &str,
+    ) -> Result<FencingToken, FenceError> {
+        let old = match &self.shared.source {
+            Source::Client(client) => reset_mark(&**client, resource, to, reason).await?,
+            Source::Pool(pool) => {
+                let client = pool
+                    .get()
+                    .await
+                    .map_err(|e| FenceError::no_connection(e.to_string().into()))?;
+                reset_mark(&**client, resource, to, reason).await?
+            }
+        };
+        if let Some(seen) = &self.seen {
+            seen.invalidate(resource);
+        }
+        Ok(old)
+    }
+
+    fn queue(&self) -> &mpsc::UnboundedSender<Pending> {
+        self.shared.queue.get_or_init(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            tokio::spawn(dispatch(
+                self.shared.source.clone(),
+                rx,
+                self.shared.max_batch,
+            ));
+            tx
+        })
+    }
 }
 
 impl HighWaterStore for PostgresStore {
@@ -139,5 +289,120 @@ impl HighWaterStore for PostgresStore {
         let store = self.clone();
         let resource = resource.to_owned();
         Box::pin(async move { store.raise_async(&resource, token).await })
+    }
+}
+
+/// The queue task: waits for a raise, then for a free connection, then takes every raise
+/// queued meanwhile (up to `max_batch`) as one batch on that connection.
+async fn dispatch(source: Source, mut queue: mpsc::UnboundedReceiver<Pending>, max_batch: usize) {
+    let permits = Arc::new(Semaphore::new(source.connections()));
+    while let Some(first) = queue.recv().await {
+        let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
+            return;
+        };
+        let mut batch = vec![first];
+        while batch.len() < max_batch {
+            match queue.try_recv() {
+                Ok(p) => batch.push(p),
+                Err(_) => break,
+            }
+        }
+        let source = source.clone();
+        tokio::spawn(async move {
+            run_batch(&source, batch).await;
+            drop(permit);
+        });
+    }
+}
+
+/// Decides one batch and answers each raise in it.
+async fn run_batch(source: &Source, batch: Vec<Pending>) {
+    // Per resource: its index in the arrays and the highest token asked for.
+    let mut index: HashMap<&str, usize> = HashMap::with_capacity(batch.len());
+    let mut resources: Vec<&str> = Vec::with_capacity(batch.len());
+    let mut tokens: Vec<FencingToken> = Vec::with_capacity(batch.len());
+    for p in &batch {
+        let i = *index.entry(p.resource.as_str()).or_insert_with(|| {
+            resources.push(p.resource.as_str());
+            tokens.push(p.token);
+            resources.len() - 1
+        });
+        tokens[i] = tokens[i].max(p.token);
+    }
+    let marks = match source {
+        Source::Client(client) => raise_all(client, &resources, &tokens).await,
+        Source::Pool(pool) => match pool.get().await {
+            Ok(client) => raise_all(&client, &resources, &tokens).await,
+            Err(e) => Err(Arc::new(StoreErrorSource::Pool(e.to_string()))),
+        },
+    };
+    let verdicts: Vec<Result<Raise, StoreError>> = batch
+        .iter()
+        .map(|p| {
+            let i = index[p.resource.as_str()];
+            match &marks {
+                Ok(marks) => {
+                    let raised = tokens[i];
+                    let mark = marks.get(i).copied().flatten();
+                    Ok(if p.token == raised {
+                        crate::postgres::verdict(raised, mark)
+                    } else {
+                        // Below the token raised in the same batch: decided as if just
+                        // after that raise.
+                        Raise::Stale {
+                            highest: mark.map_or(raised, |m| m.max(raised)),
+                        }
+                    })
+                }
+                Err(e) => Err(StoreError::new(Arc::clone(e), e.is_retryable())),
+            }
+        })
+        .collect();
+    for (p, verdict) in batch.into_iter().zip(verdicts) {
+        // A caller that went away no longer wants its verdict.
+        let _ = p.reply.send(verdict);
+    }
+}
+
+/// The marks `fence_raise` leaves for each resource, in order: one statement, one round
+/// trip, unnamed.
+async fn raise_all(
+    client: &Client,
+    resources: &[&str],
+    tokens: &[FencingToken],
+) -> Result<Vec<Option<FencingToken>>, Arc<StoreErrorSource>> {
+    let result = if let ([resource], [token]) = (resources, tokens) {
+        client
+            .query_typed_one(RAISE_ONE, &[(resource, Type::TEXT), (token, Type::INT8)])
+            .await
+            .and_then(|row| row.try_get::<_, Option<FencingToken>>(0))
+            .map(|mark| vec![mark])
+    } else {
+        client
+            .query_typed_one(
+                RAISE_MANY,
+                &[(&resources, Type::TEXT_ARRAY), (&tokens, Type::INT8_ARRAY)],
+            )
+            .await
+            .and_then(|row| row.try_get::<_, Vec<Option<FencingToken>>>(0))
+    };
+    result.map_err(|e| Arc::new(StoreErrorSource::Db(e)))
+}
+
+/// Why a batch failed, shared by every raise in it.
+#[derive(Debug, thiserror::Error)]
+enum StoreErrorSource {
+    #[error("the raise failed in the database")]
+    Db(#[source] tokio_postgres::Error),
+    #[error("no connection from the pool: {0}")]
+    Pool(String),
+}
+
+impl StoreErrorSource {
+    fn is_retryable(&self) -> bool {
+        match self {
+            StoreErrorSource::Db(e) => is_retryable(e) || e.is_closed(),
+            StoreErrorSource::Pool(_) => true,
+        }
     }
 }

@@ -85,7 +85,7 @@ async fn fenced_writes_get_428_400_409_as_problem_json_and_never_reach_the_handl
 
     let r = send(&c, Method::PUT, addr, "/orders/1", &[]).await;
     assert_problem(&r, 428, "missing-token", "/orders/1", None, None);
-    for bad in ["12a", "+5", "-1", "1 2", "", "9223372036854775808"] {
+    for bad in ["12a", "+5", "-1", "1 2", "9223372036854775808"] {
         let r = send(&c, Method::PUT, addr, "/orders/1", &[bad]).await;
         assert_problem(&r, 400, "malformed-token", "/orders/1", None, None);
     }
@@ -171,6 +171,43 @@ async fn the_store_being_down_is_a_503_when_fenced() {
     assert_eq!(
         (e.outcome, e.unprotected, e.token),
         (WriteOutcome::StoreUnavailable, true, Some(tok(3)))
+    );
+}
+
+/// An empty `Fencing-Token` value (or one of only whitespace, which HTTP trims) carries
+/// no token: a missing token, not a malformed one.
+#[tokio::test]
+async fn an_empty_header_is_a_missing_token_428_when_fenced_and_reported_when_advisory() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (observer, mut events) = ChannelObserver::bounded(64);
+    let layer = FenceLayer::new(MemoryStore::new(1_000))
+        .with_enforcement_table(
+            EnforcementTable::new(Enforcement::Fenced)
+                .with_prefix("/legacy/", Enforcement::Advisory),
+        )
+        .with_observer(observer);
+    let addr = serve(echo_app(Arc::clone(&calls)).layer(layer)).await;
+    let c = client();
+    for empty in ["", " ", "\t "] {
+        let r = send(&c, Method::PUT, addr, "/orders/1", &[empty]).await;
+        assert_problem(&r, 428, "missing-token", "/orders/1", None, None);
+
+        let r = send(&c, Method::PUT, addr, "/legacy/report", &[empty]).await;
+        assert_eq!(r.status, StatusCode::OK);
+        let e = events.try_recv().expect("one event per advisory write");
+        assert_eq!(
+            (e.outcome, e.unprotected, e.token),
+            (WriteOutcome::MissingToken, true, None)
+        );
+    }
+    // An empty value beside a token is still two values: malformed.
+    let t = tok(3).to_string();
+    let r = send(&c, Method::PUT, addr, "/orders/1", &["", &t]).await;
+    assert_problem(&r, 400, "malformed-token", "/orders/1", None, None);
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        3,
+        "only the advisory writes ran"
     );
 }
 
@@ -429,7 +466,7 @@ async fn configuration_methods_resource_keys_route_layer_and_service_builder() {
         StatusCode::OK,
         "POST is no longer checked"
     );
-    assert_eq!(req("", "t1", Method::PUT).await.0, StatusCode::BAD_REQUEST);
+    assert_eq!(req("x", "t1", Method::PUT).await.0, StatusCode::BAD_REQUEST);
     // route_layer: the layer runs only for matched routes, so an unknown one is a 404.
     let nope = http::Request::put(format!("http://{addr}/nope"))
         .header("x-tenant", "t1")

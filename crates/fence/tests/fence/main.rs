@@ -6,4 +6,7 @@ mod http_layer;
 mod mark_locks;
 mod ordering;
 mod pipelined;
+mod pooler;
 mod postgres_helper;
+mod reset;
+mod store_batches;

@@ -1,0 +1,136 @@
+//! Reading a mark, and lowering one that a mistaken token poisoned.
+
+use std::time::SystemTime;
+
+use tokio_postgres::types::Type;
+use tokio_postgres::GenericClient;
+
+use super::FenceError;
+use crate::FencingToken;
+
+const READ: &str = "SELECT token, updated_at FROM fence_high_water WHERE resource = $1";
+const RESET: &str = "SELECT fence_reset($1, $2, $3)";
+const RESETS: &str = "SELECT old_token, new_token, reason, reset_by, reset_at \
+     FROM fence_reset_log WHERE resource = $1 ORDER BY id DESC LIMIT $2";
+
+/// A resource's high-water mark as `fence_high_water` holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Mark {
+    /// The highest token admitted (or the token a reset set).
+    pub token: FencingToken,
+    /// When the mark was last raised or reset.
+    pub updated_at: SystemTime,
+}
+
+/// One row of `fence_reset_log`: a mark lowered by [`reset_mark`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MarkReset {
+    /// The mark before.
+    pub old: FencingToken,
+    /// The mark after.
+    pub new: FencingToken,
+    /// Why, as given.
+    pub reason: String,
+    /// The database role that ran it.
+    pub reset_by: String,
+    /// When.
+    pub reset_at: SystemTime,
+}
+
+/// Reads `resource`'s mark; `None` when it has none (no token was ever admitted).
+///
+/// # Errors
+///
+/// The database error (for example `fence_high_water` does not exist: run
+/// [`migrate`](crate::migrate)).
+pub async fn read_mark<C: GenericClient + Sync>(
+    client: &C,
+    resource: &str,
+) -> Result<Option<Mark>, FenceError> {
+    let row = client
+        .query_typed_opt(READ, &[(&resource, Type::TEXT)])
+        .await?;
+    Ok(match row {
+        Some(row) => Some(Mark {
+            token: row.try_get(0)?,
+            updated_at: row.try_get(1)?,
+        }),
+        None => None,
+    })
+}
+
+/// The last `limit` resets of `resource`, newest first.
+///
+/// # Errors
+///
+/// The database error.
+pub async fn read_resets<C: GenericClient + Sync>(
+    client: &C,
+    resource: &str,
+    limit: i64,
+) -> Result<Vec<MarkReset>, FenceError> {
+    let rows = client
+        .query_typed(
+            RESETS,
+            &[(&resource, Type::TEXT), (&limit.max(0), Type::INT8)],
+        )
+        .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(MarkReset {
+                old: row.try_get(0)?,
+                new: row.try_get(1)?,
+                reason: row.try_get(2)?,
+                reset_by: row.try_get(3)?,
+                reset_at: row.try_get(4)?,
+            })
+        })
+        .collect()
+}
+
+/// Lowers `resource`'s mark to `to` for `reason`, with `fence_reset` (migration `0004`);
+/// returns the mark it replaced.
+///
+/// A mistaken request with a huge token (say an epoch-1 token on an epoch-0 system)
+/// leaves a mark that refuses every real token. A reset mends it, and is built so that it
+/// cannot quietly re-admit a stale writer:
+///
+/// - it only lowers, to a token you name: never to "no mark", which would admit any
+///   token. Name the token of the lock's current (or last) hold: every older holder
+///   keeps being refused, because each grant's token is above every earlier one;
+/// - it takes the resource's lock exclusive, as a raise does, so it waits for the fenced
+///   transactions in flight and every later writer sees the new mark;
+/// - it needs a non-empty reason and writes a row to `fence_reset_log` (old and new
+///   mark, reason, database role, time) in the same transaction: no reset without its
+///   record. `palisade fence reset` also records it in the audit trail.
+///
+/// A [`PostgresStore`](crate::PostgresStore) with a reject cache in another process keeps
+/// refusing tokens below the old mark until it restarts (refusing more, never less).
+///
+/// # Errors
+///
+/// - [`FenceErrorKind::BadReset`](super::FenceErrorKind::BadReset): an empty reason, or
+///   `to` not below the mark (SQLSTATE `22023`).
+/// - [`FenceErrorKind::NoMark`](super::FenceErrorKind::NoMark): the resource has no mark
+///   (SQLSTATE `P0002`).
+/// - A database error otherwise.
+pub async fn reset_mark<C: GenericClient + Sync>(
+    client: &C,
+    resource: &str,
+    to: FencingToken,
+    reason: &str,
+) -> Result<FencingToken, FenceError> {
+    let row = client
+        .query_typed_one(
+            RESET,
+            &[
+                (&resource, Type::TEXT),
+                (&to, Type::INT8),
+                (&reason, Type::TEXT),
+            ],
+        )
+        .await?;
+    Ok(row.try_get(0)?)
+}

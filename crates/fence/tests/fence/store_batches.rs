@@ -1,0 +1,115 @@
+//! PostgresStore's batches: concurrent raises sent together, each with its own verdict.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use palisade_fence::{FencingToken, HighWaterStore, PostgresStore, Raise};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::NoTls;
+
+use crate::common::{shuffle, tok};
+use crate::postgres_helper::{fresh_db, mark};
+
+/// Raises tokens 1..=40 of eight resources all at once, in a shuffled order, and checks
+/// every verdict against the marks left behind: the highest token of each resource is
+/// admitted and is its mark; every refusal names a mark above its token, no higher than
+/// the resource's highest token; every token above the mark was admitted.
+pub(crate) async fn check_concurrent_raises(
+    store: &PostgresStore,
+    direct: &tokio_postgres::Client,
+) {
+    let mut asks: Vec<(String, FencingToken)> = (0..8)
+        .flat_map(|r| (1..=40).map(move |t| (format!("batch/{r}"), tok(t))))
+        .collect();
+    shuffle(&mut asks, 7);
+    let tasks: Vec<_> = asks
+        .iter()
+        .cloned()
+        .map(|(resource, token)| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let verdict = store.raise(&resource, token).await;
+                (resource, token, verdict)
+            })
+        })
+        .collect();
+    let mut admitted: HashMap<String, Vec<FencingToken>> = HashMap::new();
+    for task in tasks {
+        let (resource, token, verdict) = task.await.unwrap();
+        match verdict.unwrap_or_else(|e| panic!("{resource} {token}: {e:?}")) {
+            Raise::Admitted => admitted.entry(resource).or_default().push(token),
+            Raise::Stale { highest } => {
+                assert!(highest > token, "{resource}: {token} refused by {highest}");
+                assert!(
+                    highest <= tok(40),
+                    "{resource}: a mark no one raised: {highest}"
+                );
+            }
+        }
+    }
+    for r in 0..8 {
+        let resource = format!("batch/{r}");
+        assert_eq!(mark(direct, &resource).await, Some(tok(40)));
+        assert!(admitted[&resource].contains(&tok(40)), "{resource}");
+    }
+}
+
+#[tokio::test]
+async fn a_store_on_one_connection_decides_concurrent_raises_in_batches() {
+    let (db, client) = fresh_db().await;
+    let store = PostgresStore::new(Arc::new(db.connect().await)).with_max_batch(16);
+    check_concurrent_raises(&store, &client).await;
+}
+
+#[tokio::test]
+async fn a_store_on_a_pool_decides_concurrent_raises_in_batches() {
+    let (db, client) = fresh_db().await;
+    let manager = deadpool_postgres::Manager::new(db.config(), NoTls);
+    let pool = deadpool_postgres::Pool::builder(manager)
+        .max_size(3)
+        .build()
+        .unwrap();
+    check_concurrent_raises(&PostgresStore::from_pool(pool), &client).await;
+}
+
+/// `fence_raise_many` answers what `fence_raise` would for each element, in the order
+/// given, and refuses arrays it cannot pair.
+#[tokio::test]
+async fn fence_raise_many_answers_each_element_like_fence_raise() {
+    let (_db, client) = fresh_db().await;
+    client
+        .batch_execute("SELECT fence_raise('b', 20)")
+        .await
+        .unwrap();
+    let marks: Vec<Option<i64>> = client
+        .query_one(
+            "SELECT fence_raise_many(ARRAY['a', 'b', 'c', 'd'], ARRAY[5, 10, 7, 0]::bigint[])",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(marks, vec![Some(5), Some(20), Some(7), Some(0)]);
+    assert_eq!(
+        mark(&client, "a").await,
+        Some(FencingToken::from_u64(5).unwrap())
+    );
+    assert_eq!(
+        mark(&client, "b").await,
+        Some(FencingToken::from_u64(20).unwrap())
+    );
+    let empty: Vec<Option<i64>> = client
+        .query_one("SELECT fence_raise_many('{}'::text[], '{}'::bigint[])", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(empty.is_empty());
+    for bad in [
+        "SELECT fence_raise_many(ARRAY['a', 'b'], ARRAY[1]::bigint[])",
+        "SELECT fence_raise_many(ARRAY['a', NULL], ARRAY[1, 2]::bigint[])",
+        "SELECT fence_raise_many(ARRAY['a'], NULL::bigint[])",
+    ] {
+        let e = client.query_one(bad, &[]).await.unwrap_err();
+        assert_eq!(e.code(), Some(&SqlState::NULL_VALUE_NOT_ALLOWED), "{bad}");
+    }
+}

@@ -1,0 +1,155 @@
+//! `palisade fence ...`: read a resource's high-water mark in its database, and lower one
+//! that a mistaken token poisoned.
+//!
+//! `show` reads `fence_high_water` and the resource's last resets (`fence_reset_log`).
+//! `reset` calls `fence_reset` (it only lowers, to a token you name, needs a reason, and
+//! logs itself in the resource's database) and then records the reset in the audit
+//! trail. Exit codes: 2 for a refused reset (empty reason, a token not below the mark),
+//! 3 when the resource has no mark.
+
+use palisade_fence::postgres::{read_resets, MarkReset};
+use palisade_fence::{read_mark, reset_mark, FenceErrorKind, FencingToken};
+
+use super::exit::{CliError, Exit, Result};
+
+/// `palisade fence`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct FenceArgs {
+    /// The resource's database (where `fence_high_water` is): a libpq connection string,
+    /// key/value or URL form.
+    #[arg(long, env = "PALISADE_FENCE_DATABASE")]
+    database: String,
+    #[command(subcommand)]
+    cmd: FenceCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum FenceCommand {
+    /// Print RESOURCE's mark (token, epoch, revision, last change) and its last resets.
+    Show {
+        /// The resource key, as the fence layer or the SQL helper names it.
+        resource: String,
+        /// How many of the last resets to print.
+        #[arg(long, default_value_t = 5)]
+        resets: i64,
+    },
+    /// Lower RESOURCE's mark to --to, for --reason; recorded in the resource's database
+    /// and in the audit trail. Name the token of the lock's current (or last) hold: every
+    /// older holder stays refused.
+    Reset {
+        /// The resource key.
+        resource: String,
+        /// The new mark: a decimal token below the current mark.
+        #[arg(long)]
+        to: String,
+        /// Why (kept in both records); must not be empty.
+        #[arg(long)]
+        reason: String,
+        /// The audit database, where the reset is recorded.
+        #[arg(long, env = "PALISADE_AUDIT_DATABASE")]
+        audit_database: String,
+        /// Who resets (kept in the audit trail); defaults to $USER.
+        #[arg(long)]
+        actor: Option<String>,
+    },
+}
+
+pub(crate) fn run(args: FenceArgs) -> Result<String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let (client, connection) = tokio_postgres::connect(&args.database, tokio_postgres::NoTls)
+            .await
+            .map_err(|e| CliError::new(Exit::Failure, format!("resource database: {e}")))?;
+        tokio::spawn(connection);
+        match args.cmd {
+            FenceCommand::Show { resource, resets } => show(&client, &resource, resets).await,
+            FenceCommand::Reset {
+                resource,
+                to,
+                reason,
+                audit_database,
+                actor,
+            } => {
+                let to: FencingToken = to
+                    .parse()
+                    .map_err(|e| CliError::bad_input(format!("--to {to:?}: {e}")))?;
+                if reason.trim().is_empty() {
+                    return Err(CliError::bad_input("--reason must not be empty").into());
+                }
+                // Reach the audit trail before changing anything, so a reset is not left
+                // unrecorded for want of a connection.
+                let audit = palisade_audit::pool(&audit_database, 1)?;
+                palisade_audit::migrate(&audit).await?;
+                let audit = audit.get().await.map_err(|e| {
+                    CliError::new(Exit::Failure, format!("audit database: {e}"))
+                })?;
+                let old = reset_mark(&client, &resource, to, &reason)
+                    .await
+                    .map_err(|e| match e.kind() {
+                        FenceErrorKind::BadReset => CliError::bad_input(e.to_string()),
+                        FenceErrorKind::NoMark => CliError::new(Exit::NotFound, e.to_string()),
+                        _ => CliError::new(Exit::Failure, format!("{e}: {}", source(&e))),
+                    })?;
+                let actor = actor
+                    .or_else(|| std::env::var("USER").ok())
+                    .unwrap_or_else(|| "unknown".to_owned());
+                let record = palisade_audit::FenceReset::new(&resource, old, to, &reason, actor);
+                palisade_audit::insert_fence_reset(&**audit, &record)
+                    .await
+                    .map_err(|e| {
+                        CliError::new(
+                            Exit::Failure,
+                            format!(
+                                "{resource}: mark reset from {old} to {to} (logged in fence_reset_log), \
+                                 but not recorded in the audit trail: {e}"
+                            ),
+                        )
+                    })?;
+                Ok(format!(
+                    "{resource}: mark reset from {old} to {to}\nrecorded in the audit trail as {}",
+                    record.id
+                ))
+            }
+        }
+    })
+}
+
+async fn show(client: &tokio_postgres::Client, resource: &str, resets: i64) -> Result<String> {
+    let mark = read_mark(client, resource)
+        .await
+        .map_err(|e| CliError::new(Exit::Failure, format!("{e}: {}", source(&e))))?;
+    let Some(mark) = mark else {
+        return Err(CliError::new(Exit::NotFound, format!("{resource} has no mark")).into());
+    };
+    let mut out = format!(
+        "resource {resource}\nmark {} (epoch {}, revision {})\nupdated {}",
+        mark.token,
+        mark.token.epoch(),
+        mark.token.revision(),
+        humantime::format_rfc3339_seconds(mark.updated_at)
+    );
+    let log = read_resets(client, resource, resets)
+        .await
+        .map_err(|e| CliError::new(Exit::Failure, format!("{e}: {}", source(&e))))?;
+    for MarkReset {
+        old,
+        new,
+        reason,
+        reset_by,
+        reset_at,
+        ..
+    } in log
+    {
+        out.push_str(&format!(
+            "\nreset {} by {reset_by}: {old} -> {new} ({reason})",
+            humantime::format_rfc3339_seconds(reset_at)
+        ));
+    }
+    Ok(out)
+}
+
+fn source(e: &dyn std::error::Error) -> String {
+    e.source().map(|s| s.to_string()).unwrap_or_default()
+}

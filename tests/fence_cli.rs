@@ -1,0 +1,123 @@
+//! `palisade fence show` and `palisade fence reset`, run as a user runs them, on a real
+//! database.
+
+use std::process::Command;
+
+use palisade_fence::{migrate, Epoch, FencingToken, Revision};
+use palisade_testkit::TestDb;
+
+fn palisade(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args(args)
+        .env_remove("PALISADE_FENCE_DATABASE")
+        .env_remove("PALISADE_AUDIT_DATABASE")
+        .output()
+        .expect("run palisade");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn e0(rev: u64) -> FencingToken {
+    FencingToken::from_parts(Epoch::new(0).unwrap(), Revision::new(rev)).unwrap()
+}
+
+#[tokio::test]
+async fn fence_show_reads_a_poisoned_mark_and_reset_lowers_it_with_an_audited_reason() {
+    let db = TestDb::create().await;
+    let mut client = db.connect().await;
+    migrate(&mut client).await.unwrap();
+    let poison = FencingToken::from_parts(Epoch::new(1).unwrap(), Revision::new(7)).unwrap();
+    client
+        .execute(
+            "SELECT fence_raise('orders/1', $1)",
+            &[&(poison.get() as i64)],
+        )
+        .await
+        .unwrap();
+    let conn = db.connection_string();
+
+    let (code, out, err) = palisade(&["fence", "--database", &conn, "show", "orders/1"]);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "resource orders/1");
+    assert_eq!(lines[1], format!("mark {poison} (epoch 1, revision 7)"));
+    assert!(lines[2].starts_with("updated 20"), "{out}");
+    assert_eq!(lines.len(), 3, "no resets yet: {out}");
+
+    let (code, _, err) = palisade(&["fence", "--database", &conn, "show", "orders/2"]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("orders/2 has no mark"), "{err}");
+
+    let to = e0(120).to_string();
+    let reset = |reason: &str, to: &str| {
+        palisade(&[
+            "fence",
+            "--database",
+            &conn,
+            "reset",
+            "orders/1",
+            "--to",
+            to,
+            "--reason",
+            reason,
+            "--audit-database",
+            &conn,
+            "--actor",
+            "ops-alice",
+        ])
+    };
+    let (code, _, err) = reset(" ", &to);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--reason must not be empty"), "{err}");
+    let (code, _, err) = reset("why", "12x");
+    assert_eq!(code, 2, "{err}");
+    let (code, _, err) = reset("raise it", &(poison.get() + 1).to_string());
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("not below the mark"), "{err}");
+
+    let (code, out, err) = reset("epoch-1 token from the example", &to);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with(&format!("orders/1: mark reset from {poison} to {to}\n")),
+        "{out}"
+    );
+
+    let row = client
+        .query_one(
+            "SELECT resource, old_token, new_token, reason, actor FROM fence_reset",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            row.get::<_, String>(0),
+            row.get::<_, i64>(1),
+            row.get::<_, i64>(2),
+            row.get::<_, String>(3),
+            row.get::<_, String>(4),
+        ),
+        (
+            "orders/1".to_owned(),
+            poison.get() as i64,
+            e0(120).get() as i64,
+            "epoch-1 token from the example".to_owned(),
+            "ops-alice".to_owned()
+        )
+    );
+    let (code, out, err) = palisade(&["fence", "--database", &conn, "show", "orders/1"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(&format!("mark {to} (epoch 0, revision 120)")),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!(
+            "by postgres: {poison} -> {to} (epoch-1 token from the example)"
+        )),
+        "{out}"
+    );
+}
