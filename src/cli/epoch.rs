@@ -19,9 +19,10 @@ pub(crate) struct EpochArgs {
 enum EpochCommand {
     /// Print the epoch record, and why grants are refused if they are (service admins).
     ///
-    /// `highest_grant_rev` is the highest grant revision the durable record has
-    /// confirmed: it lags the tokens handed out (by up to the reservation window).
-    /// Every token of the epoch is at most `epoch * 2^48 + reserved_rev`.
+    /// `minted_rev` is the highest grant revision the answering replica minted a token
+    /// for; `highest_grant_rev` is the highest the durable record has confirmed, which
+    /// lags the tokens handed out (by up to the reservation window). Every token of the
+    /// epoch is at most `epoch * 2^48 + reserved_rev`.
     Show,
     /// Advance the epoch after etcd was restored from a snapshot or the service was
     /// rehomed to another etcd cluster; prints the new record (service admins).

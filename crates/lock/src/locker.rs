@@ -179,6 +179,13 @@ impl Locker {
         (c.record, c.mismatch)
     }
 
+    /// The highest grant revision this locker minted a token for in the current epoch (at
+    /// least the record's confirmed `highest_grant_rev`, which lags by up to the
+    /// reservation window). Each locker knows only its own grants.
+    pub fn minted_rev(&self) -> palisade_fence::Revision {
+        palisade_fence::Revision::new(self.inner.epoch.minted())
+    }
+
     /// Opens a session: grants an etcd lease of `ttl` (whole seconds, from one to etcd's
     /// maximum lease TTL of 9,000,000,000 s) and starts its keepalive. etcd may grant
     /// more than asked (its minimum lease TTL, 2 s on etcd 3.4/3.5 by default):

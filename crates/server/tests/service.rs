@@ -687,6 +687,11 @@ async fn etcd_admin_namespaces_classes_epochs() {
     let t: u64 = r.body["token"].as_str().unwrap().parse().unwrap();
     assert_eq!(t >> 48, 1);
     assert_eq!(t & ((1 << 48) - 1), r.body["grant_rev"].as_u64().unwrap());
+    // The epoch shows the newest grant this replica minted, not just the confirmed one.
+    let grant_rev = r.body["grant_rev"].clone();
+    let r = call(a, "GET", "/v1/epoch", ADMIN, Value::Null).await;
+    assert_eq!(r.body["minted_rev"], grant_rev, "{:?}", r.body);
+    assert!(r.body["highest_grant_rev"].as_u64() <= grant_rev.as_u64());
 }
 
 mod mtls {

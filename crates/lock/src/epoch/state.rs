@@ -101,6 +101,12 @@ impl EpochState {
         self.lock().current.clone()
     }
 
+    /// The highest grant revision this locker minted a token for (or is about to) in the
+    /// current epoch, at least the record's confirmed `highest_grant_rev`.
+    pub(crate) fn minted(&self) -> u64 {
+        self.lock().pending
+    }
+
     /// Starts over with `current` (an advanced epoch).
     pub(crate) fn replace(&self, current: Current) {
         let mut s = self.lock();

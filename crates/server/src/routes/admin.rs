@@ -122,6 +122,12 @@ pub(super) async fn put_class(
 pub(super) struct EpochView {
     #[serde(flatten)]
     record: palisade_api::EpochRecord,
+    /// The highest grant revision this replica minted a token for in this epoch: its
+    /// newest token is `epoch · 2^48 + minted_rev`. `highest_grant_rev` is what the
+    /// durable record confirms, and lags it by up to the reservation window; other
+    /// replicas may have minted higher.
+    #[schema(value_type = u64)]
+    minted_rev: palisade_api::Revision,
     /// Why grants are refused, if they are.
     grants_refused: Option<String>,
 }
@@ -139,6 +145,7 @@ pub(super) async fn show_epoch(
     let (record, mismatch) = state.locker.epoch();
     Ok(Json(EpochView {
         record,
+        minted_rev: state.locker.minted_rev(),
         grants_refused: mismatch.map(|m| m.to_string()),
     }))
 }
@@ -163,6 +170,7 @@ pub(super) async fn advance_epoch(
     tracing::warn!(epoch = %record.epoch, caller = caller.0.as_str(), "epoch advanced");
     Ok(Json(EpochView {
         record,
+        minted_rev: state.locker.minted_rev(),
         grants_refused: None,
     }))
 }
