@@ -181,6 +181,9 @@ pub enum LockRecordKind {
     Expire,
     /// `force`.
     Force,
+    /// `force_release`: the lock service's own record of a force release (who asked,
+    /// who approved, which grant), one per forced hold.
+    ForceRecord,
 }
 
 impl LockRecordKind {
@@ -191,6 +194,7 @@ impl LockRecordKind {
             LockRecordKind::Release => "release",
             LockRecordKind::Expire => "expire",
             LockRecordKind::Force => "force",
+            LockRecordKind::ForceRecord => "force_release",
         }
     }
 

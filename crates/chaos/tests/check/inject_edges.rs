@@ -228,3 +228,45 @@ fn release_left_held_an_unknown_release_that_never_landed_while_the_session_live
     let (h, named) = release_then_acquire(true, None);
     assert_only(&check(&h), ViolationKind::ReleaseLeftHeld, &named);
 }
+
+fn force_record(h: &[Entry]) -> usize {
+    find(
+        h,
+        |e| matches!(e, Event::AuditRow { kind, .. } if kind == "force_release"),
+    )
+}
+
+#[test]
+fn audit_missing_the_force_release_record_of_a_forced_hold() {
+    let mut h = scenario();
+    let record = force_record(&h);
+    // The replica never wrote its record: the entry becomes one that says nothing.
+    h[record].event = Event::Fault {
+        kind: palisade_chaos::history::FaultKind::ForceRelease,
+        phase: palisade_chaos::history::Phase::End,
+        detail: "in place of the force release record".into(),
+    };
+    let forced = find(&h, |e| {
+        matches!(
+            e,
+            Event::EtcdHold {
+                end: HoldEnd::Forced,
+                ..
+            }
+        )
+    });
+    let report = check(&h);
+    assert_only(&report, ViolationKind::AuditMissing, &[forced]);
+    assert!(report.to_string().contains("force_release of"), "{report}");
+}
+
+#[test]
+fn audit_duplicate_force_release_records_of_one_forced_hold() {
+    let mut h = scenario();
+    let record = force_record(&h);
+    let mut copy = h[record].clone();
+    copy.at_ns = h.last().unwrap().at_ns + 10;
+    h.push(copy);
+    let copy = h.len() - 1;
+    assert_only(&check(&h), ViolationKind::AuditDuplicate, &[record, copy]);
+}

@@ -569,6 +569,11 @@ impl Sim {
             if h.end_rev.is_some_and(|e| e <= cut) {
                 self.record(RUNNER, row(end, h.end_rev));
             }
+            // The approving replica's record, written whether or not the tailer read
+            // the force.
+            if h.end == HoldEnd::Forced {
+                self.record(RUNNER, row("force_release", h.end_rev));
+            }
         }
         for resource in std::mem::take(&mut self.unprotected) {
             let row = Event::AuditRow {
