@@ -242,19 +242,32 @@ impl Run {
             targets: revisions(&v["targets"]),
         });
         tokio::time::sleep(delay).await;
+        // An approval that fails part way is finished by approving again (it lists the
+        // holds the earlier attempt deleted): up to three attempts.
         let approver = self.admin_as((replica + 1) % self.replicas.count(), ADMIN2)?;
-        let approved = approver
-            .call_json("POST", &routes::approve_force_release(&request_id), None)
-            .await;
-        let outcome = match approved {
-            Ok(v) => ForceOutcome::Released {
-                grant_revs: revisions(&v["released"]),
-            },
-            Err(e) if e.problem() == Some(ProblemKind::ForceTargetGone) => ForceOutcome::TargetGone,
-            Err(e) => ForceOutcome::Unknown {
-                reason: e.to_string(),
-            },
+        let path = routes::approve_force_release(&request_id);
+        let mut outcome = ForceOutcome::Unknown {
+            reason: "not approved".into(),
         };
+        for attempt in 0..3 {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            outcome = match approver.call_json("POST", &path, None).await {
+                Ok(v) => ForceOutcome::Released {
+                    grant_revs: revisions(&v["released"]),
+                },
+                Err(e) if e.problem() == Some(ProblemKind::ForceTargetGone) => {
+                    ForceOutcome::TargetGone
+                }
+                Err(e) => ForceOutcome::Unknown {
+                    reason: e.to_string(),
+                },
+            };
+            if !matches!(outcome, ForceOutcome::Unknown { .. }) {
+                break;
+            }
+        }
         let end = format!(
             "{} of worker {worker} (grant {grant_rev}{}), approved after {} ms: {outcome:?}",
             lock.key,
