@@ -6,6 +6,7 @@ use deadpool_postgres::Pool;
 
 use crate::error::ChaosError;
 use crate::history::{Event, LockName};
+use crate::worker::{CLASS, NAMESPACE};
 
 /// A cluster restored from a snapshot, whose audit rows about the snapshot's holds are
 /// not new events:
@@ -84,7 +85,8 @@ pub(crate) async fn tailer_through(pool: &Pool, cluster_id: u64) -> Result<i64, 
     Ok(at.map_or(0, |r| r.as_i64()))
 }
 
-/// Reads lock events (without copies of restored history) and unprotected writes.
+/// Reads lock events (without copies of restored history), the force release records,
+/// and unprotected writes.
 pub(crate) async fn read(pool: &Pool, replayed: &[Replayed]) -> Result<AuditRead, ChaosError> {
     let client = pool
         .get()
@@ -121,6 +123,34 @@ pub(crate) async fn read(pool: &Pool, replayed: &[Replayed]) -> Result<AuditRead
         out.rows.push(Event::AuditRow {
             kind,
             lock,
+            resource: None,
+            token,
+            revision: Some(revision),
+        });
+    }
+    // The approving replica's records of force releases. They name the key only: the
+    // workload locks in one namespace and class.
+    let forces = client
+        .query(
+            "SELECT cluster_id, revision, lock_key, token FROM force_release ORDER BY at, request_id",
+            &[],
+        )
+        .await
+        .map_err(ChaosError::pg("reading force_release"))?;
+    for r in forces {
+        let (cluster, revision, key): (i64, i64, String) = (r.get(0), r.get(1), r.get(2));
+        let token = r.get::<_, Option<i64>>(3).map(|t| t as u64);
+        if replayed.iter().any(|p| p.covers(cluster, revision, token)) {
+            out.replayed += 1;
+            continue;
+        }
+        out.rows.push(Event::AuditRow {
+            kind: "force_release".into(),
+            lock: Some(LockName {
+                ns: NAMESPACE.into(),
+                class: CLASS.into(),
+                key,
+            }),
             resource: None,
             token,
             revision: Some(revision),

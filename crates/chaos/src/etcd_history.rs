@@ -7,7 +7,8 @@
 //! How a hold ended is read the way the audit tailer reads it (the lock core's key
 //! layout): the hold key and its grant record deleted in one revision is a release; the
 //! grant record rewritten to `{"forced": …}` is a force; the hold key deleted alone is an
-//! expiry.
+//! expiry. A forced hold also gives an [`Event::EtcdForced`] naming the request of its
+//! marker.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -305,20 +306,46 @@ pub(crate) fn holds(keys: &RootKeys, read: &Read, space: RevisionSpace) -> Holds
                 continue;
             }
             let record = path.grant_record(keys);
+            let marker = grant_records
+                .get(record.as_str())
+                .filter(|g| !g.delete)
+                .and_then(|g| serde_json::from_slice::<ForcedGrant<'_>>(&g.value).ok());
             let end = match grant_records.get(record.as_str()) {
                 Some(g) if g.delete => HoldEnd::Released,
-                Some(g) if ForcedGrant::is_forced(&g.value) => HoldEnd::Forced,
+                Some(_) if marker.is_some() => HoldEnd::Forced,
                 _ => HoldEnd::Expired,
             };
             let Some((lock, grant_rev, exclusive, hold_epoch, session)) = open.remove(&c.key)
             else {
                 match restored.remove(&c.key) {
-                    Some(hold) => out.push(restored_hold(hold, Some(c.revision), end)),
+                    Some(hold) => {
+                        if let Some(marker) = &marker {
+                            out.push(Event::EtcdForced {
+                                lock: hold.0.clone(),
+                                epoch: hold.3,
+                                grant_rev: hold.1,
+                                end_rev: c.revision,
+                                space: space.number,
+                                request_id: marker.forced.request_id.clone(),
+                            });
+                        }
+                        out.push(restored_hold(hold, Some(c.revision), end));
+                    }
                     None => result.unmatched_ends += 1,
                 }
                 continue;
             };
             let space = space.number;
+            if let Some(marker) = marker {
+                out.push(Event::EtcdForced {
+                    lock: lock.clone(),
+                    epoch: hold_epoch,
+                    grant_rev,
+                    end_rev: c.revision,
+                    space,
+                    request_id: marker.forced.request_id.clone(),
+                });
+            }
             out.push(Event::EtcdHold {
                 lock,
                 epoch: hold_epoch,
@@ -440,6 +467,14 @@ mod tests {
             vec![
                 hold(2, 5, Some(7), HoldEnd::Released, 0xa1),
                 hold(2, 9, Some(11), HoldEnd::Expired, 0xa2),
+                Event::EtcdForced {
+                    lock: lock.clone(),
+                    epoch: 2,
+                    grant_rev: 12,
+                    end_rev: 14,
+                    space: 1,
+                    request_id: "r".into(),
+                },
                 hold(2, 12, Some(14), HoldEnd::Forced, 0xa3),
                 // The hold created at 3 was in the snapshot (revision 4) the space began
                 // from: it came back, and expired at 15.

@@ -88,6 +88,46 @@ pub enum FaultKind {
     RestartPostgres,
     /// Restore etcd from a snapshot and advance the epoch.
     RestoreEtcdAndAdvanceEpoch,
+    /// One admin requests a force release of a lock a worker holds; a second admin
+    /// approves it a moment later, racing the worker's own release and re-acquire.
+    ForceRelease,
+    /// A worker's loopback proxy to the lock service loses its releases' requests or
+    /// answers for a while.
+    LoseReleaseAnswers,
+}
+
+/// Why a worker's client said its hold was lost.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossReason {
+    /// The session ended (expired, closed, or not renewed for a whole TTL).
+    SessionEnded,
+    /// The hold was force-released: told by the session's keepalive (`request_id` known)
+    /// or by the answer to a release (`hold-forced`).
+    Forced {
+        /// The force release request that ended it, when the client was told.
+        request_id: Option<String>,
+    },
+    /// A release was answered `not-held`: the hold had ended otherwise.
+    NotHeld,
+}
+
+/// What an approval of a force release answered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum ForceOutcome {
+    /// 200: these holds (by grant revision) were deleted.
+    Released {
+        /// The grant revisions of the holds the approval says it deleted.
+        grant_revs: Vec<i64>,
+    },
+    /// 409 `force-target-gone`: every hold the request named was gone; nothing deleted.
+    TargetGone,
+    /// No definite answer (or another error): the approval may or may not have run.
+    Unknown {
+        /// What went wrong, for the reader.
+        reason: String,
+    },
 }
 
 /// Whether a fault entry marks its start or its end.
@@ -161,12 +201,45 @@ pub enum Event {
         /// The etcd revision of the releasing transaction, when known.
         release_rev: Option<i64>,
     },
-    /// A worker's client signalled that the hold was lost (session expired or revoked).
+    /// A worker's client signalled that the hold was lost (session expired or revoked,
+    /// hold forced, or a release answered that it was gone).
     Lost {
         /// The lock.
         lock: LockName,
         /// The token of the hold it lost.
         token: u64,
+        /// Why, as the client said; absent in histories written before it was recorded.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<LossReason>,
+    },
+    /// A worker's release got no definite answer within its budget (outcome unknown): the
+    /// client goes on sending it in the background while the session lives, and the
+    /// worker goes on using the session.
+    ReleaseUnknown {
+        /// The lock.
+        lock: LockName,
+        /// The token of the hold it released.
+        token: u64,
+    },
+    /// An admin requested a force release; the service answered with the holds it is
+    /// about, fixed at request time.
+    ForceRequested {
+        /// The lock.
+        lock: LockName,
+        /// The request's id (the force marker in etcd names it).
+        request_id: String,
+        /// The grant revisions of the request's targets.
+        targets: Vec<i64>,
+    },
+    /// A second admin approved a force release request; what the service answered.
+    ForceApproved {
+        /// The lock.
+        lock: LockName,
+        /// The request's id.
+        request_id: String,
+        /// The answer.
+        #[serde(flatten)]
+        outcome: ForceOutcome,
     },
     /// The nemesis injected or healed a fault.
     Fault {
@@ -204,6 +277,22 @@ pub enum Event {
         /// before it was recorded.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         session: Option<i64>,
+    },
+    /// A hold that etcd's history shows force-released (its grant record rewritten to a
+    /// force marker), read after the run: one per `etcd_hold` that ended `forced`.
+    EtcdForced {
+        /// The lock.
+        lock: LockName,
+        /// The epoch the hold was granted in.
+        epoch: u16,
+        /// The hold key's create revision.
+        grant_rev: i64,
+        /// The revision of the force Txn.
+        end_rev: i64,
+        /// The revision space.
+        space: u32,
+        /// The force release request the marker names.
+        request_id: String,
     },
     /// A hold a snapshot restore brought back: its key was in the snapshot, so it is
     /// present again when the restored cluster starts, granted in an earlier epoch at a

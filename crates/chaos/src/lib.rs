@@ -14,7 +14,9 @@
 //!
 //! The nemesis ([`schedule`] plans, `nemesis` injects) then kills and restarts the etcd
 //! leader, pauses an etcd member, kills a replica, pauses a worker past its TTL, restarts
-//! PostgreSQL, and restores etcd from a snapshot and advances the epoch. Every step of
+//! PostgreSQL, restores etcd from a snapshot and advances the epoch, force-releases
+//! (two admins) a lock a worker holds while it may release and re-acquire, and has a
+//! worker's proxy lose its releases' requests and answers. Every step of
 //! the workers and every fault goes into the history ([`history`]); after the run, the
 //! holds in etcd's history and the rows of the audit trail are appended, and the
 //! [`Summary`] counts it all. The [`check`]er reads the history and reports every rule it

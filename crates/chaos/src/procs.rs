@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
 
@@ -44,11 +44,12 @@ pub(crate) fn signal(pid: u32, signal: Signal) {
 }
 
 /// The lock-service replicas: `palisade serve` in dev mode on fixed loopback ports,
-/// sharing one authorization file and one epoch record.
+/// sharing one authorization file, one epoch record and one database (force release).
 pub(crate) struct Replicas {
     exe: PathBuf,
     dir: PathBuf,
     etcd: String,
+    database: String,
     ports: Vec<u16>,
     children: Vec<Option<Child>>,
 }
@@ -58,6 +59,7 @@ impl Replicas {
         exe: PathBuf,
         dir: PathBuf,
         etcd: &[String],
+        database: &str,
         count: usize,
     ) -> Result<Replicas, ChaosError> {
         let ports = (0..count)
@@ -72,6 +74,7 @@ impl Replicas {
             exe,
             dir,
             etcd: etcd.join(","),
+            database: database.to_owned(),
             ports,
             children: (0..count).map(|_| None).collect(),
         })
@@ -88,7 +91,8 @@ impl Replicas {
             .collect()
     }
 
-    /// Starts replica `i` and waits until it listens.
+    /// Starts replica `i` and waits until it answers HTTP (it binds its port before it
+    /// migrates the force release database; two replicas migrating at once can fail).
     pub(crate) async fn start(&mut self, i: usize) -> Result<(), ChaosError> {
         let name = format!("replica-{i}");
         let mut cmd = command(&self.exe);
@@ -103,6 +107,8 @@ impl Replicas {
         .arg(self.dir.join("authz.toml"))
         .arg("--epoch-file")
         .arg(self.dir.join("epoch.json"))
+        .arg("--database")
+        .arg(&self.database)
         .arg("--insecure-dev-identity")
         .stdout(Stdio::null())
         .stderr(Stdio::from(log_file(&self.dir, &name)?));
@@ -111,10 +117,16 @@ impl Replicas {
                 .map_err(ChaosError::io(format!("starting {name}")))?,
         );
         let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
-        while tokio::net::TcpStream::connect(("127.0.0.1", self.ports[i]))
-            .await
-            .is_err()
-        {
+        let client = palisade_client::Client::new(format!("http://127.0.0.1:{}", self.ports[i]))
+            .map_err(ChaosError::service(format!("building a client of {name}")))?;
+        let answers = || async {
+            let call = client.call_json("GET", palisade_api::routes::OPENAPI, None);
+            matches!(
+                tokio::time::timeout(Duration::from_secs(2), call).await,
+                Ok(Ok(_))
+            )
+        };
+        while !answers().await {
             if let Some(Ok(Some(_))) = self.children[i].as_mut().map(Child::try_wait) {
                 return Err(ChaosError::NotReady(format!(
                     "{name} (it exited; see {name}.log)"
@@ -227,6 +239,21 @@ impl Workers {
 
     pub(crate) fn pid(&self, i: usize) -> Option<u32> {
         self.children.get(i).and_then(|(c, _)| c.id())
+    }
+
+    /// Sends worker `i` one line on its stdin (see the worker's commands).
+    pub(crate) async fn tell(&mut self, i: usize, line: &str) -> Result<(), ChaosError> {
+        let Some((_, Some(stdin))) = self.children.get_mut(i) else {
+            return Ok(());
+        };
+        stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .map_err(ChaosError::io(format!("telling worker {i}")))?;
+        stdin
+            .flush()
+            .await
+            .map_err(ChaosError::io(format!("telling worker {i}")))
     }
 
     /// Closes every worker's stdin (each finishes its cycle and exits), waits up to

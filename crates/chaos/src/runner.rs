@@ -1,7 +1,7 @@
 //! The run: start every part, let the workers work while the nemesis injects faults,
 //! stop, read etcd's history and the audit trail back, and summarize.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -17,7 +17,7 @@ use crate::clock::RunClock;
 use crate::error::ChaosError;
 use crate::etcd_history;
 use crate::etcd_history::RevisionSpace;
-use crate::history::{self, Entry, Event};
+use crate::history::{self, Entry, Event, LockName};
 use crate::options::RunOptions;
 use crate::procs::{Replicas, Workers};
 use crate::resource::{self, ResourceService};
@@ -34,10 +34,12 @@ pub(crate) const REPLICAS: usize = 2;
 pub(crate) const TTL: Duration = Duration::from_secs(3);
 /// The identity that administers the service.
 pub(crate) const ADMIN: &str = "spiffe://chaos/admin";
+/// The second admin, who approves the first one's force releases.
+pub(crate) const ADMIN2: &str = "spiffe://chaos/admin2";
 /// The `worker` of entries the runner and the nemesis record.
 pub(crate) const RUNNER: u32 = u32::MAX;
 
-const AUTHZ: &str = "admins = [\"spiffe://chaos/admin\"]\n\n[[namespace]]\nid = \"chaos\"\n\n\
+const AUTHZ: &str = "admins = [\"spiffe://chaos/admin\", \"spiffe://chaos/admin2\"]\n\n[[namespace]]\nid = \"chaos\"\n\n\
     [[namespace.grant]]\nids = [\"spiffe://chaos/workers/\"]\nclasses = [\"cells\"]\n";
 
 /// Everything a run holds while it runs.
@@ -59,30 +61,33 @@ pub(crate) struct Run {
     pub(crate) holding: Holding,
 }
 
-/// The workers that hold a lock right now, as their entries tell (so the nemesis can
-/// pause a holder, whose next write then carries a token that may have gone stale).
+/// The workers that hold a lock right now, as their entries tell, with the lock and
+/// token (so the nemesis can pause a holder, whose next write then carries a token that
+/// may have gone stale, or force-release its hold).
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Holding(Arc<Mutex<BTreeSet<u32>>>);
+pub(crate) struct Holding(Arc<Mutex<BTreeMap<u32, (LockName, u64)>>>);
 
 impl Holding {
     fn observe(&self, entry: &Entry) {
         let mut set = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        match entry.event {
-            Event::Granted { .. } => {
-                set.insert(entry.worker);
+        match &entry.event {
+            Event::Granted { lock, token, .. } => {
+                set.insert(entry.worker, (lock.clone(), *token));
             }
-            Event::Released { .. } | Event::Lost { .. } => {
+            Event::Released { .. } | Event::Lost { .. } | Event::ReleaseUnknown { .. } => {
                 set.remove(&entry.worker);
             }
             _ => {}
         }
     }
 
-    /// Worker number `pick % holders` among the holders, if any.
-    pub(crate) fn pick(&self, pick: u32) -> Option<u32> {
+    /// Worker number `pick % holders` among the holders, if any, with its lock and token.
+    pub(crate) fn pick(&self, pick: u32) -> Option<(u32, LockName, u64)> {
         let set = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let n = u32::try_from(set.len()).ok().filter(|n| *n > 0)?;
-        set.iter().nth((pick % n) as usize).copied()
+        set.iter()
+            .nth((pick % n) as usize)
+            .map(|(w, (lock, token))| (*w, lock.clone(), *token))
     }
 }
 
@@ -98,9 +103,14 @@ impl Run {
 
     /// The admin client of replica `i`.
     pub(crate) fn admin(&self, i: usize) -> Result<Client, ChaosError> {
+        self.admin_as(i, ADMIN)
+    }
+
+    /// A client of replica `i` with the identity `admin`.
+    pub(crate) fn admin_as(&self, i: usize, admin: &str) -> Result<Client, ChaosError> {
         let url = self.replicas.urls()[i].clone();
         Client::new(url)
-            .map(|c| c.with_dev_identity(ADMIN))
+            .map(|c| c.with_dev_identity(admin))
             .map_err(ChaosError::service("building the admin client"))
     }
 
@@ -228,6 +238,7 @@ async fn drive(
         options.exe.clone(),
         dir.clone(),
         &etcd.endpoints(),
+        &database,
         REPLICAS,
     )?;
     for i in 0..REPLICAS {

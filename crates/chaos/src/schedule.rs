@@ -8,13 +8,15 @@ use std::time::Duration;
 use crate::history::FaultKind;
 
 /// Every fault kind, in the history format's order.
-pub const ALL_KINDS: [FaultKind; 6] = [
+pub const ALL_KINDS: [FaultKind; 8] = [
     FaultKind::KillEtcdLeader,
     FaultKind::PauseEtcdMember,
     FaultKind::KillServiceReplica,
     FaultKind::PauseWorker,
     FaultKind::RestartPostgres,
     FaultKind::RestoreEtcdAndAdvanceEpoch,
+    FaultKind::ForceRelease,
+    FaultKind::LoseReleaseAnswers,
 ];
 
 /// One planned fault.
@@ -27,13 +29,15 @@ pub struct PlannedFault {
     /// How long the fault lasts before it is healed (for a worker pause, on top of the
     /// session TTL).
     pub hold: Duration,
-    /// A number that picks the target: the member, replica or worker is `pick % count`.
+    /// A number that picks the target: the member, replica or worker is `pick % count`
+    /// (for a force release, also the pause before the approval: `pick % 1500` ms, and
+    /// whether the request names the grant: bit 16).
     pub pick: u32,
     /// For a Postgres restart: crash it (immediate stop) rather than a fast shutdown.
     pub crash: bool,
 }
 
-/// The plan for a run with `seed`: the six kinds once each in a seeded order, then kinds
+/// The plan for a run with `seed`: the eight kinds once each in a seeded order, then kinds
 /// drawn at random, `count` faults in all. Gaps are 1.5–4 s, holds 1.5–4 s.
 pub fn plan(seed: u64, count: usize) -> Vec<PlannedFault> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -66,7 +70,7 @@ mod tests {
         let a = plan(42, 20);
         assert_eq!(a, plan(42, 20));
         assert_ne!(a, plan(43, 20), "another seed, another plan");
-        let mut first: Vec<FaultKind> = a[..6].iter().map(|f| f.kind).collect();
+        let mut first: Vec<FaultKind> = a[..ALL_KINDS.len()].iter().map(|f| f.kind).collect();
         first.sort();
         let mut all = ALL_KINDS.to_vec();
         all.sort();

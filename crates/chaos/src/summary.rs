@@ -6,7 +6,9 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::history::{Entry, Event, FaultKind, HoldEnd, Phase, Target, WriteOutcome};
+use crate::history::{
+    Entry, Event, FaultKind, ForceOutcome, HoldEnd, LossReason, Phase, Target, WriteOutcome,
+};
 use crate::options::RunOptions;
 use crate::schedule::ALL_KINDS;
 
@@ -52,8 +54,19 @@ pub struct Summary {
     pub acquire_failures: u64,
     /// Holds released by their worker.
     pub releases: u64,
+    /// Releases whose outcome the worker's client did not learn in time (it goes on in
+    /// the background).
+    pub release_unknowns: u64,
     /// Holds whose loss a worker was told of.
     pub losses: u64,
+    /// Of them, told as force-released.
+    pub losses_forced: u64,
+    /// Force release requests made.
+    pub force_requests: u64,
+    /// Approvals answered `force-target-gone` (the holder had released meanwhile).
+    pub force_targets_gone: u64,
+    /// Holds etcd's history shows force-released.
+    pub forced_holds: u64,
     /// Fenced writes straight to Postgres (`fenced_transaction`).
     pub postgres: WriteCounts,
     /// Fenced writes over HTTP (`FenceLayer`).
@@ -107,7 +120,12 @@ impl Summary {
             grants: 0,
             acquire_failures: 0,
             releases: 0,
+            release_unknowns: 0,
             losses: 0,
+            losses_forced: 0,
+            force_requests: 0,
+            force_targets_gone: 0,
+            forced_holds: 0,
             postgres: WriteCounts::default(),
             http: WriteCounts::default(),
             advisory: WriteCounts::default(),
@@ -133,7 +151,19 @@ impl Summary {
                 Event::Granted { .. } => s.grants += 1,
                 Event::AcquireFailed { .. } => s.acquire_failures += 1,
                 Event::Released { .. } => s.releases += 1,
-                Event::Lost { .. } => s.losses += 1,
+                Event::ReleaseUnknown { .. } => s.release_unknowns += 1,
+                Event::Lost { reason, .. } => {
+                    s.losses += 1;
+                    if matches!(reason, Some(LossReason::Forced { .. })) {
+                        s.losses_forced += 1;
+                    }
+                }
+                Event::ForceRequested { .. } => s.force_requests += 1,
+                Event::ForceApproved {
+                    outcome: ForceOutcome::TargetGone,
+                    ..
+                } => s.force_targets_gone += 1,
+                Event::EtcdForced { .. } => s.forced_holds += 1,
                 Event::WriteCompleted {
                     target,
                     token,
@@ -171,11 +201,12 @@ impl Summary {
         s
     }
 
-    /// Operations: acquires, releases and write attempts.
+    /// Operations: acquires, releases (acknowledged or not) and write attempts.
     pub fn operations(&self) -> u64 {
         let writes = |w: &WriteCounts| w.committed + w.rejected + w.indeterminate;
         self.acquires
             + self.releases
+            + self.release_unknowns
             + writes(&self.postgres)
             + writes(&self.http)
             + writes(&self.advisory)
@@ -211,7 +242,12 @@ impl fmt::Display for Summary {
             ("  grants", self.grants),
             ("  acquires failed or timed out", self.acquire_failures),
             ("  releases", self.releases),
+            ("  releases, outcome unknown", self.release_unknowns),
             ("  holds lost (loss signal)", self.losses),
+            ("    told forced", self.losses_forced),
+            ("force releases requested", self.force_requests),
+            ("  answered force-target-gone", self.force_targets_gone),
+            ("  holds forced (etcd's history)", self.forced_holds),
         ] {
             writeln!(f, "{name:<34} {n:>10}")?;
         }

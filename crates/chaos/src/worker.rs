@@ -4,8 +4,15 @@
 //! It is its own process so that stopping it (SIGSTOP) also stops its session's
 //! keepalive, as a garbage-collection pause or a frozen VM would. It writes without
 //! looking at the lost signal, as a process that was paused mid-work does: the resources
-//! are what must refuse it. It stops after the cycle under way once its stdin closes.
+//! are what must refuse it; the signal (`RemoteHold::lost`, with its reason) is only
+//! recorded. It reaches the replicas through loopback proxies of its own
+//! ([`palisade_testkit::LossyProxy`]); after the line `lose-releases on` on its stdin,
+//! and until `lose-releases off`, the proxy loses each release: in turn, every attempt
+//! for 1 s (the outcome is then unknown and the client retries in the background while
+//! the worker goes on with the session), the answer to the first attempt, or the first
+//! attempt. It stops after the cycle under way once its stdin closes.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -16,17 +23,18 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::rt::TokioExecutor;
 use palisade_api::{LeaseId, Mode};
-use palisade_client::{Client, ClientSession, RemoteHold};
+use palisade_client::{Client, ClientSession, HoldLoss, RemoteHold};
 use palisade_fence::{fenced_transaction, FenceError, FencingToken, FencingTokenLayer};
+use palisade_testkit::{Loss, LossyProxy};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 use crate::clock::RunClock;
 use crate::error::ChaosError;
-use crate::history::{write_entry, Entry, Event, LockName, Target, WriteOutcome};
+use crate::history::{write_entry, Entry, Event, LockName, LossReason, Target, WriteOutcome};
 use crate::resource::key_name;
 
 /// The namespace the workers lock in.
@@ -35,8 +43,15 @@ pub const NAMESPACE: &str = "chaos";
 pub const CLASS: &str = "cells";
 /// How long one acquire waits for the lock.
 const ACQUIRE_WAIT: Duration = Duration::from_secs(3);
-/// How long one HTTP write may take before it counts as indeterminate.
+/// How long one HTTP write may take before it counts as indeterminate (and how long a
+/// release may try).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a release whose every attempt is lost tries before its outcome is unknown.
+const LOST_RELEASE_BUDGET: Duration = Duration::from_secs(1);
+/// The line on a worker's stdin that makes its proxy lose its releases from then on.
+pub(crate) const LOSE_RELEASES_ON: &str = "lose-releases on";
+/// The line on a worker's stdin that ends [`LOSE_RELEASES_ON`].
+pub(crate) const LOSE_RELEASES_OFF: &str = "lose-releases off";
 
 /// What a worker process is told, as one JSON argument.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -102,11 +117,17 @@ pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
         ));
     }
     let stop = Arc::new(AtomicBool::new(false));
-    let stopping = stop.clone();
+    let lossy = Arc::new(AtomicBool::new(false));
+    let (stopping, arming) = (stop.clone(), lossy.clone());
     tokio::spawn(async move {
-        let mut stdin = tokio::io::stdin();
-        let mut buf = [0_u8; 64];
-        while matches!(stdin.read(&mut buf).await, Ok(n) if n > 0) {}
+        let mut lines = BufReader::new(tokio::io::stdin()).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            match line.trim() {
+                LOSE_RELEASES_ON => arming.store(true, Ordering::SeqCst),
+                LOSE_RELEASES_OFF => arming.store(false, Ordering::SeqCst),
+                _ => {}
+            }
+        }
         stopping.store(true, Ordering::SeqCst);
     });
     let rec = Recorder {
@@ -117,10 +138,22 @@ pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
         config.seed ^ (u64::from(config.id) + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15),
     );
     let identity = format!("spiffe://chaos/workers/w{}", config.id);
-    let clients: Vec<Client> = config
-        .services
+    // Each replica through a loopback proxy of this process, which loses releases while
+    // the nemesis says so.
+    let mut proxies = Vec::new();
+    for url in &config.services {
+        let upstream: SocketAddr = url
+            .trim_start_matches("http://")
+            .parse()
+            .map_err(|_| ChaosError::InvalidOptions("a service is not http://IP:PORT"))?;
+        proxies.push(LossyProxy::start(upstream).await);
+    }
+    let clients: Vec<Client> = proxies
         .iter()
-        .map(|url| Client::new(url.clone()).map(|c| c.with_dev_identity(identity.clone())))
+        .map(|p| {
+            Client::new(format!("http://{}", p.addr()))
+                .map(|c| c.with_dev_identity(identity.clone()))
+        })
         .collect::<Result<_, _>>()
         .map_err(ChaosError::service("building a lock-service client"))?;
     let pool = palisade_audit::pool(&config.database, 1)?;
@@ -135,12 +168,16 @@ pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
     let current: Current = Arc::default();
     let mut session: Option<ClientSession> = None;
     let mut opened = 0_usize;
+    // The proxy the session's client goes through, and how many releases were lost.
+    let mut proxy = 0_usize;
+    let mut lost_releases = 0_u64;
     let mut op = u64::from(config.id) << 40;
     let ttl = Duration::from_millis(config.ttl_ms);
 
     while !stop.load(Ordering::SeqCst) {
         if session.as_ref().is_none_or(ClientSession::is_lost) {
-            let client = &clients[(config.id as usize + opened) % clients.len()];
+            proxy = (config.id as usize + opened) % clients.len();
+            let client = &clients[proxy];
             opened += 1;
             match tokio::time::timeout(WRITE_TIMEOUT, client.open_session(ttl)).await {
                 Ok(Ok(s)) => {
@@ -209,35 +246,72 @@ pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
 
         // Rounds of writes with pauses between them: a pause here (SIGSTOP from the
         // nemesis, or the occasional long one here) is followed by a write with a token
-        // that may have gone stale meanwhile.
-        for round in 0..rng.gen_range(2..=4) {
-            if round > 0 {
-                let pause = if rng.gen_bool(0.04) {
-                    ttl + ttl / 2
-                } else {
-                    Duration::from_millis(rng.gen_range(0..200))
-                };
+        // that may have gone stale meanwhile. The hold's loss signal is recorded when it
+        // fires, but the writes go on regardless.
+        let rounds = rng.gen_range(2..=4);
+        let pauses: Vec<Duration> = (0..rounds)
+            .map(|round| match round {
+                0 => Duration::ZERO,
+                _ if rng.gen_bool(0.04) => ttl + ttl / 2,
+                _ => Duration::from_millis(rng.gen_range(0..200)),
+            })
+            .collect();
+        let advisory = rng.gen_bool(0.25);
+        let work = async {
+            for pause in pauses {
                 tokio::time::sleep(pause).await;
+                op += 1;
+                write_pg(&rec, &pool, &key, t, op).await;
+                op += 1;
+                write_http(
+                    &rec,
+                    &fenced_http,
+                    &config.resource_url,
+                    &format!("/cells/{key}"),
+                    Some(t),
+                    op,
+                )
+                .await;
             }
-            op += 1;
-            write_pg(&rec, &pool, &key, t, op).await;
-            op += 1;
-            write_http(
-                &rec,
-                &fenced_http,
-                &config.resource_url,
-                &format!("/cells/{key}"),
-                Some(t),
-                op,
-            )
-            .await;
+            if advisory {
+                op += 1;
+                let path = format!("/advisory/{key}");
+                write_http(&rec, &plain_http, &config.resource_url, &path, None, op).await;
+            }
+        };
+        tokio::pin!(work);
+        let mut watching = true;
+        loop {
+            tokio::select! {
+                () = &mut work => break,
+                () = hold.lost(), if watching => {
+                    watching = false;
+                    let reason = match hold.loss() {
+                        Some(HoldLoss::Forced { request_id }) => LossReason::Forced {
+                            request_id: Some(request_id),
+                        },
+                        _ => LossReason::SessionEnded,
+                    };
+                    told(&rec, &current, &lock, t.get(), reason);
+                }
+            }
         }
-        if rng.gen_bool(0.25) {
-            op += 1;
-            let path = format!("/advisory/{key}");
-            write_http(&rec, &plain_http, &config.resource_url, &path, None, op).await;
-        }
-        release(&rec, hold, &lock, t.get(), &current, &mut session).await;
+        let mode = lost_releases % 3;
+        let loss = lossy.load(Ordering::SeqCst).then(|| {
+            lost_releases += 1;
+            &proxies[proxy]
+        });
+        release(
+            &rec,
+            hold,
+            &lock,
+            t.get(),
+            &current,
+            &mut session,
+            loss,
+            mode,
+        )
+        .await;
         tokio::time::sleep(Duration::from_millis(rng.gen_range(0..100))).await;
     }
     if let Some(s) = session {
@@ -260,9 +334,33 @@ fn watch_loss(s: &ClientSession, current: Current, rec: Recorder) {
             }
         };
         if let Some((_, lock, token)) = mine {
-            rec.record(Event::Lost { lock, token });
+            let reason = Some(LossReason::SessionEnded);
+            rec.record(Event::Lost {
+                lock,
+                token,
+                reason,
+            });
         }
     });
+}
+
+/// Records `Lost` for the hold with `token`, unless its loss was recorded already.
+fn told(rec: &Recorder, current: &Current, lock: &LockName, token: u64, reason: LossReason) {
+    let mine = {
+        let mut cur = current.lock().unwrap_or_else(|e| e.into_inner());
+        if cur.as_ref().is_some_and(|(_, _, t)| *t == token) {
+            cur.take()
+        } else {
+            None
+        }
+    };
+    if mine.is_some() {
+        rec.record(Event::Lost {
+            lock: lock.clone(),
+            token,
+            reason: Some(reason),
+        });
+    }
 }
 
 /// Gives up a session that does not answer: forgets its hold (it ends by expiry or by
@@ -274,6 +372,11 @@ async fn abandon(session: &mut Option<ClientSession>, current: &Current) {
     }
 }
 
+/// Releases `hold`. With `loss`, the worker's proxy loses this release: everything for
+/// a budget of [`LOST_RELEASE_BUDGET`] (`mode` 0: the client reports the outcome unknown
+/// and goes on in the background), the answer to its first attempt (1) or its first
+/// attempt (2).
+#[allow(clippy::too_many_arguments)]
 async fn release(
     rec: &Recorder,
     hold: RemoteHold,
@@ -281,9 +384,30 @@ async fn release(
     token: u64,
     current: &Current,
     session: &mut Option<ClientSession>,
+    loss: Option<&LossyProxy>,
+    mode: u64,
 ) {
-    match tokio::time::timeout(WRITE_TIMEOUT, hold.release()).await {
-        Ok(Ok(())) => {
+    let budget = match (loss, mode) {
+        (Some(p), 0) => {
+            p.set(Loss::Everything);
+            LOST_RELEASE_BUDGET
+        }
+        (Some(p), 1) => {
+            p.set(Loss::NextAnswer);
+            WRITE_TIMEOUT
+        }
+        (Some(p), _) => {
+            p.set(Loss::NextRequest);
+            WRITE_TIMEOUT
+        }
+        (None, _) => WRITE_TIMEOUT,
+    };
+    let result = hold.release_within(budget).await;
+    if let Some(p) = loss {
+        p.set(Loss::None);
+    }
+    match result {
+        Ok(()) => {
             current.lock().unwrap_or_else(|e| e.into_inner()).take();
             rec.record(Event::Released {
                 lock: lock.clone(),
@@ -291,25 +415,30 @@ async fn release(
                 release_rev: None,
             });
         }
-        Ok(Err(e)) if e.is_not_held() || e.is_session_lost() => {
+        Err(e) if e.is_outcome_unknown() => {
+            // The client goes on sending it while the session lives; so does the worker.
+            current.lock().unwrap_or_else(|e| e.into_inner()).take();
+            rec.record(Event::ReleaseUnknown {
+                lock: lock.clone(),
+                token,
+            });
+        }
+        Err(e) if e.is_not_held() || e.is_session_lost() || e.is_hold_forced() => {
             // The service says the hold is gone: that is the loss signal, unless the
-            // session's own signal told it first.
-            if current
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take()
-                .is_some()
-            {
-                rec.record(Event::Lost {
-                    lock: lock.clone(),
-                    token,
-                });
-            }
+            // client's own signal told it first.
+            let reason = if e.is_hold_forced() {
+                LossReason::Forced { request_id: None }
+            } else if e.is_session_lost() {
+                LossReason::SessionEnded
+            } else {
+                LossReason::NotHeld
+            };
+            told(rec, current, lock, token, reason);
             if e.is_session_lost() {
                 *session = None;
             }
         }
-        _ => abandon(session, current).await,
+        Err(_) => abandon(session, current).await,
     }
 }
 

@@ -2,7 +2,9 @@
 //!
 //! What must be recorded, and how often:
 //! - every hold etcd's history shows (`etcd_hold`): one `grant` row, and one row of its end
-//!   (`release`, `expire` or `force`) unless it is still open; where an `audit_cut` says
+//!   (`release`, `expire` or `force`) unless it is still open; a forced one also has one
+//!   `force_release` row (the approving replica's record, naming the grant's token and
+//!   the force's revision); where an `audit_cut` says
 //!   the tailer had read the hold's revision space only through a revision when a restore
 //!   destroyed it, an event above that revision may have no row (at most one);
 //! - a hold only a worker saw (`granted`, absent from etcd's history, for example granted in
@@ -133,6 +135,13 @@ impl Audit {
                     .or_default()
                     .expect(h.entry, needed(end_rev), 1);
             }
+            if h.end == HoldEnd::Forced {
+                // Written by the approving replica, not the tailer: no cut applies.
+                self.tallies
+                    .entry(record(LockRecordKind::ForceRecord))
+                    .or_default()
+                    .expect(h.entry, 1, 1);
+            }
         }
     }
 
@@ -169,6 +178,7 @@ impl Audit {
             "release" => LockRecordKind::Release,
             "expire" => LockRecordKind::Expire,
             "force" => LockRecordKind::Force,
+            "force_release" => LockRecordKind::ForceRecord,
             "unprotected_write" => {
                 match resource {
                     Some(resource) => {

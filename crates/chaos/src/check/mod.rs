@@ -51,6 +51,22 @@
 //!   must be refused. Restored holds are outside (e): their grant and first end are
 //!   audited from the space that granted them, and the harness leaves the audit trail's
 //!   rows about restored history out.
+//! - **(g) Force release.** Every hold etcd's history shows force-released
+//!   (`etcd_forced`: its grant record rewritten to a marker naming the request) was among
+//!   the targets its request named when it was made (`force_requested`)
+//!   ([`Violation::ForcedOutsideTargets`]): a hold granted after the request is never
+//!   forced. An approval's answer (`force_approved`: the holds it released, or
+//!   `force-target-gone`) agrees with etcd's history ([`Violation::ForceAnswerFalse`]).
+//!   The worker handed a forced hold records its loss (`lost`, reason forced by that
+//!   request, or the session's end), and no acknowledged release of it after the
+//!   approval answered ([`Violation::ForcedHoldNotTold`]). How soon it is told is not a
+//!   rule: on a loaded machine no bound is robust.
+//! - **(h) Releases end holds.** A release the worker saw succeed (`released`) ended its
+//!   hold before the session was granted another; one reported outcome-unknown
+//!   (`release_unknown`) may land later (the client retries in the background), but the
+//!   hold never stays until the session expires or the history ends while the session
+//!   was granted another ([`Violation::ReleaseLeftHeld`]). Holds are found by lock and
+//!   token, sessions by the `session` of `etcd_hold`.
 //! - **The history itself.** Completions match open invocations with the same resource,
 //!   target and token; `op`s are not reused while in flight; every token written was granted
 //!   (by a `granted` or an `etcd_hold` entry); every `granted` follows its worker's
@@ -126,8 +142,10 @@
 
 mod audit;
 mod floor;
+mod force;
 mod grants;
 mod holds;
+mod releases;
 mod reorder;
 mod report;
 mod restored;
@@ -204,6 +222,8 @@ pub struct Checker {
     holds: holds::Holds,
     restored: restored::Restored,
     audit: audit::Audit,
+    forces: force::Forces,
+    releases: releases::Releases,
 }
 
 impl Default for Checker {
@@ -224,6 +244,8 @@ impl Checker {
             holds: holds::Holds::default(),
             restored: restored::Restored::default(),
             audit: audit::Audit::default(),
+            forces: force::Forces::default(),
+            releases: releases::Releases::default(),
         }
     }
 
@@ -252,6 +274,7 @@ impl Checker {
                 grant_rev,
             } => {
                 c.grants += 1;
+                self.forces.granted(index, worker, lock, *token);
                 self.restored.handed_out(lock, *session, *token);
                 self.grants
                     .granted(index, at, worker, lock, *token, *grant_rev, out);
@@ -301,8 +324,46 @@ impl Checker {
                     }
                 }
             }
-            Event::Released { .. } => c.releases += 1,
-            Event::Lost { .. } => c.losses += 1,
+            Event::Released { lock, token, .. } => {
+                c.releases += 1;
+                self.forces.released(index, at, worker, *token);
+                self.releases.released(index, lock, *token, false);
+            }
+            Event::ReleaseUnknown { lock, token } => {
+                c.release_unknowns += 1;
+                self.releases.released(index, lock, *token, true);
+            }
+            Event::Lost {
+                lock: _,
+                token,
+                reason,
+            } => {
+                c.losses += 1;
+                self.forces.lost(index, worker, *token, reason.as_ref());
+            }
+            Event::ForceRequested {
+                lock,
+                request_id,
+                targets,
+            } => {
+                c.force_requests += 1;
+                self.forces.requested(index, lock, request_id, targets);
+            }
+            Event::ForceApproved {
+                lock,
+                request_id,
+                outcome,
+            } => self.forces.approved(index, at, lock, request_id, outcome),
+            Event::EtcdForced {
+                lock,
+                epoch,
+                grant_rev,
+                end_rev: _,
+                space: _,
+                request_id,
+            } => self
+                .forces
+                .etcd_forced(index, lock, *epoch, *grant_rev, request_id),
             Event::Fault {
                 kind,
                 phase,
@@ -314,6 +375,7 @@ impl Checker {
             }
             Event::EpochAdvanced { epoch } => {
                 c.epoch_advances += 1;
+                self.forces.epoch_advanced(at);
                 self.grants.epoch_advanced(index, at, *epoch, out);
             }
             Event::EtcdHold {
@@ -364,6 +426,9 @@ impl Checker {
                 };
                 self.restored
                     .granted(lock, *space, *epoch, *session, hold.clone());
+                self.releases.etcd_hold(
+                    index, lock, token, *session, *space, *grant_rev, *end_rev, *end,
+                );
                 self.holds.add(lock, *epoch, *space, hold);
                 self.grants.etcd_token(token);
                 self.audit
@@ -380,6 +445,7 @@ impl Checker {
                 end,
             } => {
                 c.restored_holds += 1;
+                self.releases.space(*space);
                 let ended = *end != HoldEnd::Open;
                 if ended != end_rev.is_some() {
                     let problem = EntryProblem::HoldEndMismatch {
@@ -451,6 +517,9 @@ impl Checker {
         let out = &mut self.violations;
         self.holds.finish(out);
         self.restored.finish(out);
+        self.counts.forced_holds = self.forces.forced_count();
+        self.forces.finish(out);
+        self.releases.finish(out);
         let mut unknown: Vec<_> = self
             .writes
             .tokens()

@@ -22,6 +22,13 @@ pub struct Counts {
     pub releases: u64,
     /// `lost` entries: holds whose loss a worker was told of.
     pub losses: u64,
+    /// `release_unknown` entries: releases whose outcome the worker's client did not learn
+    /// within its budget.
+    pub release_unknowns: u64,
+    /// `force_requested` entries.
+    pub force_requests: u64,
+    /// `etcd_forced` entries: holds etcd's history shows force-released.
+    pub forced_holds: u64,
     /// `write_invoked` entries.
     pub writes: u64,
     /// Writes the resource committed.
@@ -81,13 +88,16 @@ impl fmt::Display for CheckReport {
     /// A summary table, then one line per violation.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let c = &self.counts;
-        let rows: [(&str, u64); 18] = [
+        let rows: [(&str, u64); 21] = [
             ("entries", c.entries),
             ("acquires", c.acquires),
             ("grants", c.grants),
             ("acquire failures", c.acquire_failures),
             ("releases", c.releases),
+            ("releases unknown", c.release_unknowns),
             ("losses", c.losses),
+            ("force requests", c.force_requests),
+            ("  holds forced", c.forced_holds),
             ("writes", c.writes),
             ("  committed", c.writes_committed),
             ("  rejected", c.writes_rejected),

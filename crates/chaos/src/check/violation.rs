@@ -181,6 +181,9 @@ pub enum LockRecordKind {
     Expire,
     /// `force`.
     Force,
+    /// `force_release`: the lock service's own record of a force release (who asked,
+    /// who approved, which grant), one per forced hold.
+    ForceRecord,
 }
 
 impl LockRecordKind {
@@ -191,6 +194,7 @@ impl LockRecordKind {
             LockRecordKind::Release => "release",
             LockRecordKind::Expire => "expire",
             LockRecordKind::Force => "force",
+            LockRecordKind::ForceRecord => "force_release",
         }
     }
 
@@ -408,6 +412,68 @@ pub enum Violation {
         /// Its epoch.
         epoch: u16,
     },
+    /// (g) A hold etcd's history shows force-released by a request that did not name
+    /// it: the request is unknown, is about another lock, or its targets (fixed when it
+    /// was made) do not include the hold's grant revision.
+    ForcedOutsideTargets {
+        /// The lock.
+        lock: LockName,
+        /// The `etcd_forced` entry.
+        forced: EntryIndex,
+        /// The forced hold's grant revision.
+        grant_rev: i64,
+        /// The request its force marker names.
+        request_id: String,
+        /// The `force_requested` entry of that request, if there is one.
+        request: Option<EntryIndex>,
+    },
+    /// (g) An approval's answer that etcd's history contradicts: it listed a hold as
+    /// released that no force of this request ended, or answered `force-target-gone`
+    /// although this request ended a hold.
+    ForceAnswerFalse {
+        /// The lock.
+        lock: LockName,
+        /// The `force_approved` entry.
+        approval: EntryIndex,
+        /// The request.
+        request_id: String,
+        /// The grant revision the answer listed as released (`None` for
+        /// `force-target-gone`).
+        grant_rev: Option<i64>,
+        /// The `etcd_forced` entry that contradicts a `force-target-gone`.
+        forced: Option<EntryIndex>,
+    },
+    /// (g) A worker whose hold was force-released was never told: no `lost` entry of it
+    /// for that token (or one naming another request), or it recorded the hold as
+    /// released.
+    ForcedHoldNotTold {
+        /// The lock.
+        lock: LockName,
+        /// The `etcd_forced` entry.
+        forced: EntryIndex,
+        /// The worker's `granted` entry of the hold.
+        grant: EntryIndex,
+        /// The worker.
+        worker: u32,
+        /// A `released` entry of the hold, or a `lost` naming another request.
+        told_wrong: Option<EntryIndex>,
+    },
+    /// (h) A release the worker saw succeed, or one reported outcome-unknown, did not end
+    /// its hold while the session lived on: the session was granted another hold
+    /// (`later`) while this one was still held (for an outcome-unknown release: and the
+    /// hold then stayed until the session expired, or to the end of the history).
+    ReleaseLeftHeld {
+        /// The lock.
+        lock: LockName,
+        /// The worker's `released` or `release_unknown` entry.
+        release: EntryIndex,
+        /// The hold, as etcd's history shows it.
+        hold: EntryIndex,
+        /// A later hold of the same session granted while `hold` was held.
+        later: EntryIndex,
+        /// Whether the release was reported outcome-unknown.
+        unknown: bool,
+    },
     /// (d) An epoch advanced to a value not above the epoch before it.
     EpochNotIncreasing {
         /// The previous advance.
@@ -572,6 +638,10 @@ pub enum ViolationKind {
     GrantWithoutAcquire,
     MalformedEntry,
     OutOfOrder,
+    ForcedOutsideTargets,
+    ForceAnswerFalse,
+    ForcedHoldNotTold,
+    ReleaseLeftHeld,
 }
 
 impl Violation {
@@ -602,6 +672,10 @@ impl Violation {
             Violation::GrantWithoutAcquire { .. } => ViolationKind::GrantWithoutAcquire,
             Violation::MalformedEntry { .. } => ViolationKind::MalformedEntry,
             Violation::OutOfOrder { .. } => ViolationKind::OutOfOrder,
+            Violation::ForcedOutsideTargets { .. } => ViolationKind::ForcedOutsideTargets,
+            Violation::ForceAnswerFalse { .. } => ViolationKind::ForceAnswerFalse,
+            Violation::ForcedHoldNotTold { .. } => ViolationKind::ForcedHoldNotTold,
+            Violation::ReleaseLeftHeld { .. } => ViolationKind::ReleaseLeftHeld,
         }
     }
 
@@ -681,6 +755,24 @@ impl Violation {
             Violation::OpReused { first, second, .. } => vec![*first, *second],
             Violation::UnknownToken { write, .. } => vec![*write],
             Violation::UnjustifiedRejection { write, .. } => vec![write.entry],
+            Violation::ForcedOutsideTargets {
+                forced, request, ..
+            } => std::iter::once(*forced).chain(*request).collect(),
+            Violation::ForceAnswerFalse {
+                approval, forced, ..
+            } => std::iter::once(*approval).chain(*forced).collect(),
+            Violation::ForcedHoldNotTold {
+                forced,
+                grant,
+                told_wrong,
+                ..
+            } => [*forced, *grant].into_iter().chain(*told_wrong).collect(),
+            Violation::ReleaseLeftHeld {
+                release,
+                hold,
+                later,
+                ..
+            } => vec![*release, *hold, *later],
         }
     }
 }
@@ -790,6 +882,50 @@ impl fmt::Display for Violation {
                 write!(f, "{}: {grant} without an acquire", LockDisplay(lock))
             }
             Violation::MalformedEntry { entry, problem } => write!(f, "{entry}: {problem}"),
+            Violation::ForcedOutsideTargets { lock, forced, grant_rev, request_id, request: Some(request) } => write!(
+                f,
+                "{}: the hold granted at revision {grant_rev} was force-released ({forced}) by request \
+                 {request_id}, whose targets ({request}) did not name it",
+                LockDisplay(lock)
+            ),
+            Violation::ForcedOutsideTargets { lock, forced, grant_rev, request_id, request: None } => write!(
+                f,
+                "{}: the hold granted at revision {grant_rev} was force-released ({forced}) by request \
+                 {request_id}, which was never made",
+                LockDisplay(lock)
+            ),
+            Violation::ForceAnswerFalse { lock, approval, request_id, grant_rev: Some(rev), .. } => write!(
+                f,
+                "{}: the approval of request {request_id} ({approval}) says it released the hold granted \
+                 at revision {rev}, which no force of that request ended",
+                LockDisplay(lock)
+            ),
+            Violation::ForceAnswerFalse { lock, approval, request_id, forced, .. } => write!(
+                f,
+                "{}: the approval of request {request_id} ({approval}) answered force-target-gone, but \
+                 the request ended a hold{}",
+                LockDisplay(lock),
+                EntryList(&forced.iter().copied().collect::<Vec<_>>())
+            ),
+            Violation::ForcedHoldNotTold { lock, forced, grant, worker, told_wrong } => {
+                write!(
+                    f,
+                    "{}: worker {worker}'s hold ({grant}) was force-released ({forced}) and the worker \
+                     was not told",
+                    LockDisplay(lock)
+                )?;
+                match told_wrong {
+                    Some(e) => write!(f, ": {e} says otherwise"),
+                    None => Ok(()),
+                }
+            }
+            Violation::ReleaseLeftHeld { lock, release, hold, later, unknown } => write!(
+                f,
+                "{}: the {} release ({release}) of the hold {hold} did not end it while its session \
+                 lived on: {later} was granted to the session while it was held",
+                LockDisplay(lock),
+                if *unknown { "outcome-unknown" } else { "acknowledged" }
+            ),
             Violation::OutOfOrder { entry, at_ns, after_ns } => write!(
                 f,
                 "{entry}: recorded at {at_ns} ns, before {after_ns} ns already checked: the history is \

@@ -84,8 +84,11 @@ fn the_valid_scenario_passes_with_every_count_right() {
     assert_eq!(c.exclusive_holds, 7);
     assert_eq!(c.restored_holds, 1);
     assert_eq!(c.acquire_failures, 1);
-    assert_eq!(c.releases, 6);
+    assert_eq!(c.releases, 5);
+    assert_eq!(c.release_unknowns, 1);
     assert_eq!(c.losses, 2);
+    assert_eq!(c.force_requests, 1);
+    assert_eq!(c.forced_holds, 1);
     assert_eq!(c.writes_rejected, 5);
     assert_eq!(c.stale_writes_rejected, 4);
     assert_eq!(c.writes_indeterminate, 4);
@@ -97,8 +100,8 @@ fn the_valid_scenario_passes_with_every_count_right() {
     assert_eq!(c.epoch_advances, 2);
     assert_eq!(c.faults.values().sum::<u64>(), 4);
     // grant rows for every hold, end rows for all but the two open ones (h4, and h6 when
-    // the restore destroyed its space), unprotected rows.
-    assert_eq!(c.audit_rows, 9 + 7 + 3);
+    // the restore destroyed its space), the force release record of h3, unprotected rows.
+    assert_eq!(c.audit_rows, 9 + 7 + 1 + 3);
 }
 
 #[test]

@@ -2,6 +2,7 @@
 //! once, is reported as exactly that kind, naming the injected entries.
 
 mod inject;
+mod inject_edges;
 mod model;
 mod props;
 mod reader;

@@ -8,7 +8,8 @@
 use std::collections::HashMap;
 
 use palisade_chaos::history::{
-    Entry, Event, FaultKind, HoldEnd, LockName, Phase, Target, WriteOutcome,
+    Entry, Event, FaultKind, ForceOutcome, HoldEnd, LockName, LossReason, Phase, Target,
+    WriteOutcome,
 };
 
 /// The worker number of the nemesis and the runner.
@@ -62,6 +63,10 @@ struct HoldRecord {
     live: bool,
     /// The record a restore made of this hold in the next space.
     moved_to: Option<usize>,
+    /// The force release request that ended it.
+    forced_by: Option<String>,
+    /// The session etcd's history names (only for holds granted in a given session).
+    session: Option<i64>,
 }
 
 #[derive(Debug, Default)]
@@ -183,6 +188,8 @@ impl Sim {
             restored_rev: None,
             live: true,
             moved_to: None,
+            forced_by: None,
+            session: None,
         });
         Hold {
             lock: lock.clone(),
@@ -190,6 +197,28 @@ impl Sim {
             worker,
             record: self.holds.len() - 1,
         }
+    }
+
+    /// [`Sim::acquire`] in the session `session`, which etcd's history names.
+    pub(crate) fn acquire_in(
+        &mut self,
+        worker: u32,
+        lock: &LockName,
+        exclusive: bool,
+        session: i64,
+    ) -> Hold {
+        let hold = self.acquire(worker, lock, exclusive);
+        let Event::Granted { session: s, .. } = &mut self.entries.last_mut().unwrap().event else {
+            unreachable!("acquire records the grant last")
+        };
+        *s = session;
+        self.holds[hold.record].session = Some(session);
+        hold
+    }
+
+    /// Ends `hold` in etcd without telling its worker.
+    pub(crate) fn end_quietly(&mut self, hold: &Hold, end: HoldEnd) {
+        self.end(hold, end);
     }
 
     pub(crate) fn fail_acquire(&mut self, worker: u32, lock: &LockName) {
@@ -249,19 +278,61 @@ impl Sim {
             Event::Lost {
                 lock: hold.lock.clone(),
                 token: hold.token,
+                reason: Some(LossReason::SessionEnded),
             },
         );
     }
 
-    pub(crate) fn force(&mut self, hold: &Hold) {
+    /// The worker's release gets no definite answer in time; the client's background
+    /// retry then lands.
+    pub(crate) fn release_unknown(&mut self, hold: &Hold) {
+        self.record(
+            hold.worker,
+            Event::ReleaseUnknown {
+                lock: hold.lock.clone(),
+                token: hold.token,
+            },
+        );
+        self.end(hold, HoldEnd::Released);
+    }
+
+    /// An admin requests a force release of `hold`, another approves it, and the
+    /// holder's client is told. Returns the request's id.
+    pub(crate) fn force(&mut self, hold: &Hold) -> String {
+        let request_id = format!("force-{}", self.entries.len());
+        let grant_rev = self.holds[self.current(hold)].grant_rev;
+        self.record(
+            RUNNER,
+            Event::ForceRequested {
+                lock: hold.lock.clone(),
+                request_id: request_id.clone(),
+                targets: vec![grant_rev],
+            },
+        );
         self.end(hold, HoldEnd::Forced);
+        let at = self.current(hold);
+        self.holds[at].forced_by = Some(request_id.clone());
+        self.record(
+            RUNNER,
+            Event::ForceApproved {
+                lock: hold.lock.clone(),
+                request_id: request_id.clone(),
+                outcome: ForceOutcome::Released {
+                    grant_revs: vec![grant_rev],
+                },
+            },
+        );
         self.record(
             hold.worker,
             Event::Lost {
                 lock: hold.lock.clone(),
                 token: hold.token,
+                reason: Some(LossReason::Forced {
+                    request_id: Some(request_id.clone()),
+                }),
             },
         );
+        request_id
     }
 
     pub(crate) fn fault(&mut self, kind: FaultKind, phase: Phase) {
@@ -317,6 +388,8 @@ impl Sim {
                     restored_rev: Some(snapshot),
                     live: true,
                     moved_to: None,
+                    forced_by: None,
+                    session: None,
                 };
                 let token = token(record.epoch, record.grant_rev);
                 restored.push(Hold {
@@ -446,7 +519,7 @@ impl Sim {
                     exclusive: h.exclusive,
                     end: h.end,
                     space: h.space,
-                    session: None,
+                    session: h.session,
                 },
                 Some(restored_rev) => Event::RestoredHold {
                     lock: h.lock.clone(),
@@ -460,6 +533,17 @@ impl Sim {
                 },
             };
             self.record(RUNNER, event);
+            if let (Some(request_id), Some(end_rev)) = (&h.forced_by, h.end_rev) {
+                let event = Event::EtcdForced {
+                    lock: h.lock.clone(),
+                    epoch: h.epoch,
+                    grant_rev: h.grant_rev,
+                    end_rev,
+                    space: h.space,
+                    request_id: request_id.clone(),
+                };
+                self.record(RUNNER, event);
+            }
         }
         // The audit trail records each hold from the space that granted it; its rows
         // about restored history are left out by the harness.
@@ -484,6 +568,11 @@ impl Sim {
             };
             if h.end_rev.is_some_and(|e| e <= cut) {
                 self.record(RUNNER, row(end, h.end_rev));
+            }
+            // The approving replica's record, written whether or not the tailer read
+            // the force.
+            if h.end == HoldEnd::Forced {
+                self.record(RUNNER, row("force_release", h.end_rev));
             }
         }
         for resource in std::mem::take(&mut self.unprotected) {
@@ -551,13 +640,16 @@ pub(crate) fn random_history(seed: u64, workers: u32, locks: usize, steps: usize
                 let hold = open.swap_remove(rng.below(open.len()));
                 assert!(sim.is_held(&hold));
                 match rng.below(10) {
-                    0..=5 => sim.release(&hold),
+                    0..=4 => sim.release(&hold),
+                    5 => sim.release_unknown(&hold),
                     6..=8 => {
                         sim.fault(FaultKind::PauseWorker, Phase::Start);
                         sim.expire(&hold);
                         sim.fault(FaultKind::PauseWorker, Phase::End);
                     }
-                    _ => sim.force(&hold),
+                    _ => {
+                        sim.force(&hold);
+                    }
                 }
             }
             22..=61 if !held[worker as usize].is_empty() => {
