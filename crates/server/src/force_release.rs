@@ -67,6 +67,10 @@ pub const FORCE_RELEASE_MIGRATION: &str = concat!(
     include_str!("../migrations/0003_force_release_execution.sql")
 );
 
+/// The advisory lock key that serializes [`ForceReleases::migrate`] across processes
+/// ("pfrr").
+const MIGRATION_LOCK_KEY: i64 = 0x7066_7272;
+
 /// One hold deleted by an approved force release, as the audit trail records it.
 ///
 /// A request that deletes several holds (a shared lock) yields one record per hold:
@@ -148,14 +152,21 @@ impl ForceReleases {
         ForceReleases { pool, audit }
     }
 
-    /// Creates or completes the request table ([`FORCE_RELEASE_MIGRATION`]).
+    /// Creates or completes the request table ([`FORCE_RELEASE_MIGRATION`]). Safe to run
+    /// from several replicas starting at once: the statements run in one transaction
+    /// under a transaction-scoped advisory lock (concurrent `CREATE TABLE IF NOT EXISTS`
+    /// of one table can otherwise fail on PostgreSQL's catalog unique index).
     ///
     /// # Errors
     ///
     /// [`ForceDbError`].
     pub async fn migrate(&self) -> Result<(), ForceDbError> {
-        let client = self.pool.get().await?;
-        client.batch_execute(FORCE_RELEASE_MIGRATION).await?;
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK_KEY])
+            .await?;
+        tx.batch_execute(FORCE_RELEASE_MIGRATION).await?;
+        tx.commit().await?;
         Ok(())
     }
 }

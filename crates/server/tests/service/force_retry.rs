@@ -210,3 +210,25 @@ async fn etcd_force_release_requests_survive_a_terminated_database_connection() 
     assert_eq!(r.status, 200, "{:?}", r.body);
     assert_eq!(r.body["released"][0]["session"], s.as_str());
 }
+
+/// Replicas starting together migrate the request table at once: every one succeeds.
+#[tokio::test]
+async fn force_release_migrations_of_replicas_starting_at_once_all_succeed() {
+    let db = TestDb::create().await;
+    let migrations: Vec<_> = (0..8)
+        .map(|_| {
+            let force = ForceReleases::new(pool_of(&db), Arc::new(Recorded::default()));
+            tokio::spawn(async move { force.migrate().await })
+        })
+        .collect();
+    for m in migrations {
+        m.await.unwrap().unwrap();
+    }
+    let pg = db.connect().await;
+    let n: i64 = pg
+        .query_one("SELECT count(*) FROM force_release_request", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0);
+}
