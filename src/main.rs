@@ -58,14 +58,16 @@ Exit codes:
   1   any other failure (service unreachable or failing, local I/O)
   2   bad input (usage, malformed argument or hold file, unusable certificates, invalid-input)
   3   not found (namespace, class, session, force release request)
-  4   conflict (create of something that exists, already-approved, epoch-exhausted)
+  4   conflict (create of something that exists, already-approved, force-target-gone,
+      epoch-exhausted)
   5   quota exceeded
   6   unauthenticated (certificate refused or missing, 401)
   7   forbidden (403)
   74  outcome unknown: a release got no definite answer within 10 s of retries
   75  not acquired: others held the lock for the whole wait
   76  not held: the hold or its session is gone, or it was force-released
-  130 interrupted (Ctrl-C) while lock acquire waited
+  130 interrupted (Ctrl-C) while lock acquire waited (its session is closed)
+  143 terminated (SIGTERM) while lock acquire waited (its session is closed)
 `lock run` exits with its command's code once the command ran.";
 
 #[derive(Debug, Subcommand)]

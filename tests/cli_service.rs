@@ -551,6 +551,46 @@ async fn etcd_cli_force_release_needs_a_second_admin() {
     s.dev(JOB, &["lock", "release", "--hold", file.to_str().unwrap()])
         .await
         .fails(76, "already ended");
+
+    // A request naming one grant (--grant-rev) whose hold was released and acquired
+    // again before approval releases nothing: exit 4, the new hold stays.
+    let hold = s
+        .dev(JOB, &["lock", "acquire", "ns/c/jobs/stuck"])
+        .await
+        .ok()
+        .json();
+    let grant_rev = hold["grant_rev"].to_string();
+    let req = s
+        .dev(
+            ADMIN,
+            &[
+                "force-release",
+                "request",
+                "ns/c/jobs/stuck",
+                "--reason",
+                "wedged",
+                "--grant-rev",
+                &grant_rev,
+            ],
+        )
+        .await
+        .ok()
+        .json();
+    assert_eq!(req["targets"][0]["grant_rev"], hold["grant_rev"]);
+    std::fs::write(&file, hold.to_string()).unwrap();
+    s.dev(JOB, &["lock", "release", "--hold", file.to_str().unwrap()])
+        .await
+        .ok();
+    s.dev(JOB, &["lock", "acquire", "ns/c/jobs/stuck"])
+        .await
+        .ok();
+    s.dev(
+        ADMIN2,
+        &["force-release", "approve", req["id"].as_str().unwrap()],
+    )
+    .await
+    .fails(4, "force-target-gone");
+    assert_eq!(s.locker.lock_state(&name).await.unwrap().holders.len(), 1);
 }
 
 #[tokio::test]
@@ -566,6 +606,21 @@ async fn etcd_cli_force_release_is_not_found_without_a_database() {
 
 #[tokio::test]
 async fn etcd_cli_interrupted_acquire_closes_its_session() {
+    stopped_acquire_closes_its_session(nix::sys::signal::Signal::SIGINT, 130, "interrupted").await;
+}
+
+/// A supervisor stops a waiting `lock acquire` with SIGTERM: as with SIGINT, its session
+/// is closed on the way out (no waiter, no session slot left), exit 143.
+#[tokio::test]
+async fn etcd_cli_terminated_acquire_closes_its_session() {
+    stopped_acquire_closes_its_session(nix::sys::signal::Signal::SIGTERM, 143, "terminated").await;
+}
+
+async fn stopped_acquire_closes_its_session(
+    signal: nix::sys::signal::Signal,
+    code: i32,
+    says: &str,
+) {
     let s = Service::start(Mode::Dev, None).await;
     let name = LockName::new("ns", "c", "k");
     let first = s.dev(JOB, &["lock", "acquire", "ns/c/k"]).await.ok().json();
@@ -583,13 +638,16 @@ async fn etcd_cli_interrupted_acquire_closes_its_session() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let pid = nix::unistd::Pid::from_raw(waiting.id().unwrap() as i32);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    nix::sys::signal::kill(pid, signal).unwrap();
     let out = tokio::time::timeout(Duration::from_secs(5), waiting.wait_with_output())
         .await
-        .expect("acquire did not stop on SIGINT")
+        .expect("acquire did not stop on the signal")
         .unwrap();
-    assert_eq!(out.status.code(), Some(130), "{out:?}");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("interrupted"));
+    assert_eq!(out.status.code(), Some(code), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(says),
+        "{out:?}"
+    );
     assert!(out.stdout.is_empty());
     // Its session was closed on the way out: no waiter is left, and the lock goes
     // straight to the next one once the first holder releases.

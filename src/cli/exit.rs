@@ -6,14 +6,15 @@
 //! | 1 | any other failure: the service unreachable or failing (`quorum-lost`, `epoch-mismatch`, `upstream`, `internal`), a local I/O error |
 //! | 2 | bad input: a usage error, a malformed argument or hold file, unusable certificates, or the service's `invalid-input` |
 //! | 3 | not found: namespace, class, session or force release request (`not-found`) |
-//! | 4 | conflict: `create` of something that exists, `already-approved`, `epoch-exhausted` |
+//! | 4 | conflict: `create` of something that exists, `already-approved`, `force-target-gone`, `epoch-exhausted` |
 //! | 5 | a quota of the namespace is reached (`quota-exceeded`) |
 //! | 6 | unauthenticated: the service refused the certificate (or its absence), or answered 401 |
 //! | 7 | forbidden: the caller may not do this (403) |
 //! | 74 | outcome unknown: a release got no definite answer in time (sent again, with the same grant revision, for 10 s); the hold may still be held until its session's TTL lapses |
 //! | 75 | not acquired: the wait ended while others held the lock (`deadline-exceeded`) |
 //! | 76 | not held: the hold or its session is gone (`not-held`, `hold-forced`, `session-lost`) |
-//! | 130 | interrupted (SIGINT) while `lock acquire` waited |
+//! | 130 | interrupted (SIGINT) while `lock acquire` waited (its session is closed) |
+//! | 143 | terminated (SIGTERM) while `lock acquire` waited (its session is closed) |
 //!
 //! `lock run` exits with its command's code once the command ran.
 
@@ -34,6 +35,7 @@ pub(crate) enum Exit {
     NotAcquired = 75,
     Lost = 76,
     Interrupted = 130,
+    Terminated = 143,
 }
 
 impl Exit {
@@ -45,6 +47,7 @@ impl Exit {
             }
             ClientErrorKind::Problem(ProblemKind::NotFound) => Exit::NotFound,
             ClientErrorKind::Problem(ProblemKind::AlreadyApproved)
+            | ClientErrorKind::Problem(ProblemKind::ForceTargetGone)
             | ClientErrorKind::Problem(ProblemKind::EpochExhausted) => Exit::Conflict,
             ClientErrorKind::Problem(ProblemKind::QuotaExceeded) => Exit::Quota,
             ClientErrorKind::Problem(ProblemKind::Unauthenticated) => Exit::Unauthenticated,

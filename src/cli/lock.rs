@@ -260,11 +260,19 @@ fn acquire(
         };
         let body = json!({ "session": session, "namespace": ns, "class": class, "key": key,
                            "mode": mode, "wait_ms": wait_ms, "holder_meta": holder_meta });
+        // SIGINT and SIGTERM (a supervisor's stop) end the wait the same way: the
+        // session opened for it is closed below, so nothing is left held or counted.
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         let granted = tokio::select! {
             r = client.call_json("POST", "/v1/locks/acquire", Some(body)) => r.map_err(Into::into),
             _ = tokio::signal::ctrl_c() => Err(CliError::new(
                 Exit::Interrupted,
-                "interrupted while waiting for the lock",
+                "interrupted (SIGINT) while waiting for the lock",
+            )
+            .into()),
+            _ = term.recv() => Err(CliError::new(
+                Exit::Terminated,
+                "terminated (SIGTERM) while waiting for the lock",
             )
             .into()),
         };

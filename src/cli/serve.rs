@@ -36,7 +36,7 @@ the old rules). A pattern is a SPIFFE ID, or a prefix of IDs ending in /:
 
   [[namespace]]
   id = \"orders\"
-  admins = [\"spiffe://example.org/orders/lead\"]   # create and change its classes
+  admins = [\"spiffe://example.org/orders/lead\"]   # its classes; its force releases
 
   [[namespace.grant]]                                # who may open sessions and lock...
   ids = [\"spiffe://example.org/orders/\"]

@@ -179,9 +179,10 @@ impl Locker {
         (c.record, c.mismatch)
     }
 
-    /// The highest grant revision this locker minted a token for in the current epoch (at
-    /// least the record's confirmed `highest_grant_rev`, which lags by up to the
-    /// reservation window). Each locker knows only its own grants.
+    /// The highest grant revision this locker knows to be minted in the current epoch: its
+    /// own grants, and at least the record's confirmed `highest_grant_rev` as loaded (which
+    /// lags the grants by up to the reservation window). Each locker knows only its own
+    /// grants.
     pub fn minted_rev(&self) -> palisade_fence::Revision {
         palisade_fence::Revision::new(self.inner.epoch.minted())
     }

@@ -122,10 +122,11 @@ pub(super) async fn put_class(
 pub(super) struct EpochView {
     #[serde(flatten)]
     record: palisade_api::EpochRecord,
-    /// The highest grant revision this replica minted a token for in this epoch: its
-    /// newest token is `epoch · 2^48 + minted_rev`. `highest_grant_rev` is what the
-    /// durable record confirms, and lags it by up to the reservation window; other
-    /// replicas may have minted higher.
+    /// The highest grant revision this replica knows to be minted in this epoch: its own
+    /// grants, and at least what the record confirmed when the replica loaded it (so a
+    /// replica that minted nothing shows that, and a new epoch starts at etcd's revision
+    /// then). `highest_grant_rev` is what the durable record confirms, and lags this by up
+    /// to the reservation window; other replicas may have minted higher.
     #[schema(value_type = u64)]
     minted_rev: palisade_api::Revision,
     /// Why grants are refused, if they are.

@@ -69,6 +69,21 @@ pub(super) async fn request_force_release(
         ));
     }
     let name = LockName::new(body.namespace.clone(), body.class.clone(), body.key.clone());
+    // An unknown class is 404, a key outside its prefix 400: the lock cannot exist.
+    let class = state
+        .locker
+        .config()
+        .class(&body.namespace, &body.class)
+        .await?;
+    if !body.key.starts_with(&class.key_prefix) {
+        return Err(Problem::new(
+            ProblemKind::InvalidInput,
+            format!(
+                "key {:?} is outside class {}'s key prefix {:?}",
+                body.key, body.class, class.key_prefix
+            ),
+        ));
+    }
     let lock = state.locker.lock_state(&name).await?;
     let targets: Vec<Target> = lock
         .holders
@@ -83,10 +98,14 @@ pub(super) async fn request_force_release(
         })
         .collect();
     if targets.is_empty() {
+        let lock = format!("{}/{}/{}", body.namespace, body.class, body.key);
         let detail = match (body.grant_rev, body.token) {
-            (None, None) => "the lock has no holder".to_owned(),
-            (Some(r), _) => format!("no hold of the lock was granted at revision {r}"),
-            (None, Some(t)) => format!("no hold of the lock has token {t}"),
+            (None, None) => format!("lock {lock} has no holder"),
+            (Some(r), None) => format!("no hold of lock {lock} was granted at revision {r}"),
+            (None, Some(t)) => format!("no hold of lock {lock} has token {t}"),
+            (Some(r), Some(t)) => {
+                format!("no hold of lock {lock} was granted at revision {r} with token {t}")
+            }
         };
         return Err(Problem::new(ProblemKind::NotHeld, detail));
     }

@@ -80,6 +80,21 @@ async fn etcd_force_release_deletes_only_the_grant_it_names_and_the_holder_is_to
     )
     .await;
     assert_problem(&r, 409, "not-held");
+    assert!(
+        r.body["detail"].as_str().unwrap().contains("ns/c/free"),
+        "{:?}",
+        r.body
+    );
+    // A class that does not exist cannot have a holder: 404, not 409.
+    let r = call(
+        addr,
+        "POST",
+        "/v1/force-releases",
+        ADMIN,
+        json!({ "namespace": "ns", "class": "nope", "key": "k", "reason": "stuck" }),
+    )
+    .await;
+    assert_problem(&r, 404, "not-found");
     let r = call(
         addr,
         "POST",
