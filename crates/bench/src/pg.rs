@@ -336,7 +336,7 @@ fn worker(
                 0 => c.execute(plain, &[&id]).await?,
                 1 => {
                     let plain = plain.clone();
-                    fenced_transaction(&mut *c, &resource, token, move |tx| {
+                    fenced_transaction(&mut c, &resource, token, move |tx| {
                         Box::pin(
                             async move { Ok::<_, FenceError>(tx.execute(&plain, &[&id]).await?) },
                         )

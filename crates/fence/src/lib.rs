@@ -21,7 +21,8 @@
 //! - [`FenceLayer`]: a tower layer that refuses stale writes to an HTTP service
 //!   (428/400/409 as `application/problem+json`), or only reports them (advisory mode).
 //!   [`FencingTokenLayer`] is its client side.
-//! - [`fenced_transaction`], [`begin_fenced`], [`fenced_execute`], [`FencedUpdate`]: the token check and the
+//! - [`fenced_transaction`], [`FencedTransaction`], [`begin_fenced`], [`fenced_execute`],
+//!   [`FencedUpdate`]: the token check and the
 //!   write in one Postgres transaction, the only form that also orders the writes
 //!   themselves (see [ordering](crate::fence#ordering-what-the-layer-guarantees-and-what-needs-the-postgres-helper)).
 //!
@@ -57,8 +58,8 @@ pub use fence::{
 #[cfg(feature = "postgres")]
 pub use postgres::{
     begin_fenced, fenced_execute, fenced_transaction, migrate, read_mark, reset_mark, FenceError,
-    FenceErrorKind, FencedStatement, FencedUpdate, Mark, PreparedFence, PreparedFencedUpdate,
-    TxFuture, MIGRATION,
+    FenceErrorKind, FencedStatement, FencedTransaction, FencedUpdate, Mark, PreparedFence,
+    PreparedFencedUpdate, TxFuture, MIGRATION,
 };
 #[cfg(feature = "memory")]
 pub use store::MemoryStore;

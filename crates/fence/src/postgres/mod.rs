@@ -55,10 +55,12 @@
 //! [`Deadlock`](FenceErrorKind::Deadlock).
 //!
 //! Three forms:
-//! - [`fenced_transaction`] (or [`begin_fenced`] to drive the transaction yourself): any
-//!   statements, on any tables, guarded by the resource's high-water row. `BEGIN`, the
-//!   raise, each statement of the body and `COMMIT` are one round trip each: the body
-//!   only starts once the raise admitted the token.
+//! - [`fenced_transaction`] (or [`FencedTransaction::begin`] to drive the transaction
+//!   yourself): any statements, on any tables, guarded by the resource's high-water row.
+//!   `BEGIN` and the raise go in one flight, then each statement of the body and `COMMIT`
+//!   take a round trip each, as in the same transaction without the fence: the body only
+//!   starts once the raise admitted the token. [`begin_fenced`] fences a transaction (or
+//!   a savepoint of one) that you begin through tokio-postgres, at one round trip more.
 //! - [`fenced_execute`]: the same guard for prepared statements that do not depend on each
 //!   other's results, in one round trip (`BEGIN`, raise, statements, `COMMIT` pipelined;
 //!   a refused token makes the raise fail, which aborts the rest).
@@ -77,7 +79,7 @@
 //! | form | behind a transaction-mode pooler |
 //! |---|---|
 //! | [`PostgresStore`](crate::PostgresStore) | works: unnamed statements, each its own transaction |
-//! | [`fenced_transaction`], [`begin_fenced`] | works: `BEGIN`, the raise (unnamed) and the body are one transaction; a body's own statements run inside it |
+//! | [`fenced_transaction`], [`FencedTransaction`], [`begin_fenced`] | works: `BEGIN`, the raise (unnamed) and the body are one transaction; a body's own statements run inside it |
 //! | [`FencedUpdate::execute`] | works: unnamed statements; the parameter types are learned once with `PREPARE`, a catalog read and `DEALLOCATE` in one simple query |
 //! | [`fenced_execute`] | needs a session when its statements are prepared on the client (they are named) |
 //! | [`PreparedFence`], [`PreparedFencedUpdate`] | need a session: the prepared statement lives in the server connection it was prepared on |
@@ -121,10 +123,8 @@
 mod admin;
 mod error;
 mod pipeline;
+mod transaction;
 mod update;
-
-use std::future::Future;
-use std::pin::Pin;
 
 use tokio_postgres::types::Type;
 use tokio_postgres::{GenericClient, Transaction};
@@ -133,6 +133,7 @@ pub use admin::{read_mark, read_resets, reset_mark, Mark, MarkReset};
 pub(crate) use error::is_retryable;
 pub use error::{FenceError, FenceErrorKind};
 pub use pipeline::{fenced_execute, FencedStatement, PreparedFence};
+pub use transaction::{fenced_transaction, FencedTransaction, TxFuture};
 pub use update::{FencedUpdate, PreparedFencedUpdate};
 
 use crate::store::Raise;
@@ -198,9 +199,13 @@ pub(crate) fn verdict(token: FencingToken, mark: Option<FencingToken>) -> Raise 
     }
 }
 
-/// Begins a transaction on `client` and raises `resource`'s high-water row to `token`.
+/// Begins a tokio-postgres transaction on `client` and raises `resource`'s high-water row
+/// to `token`.
 ///
-/// Two round trips: `BEGIN`, then the raise. On success the transaction holds the
+/// Two round trips: `BEGIN`, then the raise (tokio-postgres hands out a `Transaction`
+/// only once `BEGIN` has answered). [`FencedTransaction::begin`] sends both in one flight
+/// but needs a plain `Client`; this one takes any [`GenericClient`], a `Transaction`
+/// included (the fence then runs in a savepoint). On success the transaction holds the
 /// resource's lock (exclusive if it raised the mark, shared if `token` equals the mark):
 /// run your statements on it and commit (dropping it rolls back). A raise by a newer token
 /// waits until then; writers with the same token do not wait for each other.
@@ -221,54 +226,6 @@ pub async fn begin_fenced<'c, C: GenericClient + Send + Sync>(
         Raise::Stale { highest } => {
             tx.rollback().await?;
             Err(FenceError::stale(token, highest))
-        }
-    }
-}
-
-/// The future a [`fenced_transaction`] body returns: `Box::pin(async move { … })`.
-pub type TxFuture<'t, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 't>>;
-
-/// Runs `body` in a transaction that first raises `resource`'s high-water row to `token`,
-/// then commits.
-///
-/// The body runs only if the token is admitted (it is called after the raise's verdict),
-/// while the transaction holds the resource's lock; so the bodies of one resource's
-/// writers commit with non-decreasing tokens (see the [module docs](crate::postgres)):
-/// a newer token's body waits for every body in flight, bodies with one token run side
-/// by side. If the body fails, the transaction is rolled back and its error returned.
-///
-/// Round trips: `BEGIN`, the raise, one per statement of the body, `COMMIT` (four for a
-/// body of one statement). tokio-postgres hands out a `Transaction` only once `BEGIN` has
-/// answered, so the raise cannot be sent in the same flight; [`fenced_execute`] sends
-/// everything in one.
-///
-/// # Errors
-///
-/// - `E::from(FenceError)` of kind [`Stale`](FenceErrorKind::Stale) if `token` is below the
-///   mark (the body never ran), or a database error from `BEGIN`, the raise or `COMMIT`.
-/// - The body's own error.
-pub async fn fenced_transaction<C, T, E, F>(
-    client: &mut C,
-    resource: &str,
-    token: FencingToken,
-    body: F,
-) -> Result<T, E>
-where
-    C: GenericClient + Send + Sync,
-    F: for<'t> FnOnce(&'t Transaction<'t>) -> TxFuture<'t, T, E>,
-    E: From<FenceError>,
-{
-    let tx = begin_fenced(client, resource, token).await?;
-    match body(&tx).await {
-        Ok(value) => {
-            tx.commit().await.map_err(FenceError::from)?;
-            Ok(value)
-        }
-        Err(e) => {
-            // The body's error is the one that matters; a failed rollback closes the
-            // transaction on the server anyway.
-            let _ = tx.rollback().await;
-            Err(e)
         }
     }
 }

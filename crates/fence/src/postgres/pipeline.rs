@@ -44,7 +44,7 @@ type Step<'a> = Pin<Box<dyn Future<Output = Result<u64, tokio_postgres::Error>> 
 ///
 /// Use it when the statements do not depend on each other's results (an `UPDATE`, an
 /// `INSERT` into a log...); for logic between statements use `fenced_transaction`, which
-/// costs a round trip per statement plus three.
+/// costs a round trip per statement plus two (`BEGIN` with the raise, and `COMMIT`).
 ///
 /// # Requirements
 ///

@@ -1,6 +1,7 @@
 //! Integration tests: real PostgreSQL (a fresh database per test) and real HTTP on
 //! loopback.
 
+mod closure_form;
 mod common;
 mod http_layer;
 mod mark_locks;
