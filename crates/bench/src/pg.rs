@@ -66,6 +66,21 @@ const TARGETS: [&str; 8] = [
 ];
 const PLAIN: &str = "UPDATE bench_account SET balance = balance + 1 WHERE id = $1";
 
+/// The server-CPU table's extra variant: [`VARIANTS`]' `PreparedFence` pipeline with the
+/// raise written as one plain SQL statement instead of the PL/pgSQL call, to weigh the
+/// function call's own cost. Not a shipped form: it always takes the resource's lock
+/// exclusive and rewrites the mark row (so writers with one token take turns), and a
+/// refused token returns no row instead of aborting. Every token the bench sends is
+/// admitted.
+const SQL_RAISE_VARIANT: &str = "PreparedFence, plain-SQL raise (bench only)";
+const SQL_RAISE: &str = "WITH l AS MATERIALIZED \
+     (SELECT pg_advisory_xact_lock(1885432937, hashtext($1::text))), \
+     up AS (INSERT INTO fence_high_water AS h (resource, token, updated_at) \
+     SELECT $1::text, $2::bigint, now() FROM l \
+     ON CONFLICT (resource) DO UPDATE SET token = EXCLUDED.token, updated_at = now() \
+     WHERE h.token <= EXCLUDED.token RETURNING h.token) \
+     SELECT token FROM up";
+
 /// Runs the comparison on a fresh database and returns its tables: the interleaved
 /// rates, then (unless `cpu_writes` is 0) the server's CPU time per write.
 pub(crate) async fn run(args: &PgArgs) -> Result<Vec<Table>> {
@@ -182,12 +197,14 @@ async fn connect(
     let plain = client.prepare(PLAIN).await?;
     let fence = PreparedFence::prepare(&client).await?;
     let prepared = folded.prepare(&client, "balance = balance + 1").await?;
+    let sql_raise = client.prepare(SQL_RAISE).await?;
     Ok((
         Arc::new(Mutex::new(client)),
         Prepared {
             plain,
             fence,
             folded: prepared,
+            sql_raise,
         },
     ))
 }
@@ -234,7 +251,8 @@ async fn server_cpu(
     for &per_token in &args.writes_per_token {
         let writes = Writes::new(ids.clone(), per_token, clock);
         let mut base = 0.0;
-        for (v, name) in VARIANTS.iter().enumerate() {
+        let names = VARIANTS.iter().chain(std::iter::once(&SQL_RAISE_VARIANT));
+        for (v, name) in names.enumerate() {
             let mut op = worker(
                 v,
                 Arc::clone(&client),
@@ -271,6 +289,8 @@ struct Prepared {
     plain: tokio_postgres::Statement,
     fence: PreparedFence,
     folded: PreparedFencedUpdate,
+    /// [`SQL_RAISE`], for the server-CPU table only.
+    sql_raise: tokio_postgres::Statement,
 }
 
 /// One client's sequence of writes: `per_token` writes to one of its rows under one
@@ -360,6 +380,26 @@ fn worker(
                     let n = tx.execute(plain, &[&id]).await?;
                     tx.commit().await?;
                     n
+                }
+                8 => {
+                    // PreparedFence's pipeline with the plain-SQL raise, in one flight.
+                    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&id];
+                    let raise: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
+                        [&resource, &token];
+                    let (begin, raised, n, commit) = tokio::join!(
+                        c.batch_execute("BEGIN"),
+                        c.query(&p.sql_raise, &raise),
+                        c.execute(plain, &params),
+                        c.batch_execute("COMMIT")
+                    );
+                    begin?;
+                    if raised?.len() != 1 {
+                        return Err(BenchError::Unexpected(
+                            "the plain-SQL raise refused a token",
+                        ));
+                    }
+                    commit?;
+                    n?
                 }
                 _ => {
                     // Polled together in this order: sent in one flight.

@@ -88,13 +88,18 @@ fn pg_bench_prints_every_variant_at_every_client_count_and_writes_per_token() {
             assert_eq!(r[6], "1.00x", "plain is its own base");
         }
     }
-    // The server-CPU table: every variant at each writes-per-token, a number each (10 ms
-    // ticks: 50 writes may read as 0).
+    // The server-CPU table: every variant and the plain-SQL raise at each writes-per-token,
+    // a number each (10 ms ticks: 50 writes may read as 0).
     let cpu = &tables[1].1;
     let names: Vec<(&str, &str)> = cpu.iter().map(|r| (r[0].as_str(), r[1].as_str())).collect();
+    let cpu_variants: Vec<&str> = variants
+        .iter()
+        .copied()
+        .chain(["PreparedFence, plain-SQL raise (bench only)"])
+        .collect();
     let expected: Vec<(&str, &str)> = ["1", "4"]
         .iter()
-        .flat_map(|n| variants.iter().map(move |v| (*n, *v)))
+        .flat_map(|n| cpu_variants.iter().map(move |v| (*n, *v)))
         .collect();
     assert_eq!(names, expected);
     for r in cpu {
