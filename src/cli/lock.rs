@@ -5,7 +5,7 @@
 //! until `lock release`, `session close`, or the session's lease lapses: renew it with
 //! `session keepalive` more often than once per TTL to keep the lock longer.
 
-use palisade_api::wire::ReleaseBody;
+use palisade_api::wire::{AcquireBody, ReleaseBody};
 use palisade_api::ProblemKind;
 use std::io::Read;
 use std::path::PathBuf;
@@ -258,13 +258,21 @@ fn acquire(
                 (id.to_owned(), opened["ttl_ms"].as_u64(), true)
             }
         };
-        let body = json!({ "session": session, "namespace": ns, "class": class, "key": key,
-                           "mode": mode, "wait_ms": wait_ms, "holder_meta": holder_meta });
+        let body = AcquireBody {
+            session: session.clone(),
+            namespace: ns.to_owned(),
+            class: class.to_owned(),
+            key: key.to_owned(),
+            mode,
+            wait_ms,
+            holder_meta: holder_meta.as_ref().map(|m| m.as_map().clone()),
+        };
         // SIGINT and SIGTERM (a supervisor's stop) end the wait the same way: the
         // session opened for it is closed below, so nothing is left held or counted.
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         let granted = tokio::select! {
-            r = client.call_json("POST", "/v1/locks/acquire", Some(body)) => r.map_err(Into::into),
+            // A 503 `quorum-lost` is sent again within the wait (the client's policy).
+            r = client.acquire(&body) => r.map_err(Into::into),
             _ = tokio::signal::ctrl_c() => Err(CliError::new(
                 Exit::Interrupted,
                 "interrupted (SIGINT) while waiting for the lock",
@@ -278,7 +286,7 @@ fn acquire(
         };
         match granted {
             Ok(granted) => {
-                let mut hold: HoldFile = serde_json::from_value(granted)?;
+                let mut hold: HoldFile = serde_json::from_value(serde_json::to_value(granted)?)?;
                 // What release needs to know besides the service's answer.
                 hold.ttl_ms = ttl_ms;
                 hold.own_session = own;

@@ -199,9 +199,9 @@ async fn run(command: Command) -> error::Result<()> {
             http::run(&args).await?.print();
         }
         Command::Service { clients, timing } => {
-            service::run(&clients, timing.secs(), timing.rounds)
-                .await?
-                .print();
+            for table in service::run(&clients, timing.secs(), timing.rounds).await? {
+                table.print();
+            }
         }
         Command::Audit { events, requests } => audit::run(events.max(1), requests).await?.print(),
         Command::Lock {

@@ -5,7 +5,11 @@
 //! made here with rcgen, callers named by their SPIFFE URI SAN) runs in this process on
 //! loopback. Each client keeps one mTLS connection (keep-alive, so handshakes are not
 //! counted) and one session, and runs acquire + release cycles on random keys among
-//! 1,000 (uncontended). The table gives the acquire latency alone, and the cycle rate.
+//! 1,000 (uncontended). The first table gives the acquire latency alone, the cycle rate,
+//! and the unary calls etcd served per cycle (from its own `grpc_server_handled_total`,
+//! read before and after each variant runs alone for one round). The second runs the
+//! service's clients all in one namespace, then each in its own, one after the other
+//! in rounds: a namespace's quota must not serialize its acquires.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,18 +27,22 @@ use serde_json::{json, Value};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
-use crate::drive::{interleave, Op};
+use crate::drive::{drive, interleave, Op};
 use crate::error::{BenchError, Result};
+use crate::etcd_ops::unary_calls;
 use crate::report::{f, histogram, ratio, record, Table};
 
-const AUTHZ: &str = r#"
-admins = ["spiffe://bench/ops"]
-[[namespace]]
-id = "bench"
-[[namespace.grant]]
-ids = ["spiffe://bench/"]
-classes = ["c"]
-"#;
+/// The authorization: namespace `bench` and `bench0` .. `bench<n-1>`, class `c` of each
+/// open to every bench identity.
+fn authz(n: usize) -> String {
+    let mut text = String::from("admins = [\"spiffe://bench/ops\"]\n");
+    for ns in std::iter::once("bench".to_owned()).chain((0..n).map(|i| format!("bench{i}"))) {
+        text.push_str(&format!(
+            "[[namespace]]\nid = \"{ns}\"\n[[namespace.grant]]\nids = [\"spiffe://bench/\"]\nclasses = [\"c\"]\n"
+        ));
+    }
+    text
+}
 
 /// The variants, in the order they take turns.
 pub(crate) const VARIANTS: [&str; 2] = ["core in process", "service over HTTP + mTLS"];
@@ -77,22 +85,23 @@ fn setup(_: impl std::fmt::Debug) -> BenchError {
 }
 
 /// Runs the comparison at each client count.
-pub(crate) async fn run(clients: &[usize], secs: Duration, rounds: usize) -> Result<Table> {
+pub(crate) async fn run(clients: &[usize], secs: Duration, rounds: usize) -> Result<Vec<Table>> {
     let fixture = ServiceFixture::start(1, Duration::from_secs(2))
         .await
         .map_err(|_| BenchError::Unexpected("etcd or the locker did not start"))?;
-    fixture
-        .configure(
-            &Namespace::new("bench", "bench"),
-            &LockClass::new("bench", "c", ""),
-        )
-        .await?;
+    let most = clients.iter().copied().max().unwrap_or(1);
+    for ns in std::iter::once("bench".to_owned()).chain((0..most).map(|i| format!("bench{i}"))) {
+        fixture
+            .configure(&Namespace::new(&ns, "bench"), &LockClass::new(&ns, "c", ""))
+            .await?;
+    }
+    let endpoints = fixture.cluster.endpoints();
     let locker = fixture.locker.clone();
 
     let pki = Pki::new().map_err(setup)?;
     let (chain, key) = pki.leaf(None).map_err(setup)?;
     let tls = server_config(vec![pki.ca.der().clone()], chain, key).map_err(setup)?;
-    let authz = Authz::fixed(AuthzConfig::from_toml(AUTHZ).map_err(setup)?);
+    let authz = Authz::fixed(AuthzConfig::from_toml(&authz(most)).map_err(setup)?);
     let server = serve_tls_on_loopback(locker.clone(), tls, ServiceOptions::new(authz)).await?;
     let addr = server.addr;
 
@@ -101,7 +110,14 @@ pub(crate) async fn run(clients: &[usize], secs: Duration, rounds: usize) -> Res
             "Lock service over HTTP with mTLS vs the core in process (1 etcd member, 1,000 keys, {} s x {rounds} rounds per cell; ratio = median of per-round ratios)",
             secs.as_secs_f64()
         ),
-        &["clients", "variant", "cycles/s", "acquire p50 ms", "acquire p99 ms", "added acquire p50 ms", "vs core"],
+        &["clients", "variant", "cycles/s", "acquire p50 ms", "acquire p99 ms", "added acquire p50 ms", "vs core", "etcd unary calls per cycle"],
+    );
+    let mut spread = Table::new(
+        format!(
+            "The service's clients in one namespace vs each in its own (1 etcd member, 1,000 keys per namespace, {} s x {rounds} rounds per cell; ratio = median of per-round ratios)",
+            secs.as_secs_f64()
+        ),
+        &["clients", "namespaces", "cycles/s", "acquire p50 ms", "vs one namespace"],
     );
     for &c in clients {
         eprintln!("service: {c} clients");
@@ -111,6 +127,8 @@ pub(crate) async fn run(clients: &[usize], secs: Duration, rounds: usize) -> Res
             .collect();
         let mut core_ops: Vec<Op> = Vec::with_capacity(c);
         let mut svc_ops: Vec<Op> = Vec::with_capacity(c);
+        // What the service variant's ops are made of, to make more of them below.
+        let mut svc_parts = Vec::with_capacity(c);
         let mut sessions = Vec::new();
         for i in 0..c {
             let seed = 0x2545_f491_4f6c_dd1d_u64 ^ ((i as u64 + 1) << 21);
@@ -138,9 +156,95 @@ pub(crate) async fn run(clients: &[usize], secs: Duration, rounds: usize) -> Res
                 .as_str()
                 .ok_or(BenchError::Unexpected("no session id"))?
                 .to_owned();
-            svc_ops.push(service_op(conn, sid, seed, Arc::clone(&acquire[1])));
+            svc_ops.push(service_op(
+                Arc::clone(&conn),
+                sid.clone(),
+                "bench".to_owned(),
+                seed,
+                Arc::clone(&acquire[1]),
+            ));
+            svc_parts.push((conn, sid, seed));
         }
         let run = interleave(vec![core_ops, svc_ops], rounds, secs).await?;
+        // The service's sessions live by keepalive (30 s TTL): renew them between phases.
+        renew(&svc_parts).await?;
+        // etcd's calls per cycle: each variant alone for one round, after the rounds.
+        let mut per_cycle = Vec::new();
+        for v in 0..VARIANTS.len() {
+            let ops = if v == 0 {
+                sessions
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| {
+                        core_op(locker.clone(), Arc::clone(s), svc_parts[i].2 ^ 7, scratch())
+                    })
+                    .collect()
+            } else {
+                svc_parts
+                    .iter()
+                    .map(|(conn, sid, seed)| {
+                        service_op(
+                            Arc::clone(conn),
+                            sid.clone(),
+                            "bench".to_owned(),
+                            seed ^ 7,
+                            scratch(),
+                        )
+                    })
+                    .collect()
+            };
+            let before = unary_calls(&endpoints).await?;
+            let (_, sample) = drive(ops, secs).await?;
+            let after = unary_calls(&endpoints).await?;
+            per_cycle.push(after.saturating_sub(before) as f64 / sample.ops.max(1) as f64);
+        }
+        renew(&svc_parts).await?;
+        if c > 1 {
+            let spread_hist = [scratch(), scratch()];
+            let one: Vec<Op> = svc_parts
+                .iter()
+                .map(|(conn, sid, seed)| {
+                    service_op(
+                        Arc::clone(conn),
+                        sid.clone(),
+                        "bench".to_owned(),
+                        *seed,
+                        Arc::clone(&spread_hist[0]),
+                    )
+                })
+                .collect();
+            let many: Vec<Op> = svc_parts
+                .iter()
+                .enumerate()
+                .map(|(i, (conn, sid, seed))| {
+                    service_op(
+                        Arc::clone(conn),
+                        sid.clone(),
+                        format!("bench{i}"),
+                        *seed,
+                        Arc::clone(&spread_hist[1]),
+                    )
+                })
+                .collect();
+            let r = interleave(vec![one, many], rounds, secs).await?;
+            for (v, s) in r.merged.iter().enumerate() {
+                let p50 = spread_hist[v]
+                    .lock()
+                    .map(|h| h.value_at_quantile(0.5) as f64 / 1_000.0)
+                    .unwrap_or(0.0);
+                spread.row(vec![
+                    c.to_string(),
+                    if v == 0 {
+                        "1".to_owned()
+                    } else {
+                        c.to_string()
+                    },
+                    f(s.rate(), 0),
+                    f(p50, 2),
+                    ratio(r.ratio(v, 0)),
+                ]);
+            }
+        }
         let p = |v: usize, q: f64| {
             acquire[v]
                 .lock()
@@ -160,6 +264,7 @@ pub(crate) async fn run(clients: &[usize], secs: Duration, rounds: usize) -> Res
                     f(p(v, 0.5) - p(0, 0.5), 2)
                 },
                 ratio(run.ratio(v, 0)),
+                f(per_cycle[v], 2),
             ]);
         }
         for s in sessions {
@@ -169,7 +274,20 @@ pub(crate) async fn run(clients: &[usize], secs: Duration, rounds: usize) -> Res
         }
     }
     server.stop();
-    Ok(table)
+    Ok(vec![table, spread])
+}
+
+/// Renews each service session once.
+async fn renew(parts: &[(Arc<Mutex<Conn>>, String, u64)]) -> Result<()> {
+    for (conn, sid, _) in parts {
+        call(conn, &format!("/v1/sessions/{sid}/keepalive"), json!({})).await?;
+    }
+    Ok(())
+}
+
+/// A histogram nobody reads: for the runs whose latencies are not reported.
+fn scratch() -> Arc<std::sync::Mutex<Histogram<u64>>> {
+    Arc::new(std::sync::Mutex::new(histogram()))
 }
 
 fn key(rng: &mut u64) -> String {
@@ -212,18 +330,24 @@ type Conn = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
 fn service_op(
     conn: Arc<Mutex<Conn>>,
     session: String,
+    ns: String,
     mut rng: u64,
     hist: Arc<std::sync::Mutex<Histogram<u64>>>,
 ) -> Op {
     Box::new(move || {
         let k = key(&mut rng);
-        let (conn, session, hist) = (Arc::clone(&conn), session.clone(), Arc::clone(&hist));
+        let (conn, session, hist, ns) = (
+            Arc::clone(&conn),
+            session.clone(),
+            Arc::clone(&hist),
+            ns.clone(),
+        );
         Box::pin(async move {
             let t = Instant::now();
             let held = call(
                 &conn,
                 "/v1/locks/acquire",
-                json!({ "session": session, "namespace": "bench", "class": "c", "key": k, "mode": "exclusive", "wait_ms": 30_000 }),
+                json!({ "session": session, "namespace": ns, "class": "c", "key": k, "mode": "exclusive", "wait_ms": 30_000 }),
             )
             .await?;
             if let Ok(mut h) = hist.lock() {
@@ -237,7 +361,7 @@ fn service_op(
             call(
                 &conn,
                 "/v1/locks/release",
-                json!({ "session": session, "namespace": "bench", "class": "c", "key": k, "mode": "exclusive", "grant_rev": held["grant_rev"] }),
+                json!({ "session": session, "namespace": ns, "class": "c", "key": k, "mode": "exclusive", "grant_rev": held["grant_rev"] }),
             )
             .await?;
             Ok(())
@@ -282,6 +406,7 @@ async fn call(conn: &Mutex<Conn>, path: &str, body: Value) -> Result<Value> {
     let status = res.status();
     let body = res.into_body().collect().await?.to_bytes();
     if !status.is_success() {
+        eprintln!("{path}: {status} {}", String::from_utf8_lossy(&body));
         return Err(BenchError::Unexpected("the service refused a request"));
     }
     if body.is_empty() {

@@ -32,6 +32,10 @@
 //!   session lives. Dropping a hold without releasing it releases it in the background
 //!   the same way.
 //!
+//! - An acquire that the service answers 503 `quorum-lost` (etcd could not commit in
+//!   time) is sent again with backoff within the acquire's wait
+//!   ([`Client::acquire`] says how).
+//!
 //! Transport: mTLS ([`Client::new_mtls`] with a [`ClientTls`]: the service's CA bundle
 //! and the client's certificate and key, from PEM files or memory; rustls with the
 //! `ring` provider), where the caller is the SPIFFE ID in the client certificate's URI
@@ -59,6 +63,7 @@ mod http;
 mod release;
 mod session;
 mod tls;
+mod unavailable;
 
 pub use error::{ClientError, ClientErrorKind};
 pub use hold::{HoldLoss, RemoteHold};

@@ -95,6 +95,20 @@ impl Client {
         self.http.send_value(method, path, body).await
     }
 
+    /// Acquires the lock `body` names for the session it names (one the caller opened,
+    /// by id), waiting (long-poll) up to `body.wait_ms`. An answer that the service
+    /// cannot serve for now (503 `quorum-lost`: etcd could not commit in time) is sent
+    /// again after a pause (50 ms doubling up to 1 s, with jitter) with the time left
+    /// of the wait, while that time leaves room for the pause; then the last answer is
+    /// returned. The CLI's `lock acquire` uses this. A `wait_ms` of 0 tries once.
+    ///
+    /// # Errors
+    ///
+    /// As [`ClientSession::acquire`].
+    pub async fn acquire(&self, body: &AcquireBody) -> Result<HoldView, ClientError> {
+        acquire(&self.http, body.clone()).await
+    }
+
     /// Releases the hold `body` names, with the retry policy of
     /// [`RemoteHold::release_within`]: sent again while its answer is lost, until a
     /// definite answer or `budget` runs out. For tools that hold no [`RemoteHold`] (the
@@ -288,7 +302,8 @@ impl ClientSession {
         self.shared.forced.borrow().get(&grant_rev).cloned()
     }
 
-    /// Acquires `ns/class/key` in `mode`, waiting (long-poll) up to `wait`.
+    /// Acquires `ns/class/key` in `mode`, waiting (long-poll) up to `wait`. A 503
+    /// `quorum-lost` is sent again with backoff within `wait` (see [`Client::acquire`]).
     ///
     /// # Errors
     ///
@@ -330,11 +345,7 @@ impl ClientSession {
             wait_ms: millis(wait),
             holder_meta: holder_meta.map(|m| m.as_map().clone()),
         };
-        let g: HoldView = self
-            .shared
-            .http
-            .send("POST", routes::ACQUIRE, Some(json(&body)))
-            .await?;
+        let g = acquire(&self.shared.http, body).await?;
         Ok(RemoteHold {
             session: self.clone(),
             ns: ns.to_owned(),
@@ -360,6 +371,18 @@ impl ClientSession {
             _ => Ok(()),
         }
     }
+}
+
+/// Sends the acquire in `body`, again while the service is unavailable and its wait
+/// leaves time (each time with the time left as its `wait_ms`).
+async fn acquire(http: &Http, mut body: AcquireBody) -> Result<HoldView, ClientError> {
+    let deadline = Instant::now() + Duration::from_millis(body.wait_ms);
+    crate::unavailable::retry_within(deadline, |left| {
+        body.wait_ms = millis(left);
+        let body = json(&body);
+        async move { http.send("POST", routes::ACQUIRE, Some(body)).await }
+    })
+    .await
 }
 
 /// A duration in whole milliseconds, as the wire's `*_ms` fields (saturating).

@@ -16,14 +16,14 @@
 
 use std::time::Duration;
 
-use etcd_client::{GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 use palisade_fence::Revision;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::config_store::decode;
 use crate::error::{Error, ErrorKind, InvalidInput, Result};
-use crate::hold::release_lease_txn;
+use crate::hold::{release_lease_txn, ReleaseExtras};
 use crate::locker::Locker;
 use crate::name::LockName;
 use crate::retry::{self, CallError};
@@ -212,6 +212,45 @@ impl Locker {
     /// or never opened as a detached session); [`ErrorKind::CorruptRecord`];
     /// [`ErrorKind::QuorumLost`].
     pub async fn session_record(&self, lease: LeaseId) -> Result<SessionRecord> {
+        self.read_session_record(lease).await.inspect_err(|e| {
+            if e.is_session_lost() {
+                self.inner.sessions.forget(lease);
+            }
+        })
+    }
+
+    /// The record of a live session as [`Locker::session_record`] reads it, or this
+    /// locker's cached copy of it (the first call for a session reads it; the cache is
+    /// kept by a watch on `<root>sessions/`). A cached record has no force notices
+    /// (`forced` is empty) and may be stale: [`Locker::acquire_in_quota`] and
+    /// [`Locker::release_in_session`] compare its `opened_rev` in their Txns, so a
+    /// stale one fails them (and is dropped) rather than act for a session that is gone
+    /// or replaced.
+    ///
+    /// # Errors
+    ///
+    /// As [`Locker::session_record`].
+    pub async fn session_record_cached(&self, lease: LeaseId) -> Result<SessionRecord> {
+        let inner = &self.inner;
+        inner
+            .sessions
+            .start(&inner.client, &inner.keys.sessions(), inner.request_timeout);
+        if let Some(record) = inner.sessions.get(lease) {
+            return Ok(record);
+        }
+        let generation = inner.sessions.generation();
+        let record = self.session_record(lease).await?;
+        inner.sessions.fill(generation, &record);
+        Ok(record)
+    }
+
+    /// Drops this locker's cached record of `lease` (see
+    /// [`Locker::session_record_cached`]), so the next call reads it.
+    pub fn forget_session(&self, lease: LeaseId) {
+        self.inner.sessions.forget(lease);
+    }
+
+    async fn read_session_record(&self, lease: LeaseId) -> Result<SessionRecord> {
         let inner = &self.inner;
         // One Range: the record and the notices of holds forced while it lived.
         let (start, end) = inner.keys.session_range(lease);
@@ -267,11 +306,19 @@ impl Locker {
                 Error::with_source(ErrorKind::SessionLost, e)
             }
             e => e.into_error(ErrorKind::QuorumLost),
+        })
+        .inspect_err(|e| {
+            if e.is_session_lost() {
+                self.inner.sessions.forget(lease);
+            }
         })?;
         match resp {
             Some(r) if r.ttl() > 0 => Ok(Duration::from_secs(r.ttl() as u64)),
             // TTL 0 (or no answer on the stream): etcd's answer for a lease that is gone.
-            _ => Err(Error::new(ErrorKind::SessionLost)),
+            _ => {
+                self.inner.sessions.forget(lease);
+                Err(Error::new(ErrorKind::SessionLost))
+            }
         }
     }
 
@@ -282,6 +329,7 @@ impl Locker {
     /// [`ErrorKind::SessionLost`] if the lease was already gone; [`ErrorKind::QuorumLost`].
     pub async fn revoke_session(&self, lease: LeaseId) -> Result<()> {
         let inner = &self.inner;
+        inner.sessions.forget(lease);
         retry::call(
             "session.revoke",
             self.op_deadline(),
@@ -320,8 +368,9 @@ impl Locker {
     /// If the hold was let go of with [`Hold::forget`](crate::Hold::forget) through this
     /// locker, the release hands the lock over to the waiter the hold would have. The
     /// same Txn deletes the hold's `held_lease_quota` slot
-    /// ([`Locker::take_quota_slot`]), if any: a slot is freed only with its hold, never by
-    /// a release that found no such hold.
+    /// ([`Locker::acquire_in_quota`]), if any (known to this locker if it took it, else
+    /// read first): a slot is freed only with its hold, never by a release that found no
+    /// such hold.
     ///
     /// # Errors
     ///
@@ -335,16 +384,58 @@ impl Locker {
         mode: Mode,
         grant_rev: Revision,
     ) -> Result<()> {
+        self.release_as(lock, lease, None, mode, grant_rev).await
+    }
+
+    /// [`release_by`](Locker::release_by) for the session of `record`, whose Txn also
+    /// compares that the session's record is still the one `record` was read from (its
+    /// `opened_rev`, as [`Locker::session_record_cached`] may serve it).
+    ///
+    /// # Errors
+    ///
+    /// As [`release_by`](Locker::release_by); [`ErrorKind::NotHeld`] also when the
+    /// session's record is gone or replaced (this locker's cache of it is dropped: read
+    /// it again to tell why).
+    pub async fn release_in_session(
+        &self,
+        lock: &LockName,
+        record: &SessionRecord,
+        mode: Mode,
+        grant_rev: Revision,
+    ) -> Result<()> {
+        self.release_as(lock, record.lease, Some(record.opened_rev), mode, grant_rev)
+            .await
+            .inspect_err(|e| {
+                if e.is_not_held() {
+                    self.inner.sessions.forget(record.lease);
+                }
+            })
+    }
+
+    async fn release_as(
+        &self,
+        lock: &LockName,
+        lease: LeaseId,
+        opened_rev: Option<Revision>,
+        mode: Mode,
+        grant_rev: Revision,
+    ) -> Result<()> {
         validate_name(&lock.ns)?;
         validate_name(&lock.class)?;
         validate_key(&lock.key)?;
         let keys = self.inner.keys.lock(&lock.ns, &lock.class, &lock.key);
+        let slot = self.quota_slot_of(lock, lease, mode).await?;
+        let mut extras = ReleaseExtras::default();
+        if let Some(rev) = opened_rev {
+            extras.when.push(Compare::create_revision(
+                self.inner.keys.session(lease),
+                CompareOp::Equal,
+                rev.as_i64(),
+            ));
+        }
+        extras.ops.extend(slot.as_ref().map(crate::quota::free_op));
         let hold_key = keys.hold(mode, lease);
         let to = self.inner.successors.take(hold_key.clone(), grant_rev);
-        let slot = self
-            .inner
-            .keys
-            .quota_slot(&lock.ns, lease, mode, &lock.class, &lock.key);
         let result = release_lease_txn(
             &self.inner,
             &keys,
@@ -352,9 +443,15 @@ impl Locker {
             lease,
             grant_rev,
             to.as_ref(),
-            Some(slot),
+            extras,
         )
         .await;
+        if result.is_err() {
+            if let Some(slot) = slot {
+                // Not freed (or not known to be): a retry frees it as this one would.
+                self.keep_quota_slot(lock, lease, mode, slot);
+            }
+        }
         if let (Err(e), Some(to)) = (&result, to) {
             if e.is_quorum_lost() {
                 // Not released (or not known to be): a retry hands over as this one would.

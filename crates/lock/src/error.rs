@@ -42,7 +42,7 @@ pub enum ErrorKind {
     /// A record in etcd under the root prefix could not be decoded.
     CorruptRecord,
     /// The namespace's `held_lease_quota` of sessions, holds and waits is reached
-    /// ([`Locker::take_quota_slot`](crate::Locker::take_quota_slot)).
+    /// ([`Locker::acquire_in_quota`](crate::Locker::acquire_in_quota), [`Locker::take_session_quota_slot`](crate::Locker::take_session_quota_slot)).
     QuotaExceeded {
         /// The namespace.
         ns: String,

@@ -105,26 +105,27 @@ impl Locker {
             request_id: marker.request_id.clone(),
         })
         .map_err(corrupt)?;
+        // The hold's quota slot, freed in the same Txn (its value compared).
+        let slot = self.quota_slot_of(lock, holder, mode).await?;
         let txn = Txn::new()
             .when([
                 Compare::create_revision(hold.clone(), CompareOp::Equal, grant_rev.as_i64()),
                 Compare::lease(hold.clone(), CompareOp::Equal, holder.get()),
             ])
-            .and_then([
-                TxnOp::delete(hold, None),
-                TxnOp::put(keys.grant(mode, holder), value, None),
-                TxnOp::put(
-                    inner.keys.session_forced(holder, grant_rev.get()),
-                    notice,
-                    Some(PutOptions::new().with_lease(holder.get())),
-                ),
-                TxnOp::delete(
-                    inner
-                        .keys
-                        .quota_slot(&lock.ns, holder, mode, &lock.class, &lock.key),
-                    None,
-                ),
-            ]);
+            .and_then(
+                [
+                    TxnOp::delete(hold, None),
+                    TxnOp::put(keys.grant(mode, holder), value, None),
+                    TxnOp::put(
+                        inner.keys.session_forced(holder, grant_rev.get()),
+                        notice,
+                        Some(PutOptions::new().with_lease(holder.get())),
+                    ),
+                ]
+                .into_iter()
+                .chain(slot.as_ref().map(crate::quota::free_op))
+                .collect::<Vec<_>>(),
+            );
         let deadline = Instant::now() + inner.request_timeout * 3;
         let resp = retry::call("force_release.txn", deadline, inner.request_timeout, || {
             let (mut c, txn) = (inner.client.clone(), txn.clone());

@@ -208,14 +208,33 @@ async fn release_txn(
     rev: Revision,
     to: Option<&Successor>,
 ) -> Result<()> {
-    release_lease_txn(locker, keys, mode, session.lease(), rev, to, None).await
+    release_lease_txn(
+        locker,
+        keys,
+        mode,
+        session.lease(),
+        rev,
+        to,
+        ReleaseExtras::default(),
+    )
+    .await
+}
+
+/// What a caller adds to a release Txn ([`release_lease_txn`]).
+#[derive(Default)]
+pub(crate) struct ReleaseExtras {
+    /// Compares that must hold as well (else nothing is released: `NotHeld`).
+    pub(crate) when: Vec<Compare>,
+    /// Ops done with the release.
+    pub(crate) ops: Vec<TxnOp>,
 }
 
 /// The release Txn by lease: deletes `h/<mode>/<lease>` and its grant record only if the
 /// hold key has create revision `rev` and is attached to `lease`; with `to` (exclusive
 /// holds only), hands the lock over to that waiter in the same Txn if it still waits.
-/// With `slot`, deletes that key (the hold's `held_lease_quota` slot) in the same Txn, so
-/// a slot is freed exactly when its hold is.
+/// With `extras`, its compares must hold too and its ops (such as freeing the hold's
+/// `held_lease_quota` slot) run in the same Txn, so a slot is freed exactly when its hold
+/// is.
 pub(crate) async fn release_lease_txn(
     locker: &LockerInner,
     keys: &LockKeys,
@@ -223,28 +242,26 @@ pub(crate) async fn release_lease_txn(
     lease: palisade_api::LeaseId,
     rev: Revision,
     to: Option<&Successor>,
-    slot: Option<String>,
+    extras: ReleaseExtras,
 ) -> Result<()> {
     let hold = keys.hold(mode, lease);
     let mut ops = vec![
         TxnOp::delete(hold.clone(), None),
         TxnOp::delete(keys.grant(mode, lease), None),
     ];
-    if let Some(slot) = slot {
-        ops.push(TxnOp::delete(slot, None));
-    }
+    ops.extend(extras.ops);
     if let (Some(to), Mode::Exclusive) = (to, mode) {
         // A locker that refuses grants (its epoch checks failed) hands over nothing either.
         if locker.epoch.snapshot().mismatch.is_none() {
             ops.push(TxnOp::txn(to.txn(keys, locker.keys.epoch())));
         }
     }
-    let txn = Txn::new()
-        .when([
-            Compare::create_revision(hold.clone(), CompareOp::Equal, rev.as_i64()),
-            Compare::lease(hold, CompareOp::Equal, lease.get()),
-        ])
-        .and_then(ops);
+    let mut when = vec![
+        Compare::create_revision(hold.clone(), CompareOp::Equal, rev.as_i64()),
+        Compare::lease(hold, CompareOp::Equal, lease.get()),
+    ];
+    when.extend(extras.when);
+    let txn = Txn::new().when(when).and_then(ops);
     let deadline = Instant::now() + locker.request_timeout.max(Duration::from_millis(500)) * 3;
     let resp = retry::call("release.txn", deadline, locker.request_timeout, || {
         let (mut c, txn) = (locker.kv.clone(), txn.clone());

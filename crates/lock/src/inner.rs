@@ -11,6 +11,7 @@ use crate::class_cache::{ClassCache, WatchGuard};
 use crate::epoch::{adopt_advanced, EpochState};
 use crate::handover::Successors;
 use crate::lock_watch::LockWatches;
+use crate::session_cache::SessionCache;
 use crate::watches::Watches;
 use palisade_api::keys::RootKeys;
 
@@ -32,6 +33,8 @@ pub(crate) struct LockerInner {
     pub(crate) classes: Arc<ClassCache>,
     /// Ends the class cache's watch task with the locker.
     pub(crate) _class_watch: WatchGuard,
+    /// Detached session records and the quota slots taken through this locker.
+    pub(crate) sessions: Arc<SessionCache>,
 }
 
 impl LockerInner {

@@ -87,6 +87,7 @@ mod name;
 mod quota;
 mod retry;
 mod session;
+mod session_cache;
 mod watches;
 
 pub use config_store::ConfigStore;

@@ -155,6 +155,7 @@ impl Locker {
                 request_timeout: options.request_timeout,
                 classes,
                 _class_watch: class_watch,
+                sessions: Arc::default(),
             }),
         })
     }
@@ -260,6 +261,21 @@ impl Locker {
         deadline: Instant,
         holder_meta: Option<&HolderMeta>,
     ) -> Result<Hold> {
+        self.acquire_guarded(session, lock, mode, deadline, holder_meta, None)
+            .await
+    }
+
+    /// [`acquire_with_meta`](Locker::acquire_with_meta), with `guard` added to the
+    /// acquire's first Txn (see [`TxnGuard`](crate::acquire::TxnGuard)).
+    pub(crate) async fn acquire_guarded(
+        &self,
+        session: &Session,
+        lock: &LockName,
+        mode: Mode,
+        deadline: Instant,
+        holder_meta: Option<&HolderMeta>,
+        guard: Option<Arc<crate::acquire::TxnGuard>>,
+    ) -> Result<Hold> {
         validate_name(&lock.ns)?;
         validate_name(&lock.class)?;
         validate_key(&lock.key)?;
@@ -288,6 +304,7 @@ impl Locker {
                 mode,
                 deadline,
                 holder_meta,
+                guard.clone(),
             )
             .await;
             match result {

@@ -1,32 +1,51 @@
-//! `held_lease_quota`: slots in etcd, one per session opened with the namespace and one
-//! per hold or wait of the namespace. The service takes them; the core owns the etcd
-//! side.
+//! `held_lease_quota`: numbered slots in etcd, one per session opened with the namespace
+//! and one per hold or wait of the namespace. The service takes them; the core owns the
+//! etcd side.
 //!
-//! A hold's or wait's slot is the key `<root>quota/<ns>/<session>/<mode>/<class>/<escaped
-//! key>`, a session's `<root>quota/<ns>/<session>/session`, both put on the session's
-//! lease. It is taken before an acquire starts waiting and deleted when the wait fails,
-//! in the Txn that releases or force-releases the hold (never by a release that found no
-//! such hold), or, with the lease, when the session is closed or expires. Taking one is optimistic and
-//! atomic across replicas: count the namespace's slots at revision R; if fewer than the
-//! quota, put the slot in a Txn whose compare requires every key of the namespace's
-//! slot range to have been created at or before R. A slot created by anyone since R
-//! fails the compare and the count is redone; slots deleted since R only lower the true
-//! count. So the number of slots never exceeds the quota.
+//! A namespace with quota `n` has slots `quota/<ns>/slot/<i>` for `i` below `n` (see
+//! `RootKeys::quota_slot`), each put on its session's lease with a value naming its
+//! taker and the take. A slot is taken by a put that compares, in the same Txn, that the
+//! slot does not exist (create revision 0) and that no slot numbered `n` or above exists
+//! (one range compare: a quota lowered below the slots taken admits nobody until enough
+//! are freed). So at most `n` slots exist, across every replica, by construction: two
+//! takes of one slot cannot both commit, and takes of different slots do not conflict, so
+//! a namespace's acquires do not serialize on its quota.
+//!
+//! - A hold's or wait's slot is taken in the acquire's first Txn (the one that grants or
+//!   enqueues), with a compare that the session's record is the one the caller read (its
+//!   create revision): no separate quota call, and a cached session record can never
+//!   act for a session that is gone or replaced. The slot is picked at random among
+//!   those below `n`; a take that finds it taken reads the namespace's slots (the Txn's
+//!   else branch, same round trip) and picks among the free ones, or answers
+//!   [`ErrorKind::QuotaExceeded`] when `n` are taken.
+//! - It is deleted in the Txn that deletes what a failed or dropped acquire wrote, in the
+//!   Txn that releases or force-releases the hold (never by a release that found no such
+//!   hold), or, with the lease, when the session is closed or expires. Every delete
+//!   compares the slot's value, which is unique per take.
+//! - A session's slot is taken on its own Txn when the session is opened.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
+};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use palisade_api::keys::prefix_end;
-use palisade_api::{LeaseId, Mode};
+use palisade_api::keys::{prefix_end, RootKeys};
+use palisade_api::{HolderMeta, LeaseId, Mode};
 use palisade_fence::Revision;
 
+use crate::acquire::TxnGuard;
+use crate::detached::SessionRecord;
 use crate::error::{Error, ErrorKind, Result};
+use crate::hold::Hold;
 use crate::locker::Locker;
 use crate::name::LockName;
 use crate::retry::{self, CallError};
+use crate::session_cache::SlotRef;
 
 /// The wait's own deadline ran out before etcd was seen failing: deadline exceeded;
 /// else etcd did not answer the check: quorum lost.
@@ -37,89 +56,59 @@ fn upstream(e: CallError) -> Error {
     e.into_caller_error(ErrorKind::QuorumLost)
 }
 
-/// A taken `held_lease_quota` slot; deleted on drop (on a spawned task) unless
-/// [`QuotaSlot::keep`] was called, so a wait that fails or whose client goes away stops
-/// counting.
+/// A taken `held_lease_quota` slot of a session; deleted on drop (on a spawned task)
+/// unless [`QuotaSlot::keep`] was called.
 #[derive(Debug)]
 #[must_use = "a slot dropped is freed at once"]
 pub struct QuotaSlot {
     locker: Locker,
-    key: Option<String>,
+    slot: Option<SlotRef>,
 }
 
 impl QuotaSlot {
-    /// The hold was granted: the slot stays until release or the session's end.
+    /// The slot stays until the session's end.
     pub fn keep(mut self) {
-        self.key = None;
+        self.slot = None;
     }
 }
 
 impl Drop for QuotaSlot {
     fn drop(&mut self) {
-        if let Some(key) = self.key.take() {
+        if let Some(slot) = self.slot.take() {
             let locker = self.locker.clone();
             // In the request's span, so the delete's etcd span is traced under it.
             tokio::spawn(
-                async move { free(&locker, key).await }.instrument(tracing::Span::current()),
+                async move { free(&locker, slot).await }.instrument(tracing::Span::current()),
             );
         }
     }
 }
 
-impl Locker {
-    /// Takes a slot of `name`'s namespace for the hold or wait of `lease` in `mode`, if
-    /// fewer than `quota` slots of the namespace are taken.
-    ///
-    /// # Errors
-    ///
-    /// [`ErrorKind::QuotaExceeded`] when the namespace has `quota` slots;
-    /// [`ErrorKind::QuorumLost`] if etcd does not answer or the count keeps changing
-    /// until `deadline`; [`ErrorKind::DeadlineExceeded`] if `deadline` cut the check
-    /// short.
-    pub async fn take_quota_slot(
-        &self,
-        name: &LockName,
-        lease: LeaseId,
-        mode: Mode,
-        quota: u32,
-        deadline: Instant,
-    ) -> Result<QuotaSlot> {
-        let key = self
-            .inner
-            .keys
-            .quota_slot(&name.ns, lease, mode, &name.class, &name.key);
-        take_key(self, &name.ns, key, lease, quota, deadline).await
-    }
-
-    /// Takes the slot of a session opened with namespace `ns` (it lives as long as the
-    /// session's lease), if fewer than `quota` slots of `ns` are taken.
-    ///
-    /// # Errors
-    ///
-    /// As [`Locker::take_quota_slot`].
-    pub async fn take_session_quota_slot(
-        &self,
-        ns: &str,
-        lease: LeaseId,
-        quota: u32,
-        deadline: Instant,
-    ) -> Result<QuotaSlot> {
-        let key = self.inner.keys.quota_session_slot(ns, lease);
-        take_key(self, ns, key, lease, quota, deadline).await
-    }
+/// A Txn op that deletes `slot` if it still holds its take's value.
+pub(crate) fn free_op(slot: &SlotRef) -> TxnOp {
+    TxnOp::txn(
+        Txn::new()
+            .when([Compare::value(
+                slot.key.as_str(),
+                CompareOp::Equal,
+                slot.value.as_str(),
+            )])
+            .and_then([TxnOp::delete(slot.key.as_str(), None)]),
+    )
 }
 
-/// Deletes a slot, retrying transient failures (such as a dead member) for a few
-/// request timeouts.
-async fn free(locker: &Locker, key: String) {
+/// Deletes a slot if it still holds its take's value, retrying transient failures (such
+/// as a dead member) for a few request timeouts.
+async fn free(locker: &Locker, slot: SlotRef) {
     let per_request = locker.inner.request_timeout;
+    let txn = Txn::new().and_then([free_op(&slot)]);
     let deleted = retry::call(
         "quota.free",
         Instant::now() + per_request * 3,
         per_request,
         || {
-            let (mut c, key) = (locker.client().clone(), key.clone());
-            async move { c.delete(key, None).await }
+            let (mut c, txn) = (locker.client().clone(), txn.clone());
+            async move { c.txn(txn).await }
         },
     )
     .await;
@@ -128,38 +117,310 @@ async fn free(locker: &Locker, key: String) {
     }
 }
 
-async fn take_key(
-    locker: &Locker,
-    ns: &str,
-    key: String,
-    lease: LeaseId,
+/// A random number below `n` (`n` > 0): splitmix64 over a counter seeded by the clock.
+fn random_below(n: u32) -> u32 {
+    static STATE: AtomicU64 = AtomicU64::new(0);
+    let seed = u64::from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .subsec_nanos(),
+    );
+    let mut z = STATE
+        .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
+        .wrapping_add(seed);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z % u64::from(n)) as u32
+}
+
+/// One take of a slot of `ns` for `taker` (a `RootKeys::quota_taker`).
+struct Take<'a> {
+    keys: &'a RootKeys,
+    ns: &'a str,
     quota: u32,
-    deadline: Instant,
-) -> Result<QuotaSlot> {
-    let prefix = locker.inner.keys.quota(ns);
-    let counted = CountedPut {
-        spans: ["quota.count", "quota.take"],
-        prefix: &prefix,
-        limit: quota,
-        ops: vec![TxnOp::put(
-            key.as_str(),
-            "",
-            Some(PutOptions::new().with_lease(lease.get())),
-        )],
-        deadline,
-    };
-    match counted.commit(locker).await? {
-        Some(_) => Ok(QuotaSlot {
-            locker: locker.clone(),
-            key: Some(key),
-        }),
-        None => Err(Error::new(ErrorKind::QuotaExceeded {
-            ns: ns.to_owned(),
-            quota,
-        })),
+    lease: LeaseId,
+    taker: String,
+}
+
+impl Take<'_> {
+    fn exceeded(&self) -> Error {
+        Error::new(ErrorKind::QuotaExceeded {
+            ns: self.ns.to_owned(),
+            quota: self.quota,
+        })
+    }
+
+    /// Slot `i`, with a value unique to this take.
+    fn slot(&self, i: u32) -> SlotRef {
+        SlotRef {
+            key: self.keys.quota_slot(self.ns, i),
+            value: format!("{}#{:016x}", self.taker, random_below(u32::MAX)),
+        }
+    }
+
+    /// The compares, put and read of taking `slot` (the read, of the namespace's slots,
+    /// answers a failed take; with their values if `values`).
+    fn ops(&self, slot: &SlotRef, values: bool) -> (Vec<Compare>, TxnOp, TxnOp) {
+        let slots = self.keys.quota_slots(self.ns);
+        let when = vec![
+            Compare::create_revision(slot.key.as_str(), CompareOp::Equal, 0),
+            Compare::create_revision(
+                self.keys.quota_slot(self.ns, self.quota),
+                CompareOp::Equal,
+                0,
+            )
+            .with_range(prefix_end(&slots)),
+        ];
+        let put = TxnOp::put(
+            slot.key.as_str(),
+            slot.value.as_str(),
+            Some(PutOptions::new().with_lease(self.lease.get())),
+        );
+        let read = GetOptions::new().with_prefix();
+        let read = TxnOp::get(
+            slots,
+            Some(if values { read } else { read.with_keys_only() }),
+        );
+        (when, put, read)
+    }
+
+    /// After a failed take: another slot below the quota that the read `kvs` (the
+    /// namespace's slots) found free, or [`ErrorKind::QuotaExceeded`].
+    fn next_slot(&self, kvs: &[KeyValue]) -> Result<SlotRef> {
+        let slots = self.keys.quota_slots(self.ns);
+        let taken: std::collections::HashSet<u32> = kvs
+            .iter()
+            .filter_map(|kv| {
+                let rest = kv.key().strip_prefix(slots.as_bytes())?;
+                std::str::from_utf8(rest).ok()?.parse().ok()
+            })
+            .collect();
+        if taken.len() >= self.quota as usize {
+            return Err(self.exceeded());
+        }
+        let start = random_below(self.quota);
+        let free = (0..self.quota)
+            .map(|d| ((u64::from(start) + u64::from(d)) % u64::from(self.quota)) as u32)
+            .find(|i| !taken.contains(i))
+            .ok_or_else(|| self.exceeded())?;
+        Ok(self.slot(free))
     }
 }
 
+/// The kvs of a `Get` response, or an etcd error for anything else.
+fn got(r: Option<&TxnOpResponse>) -> Result<&[KeyValue]> {
+    match r {
+        Some(TxnOpResponse::Get(g)) => Ok(g.kvs()),
+        _ => Err(Error::new(ErrorKind::Etcd)),
+    }
+}
+
+impl Locker {
+    /// Acquires `name` for the session of `record` as
+    /// [`acquire_with_meta`](Locker::acquire_with_meta) does, taking one of the
+    /// namespace's `quota` slots in the acquire's first Txn (see the module docs), which
+    /// also compares that the session's record is still the one `record` was read from
+    /// (its `opened_rev`). The slot stays with the hold (freed by its release) and is
+    /// freed if the acquire fails.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_with_meta`](Locker::acquire_with_meta);
+    /// [`ErrorKind::QuotaExceeded`] when the namespace has `quota` slots taken;
+    /// [`ErrorKind::SessionLost`] when the session's record is gone or is another one
+    /// (this locker's cache of it is dropped: read it again).
+    pub async fn acquire_in_quota(
+        &self,
+        record: &SessionRecord,
+        name: &LockName,
+        mode: Mode,
+        deadline: Instant,
+        holder_meta: Option<&HolderMeta>,
+        quota: u32,
+    ) -> Result<Hold> {
+        let take = Take {
+            keys: &self.inner.keys,
+            ns: &name.ns,
+            quota,
+            lease: record.lease,
+            taker: RootKeys::quota_taker(record.lease, Some((mode, &name.class, &name.key))),
+        };
+        if quota == 0 {
+            return Err(take.exceeded());
+        }
+        let session_key = self.inner.keys.session(record.lease);
+        let mut slot = take.slot(random_below(quota));
+        // Every failed take reads the slots at a newer revision and picks a free one, so
+        // a run of failures means others keep taking slots: bounded by time, not count.
+        let until = deadline.max(Instant::now() + self.inner.request_timeout * 3);
+        loop {
+            let (mut when, put, read) = take.ops(&slot, false);
+            when.push(Compare::create_revision(
+                session_key.as_str(),
+                CompareOp::Equal,
+                record.opened_rev.as_i64(),
+            ));
+            let guard = Arc::new(TxnGuard {
+                when,
+                then: vec![put],
+                or_else: vec![
+                    read,
+                    TxnOp::get(
+                        session_key.as_str(),
+                        Some(GetOptions::new().with_keys_only()),
+                    ),
+                ],
+                cleanup: vec![free_op(&slot)],
+                failed: Mutex::new(None),
+            });
+            let attached = self.attach_session(record);
+            let result = self
+                .acquire_guarded(
+                    &attached,
+                    name,
+                    mode,
+                    deadline,
+                    holder_meta,
+                    Some(guard.clone()),
+                )
+                .await;
+            let Some(failed) = guard.take_failed() else {
+                if result.is_ok() {
+                    self.inner
+                        .sessions
+                        .keep_slot(record.lease, take.taker.clone(), slot);
+                } else if result.as_ref().is_err_and(Error::is_session_lost) {
+                    self.inner.sessions.forget(record.lease);
+                }
+                return result;
+            };
+            let session = got(failed.get(1))?;
+            if session.first().map(KeyValue::create_revision) != Some(record.opened_rev.as_i64()) {
+                self.inner.sessions.forget(record.lease);
+                return Err(Error::new(ErrorKind::SessionLost));
+            }
+            slot = take.next_slot(got(failed.first())?)?;
+            if Instant::now() >= until {
+                // The slots kept changing until the deadline: etcd did not let it commit.
+                return Err(Error::new(ErrorKind::QuorumLost));
+            }
+        }
+    }
+
+    /// Takes a slot of namespace `ns` for the session of `lease` (it lives as long as
+    /// the session's lease), if fewer than `quota` slots of `ns` are taken.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::QuotaExceeded`] when the namespace has `quota` slots;
+    /// [`ErrorKind::QuorumLost`] if etcd does not answer or the slots keep changing
+    /// until `deadline`; [`ErrorKind::DeadlineExceeded`] if `deadline` cut a call short.
+    pub async fn take_session_quota_slot(
+        &self,
+        ns: &str,
+        lease: LeaseId,
+        quota: u32,
+        deadline: Instant,
+    ) -> Result<QuotaSlot> {
+        let take = Take {
+            keys: &self.inner.keys,
+            ns,
+            quota,
+            lease,
+            taker: RootKeys::quota_taker(lease, None),
+        };
+        if quota == 0 {
+            return Err(take.exceeded());
+        }
+        let per_request = self.inner.request_timeout;
+        let mut slot = take.slot(random_below(quota));
+        loop {
+            let (when, put, read) = take.ops(&slot, true);
+            let txn = Txn::new().when(when).and_then([put]).or_else([read]);
+            // Safe to repeat: a repeat after a lost answer finds the slot taken (by this
+            // take: its value) and takes another; the first is freed below.
+            let done = retry::call("quota.take", deadline, per_request, || {
+                let (mut c, txn) = (self.client().clone(), txn.clone());
+                async move { c.txn(txn).await }
+            })
+            .await
+            .map_err(upstream)?;
+            if done.succeeded() {
+                return Ok(QuotaSlot {
+                    locker: self.clone(),
+                    slot: Some(slot),
+                });
+            }
+            let responses = done.op_responses();
+            let kvs = got(responses.first())?;
+            if kvs.iter().any(|kv| kv.value() == slot.value.as_bytes()) {
+                // An earlier copy of this Txn committed.
+                return Ok(QuotaSlot {
+                    locker: self.clone(),
+                    slot: Some(slot),
+                });
+            }
+            slot = take.next_slot(kvs)?;
+            if Instant::now() >= deadline {
+                return Err(Error::new(ErrorKind::QuorumLost));
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// The slot of the hold or wait of `lease` on `lock` in `mode`: remembered by this
+    /// locker if it took it, else read from the namespace's slots (one Range), else
+    /// `None`.
+    pub(crate) async fn quota_slot_of(
+        &self,
+        lock: &LockName,
+        lease: LeaseId,
+        mode: Mode,
+    ) -> Result<Option<SlotRef>> {
+        let taker = RootKeys::quota_taker(lease, Some((mode, &lock.class, &lock.key)));
+        if let Some(slot) = self.inner.sessions.take_slot(lease, &taker) {
+            return Ok(Some(slot));
+        }
+        let inner = &self.inner;
+        let prefix = inner.keys.quota_slots(&lock.ns);
+        let resp = retry::call(
+            "quota.find",
+            Instant::now() + inner.request_timeout * 3,
+            inner.request_timeout,
+            || {
+                let (mut c, prefix) = (inner.client.clone(), prefix.clone());
+                async move { c.get(prefix, Some(GetOptions::new().with_prefix())).await }
+            },
+        )
+        .await
+        .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
+        let mine = format!("{taker}#");
+        Ok(resp
+            .kvs()
+            .iter()
+            .filter(|kv| kv.lease() == lease.get() && kv.value().starts_with(mine.as_bytes()))
+            .find_map(|kv| {
+                Some(SlotRef {
+                    key: kv.key_str().ok()?.to_owned(),
+                    value: kv.value_str().ok()?.to_owned(),
+                })
+            }))
+    }
+
+    /// Puts back a slot [`Locker::quota_slot_of`] handed out, when it was not freed.
+    pub(crate) fn keep_quota_slot(
+        &self,
+        lock: &LockName,
+        lease: LeaseId,
+        mode: Mode,
+        slot: SlotRef,
+    ) {
+        let taker = RootKeys::quota_taker(lease, Some((mode, &lock.class, &lock.key)));
+        self.inner.sessions.keep_slot(lease, taker, slot);
+    }
+}
 /// Puts that take one of at most `limit` keys under `prefix`, atomically across every
 /// locker: count the keys under `prefix` at revision R; if fewer than `limit`, commit
 /// `ops` (which put one more key there) in a Txn whose compare requires every key under

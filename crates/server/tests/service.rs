@@ -1325,6 +1325,67 @@ async fn etcd_held_lease_quota_holds_under_64_concurrent_acquirers_on_2_replicas
     assert_eq!(slots(&f).await, 0);
 }
 
+/// A session's record cached by one replica: the first call for it on another replica
+/// reads it, ownership holds on both, a hold taken through one is released through the
+/// other (which finds its quota slot), and a session closed through one is gone on the
+/// other at once.
+#[tokio::test]
+async fn etcd_a_session_record_cached_by_one_replica_stays_true_on_both() {
+    let f = fixture(2).await;
+    let (a, b) = (f.replicas[0].addr, f.replicas[1].addr);
+    let s = open(a, OWNER, 30_000).await;
+    cycle(a, &s, "k0").await;
+    cycle(b, &s, "k1").await;
+    for addr in [a, b] {
+        let r = call(
+            addr,
+            "POST",
+            "/v1/locks/acquire",
+            OTHER,
+            acquire_body(&s, "k2", 0),
+        )
+        .await;
+        assert_problem(&r, 403, "forbidden");
+    }
+    let r = call(
+        a,
+        "POST",
+        "/v1/locks/acquire",
+        OWNER,
+        acquire_body(&s, "k2", 1_000),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(slots(&f).await, 1);
+    let rel = json!({ "session": s, "namespace": "ns", "class": "c", "key": "k2",
+                      "mode": "exclusive", "grant_rev": r.body["grant_rev"] });
+    let r = call(b, "POST", "/v1/locks/release", OWNER, rel.clone()).await;
+    assert_eq!(r.status, 204, "{:?}", r.body);
+    assert_eq!(slots(&f).await, 0, "the release through B freed A's slot");
+    let r = call(a, "POST", "/v1/locks/release", OWNER, rel).await;
+    assert_problem(&r, 409, "not-held");
+    // Closed through B: A, which cached the session, answers as if it never had.
+    let r = call(
+        b,
+        "DELETE",
+        &format!("/v1/sessions/{s}"),
+        OWNER,
+        Value::Null,
+    )
+    .await;
+    assert_eq!(r.status, 204, "{:?}", r.body);
+    let r = call(
+        a,
+        "POST",
+        "/v1/locks/acquire",
+        OWNER,
+        acquire_body(&s, "k3", 0),
+    )
+    .await;
+    assert_problem(&r, 404, "not-found");
+    assert_eq!(slots(&f).await, 0);
+}
+
 /// One acquire and release of `key` through the service, both answered with success.
 async fn cycle(addr: SocketAddr, session: &str, key: &str) {
     let r = call(
@@ -1342,27 +1403,33 @@ async fn cycle(addr: SocketAddr, session: &str, key: &str) {
     assert_eq!(r.status, 204, "{:?}", r.body);
 }
 
-/// The service reads a namespace's record (its quotas) from etcd once, not on every
-/// call, and an update written through another locker reaches it (the record is cached
-/// with the classes, under the same watch on the config prefix).
+/// The service reads a namespace's record (its quotas) and a session's record from etcd
+/// once, not on every call: a cycle is two Txns. An update of the namespace written
+/// through another locker reaches it (the record is cached with the classes, under the
+/// same watch on the config prefix).
 #[tokio::test]
-async fn etcd_namespace_records_are_cached_and_an_update_reaches_the_service() {
+async fn etcd_namespace_and_session_records_are_cached_and_an_update_reaches_the_service() {
     let f = fixture(1).await;
     let addr = f.replicas[0].addr;
     let s = open(addr, OWNER, 10_000).await;
     cycle(addr, &s, "warm").await;
-    let ranges = || {
-        f.cluster
-            .metric(0, "grpc_server_handled_total", "grpc_method=\"Range\"")
+    let calls = |method: &'static str| {
+        let label = format!("grpc_method=\"{method}\"");
+        let cluster = &f.cluster;
+        async move { cluster.metric(0, "grpc_server_handled_total", &label).await }
     };
-    let before = ranges().await;
+    let (ranges, txns) = (calls("Range").await, calls("Txn").await);
     for i in 0..10 {
         cycle(addr, &s, &format!("c{i}")).await;
     }
-    // Per cycle: the session record on acquire and on release, and the quota count. The
-    // namespace record was two more (acquire's quotas, release's op-rate check).
-    let per_cycle = (ranges().await - before) / 10.0;
-    assert_eq!(per_cycle, 3.0, "{per_cycle} Range calls per cycle");
+    // Per cycle: the acquire's Txn (which also takes the quota slot and checks the
+    // session record's revision) and the release's (which frees the slot). No read: the
+    // namespace record, the class and the session record are cached, and the slot is
+    // known to the replica that took it.
+    let per_cycle = (calls("Range").await - ranges) / 10.0;
+    assert_eq!(per_cycle, 0.0, "{per_cycle} Range calls per cycle");
+    let per_cycle = (calls("Txn").await - txns) / 10.0;
+    assert_eq!(per_cycle, 2.0, "{per_cycle} Txn calls per cycle");
 
     // A quota of one slot, written through another locker: the replica enforces it.
     let held = call(

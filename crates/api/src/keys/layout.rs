@@ -78,32 +78,42 @@ impl RootKeys {
         format!("{}config/class/{ns}/{class}", self.root)
     }
 
-    /// `<root>quota/<ns>/`: the namespace's `held_lease_quota` slots, each on its
-    /// session's lease.
+    /// `<root>quota/<ns>/`: everything of the namespace's `held_lease_quota`.
     pub fn quota(&self, ns: &str) -> String {
         format!("{}quota/{ns}/", self.root)
     }
 
-    /// The slot of one hold or wait: `quota/<ns>/<lease>/<x|s>/<class>/<escaped key>`.
-    pub fn quota_slot(
-        &self,
-        ns: &str,
-        lease: LeaseId,
-        mode: Mode,
-        class: &str,
-        key: &str,
-    ) -> String {
-        format!(
-            "{}quota/{ns}/{lease}/{}/{class}/{}",
-            self.root,
-            mode.segment(),
-            escape_key(key)
-        )
+    /// `<root>quota/<ns>/slot/`: the namespace's numbered `held_lease_quota` slots.
+    pub fn quota_slots(&self, ns: &str) -> String {
+        format!("{}quota/{ns}/slot/", self.root)
     }
 
-    /// The slot of a session opened with a namespace: `quota/<ns>/<lease>/session`.
-    pub fn quota_session_slot(&self, ns: &str, lease: LeaseId) -> String {
-        format!("{}quota/{ns}/{lease}/session", self.root)
+    /// Slot number `i` of a namespace: `quota/<ns>/slot/<i>`, `i` as 10 decimal digits,
+    /// so the slots numbered `n` and above are one key range (from `quota_slot(ns, n)`
+    /// to the end of [`RootKeys::quota_slots`]). Its value is a [`RootKeys::quota_taker`]
+    /// with a suffix that tells one take from another.
+    pub fn quota_slot(&self, ns: &str, i: u32) -> String {
+        format!("{}{i:010}", self.quota_slots(ns))
+    }
+
+    /// Who takes a slot, the start of the slot's value: `<lease>/<x|s>/<class>/<escaped
+    /// key>` for a hold or wait, `<lease>/session` ([`RootKeys::QUOTA_SESSION`]) for a
+    /// session opened with the namespace.
+    pub fn quota_taker(lease: LeaseId, what: Option<(Mode, &str, &str)>) -> String {
+        match what {
+            Some((mode, class, key)) => {
+                format!("{lease}/{}/{class}/{}", mode.segment(), escape_key(key))
+            }
+            None => format!("{lease}/{}", Self::QUOTA_SESSION),
+        }
+    }
+
+    /// The last segment of a session's [`RootKeys::quota_taker`].
+    pub const QUOTA_SESSION: &'static str = "session";
+
+    /// Every detached session's keys: `sessions/`.
+    pub fn sessions(&self) -> String {
+        format!("{}sessions/", self.root)
     }
 
     /// A detached session's record: `sessions/<lease>`.
@@ -307,6 +317,31 @@ impl LockKeys {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quota_slots_at_and_above_a_number_are_one_key_range() {
+        let r = RootKeys::new("/palisade");
+        let end = prefix_end(&r.quota_slots("ns"));
+        let (from, nine, ten, last) = (
+            r.quota_slot("ns", 10),
+            r.quota_slot("ns", 9),
+            r.quota_slot("ns", 1000),
+            r.quota_slot("ns", u32::MAX),
+        );
+        assert!(nine < from && from < ten && ten < last);
+        assert!(last.as_bytes() < end.as_slice());
+        assert!(r.quota_slot("ns2", 0).as_bytes() >= end.as_slice());
+        assert_eq!(from, "/palisade/quota/ns/slot/0000000010");
+        let lease = LeaseId::new(0xab);
+        assert_eq!(
+            RootKeys::quota_taker(lease, Some((Mode::Shared, "c", "a/b"))),
+            format!("{lease}/s/c/a%2Fb")
+        );
+        assert_eq!(
+            RootKeys::quota_taker(lease, None),
+            format!("{lease}/session")
+        );
+    }
 
     #[test]
     fn keys_that_are_prefixes_of_each_other_get_disjoint_spaces() {

@@ -14,8 +14,7 @@
 //! | `sessions/<lease>` | `SessionRecord` JSON | session | `Locker::open_detached_session` |
 //! | `sessions/<lease>/forced/<grant_rev>` | [`ForcedNotice`] JSON | session | a force release of that session's hold (`Locker::force_release_grant`) |
 //! | `owners/<esc-spiffe-id>/<lease>` | empty | session | `Locker::open_detached_session`, per open session of an identity (the service's per-identity limit) |
-//! | `quota/<ns>/<lease>/<m>/<class>/<esc-key>` | empty | session | the service, per hold or wait (`held_lease_quota`) |
-//! | `quota/<ns>/<lease>/session` | empty | session | the service, per session opened with the namespace (`held_lease_quota`) |
+//! | `quota/<ns>/slot/<i>` | `<lease>/<m>/<class>/<esc-key>#<take>` (a hold or wait) or `<lease>/session#<take>` | session | the service: slot `i` (10 digits, below `held_lease_quota`) taken in the acquire's first Txn, or by a session opened with the namespace |
 //! | `locks/<ns>/<class>/<k>/q/<x\|s>/<lease>` | holder meta | session | a waiter |
 //! | `locks/<ns>/<class>/<k>/h/<x\|s>/<lease>` | holder meta | session | a grant |
 //! | `locks/<ns>/<class>/<k>/g/<x\|s>/<lease>` | holder meta | none | a grant (grant record) |

@@ -105,6 +105,31 @@ const CALL_TIMEOUTS: u32 = 3;
 /// Numbers acquire attempts.
 static ATTEMPTS: AtomicU64 = AtomicU64::new(1);
 
+/// What a caller adds to an acquire's first Txn (the one that grants or enqueues): its
+/// compares (`when`) and writes (`then`) go into the Txn's outer branch with the cancel
+/// marker's compare, so they commit with the grant or the waiter key and never without.
+/// If `when` fails, nothing of the acquire is written: the acquire fails with
+/// [`ErrorKind::Etcd`] and `failed` holds the responses of `or_else` (reads, at the Txn's
+/// revision). `cleanup` goes into the Txn that deletes what a failed or dropped acquire
+/// wrote (the same Txn that writes its cancel marker), so it undoes `then`.
+pub(crate) struct TxnGuard {
+    pub(crate) when: Vec<Compare>,
+    pub(crate) then: Vec<TxnOp>,
+    pub(crate) or_else: Vec<TxnOp>,
+    pub(crate) cleanup: Vec<TxnOp>,
+    pub(crate) failed: std::sync::Mutex<Option<Vec<TxnOpResponse>>>,
+}
+
+impl TxnGuard {
+    /// The responses of `or_else` if `when` failed (taken: a second call is `None`).
+    pub(crate) fn take_failed(&self) -> Option<Vec<TxnOpResponse>> {
+        self.failed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
+}
+
 /// Everything one acquire needs, and the cleanup if it does not end in a hold.
 struct Attempt {
     id: u64,
@@ -132,6 +157,8 @@ struct Attempt {
     /// The oldest waiter, read when this attempt was granted on the contended path: the
     /// hold's release hands over to it.
     successor: std::sync::Mutex<Option<Successor>>,
+    /// The caller's additions to the first Txn, if any.
+    guard: Option<Arc<TxnGuard>>,
 }
 
 impl Drop for Attempt {
@@ -153,6 +180,7 @@ impl Drop for Attempt {
             std::mem::take(&mut self.meta),
             self.owns_busy,
         );
+        let extra = self.guard_cleanup();
         let marker = self.marker();
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
@@ -161,8 +189,17 @@ impl Drop for Attempt {
                 }
                 rt.spawn(async move {
                     let mut backoff = retry::Backoff::new();
-                    while let Err(CallError::Unavailable(_) | CallError::Cut) =
-                        cleanup(&locker, &keys, mode, &session, &meta, marker.as_deref(), 3).await
+                    while let Err(CallError::Unavailable(_) | CallError::Cut) = cleanup(
+                        &locker,
+                        &keys,
+                        mode,
+                        &session,
+                        &meta,
+                        marker.as_deref(),
+                        &extra,
+                        3,
+                    )
+                    .await
                     {
                         if session.loss().is_some() {
                             return;
@@ -187,7 +224,9 @@ impl Drop for Attempt {
 /// per attempt), so a later acquire of the same session is never touched. One Txn with
 /// two nested Txns (etcd 3.3+). With `marker`, the same Txn also puts the attempt's
 /// cancel marker on the session's lease, so a Txn of the attempt that reaches etcd
-/// after this one does nothing. It tries for `timeouts` request timeouts.
+/// after this one does nothing, and `extra` (a [`TxnGuard`]'s cleanup). It tries for
+/// `timeouts` request timeouts.
+#[allow(clippy::too_many_arguments)]
 async fn cleanup(
     locker: &LockerInner,
     keys: &LockKeys,
@@ -195,6 +234,7 @@ async fn cleanup(
     session: &Session,
     meta: &[u8],
     marker: Option<&str>,
+    extra: &[TxnOp],
     timeouts: u32,
 ) -> Result<(), CallError> {
     let lease = session.lease();
@@ -230,6 +270,7 @@ async fn cleanup(
                 ]),
         ),
     ]);
+    ops.extend(extra.iter().cloned());
     let txn = Txn::new().and_then(ops);
     let deadline = Instant::now() + locker.request_timeout * timeouts;
     retry::call("acquire.cleanup", deadline, locker.request_timeout, || {
@@ -240,6 +281,7 @@ async fn cleanup(
     .map(drop)
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn acquire(
     locker: Arc<LockerInner>,
     session: &Session,
@@ -248,6 +290,7 @@ pub(crate) async fn acquire(
     mode: Mode,
     deadline: Instant,
     holder_meta: Option<&HolderMeta>,
+    guard: Option<Arc<TxnGuard>>,
 ) -> Result<Hold> {
     if session.loss().is_some() {
         return Err(Error::new(ErrorKind::SessionLost));
@@ -283,6 +326,7 @@ pub(crate) async fn acquire(
         unsettled: AtomicBool::new(false),
         owns_busy: true,
         successor: std::sync::Mutex::new(None),
+        guard,
     };
     if let Some(m) = epoch.mismatch {
         attempt.disarmed = true;
@@ -305,6 +349,18 @@ pub(crate) async fn acquire(
             Ok(hold)
         }
         Err(e) if e.is_quorum_lost() => Err(e), // the drop guard cleans up once etcd answers
+        Err(e)
+            if attempt.marker().is_none()
+                && attempt
+                    .guard
+                    .as_ref()
+                    .is_some_and(|g| g.failed.lock().is_ok_and(|f| f.is_some())) =>
+        {
+            // The guard's compares failed on the one copy sent: nothing was written.
+            attempt.disarmed = true;
+            attempt.session.unmark_busy(attempt.keys.base());
+            Err(e)
+        }
         Err(e) => {
             // Delete what we may have written before reporting, so a caller that looks
             // right after finds no waiter key. One request timeout at most: if etcd does
@@ -317,6 +373,7 @@ pub(crate) async fn acquire(
                 &attempt.session,
                 &attempt.meta,
                 attempt.marker().as_deref(),
+                &attempt.guard_cleanup(),
                 1,
             )
             .await
@@ -351,6 +408,13 @@ impl Attempt {
 
     fn lease(&self) -> i64 {
         self.session.lease().get()
+    }
+
+    fn guard_cleanup(&self) -> Vec<TxnOp> {
+        self.guard
+            .as_ref()
+            .map(|g| g.cleanup.clone())
+            .unwrap_or_default()
     }
 
     /// The deadline of one etcd call: the wait's deadline, but never less than
@@ -389,10 +453,26 @@ impl Attempt {
     /// The marker only ever exists once the attempt was dropped or failed, so the
     /// wrapper fails only for a stale copy.
     async fn guarded_txn(&self, inner: Txn) -> Result<(TxnResponse, TxnResponse)> {
+        self.guarded_txn_with(inner, None).await
+    }
+
+    /// [`Attempt::guarded_txn`], with a caller's [`TxnGuard`] added to the outer Txn.
+    async fn guarded_txn_with(
+        &self,
+        inner: Txn,
+        guard: Option<&TxnGuard>,
+    ) -> Result<(TxnResponse, TxnResponse)> {
         let marker = self.keys.cancel_marker(self.session.lease(), self.id);
-        let txn = Txn::new()
-            .when([Compare::create_revision(marker, CompareOp::Equal, 0)])
-            .and_then([TxnOp::txn(inner)]);
+        let mut when = vec![Compare::create_revision(marker, CompareOp::Equal, 0)];
+        let mut then = Vec::new();
+        let mut or_else = Vec::new();
+        if let Some(g) = guard {
+            when.extend(g.when.iter().cloned());
+            then.extend(g.then.iter().cloned());
+            or_else.extend(g.or_else.iter().cloned());
+        }
+        then.push(TxnOp::txn(inner));
+        let txn = Txn::new().when(when).and_then(then).or_else(or_else);
         let was_unsettled = self.unsettled.swap(true, Ordering::SeqCst);
         let sends = AtomicUsize::new(0);
         let resp = retry::call(
@@ -412,9 +492,14 @@ impl Attempt {
             self.unsettled.store(false, Ordering::SeqCst);
         }
         if !resp.succeeded() {
+            if let Some(g) = guard {
+                *g.failed
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(resp.op_responses());
+            }
             return Err(Error::new(ErrorKind::Etcd));
         }
-        match resp.op_responses().into_iter().next() {
+        match resp.op_responses().into_iter().last() {
             Some(TxnOpResponse::Txn(inner)) => Ok((resp, inner)),
             _ => Err(Error::new(ErrorKind::Etcd)),
         }
@@ -476,11 +561,12 @@ impl Attempt {
         or_else.extend(self.view_ops());
         let hw = self.locker.epoch.high_water();
         let (resp, inner) = self
-            .guarded_txn(
+            .guarded_txn_with(
                 Txn::new()
                     .when(when)
                     .and_then(self.grant_ops())
                     .or_else(or_else),
+                self.guard.as_deref(),
             )
             .await?;
         if inner.succeeded() {

@@ -15,6 +15,7 @@ mod lock_delay;
 #[cfg(feature = "postgres")]
 mod postgres_epoch_store;
 mod quorum_loss;
+mod quota;
 mod release_and_handover;
 mod sessions;
 mod shared_mode;

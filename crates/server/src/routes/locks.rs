@@ -9,7 +9,8 @@ use tokio::time::Instant;
 
 use super::extract::{Body, QueryArgs};
 use super::{
-    forbidden, ms, not_a_namespace, owned_session, rate_check, ApiResult, AppState, Expiry,
+    forbidden, ms, not_a_namespace, owned_session, owned_session_cached, rate_check, ApiResult,
+    AppState, Expiry,
 };
 use crate::identity::Caller;
 use crate::openapi::{AcquireProblems, ReleaseProblems, StatusProblems};
@@ -40,8 +41,8 @@ pub(super) async fn acquire(
     {
         return Err(forbidden("not allowed to lock this class"));
     }
-    let record = owned_session(&state, &caller, &body.session, Expiry::Uncounted).await?;
-    let session = state.locker.attach_session(&record);
+    let mut record =
+        owned_session_cached(&state, &caller, &body.session, Expiry::Uncounted).await?;
     let name = LockName::new(body.namespace, body.class, body.key);
     palisade_api::validate_name(&name.ns)?;
     palisade_api::validate_name(&name.class)?;
@@ -53,29 +54,44 @@ pub(super) async fn acquire(
         .ok_or_else(not_a_namespace)?;
     state.rates.check(&namespace.id, namespace.op_rate_quota)?;
     let started = std::time::Instant::now();
-    // The quota check is the service's own etcd work: it has its own budget, so that a
-    // short wait (or none) is spent waiting for the lock, not cut short by the check.
-    let slot = state
-        .locker
-        .take_quota_slot(
-            &name,
-            record.lease,
-            body.mode,
-            namespace.held_lease_quota,
-            Instant::now() + QUOTA_CHECK_BUDGET,
-        )
-        .await?;
     let deadline = Instant::now() + wait;
-    let hold = state
+    // The namespace's quota slot is taken in the acquire's first Txn, which also checks
+    // that the session's record is the one read (or cached) above.
+    let mut hold = state
         .locker
-        .acquire_with_meta(&session, &name, body.mode, deadline, holder_meta.as_ref())
+        .acquire_in_quota(
+            &record,
+            &name,
+            body.mode,
+            deadline,
+            holder_meta.as_ref(),
+            namespace.held_lease_quota,
+        )
         .await;
+    if hold
+        .as_ref()
+        .is_err_and(palisade_lock::Error::is_session_lost)
+    {
+        // The cached record is gone or replaced: read it (a 404 or 403 if so) and try
+        // once more on what was read.
+        record = owned_session(&state, &caller, &body.session, Expiry::Uncounted).await?;
+        hold = state
+            .locker
+            .acquire_in_quota(
+                &record,
+                &name,
+                body.mode,
+                deadline,
+                holder_meta.as_ref(),
+                namespace.held_lease_quota,
+            )
+            .await;
+    }
     state
         .metrics
         .wait_seconds
         .observe(started.elapsed().as_secs_f64());
     let hold = hold?;
-    slot.keep();
     state.metrics.grants.inc();
     let view = HoldView {
         session: record.lease.to_string(),
@@ -90,9 +106,6 @@ pub(super) async fn acquire(
     hold.forget();
     Ok(Json(view))
 }
-
-/// How long an acquire's quota check may take, whatever its wait.
-const QUOTA_CHECK_BUDGET: Duration = Duration::from_secs(5);
 
 /// `wait_ms` of an [`AcquireBody`] as a wait: from 0 (try once) to `max_wait`.
 pub(super) fn acquire_wait(wait_ms: u64, max_wait: Duration) -> ApiResult<Duration> {
@@ -115,18 +128,21 @@ pub(super) async fn release(
     caller: Caller,
     Body(body): Body<ReleaseBody>,
 ) -> ApiResult<StatusCode> {
-    let record = owned_session(&state, &caller, &body.session, Expiry::Hold).await?;
+    let record = owned_session_cached(&state, &caller, &body.session, Expiry::Hold).await?;
     rate_check(&state, &body.namespace).await?;
     let name = LockName::new(body.namespace, body.class, body.key);
-    // The release Txn frees the hold's quota slot with the hold, and only then.
+    // The release Txn frees the hold's quota slot with the hold, and only then; it also
+    // checks that the session's record is the one read (or cached) above.
     match state
         .locker
-        .release_by(&name, record.lease, body.mode, body.grant_rev)
+        .release_in_session(&name, &record, body.mode, body.grant_rev)
         .await
     {
         Ok(()) => {}
         Err(e) if e.is_not_held() => {
-            // Read with the session's record above: a forced hold is told apart.
+            // Read the record now: a session gone is 404 (another owner's, 403), and a
+            // forced hold is told apart by the notices read with it.
+            let record = owned_session(&state, &caller, &body.session, Expiry::Hold).await?;
             if let Some(n) = record.forced_grant(body.grant_rev) {
                 return Err(Problem::new(
                     ProblemKind::HoldForced,

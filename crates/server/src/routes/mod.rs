@@ -277,8 +277,36 @@ async fn owned_session(
     session: &str,
     expiry: Expiry,
 ) -> ApiResult<SessionRecord> {
+    owned_session_from(state, caller, session, expiry, false).await
+}
+
+/// [`owned_session`], from the replica's cache of session records when it has the
+/// session (no read): for the acquire and release, whose Txns compare the record's
+/// create revision, so a stale record fails them and the handler asks again with
+/// [`owned_session`].
+async fn owned_session_cached(
+    state: &AppState,
+    caller: &Caller,
+    session: &str,
+    expiry: Expiry,
+) -> ApiResult<SessionRecord> {
+    owned_session_from(state, caller, session, expiry, true).await
+}
+
+async fn owned_session_from(
+    state: &AppState,
+    caller: &Caller,
+    session: &str,
+    expiry: Expiry,
+    cached: bool,
+) -> ApiResult<SessionRecord> {
     let lease = parse_session(session)?;
-    let record = state.locker.session_record(lease).await.map_err(|e| {
+    let record = if cached {
+        state.locker.session_record_cached(lease).await
+    } else {
+        state.locker.session_record(lease).await
+    };
+    let record = record.map_err(|e| {
         if e.is_session_lost() {
             state.count_expiry(expiry);
             Problem::new(ProblemKind::NotFound, "no live session with this id")

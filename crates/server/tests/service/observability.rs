@@ -102,11 +102,10 @@ async fn etcd_an_acquire_runs_its_etcd_calls_in_etcd_spans_under_the_request_spa
     assert_eq!(r.status, 200, "{:?}", r.body);
     let spans = capture.etcd_spans();
     let ops: Vec<&str> = spans.iter().map(|s| s.fields["op"].as_str()).collect();
+    // The quota slot is taken in the acquire's own Txn: no quota call of its own.
     for op in [
         "session.record_get",
         "config.get",
-        "quota.count",
-        "quota.take",
         "acquire.grant_or_enqueue",
     ] {
         assert!(ops.contains(&op), "no {op} span in {ops:?}");
@@ -135,7 +134,7 @@ async fn etcd_an_acquire_runs_its_etcd_calls_in_etcd_spans_under_the_request_spa
     )
     .await;
     assert_eq!(r.status, 409, "{:?}", r.body);
-    // The failed wait frees its quota slot on a spawned task: let it finish.
+    // The failed wait's cleanup Txn (which frees its quota slot too): let it finish.
     let settled_by = tokio::time::Instant::now() + Duration::from_secs(3);
     while capture
         .etcd_spans()
@@ -152,7 +151,7 @@ async fn etcd_an_acquire_runs_its_etcd_calls_in_etcd_spans_under_the_request_spa
         spans.iter().map(|s| &s.fields["op"]).collect::<Vec<_>>()
     );
     assert!(
-        spans.iter().any(|s| s.fields["op"] == "quota.free"),
+        spans.iter().any(|s| s.fields["op"] == "acquire.cleanup"),
         "{spans:?}"
     );
     for s in &spans {
