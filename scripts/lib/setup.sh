@@ -98,3 +98,83 @@ palisade_ensure_postgres() {
     echo "PostgreSQL did not come up on 127.0.0.1:5432" >&2
     return 1
 }
+
+# etcd 3.5: Debian unstable's etcd-server and etcd-client, pinned by version and by the
+# sha256 of each .deb. The tests run on both this and the system's etcd 3.4 (Debian 12).
+PALISADE_ETCD35_VERSION=3.5.30-2
+PALISADE_ETCD35_SHA256_SERVER=11a4f7e350c5020b83edff5160a6063d4e56ac9cd014d21ce8916378bf96de79
+PALISADE_ETCD35_SHA256_CLIENT=1e66ad2aba4cba6842a1ac35d5c525e750102b8fb42748225bcb2e34d6595931
+
+# Fetches etcd 3.5 without touching the system's apt configuration or package state and
+# exports PALISADE_ETCD35, the path of its `etcd` (`etcdctl` and `etcdutl` lie next to it).
+#
+# apt-get runs with a private sources list (Debian unstable, main), lists directory and
+# cache directory, all under ${XDG_CACHE_HOME:-$HOME/.cache}/palisade-etcd/apt (removed
+# afterwards); nothing under /etc/apt, /var/lib/apt, /var/cache/apt or /var/lib/dpkg is
+# written and nothing is installed. The two .deb files
+# must match the pinned sha256 sums; they are unpacked with `dpkg-deb -x` into
+# ${XDG_CACHE_HOME:-$HOME/.cache}/palisade-etcd/$PALISADE_ETCD35_VERSION. Later runs find
+# the unpacked binaries there and fetch nothing.
+palisade_install_etcd35() {
+    local cache="${XDG_CACHE_HOME:-$HOME/.cache}/palisade-etcd"
+    local want="$PALISADE_ETCD35_VERSION"
+    local root="$cache/$want"
+    export PALISADE_ETCD35="$root/usr/bin/etcd"
+    if [ -x "$PALISADE_ETCD35" ] && [ -x "$root/usr/bin/etcdctl" ] && [ -x "$root/usr/bin/etcdutl" ] &&
+        [ "$(cat "$root/SHA256SUMS" 2>/dev/null)" = "$(palisade_etcd35_sums)" ]; then
+        return 0
+    fi
+    step "fetching etcd $want (Debian unstable's etcd-server, etcd-client) into $root"
+    local apt="$cache/apt"
+    mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$apt/sources.list.d" \
+        "$apt/preferences.d" "$apt/debs"
+    echo 'deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian unstable main' \
+        >"$apt/sources.list"
+    local opts=(
+        -o "Dir::Etc::SourceList=$apt/sources.list"
+        -o "Dir::Etc::SourceParts=$apt/sources.list.d"
+        -o "Dir::Etc::Preferences=$apt/preferences"
+        -o "Dir::Etc::PreferencesParts=$apt/preferences.d"
+        -o "Dir::State::Lists=$apt/lists"
+        -o "Dir::Cache=$apt/cache"
+        # Downloads run as the invoking user: apt's _apt user cannot write these dirs.
+        -o "APT::Sandbox::User=$(id -un)"
+    )
+    apt-get -q "${opts[@]}" update >/dev/null
+    rm -f "$apt/debs"/*.deb
+    if ! (cd "$apt/debs" && apt-get -q "${opts[@]}" download "etcd-server=$want" "etcd-client=$want" >/dev/null); then
+        echo "etcd-server/etcd-client $want is no longer in Debian unstable; it has:" >&2
+        apt-cache "${opts[@]}" policy etcd-server | sed -n 's/^ *Candidate: */  /p' >&2
+        echo "update PALISADE_ETCD35_VERSION and the sha256 sums in scripts/lib/setup.sh" >&2
+        return 1
+    fi
+    local deb sum name expected
+    for deb in "$apt/debs"/*.deb; do
+        name=$(basename "$deb")
+        case "$name" in
+        etcd-server_*) expected=$PALISADE_ETCD35_SHA256_SERVER ;;
+        etcd-client_*) expected=$PALISADE_ETCD35_SHA256_CLIENT ;;
+        *) continue ;;
+        esac
+        sum=$(sha256sum "$deb" | cut -d' ' -f1)
+        if [ "$sum" != "$expected" ]; then
+            echo "$name: sha256 $sum, expected $expected (scripts/lib/setup.sh)" >&2
+            return 1
+        fi
+    done
+    rm -rf "$root"
+    mkdir -p "$root"
+    for deb in "$apt/debs"/*.deb; do dpkg-deb -x "$deb" "$root"; done
+    palisade_etcd35_sums >"$root/SHA256SUMS"
+    # The lists are only needed again for another version.
+    rm -rf "$apt"
+    local version
+    version=$("$PALISADE_ETCD35" --version)
+    echo "${version%%$'\n'*}"
+}
+
+palisade_etcd35_sums() {
+    printf 'etcd-server %s %s\netcd-client %s %s\n' \
+        "$PALISADE_ETCD35_VERSION" "$PALISADE_ETCD35_SHA256_SERVER" \
+        "$PALISADE_ETCD35_VERSION" "$PALISADE_ETCD35_SHA256_CLIENT"
+}

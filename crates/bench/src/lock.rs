@@ -15,7 +15,7 @@ use palisade_lock::{
     BoxFuture, EpochRecord, EpochStore, FileEpochStore, Hold, LockClass, LockName, Locker,
     LockerOptions, Mode, Namespace, Session, SpiffeId, StoreError,
 };
-use palisade_testkit::EtcdCluster;
+use palisade_testkit::{EtcdBinaries, EtcdCluster};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
@@ -85,7 +85,8 @@ impl EpochStore for MemoryEpochStore {
 pub(crate) async fn run(args: &LockArgs) -> Result<Table> {
     let mut table = Table::new(
         format!(
-            "Lock cycle (acquire + release) on etcd {} s x {} rounds per cell; ratios = median of per-round ratios",
+            "Lock cycle (acquire + release) on etcd {}, {} s x {} rounds per cell; ratios = median of per-round ratios",
+            EtcdBinaries::get().version(),
             args.secs.as_secs_f64(),
             args.rounds
         ),

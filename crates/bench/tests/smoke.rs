@@ -180,6 +180,15 @@ fn lock_bench_on_etcd_counts_the_round_trips_of_each_lock() {
         "--rounds",
         "1",
     ]);
+    // The title names the etcd release the members ran (`PALISADE_ETCD` or `PATH`).
+    let version = palisade_testkit::EtcdBinaries::get().version().to_string();
+    assert!(
+        tables[0].0.starts_with(&format!(
+            "Lock cycle (acquire + release) on etcd {version}, "
+        )),
+        "{}",
+        tables[0].0
+    );
     let rows = &tables[0].1;
     let variants = [
         "Palisade core",

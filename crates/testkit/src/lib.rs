@@ -7,6 +7,7 @@
 //!   server, on a free loopback port.
 //! - [`EtcdCluster`]: one etcd member or a cluster of several, each a real `etcd` process in
 //!   a temp dir on free loopback ports; kill, restart, pause, leader, snapshot and restore.
+//!   `PALISADE_ETCD` picks the `etcd` binary (etcd 3.4 and 3.5 both run): [`EtcdBinaries`].
 //! - [`LossyProxy`]: a TCP proxy on loopback that loses a request or its answer on demand.
 //!
 //! Nothing here is mocked and nothing is skipped: a missing server fails the test with a
@@ -18,7 +19,10 @@ mod pgbouncer;
 mod postgres;
 mod proxy;
 
-pub use etcd::{EtcdCluster, MemberStatus, RestoreMode, Snapshot};
+pub use etcd::{
+    BumpUnsupported, EtcdBinaries, EtcdCluster, EtcdVersion, MemberStatus, RestoreMode, Snapshot,
+    ETCD_VARIABLE,
+};
 pub use pg_server::{PgServer, PgServerError, StopMode};
 pub use pgbouncer::PgBouncer;
 pub use postgres::TestDb;

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use palisade_testkit::{EtcdCluster, RestoreMode};
+use palisade_testkit::{EtcdBinaries, EtcdCluster, RestoreMode};
 
 /// Pids of processes whose command line contains `pattern`.
 fn pgrep(pattern: &str) -> Vec<u32> {
@@ -93,7 +93,7 @@ async fn etcd_single_member_serves_put_and_get() {
     assert_eq!(cluster.leader().await, 0);
 
     // A gRPC client (etcdctl) reaches the same member through the endpoint.
-    let out = Command::new("etcdctl")
+    let out = Command::new(EtcdBinaries::get().etcdctl())
         .env("ETCDCTL_API", "3")
         .args([
             "--endpoints",

@@ -91,6 +91,13 @@
 //!   holders in; the resource's fence refuses the older token. Running lockers only
 //!   compare etcd with what they saw themselves, not with tokens other lockers sharing
 //!   the record handed out since. Operators advance the epoch on every restore.
+//! - **Restores that raise the revision** (etcd 3.5's `etcdutl snapshot restore
+//!   --bump-revision N --mark-compacted`, N at least the revisions written since the
+//!   snapshot) serve no revision twice, so they are not detected either, and need not
+//!   be for the tokens: every grant after one is above every token handed out, in the
+//!   same epoch. A watch from a revision of the lost history fails as compacted. The
+//!   restored lock state is still older than what holders were told, which is what the
+//!   epoch advance the operator makes afterwards settles.
 //!
 //! Where each rule lives: `record.rs` (the record, the store trait, the max-merge),
 //! `file.rs` and `postgres.rs` (the stores), `state.rs` (the running checks and the

@@ -324,3 +324,99 @@ async fn etcd_replica_that_saw_a_new_cluster_id_adopts_the_epoch_advanced_throug
     assert_eq!(b.epoch().0.epoch, advanced.epoch);
     assert_eq!(b.epoch().0.cluster_id, new_cluster);
 }
+
+/// etcd 3.5's `etcdutl snapshot restore --bump-revision N --mark-compacted`, with N at
+/// least the revisions written since the snapshot: the restored cluster serves no
+/// revision again, so a running locker sees no revision going back and goes on
+/// granting in the same epoch, every token above those handed out before; and a watch
+/// from a revision of the lost history fails as compacted instead of replaying other
+/// writes under those numbers. On etcd 3.4 the kit refuses such a restore and leaves
+/// the cluster as it was.
+#[tokio::test]
+async fn etcd_restore_with_bumped_revision_keeps_tokens_rising_in_the_same_epoch() {
+    let mut f = fixture_window(1, 2).await;
+    let s = session(&f.locker, 10).await;
+    let h = f
+        .locker
+        .acquire(&s, &lock("b"), Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
+    h.release().await.unwrap();
+    let cluster_id = f.cluster.cluster_id().await;
+    let snapshot = f.cluster.snapshot().await;
+    let mut highest = FencingToken::MIN;
+    for _ in 0..5 {
+        let h = f
+            .locker
+            .acquire(&s, &lock("b"), Mode::Exclusive, secs(5))
+            .await
+            .unwrap();
+        highest = highest.max(token(&h));
+        h.release().await.unwrap();
+    }
+    let before = revision(f.locker.client()).await;
+    assert!(before > snapshot.revision() + 5, "{before}");
+    let bump = 1_000;
+
+    let version = palisade_testkit::EtcdBinaries::get().version();
+    let restored = f
+        .cluster
+        .restore_in_place_bumped(&snapshot, RestoreMode::SameClusterId, bump)
+        .await;
+    if !version.at_least(3, 5) {
+        let err = restored.unwrap_err();
+        assert_eq!(err.version, version);
+        assert!(err.to_string().contains("--bump-revision"), "{err}");
+        // Nothing was stopped or restored: the same revision, grants go on.
+        assert_eq!(revision(f.locker.client()).await, before);
+        let h = f
+            .locker
+            .acquire(&s, &lock("b"), Mode::Exclusive, secs(5))
+            .await
+            .unwrap();
+        assert!(token(&h) > highest);
+        return;
+    }
+    restored.unwrap();
+    assert_eq!(f.cluster.cluster_id().await, cluster_id);
+    let after = revision(f.locker.client()).await;
+    assert!(
+        after >= snapshot.revision() + bump as i64 && after > before,
+        "restored at {after}; snapshot at {}, {before} before",
+        snapshot.revision()
+    );
+
+    // The running locker grants at once in the same epoch, above every earlier token.
+    let s2 = session(&f.locker, 10).await;
+    let h = f
+        .locker
+        .acquire(&s2, &lock("b"), Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
+    assert_eq!(token(&h).epoch().get(), 0);
+    assert!(token(&h) > highest, "{} vs {highest}", token(&h));
+    h.release().await.unwrap();
+    assert_eq!(f.locker.epoch().1, None, "no mismatch seen");
+
+    // A watch from inside the lost history is refused as compacted.
+    let (_watcher, mut stream) = f
+        .locker
+        .client()
+        .clone()
+        .watch(
+            "/",
+            Some(etcd_client::WatchOptions::new().with_start_revision(snapshot.revision() + 1)),
+        )
+        .await
+        .unwrap();
+    let resp = stream.message().await.unwrap().unwrap();
+    let resp = if resp.created() && resp.compact_revision() == 0 {
+        stream.message().await.unwrap().unwrap()
+    } else {
+        resp
+    };
+    assert!(
+        resp.canceled() && resp.compact_revision() >= snapshot.revision() + bump as i64,
+        "{resp:?}"
+    );
+}

@@ -126,7 +126,7 @@ impl EtcdCluster {
                 token: new_token(),
             };
             if let Some(snapshot) = seed {
-                snapshot.restore_into(&cluster).await;
+                snapshot.restore_into(&cluster, None).await;
             }
             cluster.spawn_all();
             let all: Vec<usize> = (0..cluster.members.len()).collect();

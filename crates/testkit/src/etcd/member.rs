@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use super::{binary_missing, ETCD};
+use super::{binary_missing, EtcdBinaries};
 
 /// util-linux's `setpriv`, used to tie a member's life to the test process when present.
 const SETPRIV: &str = "setpriv";
@@ -118,12 +118,7 @@ impl Member {
         let stderr = log
             .try_clone()
             .unwrap_or_else(|e| panic!("cloning log file handle: {e}"));
-        let etcd = find_on_path(ETCD).unwrap_or_else(|| {
-            binary_missing(
-                ETCD,
-                &io::Error::new(io::ErrorKind::NotFound, "not in any PATH directory"),
-            )
-        });
+        let etcd = EtcdBinaries::get().etcd();
         // `setpriv --pdeathsig KILL` execs etcd (same pid) with the parent-death signal
         // set: if the test process dies without unwinding (SIGKILL, a test timeout), the
         // kernel kills the member too. The signal fires when the *thread* that spawned
@@ -142,7 +137,7 @@ impl Member {
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(stderr))
             .spawn()
-            .unwrap_or_else(|e| binary_missing(ETCD, &e));
+            .unwrap_or_else(|e| binary_missing(etcd, &e));
         self.process = Some(child);
         self.paused = false;
     }

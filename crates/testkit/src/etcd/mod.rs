@@ -1,5 +1,9 @@
 //! Real etcd members for tests: one member or a cluster of several, each a process of the
-//! `etcd` binary (etcd 3.4) in a temp dir of its own, on free 127.0.0.1 ports.
+//! `etcd` binary in a temp dir of its own, on free 127.0.0.1 ports.
+//!
+//! - Which `etcd`: the one `PALISADE_ETCD` names, else the one on `PATH` (Debian 12's
+//!   etcd 3.4); `etcdctl` and `etcdutl` come from the same directory ([`EtcdBinaries`]).
+//!   The kit runs etcd 3.4 and 3.5 alike; [`EtcdBinaries::version`] tells them apart.
 //!
 //! - [`EtcdCluster`] starts members and waits until each answers `GET /health`; it kills,
 //!   restarts, pauses (SIGSTOP) and resumes members by index, finds the leader, and takes
@@ -11,32 +15,31 @@
 //! - Each member logs (etcd's zap JSON lines, level info) to `etcd.log` in its dir; panics
 //!   about a member quote the tail of that log. [`EtcdCluster::log_tail`] gives it too.
 //!
-//! Snapshots use `etcdctl` (`ETCDCTL_API=3`). A missing `etcd` or `etcdctl` binary panics
-//! with a message naming `scripts/test`, which installs both.
+//! Snapshots are saved with `etcdctl` (`ETCDCTL_API=3`) and restored and inspected with
+//! `etcdutl` from etcd 3.5 on (`etcdctl` before). A missing binary panics with a message
+//! naming `scripts/test`, which installs them.
 //!
 //! Tests that start members should have `etcd` in their name: the nextest config runs
 //! those one at a time.
 
+mod binary;
 mod cluster;
 mod gateway;
 mod member;
 mod snapshot;
 
+pub use binary::{EtcdBinaries, EtcdVersion, ETCD_VARIABLE};
 pub use cluster::EtcdCluster;
 pub use gateway::MemberStatus;
-pub use snapshot::{RestoreMode, Snapshot};
-
-/// The server binary, looked up on `PATH`.
-const ETCD: &str = "etcd";
-/// The control binary, looked up on `PATH`.
-const ETCDCTL: &str = "etcdctl";
+pub use snapshot::{BumpUnsupported, RestoreMode, Snapshot};
 
 /// Panics for a binary that could not be spawned, naming `scripts/test` when it is missing.
-fn binary_missing(binary: &str, error: &std::io::Error) -> ! {
+fn binary_missing(binary: &std::path::Path, error: &std::io::Error) -> ! {
+    let binary = binary.display();
     if error.kind() == std::io::ErrorKind::NotFound {
         panic!(
-            "`{binary}` was not found on PATH ({error}): run scripts/test, which installs \
-             etcd-server and etcd-client (etcd 3.4)"
+            "`{binary}` was not found ({error}): run scripts/test, which installs \
+             etcd-server and etcd-client"
         );
     }
     panic!("could not start `{binary}`: {error}");
@@ -52,13 +55,16 @@ mod tests {
             .spawn()
             .unwrap_err();
         let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            binary_missing("etcd", &error)
+            binary_missing(std::path::Path::new("/opt/etcd/etcdctl"), &error)
         }))
         .unwrap_err();
         let message = panic
             .downcast_ref::<String>()
             .expect("a formatted panic message");
         assert!(message.contains("scripts/test"), "{message}");
-        assert!(message.contains("`etcd` was not found"), "{message}");
+        assert!(
+            message.contains("`/opt/etcd/etcdctl` was not found"),
+            "{message}"
+        );
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tempfile::TempDir;
 
 use super::cluster::{new_token, EtcdCluster};
-use super::{binary_missing, ETCDCTL};
+use super::{binary_missing, EtcdBinaries, EtcdVersion};
 
 /// Longest wait for one `etcdctl` run.
 const ETCDCTL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -17,6 +17,18 @@ const ETCDCTL_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Snapshot {
     dir: TempDir,
     revision: i64,
+}
+
+/// A restore that raises the revision asked of an etcd that cannot
+/// ([`EtcdCluster::restore_in_place_bumped`]).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error(
+    "etcd {version} cannot raise the revision on restore: `etcdutl snapshot restore \
+     --bump-revision` comes with etcd 3.5"
+)]
+pub struct BumpUnsupported {
+    /// The release in use.
+    pub version: EtcdVersion,
 }
 
 /// Which identity a restore in place gives the cluster ([`EtcdCluster::restore_in_place`]).
@@ -46,8 +58,9 @@ impl Snapshot {
     }
 
     /// Writes every member's data dir of `cluster` from this snapshot, with the cluster's
-    /// names, peer URLs and token. The members must be stopped.
-    pub(super) async fn restore_into(&self, cluster: &EtcdCluster) {
+    /// names, peer URLs and token; with `bump`, the revision raised by that much and
+    /// marked compacted (etcd 3.5's `etcdutl`). The members must be stopped.
+    pub(super) async fn restore_into(&self, cluster: &EtcdCluster, bump: Option<u64>) {
         let initial = cluster.initial_cluster();
         for member in &cluster.members {
             let data = member.data_dir();
@@ -55,7 +68,7 @@ impl Snapshot {
                 std::fs::remove_dir_all(&data)
                     .unwrap_or_else(|e| panic!("removing {}: {e}", data.display()));
             }
-            etcdctl(&[
+            let mut args = vec![
                 "snapshot".to_owned(),
                 "restore".to_owned(),
                 self.path().display().to_string(),
@@ -64,8 +77,14 @@ impl Snapshot {
                 format!("--initial-cluster={initial}"),
                 format!("--initial-cluster-token={}", cluster.token),
                 format!("--initial-advertise-peer-urls={}", member.peer_url()),
-            ])
-            .await;
+            ];
+            if let Some(bump) = bump {
+                args.extend([
+                    format!("--bump-revision={bump}"),
+                    "--mark-compacted".to_owned(),
+                ]);
+            }
+            offline_snapshot_tool(&args).await;
         }
     }
 }
@@ -116,13 +135,52 @@ impl EtcdCluster {
     /// If `etcdctl snapshot restore` fails; if a member exits or is not healthy within
     /// 30 s; if another process took one of the cluster's ports meanwhile.
     pub async fn restore_in_place(&mut self, snapshot: &Snapshot, mode: RestoreMode) {
+        self.restore_in_place_inner(snapshot, mode, None).await;
+    }
+
+    /// [`restore_in_place`](Self::restore_in_place) with the revision raised by `bump`
+    /// past the snapshot's and the new revision marked compacted (etcd 3.5's `etcdutl
+    /// snapshot restore --bump-revision <bump> --mark-compacted`): with a bump at least
+    /// the number of revisions written since the snapshot, no revision the cluster
+    /// served before is served again for other data, and a watch or read at a revision
+    /// below the new one fails as compacted instead of seeing the restored history.
+    ///
+    /// # Errors
+    ///
+    /// [`BumpUnsupported`], before anything is stopped, when the etcd in use is older
+    /// than 3.5 (`etcdctl snapshot restore` has no such option).
+    ///
+    /// # Panics
+    ///
+    /// As [`restore_in_place`](Self::restore_in_place).
+    pub async fn restore_in_place_bumped(
+        &mut self,
+        snapshot: &Snapshot,
+        mode: RestoreMode,
+        bump: u64,
+    ) -> Result<(), BumpUnsupported> {
+        let version = EtcdBinaries::get().version();
+        if !version.at_least(3, 5) {
+            return Err(BumpUnsupported { version });
+        }
+        self.restore_in_place_inner(snapshot, mode, Some(bump))
+            .await;
+        Ok(())
+    }
+
+    async fn restore_in_place_inner(
+        &mut self,
+        snapshot: &Snapshot,
+        mode: RestoreMode,
+        bump: Option<u64>,
+    ) {
         for i in 0..self.members.len() {
             self.kill(i);
         }
         if mode == RestoreMode::NewClusterId {
             self.token = new_token();
         }
-        snapshot.restore_into(self).await;
+        snapshot.restore_into(self, bump).await;
         self.spawn_all();
         let all: Vec<usize> = (0..self.members.len()).collect();
         if let Err(failure) = self.wait_healthy(&all).await {
@@ -134,22 +192,37 @@ impl EtcdCluster {
 
 /// Runs `etcdctl` with `ETCDCTL_API=3`; its stdout.
 async fn etcdctl(args: &[String]) -> String {
-    let mut command = tokio::process::Command::new(ETCDCTL);
+    run_tool(&EtcdBinaries::get().etcdctl(), args).await
+}
+
+/// Runs the tool for offline snapshot commands (`snapshot restore`, `snapshot status`):
+/// `etcdutl` from etcd 3.5 on, where `etcdctl`'s are deprecated, else `etcdctl`.
+async fn offline_snapshot_tool(args: &[String]) -> String {
+    let binaries = EtcdBinaries::get();
+    let tool = binaries.etcdutl().unwrap_or_else(|| binaries.etcdctl());
+    run_tool(&tool, args).await
+}
+
+/// Runs `tool` with `ETCDCTL_API=3`; its stdout.
+async fn run_tool(tool: &Path, args: &[String]) -> String {
+    let mut command = tokio::process::Command::new(tool);
     command
         .env("ETCDCTL_API", "3")
         .args(args)
         .kill_on_drop(true);
     let output = match tokio::time::timeout(ETCDCTL_TIMEOUT, command.output()).await {
         Ok(Ok(output)) => output,
-        Ok(Err(e)) => binary_missing(ETCDCTL, &e),
+        Ok(Err(e)) => binary_missing(tool, &e),
         Err(_) => panic!(
-            "etcdctl {} did not finish within {ETCDCTL_TIMEOUT:?}",
+            "{} {} did not finish within {ETCDCTL_TIMEOUT:?}",
+            tool.display(),
             args.join(" ")
         ),
     };
     assert!(
         output.status.success(),
-        "etcdctl {} failed ({}):\n{}{}",
+        "{} {} failed ({}):\n{}{}",
+        tool.display(),
         args.join(" "),
         output.status,
         String::from_utf8_lossy(&output.stdout),
@@ -158,18 +231,18 @@ async fn etcdctl(args: &[String]) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-/// `etcdctl snapshot status -w json`: `{"hash":..,"revision":..,"totalKey":..,"totalSize":..}`.
+/// `snapshot status -w json`: `{"hash":..,"revision":..,"totalKey":..,"totalSize":..}`.
 async fn snapshot_revision(path: &Path) -> i64 {
-    let out = etcdctl(&[
+    let out = offline_snapshot_tool(&[
         "snapshot".to_owned(),
         "status".to_owned(),
         path.display().to_string(),
         "--write-out=json".to_owned(),
     ])
     .await;
-    let v: serde_json::Value = serde_json::from_str(out.trim())
-        .unwrap_or_else(|e| panic!("etcdctl snapshot status: {e}: {out}"));
+    let v: serde_json::Value =
+        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("snapshot status: {e}: {out}"));
     v["revision"]
         .as_i64()
-        .unwrap_or_else(|| panic!("no revision in etcdctl snapshot status: {out}"))
+        .unwrap_or_else(|| panic!("no revision in snapshot status: {out}"))
 }
