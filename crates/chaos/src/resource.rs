@@ -164,7 +164,7 @@ async fn write_cell(
         Ok(c) => c,
         Err(e) => return unavailable(e),
     };
-    let result = fenced_transaction(&mut **client, &verified.resource, verified.token, |tx| {
+    let result = fenced_transaction(&mut client, &verified.resource, verified.token, |tx| {
         Box::pin(async move {
             let value: i64 = tx.query_one("SELECT value FROM chaos_http_cell WHERE id = $1", &[&id]).await?.get(0);
             let version: i64 = tx

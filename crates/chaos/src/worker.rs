@@ -453,7 +453,7 @@ async fn write_pg(rec: &Recorder, pool: &Pool, key: &str, token: FencingToken, o
     let outcome = match tokio::time::timeout(WRITE_TIMEOUT, pool.get()).await {
         Ok(Ok(mut client)) => {
             let id = key.to_owned();
-            let result = fenced_transaction(&mut **client, &resource, token, |tx| {
+            let result = fenced_transaction(&mut client, &resource, token, |tx| {
                 Box::pin(async move {
                     let value: i64 = tx
                         .query_one("SELECT value FROM chaos_pg_cell WHERE id = $1", &[&id])
