@@ -177,7 +177,7 @@ async fn write_invoice(
         Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     };
     let token = verified.token;
-    let result = fenced_transaction(&mut **client, &verified.resource, token, |tx| {
+    let result = fenced_transaction(&mut client, &verified.resource, token, |tx| {
         Box::pin(async move {
             tx.execute(
                 "INSERT INTO invoice (id, body, token) VALUES ($1, $2, $3) \

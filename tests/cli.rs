@@ -54,14 +54,16 @@ fn malformed_token_is_a_clear_error_not_a_panic() {
 
 /// Runs `palisade args` with its stdout a pipe whose reader has already gone.
 fn palisade_into_closed_pipe(args: &[&str]) -> (i32, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_palisade"))
+    // The read end is closed before the child starts, so its first write fails with EPIPE
+    // whatever the timing (closing it after spawn raced the child's write).
+    let (reader, writer) = nix::unistd::pipe().expect("a pipe");
+    drop(reader);
+    let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
         .args(args)
-        .stdout(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::from(writer))
         .stderr(std::process::Stdio::piped())
-        .spawn()
+        .output()
         .expect("run palisade");
-    drop(child.stdout.take());
-    let out = child.wait_with_output().expect("wait for palisade");
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stderr).into_owned(),
