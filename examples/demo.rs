@@ -451,8 +451,12 @@ async fn run(
         "127.0.0.1:0",
         "--database",
         &database,
-    ])
-    .stdout(Stdio::piped());
+    ]);
+    // etcd for the overview's holds and waiters and the timeline's tiers (read only).
+    for e in &endpoints {
+        cmd.args(["--etcd", e]);
+    }
+    cmd.stdout(Stdio::piped());
     let dashboard = announced(
         procs.spawn("audit-dashboard", cmd, dir)?,
         "palisade audit dashboard on",
@@ -665,7 +669,10 @@ async fn run(
         "   unprotected writes: {unprotected_count} (advisory service, no token; on the dashboard)"
     );
     println!("   tokens:             A {token_a} < B {token_b} < A again {token_a2}");
-    println!("   dashboard:          {dashboard}unprotected   lock timeline: {dashboard}locks");
+    println!(
+        "   dashboard:          {dashboard} (overview)   refused writes: {dashboard}refused   \
+         lock timeline: {dashboard}locks?key={LOCK}"
+    );
 
     let outcome = json!({
         "tokens": [token_a, token_b, token_a2],

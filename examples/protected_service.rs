@@ -22,6 +22,10 @@
 //! - `PUT /legacy/{id}`: **advisory**. Every write goes through; writes without a current
 //!   token are recorded as unprotected (`write_event` table, audit dashboard).
 //!
+//! - `GET /metrics`: the fence layer's counters in Prometheus text format
+//!   (`palisade_fence_admitted_total`, `palisade_fence_refused_total{reason}`,
+//!   `palisade_fence_unprotected_total{finding}`).
+//!
 //! With `--advisory` every route is advisory (a service still migrating to tokens).
 //!
 //! It prints `listening on http://ADDR` once ready, and stops on Ctrl-C or SIGTERM after
@@ -34,13 +38,13 @@ use std::time::Duration;
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::routing::put;
+use axum::routing::{get, put};
 use axum::{Extension, Router};
 use clap::Parser;
 use palisade_audit::{AuditSink, Labels};
 use palisade_fence::{
-    fenced_transaction, Enforcement, EnforcementTable, FenceError, FenceLayer, PostgresStore,
-    VerifiedToken,
+    fenced_transaction, Enforcement, EnforcementTable, FenceError, FenceLayer, FenceMetrics,
+    PostgresStore, VerifiedToken,
 };
 
 /// Command-line flags.
@@ -147,11 +151,15 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 .map(str::to_owned)
         });
 
+    let metrics = FenceMetrics::new();
+    let fence = fence.with_metrics(&metrics);
     let app = Router::new()
         .route("/orders/{id}", put(write_invoice))
         .route("/legacy/{id}", put(write_report))
         .route_layer(fence)
-        .with_state(pool);
+        .with_state(pool)
+        // Outside the fence layer: scraping is no write.
+        .route("/metrics", get(move || async move { metrics.render() }));
 
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     println!("listening on http://{}", listener.local_addr()?);

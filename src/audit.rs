@@ -43,6 +43,14 @@ pub(crate) struct ServeArgs {
     /// The audit database: a libpq connection string, key/value or URL form.
     #[arg(long)]
     database: String,
+    /// etcd client endpoint (`http://host:port`), repeat for several members: the
+    /// overview then shows holds and waiters now, and the timeline each namespace's tier.
+    /// Read only. Without it those show as unknown.
+    #[arg(long = "etcd")]
+    etcd: Vec<String>,
+    /// The root prefix of the lock key space (with `--etcd`).
+    #[arg(long, default_value = "/palisade/")]
+    root: String,
 }
 
 /// Runs an audit subcommand; returns what to print when it ends.
@@ -65,7 +73,13 @@ async fn serve(args: ServeArgs) -> Result<String, Box<dyn Error>> {
         "palisade audit dashboard on http://{}/",
         listener.local_addr()?
     ));
-    axum::serve(listener, palisade_audit::dashboard::router(pool))
+    let app = if args.etcd.is_empty() {
+        palisade_audit::dashboard::router(pool)
+    } else {
+        let live = palisade_audit::dashboard::Live::connect(&args.etcd, &args.root).await?;
+        palisade_audit::dashboard::router_with_live(pool, live)
+    };
+    axum::serve(listener, app)
         .with_graceful_shutdown(interrupted())
         .await?;
     Ok(String::new())

@@ -2,8 +2,9 @@
 # Debian machine. Sourced, not run.
 #
 # What it changes on the system: Debian packages (protobuf-compiler, etcd-server,
-# etcd-client, postgresql-client, chromium, postgresql, python3-venv when missing; the
-# system etcd service is stopped and disabled), cargo-nextest in cargo's bin directory,
+# etcd-client, postgresql-client, chromium, postgresql, prometheus (for promtool),
+# python3-venv when missing; the system etcd and prometheus services are stopped and
+# disabled), cargo-nextest in cargo's bin directory,
 # PostgreSQL's pg_hba.conf (trust on loopback) when no server answers on 5432, and
 # schemathesis from PyPI in a virtual environment under
 # ${XDG_CACHE_HOME:-$HOME/.cache}/palisade-venv (not the system's Python).
@@ -36,12 +37,18 @@ palisade_install_deps() {
     # (Debian's python3, /usr/bin/python3).
     [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
     command -v psql >/dev/null || missing+=(postgresql-client)
+    # The alerting rules in ops/ are checked with promtool, from Debian's prometheus package.
+    command -v promtool >/dev/null || missing+=(prometheus)
     /usr/bin/python3 -c 'import psycopg' 2>/dev/null || missing+=(python3-psycopg)
     if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
     # The etcd-server package starts a system etcd on the default ports; tests and the demo
     # run their own members on free ports, so a system one is only in the way.
     if command -v systemctl >/dev/null && systemctl is-active --quiet etcd 2>/dev/null; then
         as_root systemctl disable --now etcd >/dev/null 2>&1 || true
+    fi
+    # Likewise the Prometheus server the prometheus package starts (only promtool is used).
+    if command -v systemctl >/dev/null && systemctl is-active --quiet prometheus 2>/dev/null; then
+        as_root systemctl disable --now prometheus >/dev/null 2>&1 || true
     fi
     # Likewise the system PgBouncer the pgbouncer package starts on port 6432.
     if command -v systemctl >/dev/null && systemctl is-active --quiet pgbouncer 2>/dev/null; then

@@ -18,7 +18,7 @@
 //!   etcd history, with its position in `audit_cursor` ([`tailer_position`]); see
 //!   [`tailer`]. [`insert_lock_events`] and [`insert_force_release`] store rows
 //!   idempotently (the service records each forced release's who and why).
-//! - **Dashboard**: [`dashboard::router`] serves unprotected writes (filters, pages, CSV,
+//! - **Dashboard**: [`dashboard::router`] serves an overview, unprotected and refused writes (filters, pages, CSV,
 //!   an hourly SVG chart), a lock's timeline and the forced releases, as HTML and as JSON
 //!   under `/api/`.
 //!

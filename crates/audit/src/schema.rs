@@ -34,6 +34,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "fence_reset",
         include_str!("../migrations/0006_fence_reset.sql"),
     ),
+    (
+        7,
+        "dashboard_overview",
+        include_str!("../migrations/0007_dashboard_overview.sql"),
+    ),
 ];
 
 /// The advisory lock key that serializes migrations across processes ("paud").

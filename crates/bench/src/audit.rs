@@ -1,8 +1,9 @@
 //! The audit dashboard at scale: the unprotected-writes page and its JSON over HTTP on
 //! loopback, with N write events in the audit database.
 //!
-//! Events are spread evenly over the last 7 days, one in five unprotected (the rest
-//! admitted), over 100 services, 10,000 resources, 50 callers and 10 namespaces (event
+//! Events are spread evenly over the last 7 days, one in five unprotected (by finding:
+//! missing, malformed, stale in turn), one in a hundred refused (stale), the rest
+//! admitted, over 100 services, 10,000 resources, 50 callers and 10 namespaces (event
 //! `i` has service `svc-<i % 100>` and resource `orders/<i % 10000>`, so the filtered
 //! URLs below match unprotected rows). Each
 //! URL is fetched `requests` times in turn over one keep-alive connection; the table has
@@ -22,7 +23,11 @@ use crate::error::{BenchError, Result};
 use crate::report::{f, histogram, record, Table};
 
 /// The URLs measured, in the order they take turns.
-pub(crate) const URLS: [&str; 5] = [
+pub(crate) const URLS: [&str; 9] = [
+    "/",
+    "/?range=7d",
+    "/api/overview",
+    "/refused",
     "/unprotected",
     "/api/unprotected",
     "/api/unprotected?service=svc-5",
@@ -51,7 +56,14 @@ pub(crate) async fn run(events: usize, requests: usize) -> Result<Table> {
             .map(|i| {
                 let unprotected = i % 5 == 0;
                 let (outcome, finding) = if unprotected {
-                    (Outcome::Unprotected, Finding::MissingToken)
+                    let finding = [
+                        Finding::MissingToken,
+                        Finding::MalformedToken,
+                        Finding::Stale,
+                    ][(i / 5) % 3];
+                    (Outcome::Unprotected, finding)
+                } else if i % 100 == 1 {
+                    (Outcome::Rejected, Finding::Stale)
                 } else {
                     (Outcome::Admitted, Finding::Current)
                 };
@@ -65,6 +77,13 @@ pub(crate) async fn run(events: usize, requests: usize) -> Result<Table> {
                     at,
                 );
                 r.fenced = Some(!unprotected);
+                if finding == Finding::Stale {
+                    r.token =
+                        Some(palisade_fence::FencingToken::from_u64(1 << 48).expect("a token"));
+                    r.highest = Some(
+                        palisade_fence::FencingToken::from_u64((1 << 48) + 7).expect("a token"),
+                    );
+                }
                 r.labels = Labels::new(format!("ns{}", i % 10), "rows");
                 r.caller = Some(format!("spiffe://bench/caller-{}", i % 50));
                 r
@@ -76,7 +95,8 @@ pub(crate) async fn run(events: usize, requests: usize) -> Result<Table> {
             eprintln!("audit: {done} events inserted");
         }
     }
-    client.batch_execute("ANALYZE write_event").await?;
+    // What autovacuum does to an insert-only table in time (visibility map, statistics).
+    client.batch_execute("VACUUM ANALYZE write_event").await?;
     eprintln!(
         "audit: {events} events in {:.1} s",
         t0.elapsed().as_secs_f64()

@@ -235,6 +235,10 @@ fn audit_bench_times_every_dashboard_url_and_each_answers_rows() {
     assert_eq!(
         urls,
         [
+            "`/`",
+            "`/?range=7d`",
+            "`/api/overview`",
+            "`/refused`",
             "`/unprotected`",
             "`/api/unprotected`",
             "`/api/unprotected?service=svc-5`",

@@ -36,6 +36,7 @@
 //! | *(none)* | | [`FencingToken`] and its parts, [`HighWaterStore`] |
 //! | `memory` | yes | [`MemoryStore`] (std only) |
 //! | `tower` | yes | [`FenceLayer`], [`FencingTokenLayer`] (tower, http) |
+//! | `metrics` | no | [`FenceMetrics`]: the layer's counters in Prometheus text format (prometheus; implies `tower`) |
 //! | `postgres` | no | [`PostgresStore`], the conditional-write helper, `ToSql`/`FromSql` for tokens (tokio-postgres, moka) |
 
 #[cfg(feature = "tower")]
@@ -49,6 +50,8 @@ mod token;
 
 #[cfg(feature = "tower")]
 pub use client::{FencingTokenLayer, SetFencingToken, TokenSource};
+#[cfg(feature = "metrics")]
+pub use fence::FenceMetrics;
 #[cfg(feature = "tower")]
 pub use fence::{
     decoded_path, ChannelObserver, Enforcement, EnforcementTable, Fence, FenceLayer, Rejection,

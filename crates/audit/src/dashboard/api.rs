@@ -10,7 +10,8 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::pages::KeyParams;
-use super::query::{self, FilterParams, TimelineEntry};
+use super::query::{self, FilterParams};
+use super::timeline::{self, KeyQuery, TimelineEntry};
 use super::{chart_window, rfc3339, DashError};
 use crate::{ForceRelease, WriteRecord};
 
@@ -63,7 +64,24 @@ pub(super) async fn unprotected(
 ) -> Result<Json<Page>, DashError> {
     let (filter, cursor, limit) = params.parse()?;
     let client = pool.get().await?;
-    let (rows, next) = query::unprotected_page(&**client, &filter, cursor, limit).await?;
+    let (rows, next) =
+        query::writes_page(&**client, query::UNPROTECTED, &filter, cursor, limit).await?;
+    Ok(Json(Page {
+        rows: rows.into_iter().map(WriteJson::from).collect(),
+        next: next.map(|c| c.encode()),
+    }))
+}
+
+/// The refused writes, as the unprotected ones (`finding` is the reason; `highest` the
+/// resource's mark for a stale token).
+pub(super) async fn refused(
+    State(pool): State<Pool>,
+    Query(params): Query<FilterParams>,
+) -> Result<Json<Page>, DashError> {
+    let (filter, cursor, limit) = params.parse()?;
+    let client = pool.get().await?;
+    let (rows, next) =
+        query::writes_page(&**client, query::REFUSED, &filter, cursor, limit).await?;
     Ok(Json(Page {
         rows: rows.into_iter().map(WriteJson::from).collect(),
         next: next.map(|c| c.encode()),
@@ -140,6 +158,10 @@ pub(super) struct EventJson {
     seq: u32,
     #[serde(rename = "type")]
     kind: &'static str,
+    lock_key: Option<String>,
+    /// For a gap: the first and last revision not read.
+    gap_from: Option<u64>,
+    gap_to: Option<u64>,
     token: Option<FencingToken>,
     spiffe_id: Option<String>,
     namespace: Option<String>,
@@ -158,10 +180,13 @@ pub(super) async fn locks(
     State(pool): State<Pool>,
     Query(params): Query<KeyParams>,
 ) -> Result<Json<Timeline>, DashError> {
-    let key = params.key.unwrap_or_default();
-    query::check_lock_key(&key)?;
+    let key = params.key()?.unwrap_or_default().to_owned();
     let client = pool.get().await?;
-    let entries = query::lock_timeline(&**client, &key, query::PAGE_MAX).await?;
+    let entries = if key.is_empty() {
+        Vec::new()
+    } else {
+        timeline::lock_timeline(&**client, &KeyQuery::parse(&key), query::PAGE_MAX).await?
+    };
     let events = entries
         .into_iter()
         .map(|TimelineEntry { event: e, force }| EventJson {
@@ -169,6 +194,9 @@ pub(super) async fn locks(
             revision: e.revision.get(),
             seq: e.seq,
             kind: e.kind.as_str(),
+            lock_key: e.lock_key,
+            gap_from: e.gap.map(|g| g.0.get()),
+            gap_to: e.gap.map(|g| g.1.get()),
             token: e.token,
             spiffe_id: e.spiffe_id,
             namespace: e.namespace,
@@ -185,9 +213,13 @@ pub(super) struct Forces {
     force_releases: Vec<ForceJson>,
 }
 
-pub(super) async fn force_releases(State(pool): State<Pool>) -> Result<Json<Forces>, DashError> {
+pub(super) async fn force_releases(
+    State(pool): State<Pool>,
+    Query(params): Query<KeyParams>,
+) -> Result<Json<Forces>, DashError> {
+    let window = params.window()?;
     let client = pool.get().await?;
-    let rows = query::force_releases(&**client, query::PAGE_MAX).await?;
+    let rows = query::force_releases(&**client, &window, query::PAGE_MAX).await?;
     Ok(Json(Forces {
         force_releases: rows.into_iter().map(ForceJson::from).collect(),
     }))

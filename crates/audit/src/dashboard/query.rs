@@ -8,10 +8,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{GenericClient, Row};
 use uuid::Uuid;
 
-use crate::{
-    AuditError, ClusterId, Finding, ForceRelease, Labels, LockEvent, LockEventKind, Outcome,
-    WriteRecord,
-};
+use crate::{AuditError, ClusterId, Finding, ForceRelease, Labels, Outcome, WriteRecord};
 
 /// Rows per page by default, and at most.
 pub(crate) const PAGE: usize = 50;
@@ -32,6 +29,10 @@ pub(crate) struct FilterParams {
     /// RFC 3339 (`2026-11-30T10:00:00Z`) or a form's `2026-11-30T10:00` (UTC).
     pub(crate) from: Option<String>,
     pub(crate) to: Option<String>,
+    /// A window ending now (or at `to`): one of [`RANGES`]; `from` wins when both are set.
+    pub(crate) range: Option<String>,
+    /// `missing_token`, `malformed_token`, `stale` or `store_unavailable`.
+    pub(crate) finding: Option<String>,
     /// The cursor of the next page (from the previous page).
     pub(crate) before: Option<String>,
     pub(crate) limit: Option<usize>,
@@ -47,6 +48,10 @@ pub(crate) enum FilterError {
     Time { field: &'static str },
     #[error("before: not a cursor from a previous page")]
     Cursor,
+    #[error("range: not one of 1h, 6h, 24h, 7d, 14d")]
+    Range,
+    #[error("finding: not one of missing_token, malformed_token, stale, store_unavailable")]
+    Finding,
     /// A text filter or lock key that breaks its rule (a NUL, which PostgreSQL cannot
     /// take, or another control character; too long).
     #[error("{0}")]
@@ -61,6 +66,7 @@ pub(crate) struct Filter {
     pub(crate) resource: Option<String>,
     pub(crate) service: Option<String>,
     pub(crate) caller: Option<String>,
+    pub(crate) finding: Option<String>,
     pub(crate) from: Option<SystemTime>,
     pub(crate) to: Option<SystemTime>,
 }
@@ -68,13 +74,14 @@ pub(crate) struct Filter {
 impl Filter {
     /// The text filters as (column, value): each names a `write_event` column and its value
     /// must match exactly.
-    pub(crate) fn text_fields(&self) -> [(&'static str, &Option<String>); 5] {
+    pub(crate) fn text_fields(&self) -> [(&'static str, &Option<String>); 6] {
         [
             ("namespace", &self.namespace),
             ("class", &self.class),
             ("resource", &self.resource),
             ("service", &self.service),
             ("caller", &self.caller),
+            ("finding", &self.finding),
         ]
     }
 }
@@ -151,11 +158,46 @@ pub(crate) fn check_lock_key(key: &str) -> Result<(), FilterError> {
     Ok(())
 }
 
+/// The windows of the time-range picker, as `(name, length)`.
+pub(crate) const RANGES: [(&str, Duration); 5] = [
+    ("1h", Duration::from_secs(3600)),
+    ("6h", Duration::from_secs(6 * 3600)),
+    ("24h", Duration::from_secs(24 * 3600)),
+    ("7d", Duration::from_secs(7 * 24 * 3600)),
+    ("14d", Duration::from_secs(14 * 24 * 3600)),
+];
+
+/// The length of a named window of [`RANGES`].
+pub(crate) fn range_length(name: &str) -> Option<Duration> {
+    RANGES.iter().find(|(n, _)| *n == name).map(|(_, d)| *d)
+}
+
+/// The values of `write_event.finding` that a write without a current token can have.
+pub(crate) const FINDINGS: [&str; 4] = [
+    "missing_token",
+    "malformed_token",
+    "stale",
+    "store_unavailable",
+];
+
 impl FilterParams {
     pub(crate) fn parse(&self) -> Result<(Filter, Option<Cursor>, usize), FilterError> {
         let time = |v: &Option<String>, field| match nonempty(v) {
             None => Ok(None),
             Some(s) => parse_time(&s).map(Some).ok_or(FilterError::Time { field }),
+        };
+        let finding = nonempty(&self.finding);
+        if finding.as_deref().is_some_and(|f| !FINDINGS.contains(&f)) {
+            return Err(FilterError::Finding);
+        }
+        let to = time(&self.to, "to")?;
+        let from = match (time(&self.from, "from")?, nonempty(&self.range)) {
+            (Some(from), _) => Some(from),
+            (None, Some(range)) => {
+                let length = range_length(&range).ok_or(FilterError::Range)?;
+                Some(to.unwrap_or_else(SystemTime::now) - length)
+            }
+            (None, None) => None,
         };
         let filter = Filter {
             namespace: text_filter(&self.namespace, "namespace")?,
@@ -163,8 +205,9 @@ impl FilterParams {
             resource: text_filter(&self.resource, "resource")?,
             service: text_filter(&self.service, "service")?,
             caller: text_filter(&self.caller, "caller")?,
-            from: time(&self.from, "from")?,
-            to: time(&self.to, "to")?,
+            finding,
+            from,
+            to,
         };
         let cursor = match nonempty(&self.before) {
             None => None,
@@ -177,6 +220,23 @@ impl FilterParams {
         ))
     }
 
+    /// The text filters alone (no time, cursor or limit) as a query string, for links.
+    pub(crate) fn text_query(&self) -> String {
+        let pairs = [
+            ("namespace", &self.namespace),
+            ("class", &self.class),
+            ("resource", &self.resource),
+            ("service", &self.service),
+            ("caller", &self.caller),
+            ("finding", &self.finding),
+        ];
+        pairs
+            .iter()
+            .filter_map(|(k, v)| nonempty(v).map(|v| format!("{k}={}", encode(&v))))
+            .collect::<Vec<_>>()
+            .join("&")
+    }
+
     /// The filters (not the cursor or limit) as a query string, for links.
     pub(crate) fn filter_query(&self) -> String {
         let pairs = [
@@ -185,6 +245,8 @@ impl FilterParams {
             ("resource", &self.resource),
             ("service", &self.service),
             ("caller", &self.caller),
+            ("finding", &self.finding),
+            ("range", &self.range),
             ("from", &self.from),
             ("to", &self.to),
         ];
@@ -231,8 +293,9 @@ impl Where {
             .push(clause.replace("$?", &format!("${}", self.params.len())));
     }
 
-    fn filter(filter: &Filter) -> Self {
-        let mut w = Where::new("outcome = 'unprotected'");
+    /// The rows of `outcome` (`unprotected` or `rejected`) that match `filter`.
+    fn writes(outcome: &'static str, filter: &Filter) -> Self {
+        let mut w = Where::new(&format!("outcome = '{outcome}'"));
         for (col, v) in filter.text_fields() {
             if let Some(v) = v {
                 w.add(&format!("{col} = $?"), v.clone(), Type::TEXT);
@@ -302,14 +365,21 @@ fn write_record(row: &Row) -> WriteRecord {
     }
 }
 
-/// One page of unprotected writes, newest first, and the cursor of the next page.
-pub(crate) async fn unprotected_page<C: GenericClient>(
+/// Unprotected writes (`write_event.outcome`).
+pub(crate) const UNPROTECTED: &str = "unprotected";
+/// Writes the fence layer refused.
+pub(crate) const REFUSED: &str = "rejected";
+
+/// One page of the writes of `outcome` ([`UNPROTECTED`] or [`REFUSED`]), newest first,
+/// and the cursor of the next page.
+pub(crate) async fn writes_page<C: GenericClient>(
     client: &C,
+    outcome: &'static str,
     filter: &Filter,
     cursor: Option<Cursor>,
     limit: usize,
 ) -> Result<(Vec<WriteRecord>, Option<Cursor>), AuditError> {
-    let mut w = Where::filter(filter);
+    let mut w = Where::writes(outcome, filter);
     if let Some(c) = cursor {
         w.params.push((Box::new(c.at), Type::TIMESTAMPTZ));
         w.params.push((Box::new(c.id), Type::UUID));
@@ -341,8 +411,14 @@ pub(crate) async fn unprotected_all<C: GenericClient>(
     let mut all = Vec::new();
     let mut cursor = None;
     loop {
-        let (page, next) =
-            unprotected_page(client, filter, cursor, PAGE_MAX.min(max - all.len())).await?;
+        let (page, next) = writes_page(
+            client,
+            UNPROTECTED,
+            filter,
+            cursor,
+            PAGE_MAX.min(max - all.len()),
+        )
+        .await?;
         all.extend(page);
         match next {
             Some(c) if all.len() < max => cursor = Some(c),
@@ -370,7 +446,7 @@ pub(crate) async fn hourly<C: GenericClient>(
         let mut f = filter.clone();
         f.from = Some(from);
         f.to = Some(to);
-        let w = Where::filter(&f);
+        let w = Where::writes(UNPROTECTED, &f);
         let sql = format!(
             "SELECT date_trunc('hour', at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS hour, count(*) \
              FROM write_event WHERE {} GROUP BY 1 ORDER BY 1",
@@ -441,72 +517,18 @@ pub(crate) fn hour_floor(t: SystemTime) -> SystemTime {
     UNIX_EPOCH + Duration::from_secs(secs - secs % 3600)
 }
 
-/// A lock event with, for forced releases, who forced it and why.
-#[derive(Debug, Clone)]
-pub(crate) struct TimelineEntry {
-    pub(crate) event: LockEvent,
-    pub(crate) force: Option<ForceRelease>,
-}
-
-/// The events of one lock key, newest first (at most `limit`).
-pub(crate) async fn lock_timeline<C: GenericClient>(
-    client: &C,
-    key: &str,
-    limit: usize,
-) -> Result<Vec<TimelineEntry>, AuditError> {
-    let rows = client
-        .query(
-            "SELECT e.cluster_id, e.revision, e.seq, e.type, e.lock_key, e.namespace, e.class, e.spiffe_id, \
-                    e.token, e.recorded_at, f.request_id, f.requester, f.approver, f.reason, \
-                    f.class_was_fenced, f.at \
-             FROM audit_event e \
-             LEFT JOIN force_release f ON e.type = 'force' AND f.cluster_id = e.cluster_id \
-                  AND f.revision = e.revision AND f.lock_key = e.lock_key \
-             WHERE e.lock_key = $1 ORDER BY e.revision DESC, e.seq DESC LIMIT $2",
-            &[&key, &(limit as i64)],
-        )
-        .await?;
-    Ok(rows
-        .iter()
-        .map(|r| {
-            let cluster_id = ClusterId::from_sql(r.get(0));
-            let revision = Revision::new(r.get::<_, i64>(1).max(0) as u64);
-            let kind = LockEventKind::parse(r.get(3)).unwrap_or(LockEventKind::Gap);
-            let mut event = LockEvent::new(cluster_id, revision, kind, r.get::<_, String>(4));
-            event.seq = r.get::<_, i32>(2).max(0) as u32;
-            event.namespace = r.get(5);
-            event.class = r.get(6);
-            event.spiffe_id = r.get(7);
-            event.token = token(r.get(8));
-            event.recorded_at = Some(r.get(9));
-            let force = r.get::<_, Option<String>>(10).map(|request_id| {
-                ForceRelease::new(
-                    request_id,
-                    cluster_id,
-                    revision,
-                    key,
-                    r.get::<_, String>(11),
-                    r.get::<_, String>(12),
-                    r.get::<_, String>(13),
-                    r.get(14),
-                    r.get(15),
-                )
-            });
-            TimelineEntry { event, force }
-        })
-        .collect())
-}
-
-/// The forced releases, newest first (at most `limit`).
+/// The forced releases in `window` (its `from` and `to`), newest first (at most `limit`).
 pub(crate) async fn force_releases<C: GenericClient>(
     client: &C,
+    window: &Filter,
     limit: usize,
 ) -> Result<Vec<ForceRelease>, AuditError> {
     let rows = client
         .query(
             "SELECT request_id, cluster_id, revision, lock_key, requester, approver, reason, class_was_fenced, at, \
-             grant_rev, token FROM force_release ORDER BY at DESC, request_id LIMIT $1",
-            &[&(limit as i64)],
+             grant_rev, token FROM force_release WHERE ($2::timestamptz IS NULL OR at >= $2) \
+             AND ($3::timestamptz IS NULL OR at < $3) ORDER BY at DESC, request_id LIMIT $1",
+            &[&(limit as i64), &window.from, &window.to],
         )
         .await?;
     Ok(rows

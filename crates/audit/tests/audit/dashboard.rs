@@ -606,6 +606,7 @@ async fn lock_timeline_and_force_releases_show_tokens_and_both_people() {
     assert_eq!(
         events,
         [
+            (300, "gap", None),
             (260, "force", Some(&*t200)),
             (200, "grant", Some(&*t200)),
             (190, "expire", Some(&*t150)),
@@ -613,13 +614,20 @@ async fn lock_timeline_and_force_releases_show_tokens_and_both_people() {
             (140, "release", Some(&*t100)),
             (100, "grant", Some(&*t100)),
         ],
-        "newest first; the gap has no key, so it is not on the key's timeline"
+        "newest first; the gap of the key's cluster where it cuts the history"
     );
-    let force = &timeline["events"][0]["force"];
+    assert_eq!(
+        (
+            &timeline["events"][0]["gap_from"],
+            &timeline["events"][0]["gap_to"]
+        ),
+        (&Value::from(300), &Value::from(420))
+    );
+    let force = &timeline["events"][1]["force"];
     assert_eq!(force["requester"], "spiffe://td/oncall-alice");
     assert_eq!(force["approver"], "spiffe://td/lead-bob");
     assert_eq!(force["cluster_id"], "8e9e05c52164694d");
-    assert_eq!(timeline["events"][1]["force"], Value::Null);
+    assert_eq!(timeline["events"][2]["force"], Value::Null);
     let page = get(&app, &format!("/locks?key={KEY}")).await.body;
     for needle in [
         "kind-force",
@@ -683,7 +691,11 @@ async fn an_unreachable_database_is_a_503_not_a_hang() {
     let app = palisade_audit::dashboard::router(pool);
     let r = get(&app, "/api/unprotected").await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.body);
-    assert_eq!(get(&app, "/").await.status, StatusCode::SEE_OTHER);
+    assert_eq!(get(&app, "/").await.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        get(&app, "/refused").await.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
 }
 
 #[tokio::test]
@@ -695,6 +707,10 @@ async fn a_control_character_in_a_filter_or_key_is_a_400_naming_it() {
         "/unprotected/chart.svg",
         "/api/unprotected",
         "/api/unprotected/hourly",
+        "/refused",
+        "/api/refused",
+        "/",
+        "/api/overview",
     ];
     for view in views {
         for field in ["namespace", "class", "resource", "service", "caller"] {

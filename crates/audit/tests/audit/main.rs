@@ -3,6 +3,8 @@
 mod browser;
 mod common;
 mod dashboard;
+mod dashboard_etcd;
+mod overview;
 mod schema;
 mod sink;
 mod tailer_etcd;

@@ -254,9 +254,9 @@ async fn hourly_disagreements(client: &tokio_postgres::Client) -> i64 {
         client,
         "WITH counted AS ( \
             SELECT date_trunc('hour', at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS hour, namespace, class, service, \
-                   caller, count(*) AS n \
-            FROM write_event WHERE outcome = 'unprotected' GROUP BY 1, 2, 3, 4, 5), \
-         kept AS (SELECT hour, namespace, class, service, caller, n FROM write_event_hourly) \
+                   caller, finding, count(*) AS n \
+            FROM write_event WHERE outcome = 'unprotected' GROUP BY 1, 2, 3, 4, 5, 6), \
+         kept AS (SELECT hour, namespace, class, service, caller, finding, n FROM write_event_hourly) \
          SELECT count(*) FROM ((SELECT * FROM counted EXCEPT ALL SELECT * FROM kept) \
                                UNION ALL (SELECT * FROM kept EXCEPT ALL SELECT * FROM counted)) d",
     )

@@ -20,20 +20,20 @@ use tokio::time::Instant;
 
 use crate::common::{admin, bring_up, eventually, migrated_db, take_down};
 
-const NS: &str = "orders";
-const CLASS: &str = "rows";
-const ROOT: &str = "/palisade/";
+pub(crate) const NS: &str = "orders";
+pub(crate) const CLASS: &str = "rows";
+pub(crate) const ROOT: &str = "/palisade/";
 
-struct Fixture {
-    etcd: EtcdCluster,
-    locker: Locker,
+pub(crate) struct Fixture {
+    pub(crate) etcd: EtcdCluster,
+    pub(crate) locker: Locker,
     dir: tempfile::TempDir,
-    db: Arc<TestDb>,
-    pool: Pool,
-    cluster: ClusterId,
+    pub(crate) db: Arc<TestDb>,
+    pub(crate) pool: Pool,
+    pub(crate) cluster: ClusterId,
 }
 
-async fn fixture() -> Fixture {
+pub(crate) async fn fixture() -> Fixture {
     let etcd = EtcdCluster::single().await;
     let dir = tempfile::tempdir().unwrap();
     let options = LockerOptions::new(etcd.endpoints()).with_request_timeout(Duration::from_secs(2));
@@ -89,21 +89,21 @@ impl Fixture {
         }
     }
 
-    fn start_tailer(&self) -> JoinHandle<Infallible> {
+    pub(crate) fn start_tailer(&self) -> JoinHandle<Infallible> {
         let tailer = Tailer::new(self.locker.client().clone(), self.pool.clone())
             .with_root(ROOT)
             .with_backoff(Duration::from_millis(10), Duration::from_millis(200));
         tokio::spawn(tailer.run())
     }
 
-    async fn session(&self, who: &str, ttl: Duration) -> Session {
+    pub(crate) async fn session(&self, who: &str, ttl: Duration) -> Session {
         self.locker
             .open_session(SpiffeId::new(format!("spiffe://acme/{who}")).unwrap(), ttl)
             .await
             .unwrap()
     }
 
-    async fn acquire(&self, session: &Session, key: &str) -> Hold {
+    pub(crate) async fn acquire(&self, session: &Session, key: &str) -> Hold {
         let deadline = Instant::now() + Duration::from_secs(10);
         self.locker
             .acquire(
@@ -118,7 +118,7 @@ impl Fixture {
 
     /// Writes a key the tailer must ignore and waits until the tailer's position reaches
     /// it: everything before it has been stored.
-    async fn wait_caught_up(&self) {
+    pub(crate) async fn wait_caught_up(&self) {
         let mut client = self.locker.client().clone();
         let rev = client
             .put(format!("{ROOT}locks/zz-sentinel"), "x", None)
@@ -162,7 +162,7 @@ impl Fixture {
             .collect()
     }
 
-    async fn revision(&self) -> i64 {
+    pub(crate) async fn revision(&self) -> i64 {
         let mut client = self.locker.client().clone();
         client
             .get("x", Some(GetOptions::new().with_count_only()))
@@ -174,7 +174,7 @@ impl Fixture {
     }
 
     /// `n` grant-and-release cycles on one session; the tokens granted.
-    async fn cycles(&self, who: &str, key: &str, n: usize) -> Vec<u64> {
+    pub(crate) async fn cycles(&self, who: &str, key: &str, n: usize) -> Vec<u64> {
         let session = self.session(who, Duration::from_secs(10)).await;
         let mut tokens = Vec::new();
         for _ in 0..n {

@@ -25,6 +25,9 @@ pub(crate) struct Config {
     pub(crate) methods: Vec<Method>,
     pub(crate) observer: Option<Arc<dyn WriteObserver>>,
     pub(crate) fenced_events: bool,
+    pub(crate) refused_events: bool,
+    #[cfg(feature = "metrics")]
+    pub(crate) metrics: Option<super::metrics::FenceMetrics>,
     pub(crate) caller: Option<Arc<CallerFn>>,
     pub(crate) respond: Option<Arc<RespondFn>>,
 }
@@ -50,6 +53,9 @@ impl FenceLayer {
                 methods: vec![Method::POST, Method::PUT, Method::PATCH, Method::DELETE],
                 observer: None,
                 fenced_events: false,
+                refused_events: false,
+                #[cfg(feature = "metrics")]
+                metrics: None,
                 caller: None,
                 respond: None,
             },
@@ -115,6 +121,24 @@ impl FenceLayer {
         self
     }
 
+    /// Also reports writes the layer refuses (fenced resources: a missing, malformed or
+    /// stale token, or the store unavailable) to the observer, without the admitted
+    /// fenced writes that [`with_fenced_events`](Self::with_fenced_events) adds. Refusals
+    /// are rare (a stale writer, a caller without tokens), so this costs a queue slot per
+    /// refusal, not per write.
+    pub fn with_refused_events(mut self) -> Self {
+        self.config.refused_events = true;
+        self
+    }
+
+    /// Counts every checked write in `metrics` (admitted, refused by reason,
+    /// unprotected by finding), whether or not an observer is set. Clones share counters.
+    #[cfg(feature = "metrics")]
+    pub fn with_metrics(mut self, metrics: &super::metrics::FenceMetrics) -> Self {
+        self.config.metrics = Some(metrics.clone());
+        self
+    }
+
     /// Names the caller of each reported write ([`WriteEvent::caller`](crate::WriteEvent::caller))
     /// from the request's headers and extensions, for example the mTLS peer's SPIFFE ID put
     /// in the extensions by the TLS acceptor. Called only when an event is reported.
@@ -143,6 +167,7 @@ impl fmt::Debug for FenceLayer {
                     .map(|_| format_args!("<observer>")),
             )
             .field("fenced_events", &self.config.fenced_events)
+            .field("refused_events", &self.config.refused_events)
             .field(
                 "caller",
                 &self.config.caller.as_ref().map(|_| format_args!("<fn>")),

@@ -28,6 +28,11 @@
 //!   [`WriteEvent::unprotected`] is true for advisory writes without a current token,
 //!   [`WriteEvent::rejected`] for refused fenced writes. Each event carries its time and,
 //!   with [`FenceLayer::with_caller`], the caller's identity.
+//!   [`FenceLayer::with_refused_events`] reports the refusals of fenced writes without
+//!   the admitted ones.
+//! - With the `metrics` feature, [`FenceLayer::with_metrics`] counts every checked write
+//!   in a [`FenceMetrics`] (admitted, refused by reason, unprotected by finding) for the
+//!   service to serve in Prometheus text format.
 //! - Readiness is forwarded (`poll_ready` is the inner service's, and the readied service
 //!   is the one called, so the inner service must be `Clone`); the error type is the
 //!   inner service's; any request body; a response body that is `From<Bytes>` (axum's
@@ -117,6 +122,8 @@
 
 mod future;
 mod layer;
+#[cfg(feature = "metrics")]
+mod metrics;
 mod observer;
 mod policy;
 mod rejection;
@@ -129,6 +136,8 @@ use crate::FencingToken;
 
 pub use future::ResponseFuture;
 pub use layer::FenceLayer;
+#[cfg(feature = "metrics")]
+pub use metrics::FenceMetrics;
 pub use observer::{ChannelObserver, WriteEvent, WriteObserver, WriteOutcome};
 pub use policy::{Enforcement, EnforcementTable};
 pub use rejection::{Rejection, RejectionKind};

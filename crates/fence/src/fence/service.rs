@@ -138,7 +138,8 @@ where
 }
 
 impl Config {
-    /// Reports one write, when an observer wants writes of this enforcement.
+    /// Counts one checked write (with metrics) and reports it, when an observer wants
+    /// writes of this enforcement and outcome.
     pub(crate) fn observe<B>(
         &self,
         request: &Request<B>,
@@ -148,10 +149,17 @@ impl Config {
         outcome: WriteOutcome,
         enforcement: Enforcement,
     ) {
+        #[cfg(feature = "metrics")]
+        if let Some(metrics) = &self.metrics {
+            metrics.count(outcome, enforcement);
+        }
         let Some(observer) = &self.observer else {
             return;
         };
-        if enforcement == Enforcement::Fenced && !self.fenced_events {
+        let refused = outcome != WriteOutcome::Admitted;
+        if enforcement == Enforcement::Fenced
+            && !(self.fenced_events || (self.refused_events && refused))
+        {
             return;
         }
         let caller = self

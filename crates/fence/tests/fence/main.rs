@@ -9,5 +9,6 @@ mod ordering;
 mod pipelined;
 mod pooler;
 mod postgres_helper;
+mod reporting;
 mod reset;
 mod store_batches;
