@@ -128,3 +128,55 @@ async fn etcd_the_cli_acquire_answered_quorum_lost_is_retried_until_etcd_is_back
         .unwrap();
     assert_eq!(status["holders"][0]["grant_rev"], hold["grant_rev"]);
 }
+
+#[tokio::test]
+async fn etcd_the_cli_acquire_opening_its_own_session_is_retried_until_etcd_is_back() {
+    let mut svc = Service::start(Mode::Dev, None).await;
+    let client = Client::new(svc.url.clone()).unwrap().with_dev_identity(JOB);
+    let probe = client.open_session(Duration::from_secs(60)).await.unwrap();
+    svc.cluster.stop(0).await;
+    let unavailable = time_to_503(&client, probe.id()).await;
+    let wait = unavailable * 3 + Duration::from_secs(15);
+    let wait_ms = wait.as_millis().to_string();
+    let started = Instant::now();
+    // No --session: the CLI opens one first, and that call is answered 503 too.
+    let cli = {
+        let url = svc.url.clone();
+        tokio::spawn(async move {
+            common::service::run(
+                vec![
+                    "lock",
+                    "acquire",
+                    "ns/c/own",
+                    "--ttl",
+                    "30",
+                    "--wait-ms",
+                    &wait_ms,
+                    "--service",
+                    &url,
+                    "--dev-identity",
+                    JOB,
+                ],
+                &[],
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(unavailable * 2 + Duration::from_secs(1)).await;
+    assert!(
+        !cli.is_finished(),
+        "lock acquire gave up opening its session while etcd was stopped: {:?}",
+        cli.await
+    );
+    svc.cluster.restart(0).await;
+    let out = cli.await.unwrap().ok();
+    assert!(started.elapsed() < wait, "granted within the wait");
+    let hold = out.json();
+    assert!(hold["token"].as_str().is_some(), "{hold}");
+    let status = client
+        .call_json("GET", "/v1/locks/status?namespace=ns&class=c&key=own", None)
+        .await
+        .unwrap();
+    assert_eq!(status["holders"][0]["grant_rev"], hold["grant_rev"]);
+    assert_eq!(status["holders"][0]["session"], hold["session"]);
+}

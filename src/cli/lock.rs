@@ -249,8 +249,14 @@ fn acquire(
                 let ttl_ms = ttl
                     .checked_mul(1000)
                     .ok_or_else(|| CliError::bad_input(format!("--ttl {ttl} is too large")))?;
+                // A 503 `quorum-lost` is sent again within the wait, as the acquire is.
                 let opened = client
-                    .call_json("POST", "/v1/sessions", Some(json!({ "ttl_ms": ttl_ms })))
+                    .call_json_within(
+                        "POST",
+                        "/v1/sessions",
+                        Some(json!({ "ttl_ms": ttl_ms })),
+                        Duration::from_millis(wait_ms),
+                    )
                     .await?;
                 let id = opened["session"].as_str().ok_or_else(|| {
                     CliError::new(Exit::Failure, "the service opened a session without an id")

@@ -95,6 +95,29 @@ impl Client {
         self.http.send_value(method, path, body).await
     }
 
+    /// [`call_json`](Self::call_json) with the retry policy of [`Client::acquire`]: an
+    /// answer that the service cannot serve for now (503 `quorum-lost`) is sent again
+    /// after a pause (50 ms doubling up to 1 s, with jitter) while `wait` leaves room for
+    /// the pause; then the last answer is returned. For calls that may be repeated: the
+    /// CLI opens the session of a `lock acquire` or `lock run` with it (a session that a
+    /// lost answer left open ends with its lease, since nothing keeps it alive).
+    ///
+    /// # Errors
+    ///
+    /// As [`call_json`](Self::call_json).
+    pub async fn call_json_within(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<serde_json::Value>,
+        wait: Duration,
+    ) -> Result<serde_json::Value, ClientError> {
+        crate::unavailable::retry_within(Instant::now() + wait, |_| {
+            self.http.send_value(method, path, body.clone())
+        })
+        .await
+    }
+
     /// Acquires the lock `body` names for the session it names (one the caller opened,
     /// by id), waiting (long-poll) up to `body.wait_ms`. An answer that the service
     /// cannot serve for now (503 `quorum-lost`: etcd could not commit in time) is sent
