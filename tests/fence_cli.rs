@@ -121,3 +121,17 @@ async fn fence_show_reads_a_poisoned_mark_and_reset_lowers_it_with_an_audited_re
         "{out}"
     );
 }
+
+#[tokio::test]
+async fn fence_show_on_a_database_without_fence_tables_names_the_cause() {
+    let db = TestDb::create().await;
+    let conn = db.connection_string();
+    let (code, _, err) = palisade(&["fence", "--database", &conn, "show", "orders/1"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("reading the mark of orders/1")
+            && err.contains("\"fence_high_water\" does not exist")
+            && err.contains("no fence tables"),
+        "{err}"
+    );
+}

@@ -90,7 +90,7 @@ pub(crate) fn run(args: FenceArgs) -> Result<String> {
                     .map_err(|e| match e.kind() {
                         FenceErrorKind::BadReset => CliError::bad_input(e.to_string()),
                         FenceErrorKind::NoMark => CliError::new(Exit::NotFound, e.to_string()),
-                        _ => CliError::new(Exit::Failure, format!("{e}: {}", source(&e))),
+                        _ => db_failure(&format!("resetting the mark of {resource}"), &e),
                     })?;
                 let actor = actor
                     .or_else(|| std::env::var("USER").ok())
@@ -119,7 +119,7 @@ pub(crate) fn run(args: FenceArgs) -> Result<String> {
 async fn show(client: &tokio_postgres::Client, resource: &str, resets: i64) -> Result<String> {
     let mark = read_mark(client, resource)
         .await
-        .map_err(|e| CliError::new(Exit::Failure, format!("{e}: {}", source(&e))))?;
+        .map_err(|e| db_failure(&format!("reading the mark of {resource}"), &e))?;
     let Some(mark) = mark else {
         return Err(CliError::new(Exit::NotFound, format!("{resource} has no mark")).into());
     };
@@ -132,7 +132,7 @@ async fn show(client: &tokio_postgres::Client, resource: &str, resets: i64) -> R
     );
     let log = read_resets(client, resource, resets)
         .await
-        .map_err(|e| CliError::new(Exit::Failure, format!("{e}: {}", source(&e))))?;
+        .map_err(|e| db_failure(&format!("reading the resets of {resource}"), &e))?;
     for MarkReset {
         old,
         new,
@@ -150,6 +150,25 @@ async fn show(client: &tokio_postgres::Client, resource: &str, resets: i64) -> R
     Ok(out)
 }
 
-fn source(e: &dyn std::error::Error) -> String {
-    e.source().map(|s| s.to_string()).unwrap_or_default()
+/// A database failure with every cause (the server's own message included), and what to
+/// do when the database has no fence tables at all.
+fn db_failure(what: &str, e: &palisade_fence::FenceError) -> CliError {
+    let undefined = std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<tokio_postgres::Error>())
+        .and_then(tokio_postgres::Error::code)
+        .is_some_and(|c| {
+            *c == tokio_postgres::error::SqlState::UNDEFINED_TABLE
+                || *c == tokio_postgres::error::SqlState::UNDEFINED_FUNCTION
+        });
+    let mut text = match std::error::Error::source(e) {
+        Some(cause) => format!("{what}: {}", super::exit::with_causes(cause)),
+        None => format!("{what}: {e}"),
+    };
+    if undefined {
+        text.push_str(
+            " (this database has no fence tables: --database must name the resource's \
+             database, migrated by palisade_fence::migrate or the SQL in crates/fence/migrations)",
+        );
+    }
+    CliError::new(Exit::Failure, text)
 }
