@@ -182,6 +182,7 @@ impl Client {
         let body = OpenSessionBody {
             ttl_ms: millis(ttl),
             namespace: namespace.map(str::to_owned),
+            tier: None,
         };
         let opened: SessionView = self
             .http
