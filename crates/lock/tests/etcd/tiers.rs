@@ -169,8 +169,24 @@ async fn etcd_rehome_under_load_orders_tokens_and_never_overlaps_holds() {
             (fenced, wrong)
         }));
     }
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    let before_move = seen.lock().unwrap().len();
+    // Grants counted, not time waited: the machine's load sets the pace.
+    let count = |epoch: Option<palisade_lock::Epoch>| {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, s)| epoch.is_none_or(|e| s.token.epoch() == e))
+            .count()
+    };
+    let until = Instant::now() + Duration::from_secs(20);
+    while count(None) < 10 {
+        assert!(
+            Instant::now() < until,
+            "{} grants before the move",
+            count(None)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let before_move = count(None);
     let a_epoch = tier(&t, "a").epoch().0.epoch;
     let done = t
         .tiers
@@ -181,7 +197,15 @@ async fn etcd_rehome_under_load_orders_tokens_and_never_overlaps_holds() {
     assert_eq!(done.epoch.cluster_id, t.b.cluster_id().await);
     assert_eq!(done.epoch.reason, EpochReason::Rehome);
     assert!(done.epoch.epoch > a_epoch, "{done:?}");
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    let until = Instant::now() + Duration::from_secs(20);
+    while count(Some(done.epoch.epoch)) < 10 {
+        assert!(
+            Instant::now() < until,
+            "{} grants on the new tier",
+            count(Some(done.epoch.epoch))
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     stop.store(true, Ordering::SeqCst);
     let mut fenced = 0;
     for w in workers {
