@@ -2,8 +2,9 @@
 //! a namespace rehomed with `palisade namespace rehome`; a resource behind `FenceLayer`
 //! and a Postgres table written with `fenced_transaction` that saw tokens of both tiers
 //! refuse the old tier's token after the move; a rehome whose service was killed part
-//! way refuses on both tiers until it is run again, which completes it. Real etcd
-//! members, a real PostgreSQL database and real `palisade` processes.
+//! way refuses on both tiers until it is run again, which completes it; `palisade audit
+//! tail --tier` records the grants of both clusters. Real etcd members, a real
+//! PostgreSQL database and real `palisade` processes.
 
 mod common;
 
@@ -194,6 +195,16 @@ async fn etcd_serve_on_two_tiers_rehomes_a_namespace_and_resources_refuse_the_ol
     pg.batch_execute("CREATE TABLE tier_writes (token bigint NOT NULL)")
         .await
         .unwrap();
+    let _tailer = tokio::process::Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args(["audit", "tail", "--etcd", &t.a.endpoints().join(",")])
+        .arg("--tier")
+        .arg(format!("b={}", t.b.endpoints().join(",")))
+        .args(["--database", &db.connection_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
     let mut resource = tower::ServiceBuilder::new()
         .layer(FenceLayer::new(MemoryStore::new(1_000)))
         .service(tower::service_fn(
@@ -327,4 +338,35 @@ async fn etcd_serve_on_two_tiers_rehomes_a_namespace_and_resources_refuse_the_ol
     );
     assert_eq!(fenced_write(&mut resource, token(&last)).await, 200);
     assert_eq!(fenced_write(&mut resource, new_token).await, 409);
+
+    // The audit trail has the namespace's grants of both clusters, with their tokens.
+    let (a_id, b_id) = (t.a.cluster_id().await as i64, t.b.cluster_id().await as i64);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let rows = pg
+            .query(
+                "SELECT cluster_id, token FROM audit_event WHERE type = 'grant' AND namespace = 'ns'",
+                &[],
+            )
+            .await
+            .unwrap_or_default();
+        let tokens = |id: i64| -> Vec<i64> {
+            rows.iter()
+                .filter(|r| r.get::<_, i64>(0) == id)
+                .map(|r| r.get::<_, i64>(1))
+                .collect()
+        };
+        let (on_a, on_b) = (tokens(a_id), tokens(b_id));
+        if on_a.contains(&(old_token.get() as i64))
+            && on_a.contains(&(token(&last).get() as i64))
+            && on_b.contains(&(new_token.get() as i64))
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "audit grants: a {on_a:?}, b {on_b:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
