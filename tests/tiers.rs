@@ -189,6 +189,26 @@ async fn etcd_serve_on_two_tiers_rehomes_a_namespace_and_resources_refuse_the_ol
     .await
     .ok();
     t.admin(&["class", "create", "ns", "c"]).await.ok();
+    // A plain update cannot move it, and a tier must be one of the service's.
+    t.admin(&["namespace", "update", "ns", "--cluster-tier", "b"])
+        .await
+        .fails(2, "move it with a rehome");
+    t.admin(&[
+        "namespace",
+        "create",
+        "other",
+        "--tenant",
+        "t",
+        "--cluster-tier",
+        "gold",
+    ])
+    .await
+    .fails(2, "unknown cluster tier \"gold\"");
+    let quota = t
+        .admin(&["namespace", "update", "ns", "--op-rate-quota", "5000"])
+        .await
+        .ok();
+    assert_eq!(quota.json()["cluster_tier"], "a");
     let db = TestDb::create().await;
     let mut pg = db.connect().await;
     palisade_fence::migrate(&mut pg).await.unwrap();
