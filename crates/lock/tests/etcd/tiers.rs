@@ -14,7 +14,7 @@ use palisade_lock::{
 use palisade_testkit::EtcdCluster;
 use tokio::time::Instant;
 
-use crate::support::{class, connect, keys_under, secs, session, token, ROOT};
+use crate::support::{class, connect, keys_under, secs, session, token, within, ROOT};
 
 const MOVING: &str = "moving";
 
@@ -139,8 +139,15 @@ async fn etcd_rehome_under_load_orders_tokens_and_never_overlaps_holds() {
                 }
                 let s = &sessions[&tier_name];
                 let key = format!("k{}", w % 2);
+                // A short wait: a worker queued on the old tier gives up and follows the
+                // directory, so one hold on each tier at once would be seen.
                 match locker
-                    .acquire(s, &moving(&key), Mode::Exclusive, secs(5))
+                    .acquire(
+                        s,
+                        &moving(&key),
+                        Mode::Exclusive,
+                        within(Duration::from_millis(100)),
+                    )
                     .await
                 {
                     Ok(h) => {
@@ -163,6 +170,7 @@ async fn etcd_rehome_under_load_orders_tokens_and_never_overlaps_holds() {
                         tokio::time::sleep(Duration::from_millis(10)).await;
                     }
                     Err(e) if matches!(e.kind(), ErrorKind::WrongTier { .. }) => wrong += 1,
+                    Err(e) if e.is_deadline_exceeded() => {}
                     Err(e) => panic!("worker {w}: {e:?}"),
                 }
             }
@@ -188,6 +196,36 @@ async fn etcd_rehome_under_load_orders_tokens_and_never_overlaps_holds() {
     }
     let before_move = count(None);
     let a_epoch = tier(&t, "a").epoch().0.epoch;
+    // A hold of `k0` on the old tier that outlasts the fence: the move waits for it.
+    let la = tier(&t, "a").clone();
+    let long_session = session(&la, 10).await;
+    let long = loop {
+        match la
+            .acquire(&long_session, &moving("k0"), Mode::Exclusive, secs(5))
+            .await
+        {
+            Ok(h) => break h,
+            Err(e) => panic!("{e:?}"),
+        }
+    };
+    let long_hold = {
+        let seen = seen.clone();
+        tokio::spawn(async move {
+            let granted = Instant::now();
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            let released = Instant::now();
+            let tok = token(&long);
+            long.release().await.unwrap();
+            seen.lock().unwrap().push((
+                "k0".to_owned(),
+                Seen {
+                    token: tok,
+                    granted,
+                    released,
+                },
+            ));
+        })
+    };
     let done = t
         .tiers
         .rehome(MOVING, "b", Duration::from_secs(10))
@@ -207,6 +245,7 @@ async fn etcd_rehome_under_load_orders_tokens_and_never_overlaps_holds() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     stop.store(true, Ordering::SeqCst);
+    long_hold.await.unwrap();
     let mut fenced = 0;
     for w in workers {
         fenced += w.await.unwrap().0;
