@@ -199,15 +199,10 @@ async fn etcd_rehome_under_load_orders_tokens_and_never_overlaps_holds() {
     // A hold of `k0` on the old tier that outlasts the fence: the move waits for it.
     let la = tier(&t, "a").clone();
     let long_session = session(&la, 10).await;
-    let long = loop {
-        match la
-            .acquire(&long_session, &moving("k0"), Mode::Exclusive, secs(5))
-            .await
-        {
-            Ok(h) => break h,
-            Err(e) => panic!("{e:?}"),
-        }
-    };
+    let long = la
+        .acquire(&long_session, &moving("k0"), Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
     let long_hold = {
         let seen = seen.clone();
         tokio::spawn(async move {
