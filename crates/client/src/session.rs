@@ -205,6 +205,7 @@ impl Client {
         let body = OpenSessionBody {
             ttl_ms: millis(ttl),
             namespace: namespace.map(str::to_owned),
+            tier: None,
         };
         // The lease's expiry is reckoned from when the answered attempt was sent.
         let (sent_at, opened): (Instant, SessionView) =

@@ -396,6 +396,22 @@ impl Locker {
     /// [`ErrorKind::EpochExhausted`] at [`Epoch::MAX`](crate::Epoch::MAX);
     /// [`ErrorKind::QuorumLost`]; [`ErrorKind::EpochStore`].
     pub async fn advance_epoch(&self, reason: EpochReason) -> Result<EpochRecord> {
+        self.advance_epoch_above(reason, palisade_fence::Epoch::ZERO)
+            .await
+    }
+
+    /// [`advance_epoch`](Locker::advance_epoch) to an epoch also above `floor`: for
+    /// [`Tiers`](crate::Tiers), whose epochs are one sequence across clusters (`floor`
+    /// is the highest epoch any other tier used).
+    ///
+    /// # Errors
+    ///
+    /// As [`advance_epoch`](Locker::advance_epoch).
+    pub async fn advance_epoch_above(
+        &self,
+        reason: EpochReason,
+        floor: palisade_fence::Epoch,
+    ) -> Result<EpochRecord> {
         let inner = &self.inner;
         advance(
             &inner.client,
@@ -403,7 +419,37 @@ impl Locker {
             &inner.epoch,
             inner.request_timeout,
             reason,
+            floor,
         )
         .await
+    }
+
+    /// The highest epoch this locker knows to be used on its cluster: its current
+    /// epoch, and the durable record's (which an advance by another replica may have
+    /// raised).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::EpochStore`] if the durable record cannot be read.
+    pub async fn highest_epoch(&self) -> Result<palisade_fence::Epoch> {
+        let durable = self
+            .inner
+            .epoch
+            .store()
+            .load()
+            .await
+            .map_err(|e| Error::with_source(ErrorKind::EpochStore, e))?;
+        let mine = self.inner.epoch.snapshot().record.epoch;
+        Ok(durable.map_or(mine, |d| d.epoch.max(mine)))
+    }
+
+    /// The root key layout this locker writes under.
+    pub fn keys(&self) -> &RootKeys {
+        &self.inner.keys
+    }
+
+    /// The request timeout it was built with.
+    pub fn request_timeout(&self) -> Duration {
+        self.inner.request_timeout
     }
 }

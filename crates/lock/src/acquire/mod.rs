@@ -463,7 +463,15 @@ impl Attempt {
         guard: Option<&TxnGuard>,
     ) -> Result<(TxnResponse, TxnResponse)> {
         let marker = self.keys.cancel_marker(self.session.lease(), self.id);
-        let mut when = vec![Compare::create_revision(marker, CompareOp::Equal, 0)];
+        // The namespace's rehome fence: no waiter key or grant is created in a fenced
+        // namespace (a grant needs a waiter key or this Txn), so once a rehome has seen
+        // the namespace's holds and waiters gone after fencing it, this cluster grants
+        // nothing more in it.
+        let fence = self.locker.keys.ns_fence(&self.name.ns);
+        let mut when = vec![
+            Compare::create_revision(marker, CompareOp::Equal, 0),
+            Compare::create_revision(fence.as_str(), CompareOp::Equal, 0),
+        ];
         let mut then = Vec::new();
         let mut or_else = Vec::new();
         if let Some(g) = guard {
@@ -471,6 +479,10 @@ impl Attempt {
             then.extend(g.then.iter().cloned());
             or_else.extend(g.or_else.iter().cloned());
         }
+        or_else.push(TxnOp::get(
+            fence,
+            Some(etcd_client::GetOptions::new().with_count_only()),
+        ));
         then.push(TxnOp::txn(inner));
         let txn = Txn::new().when(when).and_then(then).or_else(or_else);
         let was_unsettled = self.unsettled.swap(true, Ordering::SeqCst);
@@ -492,10 +504,17 @@ impl Attempt {
             self.unsettled.store(false, Ordering::SeqCst);
         }
         if !resp.succeeded() {
+            let mut reads = resp.op_responses();
+            let fenced = matches!(reads.pop(), Some(TxnOpResponse::Get(g)) if g.count() > 0);
+            if fenced {
+                return Err(Error::new(ErrorKind::NamespaceFenced {
+                    ns: self.name.ns.clone(),
+                }));
+            }
             if let Some(g) = guard {
                 *g.failed
                     .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(resp.op_responses());
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(reads);
             }
             return Err(Error::new(ErrorKind::Etcd));
         }
