@@ -37,6 +37,18 @@ impl Run {
             kind,
             phase,
             detail,
+            worker: None,
+        });
+    }
+
+    /// Records a fault that stops worker `worker` (the checker's loss-signal deadline
+    /// waits for its end).
+    fn fault_on(&self, kind: FaultKind, phase: Phase, detail: String, worker: usize) {
+        self.record(Event::Fault {
+            kind,
+            phase,
+            detail,
+            worker: u32::try_from(worker).ok(),
         });
     }
 
@@ -110,15 +122,21 @@ impl Run {
                     return Ok(());
                 };
                 let pause = TTL + f.hold;
-                self.fault(
+                self.fault_on(
                     kind,
                     Phase::Start,
                     format!("worker {i} stopped (SIGSTOP) for {} ms", pause.as_millis()),
+                    i,
                 );
                 procs::signal(pid, Signal::SIGSTOP);
                 tokio::time::sleep(pause).await;
                 procs::signal(pid, Signal::SIGCONT);
-                self.fault(kind, Phase::End, format!("worker {i} continued (SIGCONT)"));
+                self.fault_on(
+                    kind,
+                    Phase::End,
+                    format!("worker {i} continued (SIGCONT)"),
+                    i,
+                );
             }
             FaultKind::RestartPostgres => {
                 let (mode, how) = if f.crash {

@@ -2,10 +2,12 @@
 //! release, each step recorded as a history entry on stdout (one JSON line each).
 //!
 //! It is its own process so that stopping it (SIGSTOP) also stops its session's
-//! keepalive, as a garbage-collection pause or a frozen VM would. It writes without
-//! looking at the lost signal, as a process that was paused mid-work does: the resources
-//! are what must refuse it; the signal (`RemoteHold::lost`, with its reason) is only
-//! recorded. It reaches the replicas through loopback proxies of its own
+//! keepalive, as a garbage-collection pause or a frozen VM would. It stops writing with
+//! a hold's token once it recorded the hold's loss signal (`RemoteHold::lost`, with its
+//! reason); a write that was under way, or that a paused process sends before its
+//! client's timer fires, is what the resources must refuse. It records each renewal its
+//! client had acknowledged (`renewed`), so the checker can hold the signal to its
+//! deadline. It reaches the replicas through loopback proxies of its own
 //! ([`palisade_testkit::LossyProxy`]); after the line `lose-releases on` on its stdin,
 //! and until `lose-releases off`, the proxy loses each release: in turn, every attempt
 //! for 1 s (the outcome is then unknown and the client retries in the background while
@@ -97,6 +99,28 @@ impl Recorder {
             std::process::exit(0);
         }
     }
+
+    /// Records `event` if the hold of `token` is still the worker's (its loss was not
+    /// recorded meanwhile); says whether it did. The check and the record happen under
+    /// `current`'s lock, as the loss is recorded, so a write is never recorded after the
+    /// worker was told.
+    fn record_if_held(&self, current: &Current, token: u64, event: Event) -> bool {
+        let cur = current.lock().unwrap_or_else(|e| e.into_inner());
+        if cur.as_ref().is_some_and(|(_, _, t)| *t == token) {
+            self.record(event);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// A `std::time::Instant` on the history's clock.
+    fn ns_of(&self, at: std::time::Instant) -> u64 {
+        let ago = std::time::Instant::now().saturating_duration_since(at);
+        self.clock
+            .at_ns()
+            .saturating_sub(u64::try_from(ago.as_nanos()).unwrap_or(u64::MAX))
+    }
 }
 
 /// The hold a worker has, for the lost-signal watcher: (session id, lock, token).
@@ -182,6 +206,7 @@ pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
             match tokio::time::timeout(WRITE_TIMEOUT, client.open_session(ttl)).await {
                 Ok(Ok(s)) => {
                     watch_loss(&s, current.clone(), rec.clone());
+                    record_renewals(&s, rec.clone());
                     session = Some(s);
                 }
                 _ => {
@@ -221,7 +246,7 @@ pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
                     lock,
                     error: "no answer in time".into(),
                 });
-                abandon(&mut session, &current).await;
+                abandon(&rec, &mut session, &current).await;
                 continue;
             }
         };
@@ -246,8 +271,8 @@ pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
 
         // Rounds of writes with pauses between them: a pause here (SIGSTOP from the
         // nemesis, or the occasional long one here) is followed by a write with a token
-        // that may have gone stale meanwhile. The hold's loss signal is recorded when it
-        // fires, but the writes go on regardless.
+        // that may have gone stale meanwhile, unless the loss signal came first: once it
+        // is recorded, no write carries the token.
         let rounds = rng.gen_range(2..=4);
         let pauses: Vec<Duration> = (0..rounds)
             .map(|round| match round {
@@ -261,10 +286,11 @@ pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
             for pause in pauses {
                 tokio::time::sleep(pause).await;
                 op += 1;
-                write_pg(&rec, &pool, &key, t, op).await;
+                write_pg(&rec, &current, &pool, &key, t, op).await;
                 op += 1;
                 write_http(
                     &rec,
+                    &current,
                     &fenced_http,
                     &config.resource_url,
                     &format!("/cells/{key}"),
@@ -276,7 +302,16 @@ pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
             if advisory {
                 op += 1;
                 let path = format!("/advisory/{key}");
-                write_http(&rec, &plain_http, &config.resource_url, &path, None, op).await;
+                write_http(
+                    &rec,
+                    &current,
+                    &plain_http,
+                    &config.resource_url,
+                    &path,
+                    None,
+                    op,
+                )
+                .await;
             }
         };
         tokio::pin!(work);
@@ -325,20 +360,39 @@ fn watch_loss(s: &ClientSession, current: Current, rec: Recorder) {
     let s = s.clone();
     tokio::spawn(async move {
         s.lost().await;
-        let mine = {
-            let mut cur = current.lock().unwrap_or_else(|e| e.into_inner());
-            if cur.as_ref().is_some_and(|(id, _, _)| id == s.id()) {
-                cur.take()
-            } else {
-                None
+        let mut cur = current.lock().unwrap_or_else(|e| e.into_inner());
+        if cur.as_ref().is_some_and(|(id, _, _)| id == s.id()) {
+            if let Some((_, lock, token)) = cur.take() {
+                let reason = Some(LossReason::SessionEnded);
+                rec.record(Event::Lost {
+                    lock,
+                    token,
+                    reason,
+                });
             }
-        };
-        if let Some((_, lock, token)) = mine {
-            let reason = Some(LossReason::SessionEnded);
-            rec.record(Event::Lost {
-                lock,
-                token,
-                reason,
+        }
+    });
+}
+
+/// Records each renewal of `s` the service acknowledged (the open first), with its send
+/// time, until the session is lost.
+fn record_renewals(s: &ClientSession, rec: Recorder) {
+    let s = s.clone();
+    let session = LeaseId::from_hex(s.id()).map_or(-1, LeaseId::get);
+    let ttl_ms = u64::try_from(s.ttl().as_millis()).unwrap_or(u64::MAX);
+    tokio::spawn(async move {
+        let mut last = s.renewed_at();
+        rec.record(Event::Renewed {
+            session,
+            sent_ns: rec.ns_of(last),
+            ttl_ms,
+        });
+        while let Some(at) = s.renewed_after(last).await {
+            last = at;
+            rec.record(Event::Renewed {
+                session,
+                sent_ns: rec.ns_of(at),
+                ttl_ms,
             });
         }
     });
@@ -346,15 +400,9 @@ fn watch_loss(s: &ClientSession, current: Current, rec: Recorder) {
 
 /// Records `Lost` for the hold with `token`, unless its loss was recorded already.
 fn told(rec: &Recorder, current: &Current, lock: &LockName, token: u64, reason: LossReason) {
-    let mine = {
-        let mut cur = current.lock().unwrap_or_else(|e| e.into_inner());
-        if cur.as_ref().is_some_and(|(_, _, t)| *t == token) {
-            cur.take()
-        } else {
-            None
-        }
-    };
-    if mine.is_some() {
+    let mut cur = current.lock().unwrap_or_else(|e| e.into_inner());
+    if cur.as_ref().is_some_and(|(_, _, t)| *t == token) {
+        cur.take();
         rec.record(Event::Lost {
             lock: lock.clone(),
             token,
@@ -363,10 +411,15 @@ fn told(rec: &Recorder, current: &Current, lock: &LockName, token: u64, reason: 
     }
 }
 
-/// Gives up a session that does not answer: forgets its hold (it ends by expiry or by
-/// the close) and closes it.
-async fn abandon(session: &mut Option<ClientSession>, current: &Current) {
-    current.lock().unwrap_or_else(|e| e.into_inner()).take();
+/// Gives up a session that does not answer: forgets its hold, if any (it ends by expiry
+/// or by the close), records that, and closes the session.
+async fn abandon(rec: &Recorder, session: &mut Option<ClientSession>, current: &Current) {
+    {
+        let mut cur = current.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, lock, token)) = cur.take() {
+            rec.record(Event::Abandoned { lock, token });
+        }
+    }
     if let Some(s) = session.take() {
         let _ = tokio::time::timeout(WRITE_TIMEOUT, s.close()).await;
     }
@@ -438,18 +491,29 @@ async fn release(
                 *session = None;
             }
         }
-        Err(_) => abandon(session, current).await,
+        Err(_) => abandon(rec, session, current).await,
     }
 }
 
-async fn write_pg(rec: &Recorder, pool: &Pool, key: &str, token: FencingToken, op: u64) {
+/// A fenced read-modify-write of the key's row, unless the hold's loss was recorded.
+async fn write_pg(
+    rec: &Recorder,
+    current: &Current,
+    pool: &Pool,
+    key: &str,
+    token: FencingToken,
+    op: u64,
+) {
     let resource = format!("pg/{key}");
-    rec.record(Event::WriteInvoked {
+    let invoked = Event::WriteInvoked {
         resource: resource.clone(),
         target: Target::Postgres,
         token: Some(token.get()),
         op,
-    });
+    };
+    if !rec.record_if_held(current, token.get(), invoked) {
+        return;
+    }
     let outcome = match tokio::time::timeout(WRITE_TIMEOUT, pool.get()).await {
         Ok(Ok(mut client)) => {
             let id = key.to_owned();
@@ -500,8 +564,12 @@ async fn write_pg(rec: &Recorder, pool: &Pool, key: &str, token: FencingToken, o
     });
 }
 
+/// A PUT to the resource service, with the hold's token unless the hold's loss was
+/// recorded (then nothing is sent); without a token, always.
+#[allow(clippy::too_many_arguments)]
 async fn write_http<S>(
     rec: &Recorder,
+    current: &Current,
     http: &S,
     base: &str,
     path: &str,
@@ -513,12 +581,20 @@ async fn write_http<S>(
     S::Error: std::fmt::Display,
 {
     let token = token.map(FencingToken::get);
-    rec.record(Event::WriteInvoked {
+    let invoked = Event::WriteInvoked {
         resource: path.to_owned(),
         target: Target::Http,
         token,
         op,
-    });
+    };
+    match token {
+        Some(t) => {
+            if !rec.record_if_held(current, t, invoked) {
+                return;
+            }
+        }
+        None => rec.record(invoked),
+    }
     let outcome =
         match tokio::time::timeout(WRITE_TIMEOUT, send(http, base, path, rec.worker)).await {
             Ok(Ok((200, body))) => match body["seq"].as_u64() {
