@@ -273,7 +273,7 @@ pub enum Event {
         /// The worker a pause stops (the loss signal's deadline waits for it); absent
         /// for other faults.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        worker: Option<u32>,
+        paused_worker: Option<u32>,
     },
     /// The epoch was advanced; every later token must be above every earlier one.
     EpochAdvanced {
@@ -493,6 +493,20 @@ mod tests {
         assert!(text.contains(r#""type":"write_completed""#), "{text}");
         assert!(text.contains(r#""outcome":"rejected""#), "{text}");
         assert_eq!(read_history(&buf[..]).unwrap(), vec![entry]);
+        // A fault naming the worker it pauses keeps the recorder's `worker` apart.
+        let fault = Entry {
+            at_ns: 13,
+            worker: u32::MAX,
+            event: Event::Fault {
+                kind: FaultKind::PauseWorker,
+                phase: Phase::Start,
+                detail: "worker 2".into(),
+                paused_worker: Some(2),
+            },
+        };
+        let mut buf = Vec::new();
+        write_entry(&mut buf, &fault).unwrap();
+        assert_eq!(read_history(&buf[..]).unwrap(), vec![fault]);
     }
 
     #[test]

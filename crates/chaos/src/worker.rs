@@ -12,10 +12,12 @@
 //! and until `lose-releases off`, the proxy loses each release: in turn, every attempt
 //! for 1 s (the outcome is then unknown and the client retries in the background while
 //! the worker goes on with the session), the answer to the first attempt, or the first
-//! attempt. It stops after the cycle under way once its stdin closes.
+//! attempt. After `pause-next-write` it stops itself (SIGSTOP) right after recording its
+//! next write with a token, before sending it, until the nemesis continues it. It stops
+//! after the cycle under way once its stdin closes.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -54,6 +56,13 @@ const LOST_RELEASE_BUDGET: Duration = Duration::from_secs(1);
 pub(crate) const LOSE_RELEASES_ON: &str = "lose-releases on";
 /// The line on a worker's stdin that ends [`LOSE_RELEASES_ON`].
 pub(crate) const LOSE_RELEASES_OFF: &str = "lose-releases off";
+/// The line on a worker's stdin that makes it stop itself (SIGSTOP, the whole process,
+/// keepalive included) right after it records its next write with a token, before the
+/// write is sent: a pause between deciding to write and writing. Armed for
+/// [`PAUSE_ARMED_FOR`]; the nemesis continues it (SIGCONT).
+pub(crate) const PAUSE_NEXT_WRITE: &str = "pause-next-write";
+/// How long [`PAUSE_NEXT_WRITE`] stays armed.
+pub(crate) const PAUSE_ARMED_FOR: Duration = Duration::from_secs(5);
 
 /// What a worker process is told, as one JSON argument.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,6 +89,9 @@ pub struct WorkerConfig {
 #[derive(Clone)]
 struct Recorder {
     clock: RunClock,
+    /// Until when (`at_ns`) the next recorded write with a token stops the process; 0
+    /// when not armed.
+    pause_until: Arc<AtomicU64>,
     worker: u32,
 }
 
@@ -105,13 +117,18 @@ impl Recorder {
     /// `current`'s lock, as the loss is recorded, so a write is never recorded after the
     /// worker was told.
     fn record_if_held(&self, current: &Current, token: u64, event: Event) -> bool {
-        let cur = current.lock().unwrap_or_else(|e| e.into_inner());
-        if cur.as_ref().is_some_and(|(_, _, t)| *t == token) {
+        {
+            let cur = current.lock().unwrap_or_else(|e| e.into_inner());
+            if cur.as_ref().is_none_or(|(_, _, t)| *t != token) {
+                return false;
+            }
             self.record(event);
-            true
-        } else {
-            false
         }
+        if self.clock.at_ns() < self.pause_until.swap(0, Ordering::SeqCst) {
+            // Stops every thread of the process until the nemesis continues it.
+            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
+        }
+        true
     }
 
     /// A `std::time::Instant` on the history's clock.
@@ -143,19 +160,27 @@ pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
     let stop = Arc::new(AtomicBool::new(false));
     let lossy = Arc::new(AtomicBool::new(false));
     let (stopping, arming) = (stop.clone(), lossy.clone());
+    let clock = RunClock::from_start(config.start_ns);
+    let pause_until = Arc::new(AtomicU64::new(0));
+    let pausing = pause_until.clone();
     tokio::spawn(async move {
         let mut lines = BufReader::new(tokio::io::stdin()).lines();
         while let Ok(Some(line)) = lines.next_line().await {
             match line.trim() {
                 LOSE_RELEASES_ON => arming.store(true, Ordering::SeqCst),
                 LOSE_RELEASES_OFF => arming.store(false, Ordering::SeqCst),
+                PAUSE_NEXT_WRITE => {
+                    let until = clock.at_ns() + PAUSE_ARMED_FOR.as_nanos() as u64;
+                    pausing.store(until, Ordering::SeqCst);
+                }
                 _ => {}
             }
         }
         stopping.store(true, Ordering::SeqCst);
     });
     let rec = Recorder {
-        clock: RunClock::from_start(config.start_ns),
+        clock,
+        pause_until,
         worker: config.id,
     };
     let mut rng = StdRng::seed_from_u64(

@@ -9,7 +9,7 @@
 //! - **Deadline.** While a hold is open, no entry of its worker is recorded later than the
 //!   expiry plus [`LOSS_SIGNAL_SLACK`] ([`Violation::LossSignalLate`]), the `lost` itself
 //!   included: a late signal is a violation even if fencing stopped the write. A worker
-//!   stopped (a `pause_worker` fault naming it) across the expiry cannot be told while
+//!   stopped (a `pause_worker` fault naming it in `paused_worker`) across the expiry cannot be told while
 //!   stopped: its deadline is the pause's end plus the slack, and none while the pause
 //!   has not ended. A history without `renewed` entries of a session is outside this
 //!   rule.

@@ -399,7 +399,7 @@ impl Checker {
                 kind,
                 phase,
                 detail: _,
-                worker: target,
+                paused_worker: target,
             } => {
                 if *phase == Phase::Start {
                     *c.faults.entry(*kind).or_insert(0) += 1;

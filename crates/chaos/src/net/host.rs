@@ -71,6 +71,14 @@ pub struct Host {
 }
 
 impl Host {
+    pub(crate) fn new(name: &str, netns: String, addr: Ipv4Addr) -> Host {
+        Host {
+            name: name.to_owned(),
+            netns,
+            addr,
+        }
+    }
+
     /// The host's name in the run (`etcd0`, `worker1`, ...).
     pub fn name(&self) -> &str {
         &self.name
@@ -212,11 +220,11 @@ impl Network {
         run("ip", &["-n", &sw, "link", "add", "br0", "type", "bridge"])?;
         run("ip", &["-n", &sw, "link", "set", "br0", "up"])?;
         for (i, name) in names.iter().enumerate() {
-            let host = Host {
-                name: (*name).to_owned(),
-                netns: format!("{}-{name}", self.run),
-                addr: Ipv4Addr::new(net[0], net[1], net[2], i as u8 + 2),
-            };
+            let host = Host::new(
+                name,
+                format!("{}-{name}", self.run),
+                Ipv4Addr::new(net[0], net[1], net[2], i as u8 + 2),
+            );
             run("ip", &["netns", "add", &host.netns])?;
             self.hosts.push(host.clone());
             let port = format!("p{i}");

@@ -49,7 +49,7 @@ fn pause(sim: &mut Sim, phase: Phase, worker: Option<u32>) -> usize {
             kind: FaultKind::PauseWorker,
             phase,
             detail: "worker 0".into(),
-            worker,
+            paused_worker: worker,
         },
     )
 }

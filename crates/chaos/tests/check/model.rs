@@ -351,7 +351,7 @@ impl Sim {
                 kind,
                 phase,
                 detail: "model".into(),
-                worker: None,
+                paused_worker: None,
             },
         );
     }
