@@ -4,7 +4,9 @@
 //! `release_unknown` or `abandoned` of its token, or its next `acquire_invoked` (a worker
 //! holds one lock at a time). The session's *expiry* is the latest `renewed` of the
 //! worker's session (`sent_ns + ttl_ms`, on the worker's own monotonic clock): the client
-//! counts the session alive until then and must say it is lost when it passes.
+//! counts the session alive until then and must say it is lost when it passes. A hold
+//! granted after that (its acquire was answered after the client's expiry) counts from
+//! its grant instead.
 //!
 //! - **Deadline.** While a hold is open, no entry of its worker is recorded later than the
 //!   expiry plus [`LOSS_SIGNAL_SLACK`] ([`Violation::LossSignalLate`]), the `lost` itself
@@ -30,6 +32,8 @@ pub const LOSS_SIGNAL_SLACK: Duration = Duration::from_secs(1);
 #[derive(Debug)]
 struct OpenHold {
     grant: EntryIndex,
+    /// When the worker recorded the grant, ns.
+    granted_at: u64,
     lock: LockName,
     token: u64,
     session: i64,
@@ -64,7 +68,9 @@ impl LossSignal {
         let Some(&expiry) = self.expiry.get(&(worker, hold.session)) else {
             return;
         };
-        let Some(deadline) = self.deadline(worker, expiry) else {
+        // A grant answered after the session's expiry (an acquire long-polling across
+        // it) is told within the slack of the grant.
+        let Some(deadline) = self.deadline(worker, expiry.max(hold.granted_at)) else {
             return;
         };
         if at > deadline && self.reported.insert((worker, hold.token)) {
@@ -105,6 +111,7 @@ impl LossSignal {
     pub(crate) fn granted(
         &mut self,
         index: EntryIndex,
+        at: u64,
         worker: u32,
         lock: &LockName,
         token: u64,
@@ -114,6 +121,7 @@ impl LossSignal {
             worker,
             OpenHold {
                 grant: index,
+                granted_at: at,
                 lock: lock.clone(),
                 token,
                 session,

@@ -293,7 +293,7 @@ impl Checker {
                     .granted(index, at, worker, lock, *token, *grant_rev, out);
                 self.audit.worker_grant(lock, *token, *grant_rev);
                 self.loss_signal
-                    .granted(index, worker, lock, *token, *session);
+                    .granted(index, at, worker, lock, *token, *session);
             }
             Event::AcquireFailed { lock, error: _ } => {
                 c.acquire_failures += 1;

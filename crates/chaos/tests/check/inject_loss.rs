@@ -163,6 +163,26 @@ fn a_pause_of_the_worker_across_the_expiry_moves_the_deadline_to_its_end() {
 }
 
 #[test]
+fn a_grant_answered_after_the_expiry_is_told_within_the_slack_of_the_grant() {
+    // The acquire long-polled across the client's expiry; the service granted on the
+    // lease it still had. The client says the session is lost at once.
+    let run = |told_after_grant: u64| {
+        let mut sim = Sim::new();
+        let sent_ns = sim.now();
+        renewed(&mut sim, sent_ns);
+        to(&mut sim, sent_ns + TTL_MS * 1_000_000 + 2 * SEC);
+        let hold = sim.acquire_in(0, &lock("a"), true, SESSION);
+        let granted = sim.now();
+        let lost = expires_and_told(&mut sim, &hold, granted + told_after_grant);
+        (check(&sim.finish()), lost)
+    };
+    let (report, _) = run(1_000);
+    assert!(report.is_ok(), "{report}");
+    let (report, lost) = run(slack() + 1);
+    assert_only(&report, ViolationKind::LossSignalLate, &[lost]);
+}
+
+#[test]
 fn a_release_ends_the_obligation() {
     let (mut sim, hold, expiry) = holder();
     sim.release(&hold);
