@@ -31,6 +31,12 @@ use palisade_api::keys::RootKeys;
 use palisade_api::routes;
 use palisade_client::ProblemKind;
 
+/// How long a paused holder is kept stopped past its pause for its lock to be granted to
+/// another worker.
+const LOCK_MOVED_WAIT: Duration = Duration::from_secs(6);
+/// Time for the next holder's first write, once its grant is seen.
+const NEXT_HOLDER_WRITES: Duration = Duration::from_millis(500);
+
 impl Run {
     fn fault(&self, kind: FaultKind, phase: Phase, detail: String) {
         self.record(Event::Fault {
@@ -114,10 +120,10 @@ impl Run {
                     return Ok(());
                 };
                 // A worker that holds a lock, when one does.
-                let i = self
-                    .holding
-                    .pick(f.pick)
-                    .map_or(f.pick as usize % workers.count(), |(w, _, _)| w as usize);
+                let held = self.holding.pick(f.pick);
+                let i = held
+                    .as_ref()
+                    .map_or(f.pick as usize % workers.count(), |(w, _, _)| *w as usize);
                 let Some(pid) = workers.pid(i) else {
                     return Ok(());
                 };
@@ -141,6 +147,18 @@ impl Run {
                     i,
                 );
                 tokio::time::sleep(pause).await;
+                // Its write is stale once another worker holds its lock and has written:
+                // it is continued after that (or after LOCK_MOVED_WAIT), so the run sees a
+                // stale write refused rather than one admitted because nobody wrote since.
+                if let Some((_, lock, token)) = &held {
+                    let until = tokio::time::Instant::now() + LOCK_MOVED_WAIT;
+                    while !self.holding.granted_above(lock, *token)
+                        && tokio::time::Instant::now() < until
+                    {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    tokio::time::sleep(NEXT_HOLDER_WRITES).await;
+                }
                 procs::signal(pid, Signal::SIGCONT);
                 self.fault_on(
                     kind,

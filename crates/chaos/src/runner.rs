@@ -64,28 +64,45 @@ pub(crate) struct Run {
 /// The workers that hold a lock right now, as their entries tell, with the lock and
 /// token (so the nemesis can pause a holder, whose next write then carries a token that
 /// may have gone stale, or force-release its hold).
+/// Also the highest token granted so far for each lock, so the nemesis can tell when a
+/// paused holder's lock has gone to another worker.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Holding(Arc<Mutex<BTreeMap<u32, (LockName, u64)>>>);
+pub(crate) struct Holding(Arc<Mutex<HoldingState>>);
+
+#[derive(Debug, Default)]
+struct HoldingState {
+    holders: BTreeMap<u32, (LockName, u64)>,
+    highest: BTreeMap<LockName, u64>,
+}
 
 impl Holding {
     fn observe(&self, entry: &Entry) {
-        let mut set = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
         match &entry.event {
             Event::Granted { lock, token, .. } => {
-                set.insert(entry.worker, (lock.clone(), *token));
+                s.holders.insert(entry.worker, (lock.clone(), *token));
+                let highest = s.highest.entry(lock.clone()).or_default();
+                *highest = (*highest).max(*token);
             }
             Event::Released { .. } | Event::Lost { .. } | Event::ReleaseUnknown { .. } => {
-                set.remove(&entry.worker);
+                s.holders.remove(&entry.worker);
             }
             _ => {}
         }
     }
 
+    /// Whether `lock` was granted with a token above `token` since.
+    pub(crate) fn granted_above(&self, lock: &LockName, token: u64) -> bool {
+        let s = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        s.highest.get(lock).is_some_and(|t| *t > token)
+    }
+
     /// Worker number `pick % holders` among the holders, if any, with its lock and token.
     pub(crate) fn pick(&self, pick: u32) -> Option<(u32, LockName, u64)> {
-        let set = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let n = u32::try_from(set.len()).ok().filter(|n| *n > 0)?;
-        set.iter()
+        let s = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let n = u32::try_from(s.holders.len()).ok().filter(|n| *n > 0)?;
+        s.holders
+            .iter()
             .nth((pick % n) as usize)
             .map(|(w, (lock, token))| (*w, lock.clone(), *token))
     }
