@@ -25,6 +25,11 @@ pub(crate) struct TailArgs {
     /// etcd client endpoint (`http://host:port`); repeat for several members.
     #[arg(long = "etcd", required = true)]
     etcd: Vec<String>,
+    /// Another etcd cluster tier to tail as well, `NAME=http://HOST:PORT[,...]`; repeat
+    /// for more (as `palisade serve --tier`). Each cluster is tailed on its own, its rows
+    /// keyed by its cluster id.
+    #[arg(long = "tier", value_name = "NAME=ENDPOINTS")]
+    tiers: Vec<String>,
     /// The root prefix of the lock key space.
     #[arg(long, default_value = "/palisade/")]
     root: String,
@@ -86,16 +91,26 @@ async fn serve(args: ServeArgs) -> Result<String, Box<dyn Error>> {
 }
 
 async fn tail(args: TailArgs) -> Result<String, Box<dyn Error>> {
-    let pool = palisade_audit::pool(&args.database, 2)?;
-    palisade_audit::migrate(&pool).await?;
-    let tailer = palisade_audit::Tailer::connect(&args.etcd, pool)
-        .await?
-        .with_root(args.root);
-    let _ = crate::cli::output::emit(&format!("palisade audit tailer on {}", args.etcd.join(",")));
-    tokio::select! {
-        never = tailer.run() => match never {},
-        () = interrupted() => {}
+    let mut clusters = vec![args.etcd.clone()];
+    for spec in &args.tiers {
+        let (_, endpoints) = spec
+            .split_once('=')
+            .ok_or_else(|| format!("--tier {spec:?} is not NAME=http://HOST:PORT[,...]"))?;
+        clusters.push(endpoints.split(',').map(str::to_owned).collect());
     }
+    let pool = palisade_audit::pool(&args.database, 2 * clusters.len())?;
+    palisade_audit::migrate(&pool).await?;
+    let mut tailers = tokio::task::JoinSet::new();
+    for endpoints in &clusters {
+        let tailer = palisade_audit::Tailer::connect(endpoints, pool.clone())
+            .await?
+            .with_root(args.root.clone());
+        tailers.spawn(tailer.run());
+    }
+    let all: Vec<String> = clusters.iter().map(|c| c.join(",")).collect();
+    let _ = crate::cli::output::emit(&format!("palisade audit tailer on {}", all.join(" and ")));
+    interrupted().await;
+    tailers.abort_all();
     Ok(String::new())
 }
 

@@ -180,3 +180,64 @@ async fn etcd_the_cli_acquire_opening_its_own_session_is_retried_until_etcd_is_b
     assert_eq!(status["holders"][0]["grant_rev"], hold["grant_rev"]);
     assert_eq!(status["holders"][0]["session"], hold["session"]);
 }
+
+#[tokio::test]
+async fn etcd_a_client_session_open_answered_quorum_lost_is_retried_until_etcd_is_back() {
+    let mut svc = Service::start(Mode::Dev, None).await;
+    let client = Client::new(svc.url.clone()).unwrap().with_dev_identity(JOB);
+    let probe = client.open_session(Duration::from_secs(60)).await.unwrap();
+    svc.cluster.stop(0).await;
+    let unavailable = time_to_503(&client, probe.id()).await;
+    // With no wait, the open is sent once and its 503 is the answer.
+    let e = client
+        .clone()
+        .with_unavailable_wait(Duration::ZERO)
+        .open_session(Duration::from_secs(30))
+        .await
+        .expect_err("etcd is stopped");
+    assert_eq!(
+        (e.status(), e.kind().slug()),
+        (Some(503), "quorum-lost"),
+        "{e}"
+    );
+    let wait = unavailable * 3 + Duration::from_secs(15);
+    let started = Instant::now();
+    let open = {
+        let client = client.clone().with_unavailable_wait(wait);
+        tokio::spawn(async move { client.open_session(Duration::from_secs(30)).await })
+    };
+    tokio::time::sleep(unavailable * 2 + Duration::from_secs(1)).await;
+    assert!(
+        !open.is_finished(),
+        "the session open gave up while etcd was stopped: {:?}",
+        open.await
+    );
+    svc.cluster.restart(0).await;
+    let session = open
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("no session after etcd came back: {e}"));
+    assert!(started.elapsed() < wait, "opened within the wait");
+    // The session is real and kept alive: it acquires, and the lock names it.
+    let hold = session
+        .acquire(
+            "ns",
+            "c",
+            "opened",
+            LockMode::Exclusive,
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    let status = client
+        .call_json(
+            "GET",
+            "/v1/locks/status?namespace=ns&class=c&key=opened",
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(status["holders"][0]["session"], session.id());
+    hold.release().await.unwrap();
+    session.close().await.unwrap();
+}

@@ -49,6 +49,22 @@ enum NamespaceCommand {
         #[command(flatten)]
         fields: NamespaceFields,
     },
+    /// Move a namespace to another etcd cluster tier (service admins): acquires in it
+    /// answer 503 namespace-moving while its holds on the old tier drain, then it is
+    /// served by the new tier under an epoch above every tier's; prints the move as
+    /// JSON. A drain that times out rolls back; after any failure, run it again to
+    /// resume or finish it.
+    Rehome {
+        /// Namespace name.
+        ns: String,
+        /// The tier to move it to.
+        #[arg(long)]
+        to: String,
+        /// How long to wait for its holds and waiters on the old tier to end, in
+        /// milliseconds (at most 600000).
+        #[arg(long, default_value_t = 30_000)]
+        drain_ms: u64,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -59,7 +75,8 @@ struct NamespaceFields {
     /// Lock operations per second, per replica (default 1000).
     #[arg(long)]
     op_rate_quota: Option<u32>,
-    /// The etcd cluster tier serving the namespace (default `default`).
+    /// The etcd cluster tier serving the namespace (default: the service's home tier).
+    /// Set at create; an update cannot move a namespace (`namespace rehome` does).
     #[arg(long)]
     cluster_tier: Option<String>,
 }
@@ -217,15 +234,19 @@ fn classes(conn: &Connection, ns: &str) -> Result<Vec<LockClass>> {
     Ok(serde_json::from_value(v)?)
 }
 
-fn put_namespace(conn: &Connection, n: &Namespace) -> Result<String> {
+/// `tier`: the `cluster_tier` to send (none: the service keeps the namespace's tier,
+/// or picks its home tier for a new one).
+fn put_namespace(conn: &Connection, n: &Namespace, tier: Option<&str>) -> Result<String> {
+    let mut body = json!({ "tenant_id": n.tenant_id, "held_lease_quota": n.held_lease_quota,
+                           "op_rate_quota": n.op_rate_quota });
+    if let Some(t) = tier {
+        body["cluster_tier"] = json!(t);
+    }
     call(
         conn,
         "PUT",
         format!("/v1/namespaces/{}", enc(&n.id)),
-        Some(
-            json!({ "tenant_id": n.tenant_id, "held_lease_quota": n.held_lease_quota,
-                     "op_rate_quota": n.op_rate_quota, "cluster_tier": n.cluster_tier }),
-        ),
+        Some(body),
     )
 }
 
@@ -256,7 +277,7 @@ pub(crate) fn run_namespace(args: NamespaceArgs) -> Result<String> {
             }
             let mut n = Namespace::new(ns, tenant);
             fields.apply(&mut n);
-            put_namespace(&conn, &n)
+            put_namespace(&conn, &n, fields.cluster_tier.as_deref())
         }
         NamespaceCommand::Update { ns, tenant, fields } => {
             let mut n = namespaces(&conn)?
@@ -272,8 +293,14 @@ pub(crate) fn run_namespace(args: NamespaceArgs) -> Result<String> {
                 n.tenant_id = t;
             }
             fields.apply(&mut n);
-            put_namespace(&conn, &n)
+            put_namespace(&conn, &n, fields.cluster_tier.as_deref())
         }
+        NamespaceCommand::Rehome { ns, to, drain_ms } => call(
+            &conn,
+            "POST",
+            palisade_api::routes::rehome(&ns),
+            Some(json!({ "to": to, "drain_ms": drain_ms })),
+        ),
     }
 }
 

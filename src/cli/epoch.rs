@@ -30,6 +30,10 @@ enum EpochCommand {
         /// Why.
         #[arg(long, value_enum)]
         reason: Reason,
+        /// The etcd cluster tier whose epoch advances (default: the home tier). The new
+        /// epoch is above every tier's.
+        #[arg(long)]
+        tier: Option<String>,
     },
 }
 
@@ -45,7 +49,7 @@ pub(crate) fn run(args: EpochArgs) -> Result<String> {
     let EpochArgs { conn, cmd } = args;
     match cmd {
         EpochCommand::Show => call(&conn, "GET", "/v1/epoch".into(), None),
-        EpochCommand::Advance { reason } => {
+        EpochCommand::Advance { reason, tier } => {
             let reason = match reason {
                 Reason::Restore => "restore",
                 Reason::Rehome => "rehome",
@@ -54,7 +58,10 @@ pub(crate) fn run(args: EpochArgs) -> Result<String> {
                 &conn,
                 "POST",
                 "/v1/epoch/advance".into(),
-                Some(json!({ "reason": reason })),
+                Some(match tier {
+                    Some(t) => json!({ "reason": reason, "tier": t }),
+                    None => json!({ "reason": reason }),
+                }),
             )
         }
     }

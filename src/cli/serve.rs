@@ -64,6 +64,14 @@ pub(crate) struct ServeArgs {
     /// Root prefix of the key space in etcd.
     #[arg(long, default_value = palisade_lock::DEFAULT_ROOT)]
     root: String,
+    /// The name of the `--etcd` cluster's tier, the home tier: it holds the directory
+    /// (which namespace lives on which tier) and serves namespaces of no other tier.
+    #[arg(long, default_value = palisade_lock::DEFAULT_TIER)]
+    home_tier: String,
+    /// Another etcd cluster tier, `NAME=http://HOST:PORT[,http://HOST:PORT...]`;
+    /// repeated for more. Its durable epoch record is `<--epoch-file>.<NAME>`.
+    #[arg(long = "tier", value_name = "NAME=ENDPOINTS")]
+    tiers: Vec<String>,
     /// Server certificate chain (PEM), for mTLS.
     #[arg(long, requires_all = ["tls_key", "client_ca"], conflicts_with = "insecure_dev_identity")]
     tls_cert: Option<PathBuf>,
@@ -156,9 +164,37 @@ async fn stop_signal() -> &'static str {
     }
 }
 
+/// One `--tier NAME=ENDPOINTS`.
+fn parse_tier(spec: &str) -> std::result::Result<(String, Vec<String>), CliError> {
+    let Some((name, endpoints)) = spec.split_once('=') else {
+        return Err(CliError::bad_input(format!(
+            "--tier {spec:?} is not NAME=http://HOST:PORT[,http://HOST:PORT...]"
+        )));
+    };
+    palisade_api::validate_name(name)
+        .map_err(|e| CliError::bad_input(format!("--tier {spec:?}: {e}")))?;
+    let endpoints: Vec<String> = endpoints.split(',').map(str::to_owned).collect();
+    for e in &endpoints {
+        check_endpoint(e)?;
+    }
+    Ok((name.to_owned(), endpoints))
+}
+
+/// The durable epoch record of tier `name`: `<epoch_file>.<name>`.
+fn tier_epoch_file(epoch_file: &std::path::Path, name: &str) -> PathBuf {
+    let mut path = epoch_file.as_os_str().to_owned();
+    path.push(format!(".{name}"));
+    PathBuf::from(path)
+}
+
 pub(crate) fn run(args: ServeArgs) -> Result<String> {
     for e in &args.etcd {
         check_endpoint(e)?;
+    }
+    palisade_api::validate_name(&args.home_tier)
+        .map_err(|e| CliError::bad_input(format!("--home-tier: {e}")))?;
+    for t in &args.tiers {
+        parse_tier(t)?;
     }
     init_logging(args.log_format);
     let rt = tokio::runtime::Runtime::new()?;
@@ -182,7 +218,7 @@ async fn serve(args: ServeArgs) -> Result<String> {
     });
     let endpoints = args.etcd.join(",");
     let locker = Locker::connect(
-        LockerOptions::new(args.etcd).with_root(args.root),
+        LockerOptions::new(args.etcd).with_root(args.root.clone()),
         FileEpochStore::new(&args.epoch_file),
     )
     .await
@@ -203,11 +239,39 @@ async fn serve(args: ServeArgs) -> Result<String> {
             args.epoch_file.display()
         );
     }
+    let mut tiers = vec![(args.home_tier.clone(), locker.clone())];
+    for spec in &args.tiers {
+        let (name, endpoints) = parse_tier(spec)?;
+        let file = tier_epoch_file(&args.epoch_file, &name);
+        let joined = endpoints.join(",");
+        let tier = Locker::connect(
+            LockerOptions::new(endpoints).with_root(args.root.clone()),
+            FileEpochStore::new(&file),
+        )
+        .await
+        .map_err(|e| {
+            failed(format!(
+                "cannot start tier {name} on etcd {joined} (epoch file {})",
+                file.display()
+            ))(&e)
+        })?;
+        if let (_, Some(mismatch)) = tier.epoch() {
+            tracing::error!(
+                "tier {name} NOT READY: its grants are refused (503 epoch-mismatch): {mismatch}. \
+                 Check that the epoch file {} is the one the other replicas share",
+                file.display()
+            );
+        }
+        tiers.push((name, tier));
+    }
+    let tiers = palisade_lock::Tiers::new(args.home_tier.clone(), tiers)
+        .map_err(|e| CliError::bad_input(format!("--tier: {e}")))?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| failed(format!("cannot listen on {}", args.listen))(&e))?;
-    let mut options =
-        ServiceOptions::new(authz).with_max_sessions_per_identity(args.max_sessions_per_identity);
+    let mut options = ServiceOptions::new(authz)
+        .with_max_sessions_per_identity(args.max_sessions_per_identity)
+        .with_tiers(tiers);
     if let Some(database) = &args.database {
         let force = force_releases(database)
             .await

@@ -104,4 +104,20 @@ pub enum InvalidInput {
         /// The largest accepted.
         max: u64,
     },
+    /// A session id that is neither 16 lower-case hex digits (a session on the home
+    /// tier) nor `<tier>.<16 hex digits>` (see [`TieredSessionId`](crate::TieredSessionId)).
+    #[error("a session id is 16 lower-case hex digits, or <tier>.<16 hex digits>")]
+    BadSessionId,
+    /// A tier name that is not one of the service's configured etcd cluster tiers.
+    #[error("unknown cluster tier {0:?}: not one of this service's tiers")]
+    UnknownTier(String),
+    /// A namespace's `cluster_tier` changed by a plain update; moving a namespace is a
+    /// rehome (`palisade namespace rehome NS --to TIER`).
+    #[error("namespace {ns:?} lives on tier {tier:?}: move it with a rehome, not an update")]
+    TierChangeNeedsRehome {
+        /// The namespace.
+        ns: String,
+        /// The tier it lives on.
+        tier: String,
+    },
 }

@@ -9,7 +9,7 @@
 //! | [`routes`] | every route's path, and builders for concrete paths |
 //! | [`wire`] | the JSON request and response bodies of the service |
 //! | [`problem`] | problem kinds: slugs, `type` URIs and status codes |
-//! | crate root | names and keys ([`validate_name`], [`validate_key`]), free text ([`validate_text`]), ids ([`LeaseId`], [`SpiffeId`]), configuration records ([`Namespace`], [`LockClass`], [`EpochRecord`]), [`HolderMeta`], and [`InvalidInput`], why input was refused |
+//! | crate root | names and keys ([`validate_name`], [`validate_key`]), free text ([`validate_text`]), ids ([`LeaseId`], [`SpiffeId`]), configuration records ([`Namespace`], [`LockClass`], [`EpochRecord`], [`RehomeRecord`]), [`TieredSessionId`], [`HolderMeta`], and [`InvalidInput`], why input was refused |
 //!
 //! # Features
 //!
@@ -25,6 +25,7 @@ mod names;
 pub mod problem;
 pub mod routes;
 mod text;
+mod tier;
 pub mod wire;
 
 pub use config::{millis, Enforcement, LockClass, Mode, Namespace, QuorumPolicy};
@@ -38,3 +39,4 @@ pub use problem::ProblemKind;
 pub use text::{
     validate_text, TextFault, MAX_LABEL_LEN, MAX_REASON_LEN, MAX_REQUEST_ID_LEN, TEXT_PATTERN,
 };
+pub use tier::{RehomePhase, RehomeRecord, TieredSessionId};

@@ -49,11 +49,17 @@ pub enum ProblemKind {
     Upstream,
     /// 500: a record in etcd or the durable epoch record could not be read.
     Internal,
+    /// 409: the namespace lives on another etcd cluster tier than the session's; the
+    /// detail names the tier to open a session on.
+    WrongTier,
+    /// 503: the namespace is being rehomed to another tier and grants nothing until the
+    /// move ends (or is rolled back); answers carry `Retry-After` (seconds).
+    NamespaceMoving,
 }
 
 impl ProblemKind {
     /// Every kind, in declaration order.
-    pub const ALL: [ProblemKind; 16] = [
+    pub const ALL: [ProblemKind; 18] = [
         ProblemKind::InvalidInput,
         ProblemKind::Unauthenticated,
         ProblemKind::Forbidden,
@@ -70,6 +76,8 @@ impl ProblemKind {
         ProblemKind::QuorumLost,
         ProblemKind::Upstream,
         ProblemKind::Internal,
+        ProblemKind::WrongTier,
+        ProblemKind::NamespaceMoving,
     ];
 
     /// The slug used in the `type` URI.
@@ -91,6 +99,8 @@ impl ProblemKind {
             ProblemKind::QuorumLost => "quorum-lost",
             ProblemKind::Upstream => "upstream",
             ProblemKind::Internal => "internal",
+            ProblemKind::WrongTier => "wrong-tier",
+            ProblemKind::NamespaceMoving => "namespace-moving",
         }
     }
 
@@ -122,10 +132,13 @@ impl ProblemKind {
             | ProblemKind::EpochExhausted
             | ProblemKind::AlreadyApproved
             | ProblemKind::HoldForced
-            | ProblemKind::ForceTargetGone => StatusCode::CONFLICT,
+            | ProblemKind::ForceTargetGone
+            | ProblemKind::WrongTier => StatusCode::CONFLICT,
             ProblemKind::SessionLost => StatusCode::GONE,
             ProblemKind::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
-            ProblemKind::EpochMismatch | ProblemKind::QuorumLost => StatusCode::SERVICE_UNAVAILABLE,
+            ProblemKind::EpochMismatch | ProblemKind::QuorumLost | ProblemKind::NamespaceMoving => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ProblemKind::Upstream => StatusCode::BAD_GATEWAY,
             ProblemKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }

@@ -24,6 +24,8 @@ pub const NAMESPACE: &str = "/v1/namespaces/{ns}";
 pub const CLASSES: &str = "/v1/namespaces/{ns}/classes";
 /// `PUT`: create or update a class.
 pub const CLASS: &str = "/v1/namespaces/{ns}/classes/{class}";
+/// `POST`: move a namespace to another etcd cluster tier (admin).
+pub const REHOME: &str = "/v1/namespaces/{ns}/rehome";
 /// `GET`: the epoch record.
 pub const EPOCH: &str = "/v1/epoch";
 /// `POST`: advance the epoch.
@@ -71,6 +73,11 @@ pub fn status(ns: &str, class: &str, key: &str) -> String {
 /// [`NAMESPACE`] for one namespace.
 pub fn namespace(ns: &str) -> String {
     format!("/v1/namespaces/{}", enc(ns))
+}
+
+/// [`REHOME`] of one namespace.
+pub fn rehome(ns: &str) -> String {
+    format!("/v1/namespaces/{}/rehome", enc(ns))
 }
 
 /// [`CLASSES`] of one namespace.

@@ -39,6 +39,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "dashboard_overview",
         include_str!("../migrations/0007_dashboard_overview.sql"),
     ),
+    (
+        8,
+        "unprotected_resource_scan",
+        include_str!("../migrations/0008_unprotected_resource_scan.sql"),
+    ),
 ];
 
 /// The advisory lock key that serializes migrations across processes ("paud").

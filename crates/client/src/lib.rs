@@ -70,5 +70,5 @@ pub use hold::{HoldLoss, RemoteHold};
 pub use palisade_api::{FencingToken, HolderMeta, Mode, ProblemKind, Revision};
 /// The DER certificate and key types [`ClientTls`] takes (from `rustls`).
 pub use rustls::pki_types;
-pub use session::{Client, ClientSession};
+pub use session::{Client, ClientSession, DEFAULT_OPEN_WAIT};
 pub use tls::ClientTls;

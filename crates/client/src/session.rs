@@ -25,7 +25,13 @@ use palisade_api::Mode;
 #[derive(Clone)]
 pub struct Client {
     http: Http,
+    /// How long opening a session is sent again while the service answers that it
+    /// cannot serve it for now (see [`Client::with_unavailable_wait`]).
+    open_wait: Duration,
 }
+
+/// The default of [`Client::with_unavailable_wait`].
+pub const DEFAULT_OPEN_WAIT: Duration = Duration::from_secs(10);
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -50,6 +56,7 @@ impl Client {
         }
         Ok(Client {
             http: Http::new(base),
+            open_wait: DEFAULT_OPEN_WAIT,
         })
     }
 
@@ -69,6 +76,7 @@ impl Client {
         }
         Ok(Client {
             http: Http::new_tls(base, &tls)?,
+            open_wait: DEFAULT_OPEN_WAIT,
         })
     }
 
@@ -77,6 +85,18 @@ impl Client {
     #[must_use]
     pub fn with_dev_identity(mut self, id: impl Into<String>) -> Self {
         self.http.set_identity(id.into());
+        self
+    }
+
+    /// How long [`Client::open_session`] and [`Client::open_session_in`] send the request
+    /// again while the service answers 503 `quorum-lost` (etcd could not commit in time)
+    /// or `unavailable`: after a pause of 50 ms doubling up to 1 s, with jitter, while
+    /// `wait` leaves room for the pause (the policy of [`Client::acquire`]). Default
+    /// [`DEFAULT_OPEN_WAIT`] (10 s); zero sends once. A session whose answer was lost
+    /// stays open only until its lease ends, since nothing keeps it alive.
+    #[must_use]
+    pub fn with_unavailable_wait(mut self, wait: Duration) -> Self {
+        self.open_wait = wait;
         self
     }
 
@@ -149,9 +169,13 @@ impl Client {
     /// The session names no namespace: it counts against a namespace's
     /// `held_lease_quota` only through its holds and waits (see [`Client::open_session_in`]).
     ///
+    /// An answer that the service cannot serve it for now is sent again (see
+    /// [`Client::with_unavailable_wait`]).
+    ///
     /// # Errors
     ///
-    /// [`ClientError`] with the service's problem kind, or a transport error.
+    /// [`ClientError`] with the service's problem kind (a 503 `quorum-lost` once the
+    /// wait is over), or a transport error.
     pub async fn open_session(&self, ttl: Duration) -> Result<ClientSession, ClientError> {
         self.open(ttl, None).await
     }
@@ -178,14 +202,18 @@ impl Client {
         ttl: Duration,
         namespace: Option<&str>,
     ) -> Result<ClientSession, ClientError> {
-        let sent_at = Instant::now();
         let body = OpenSessionBody {
             ttl_ms: millis(ttl),
             namespace: namespace.map(str::to_owned),
+            tier: None,
         };
-        let opened: SessionView = self
-            .http
-            .send("POST", routes::SESSIONS, Some(json(&body)))
+        // The lease's expiry is reckoned from when the answered attempt was sent.
+        let (sent_at, opened): (Instant, SessionView) =
+            crate::unavailable::retry_within(Instant::now() + self.open_wait, |_| {
+                let sent_at = Instant::now();
+                let sent = self.http.send("POST", routes::SESSIONS, Some(json(&body)));
+                async move { sent.await.map(|v| (sent_at, v)) }
+            })
             .await?;
         let ttl = Duration::from_millis(opened.ttl_ms);
         let (lost, _) = watch::channel(false);

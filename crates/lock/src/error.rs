@@ -55,6 +55,49 @@ pub enum ErrorKind {
         /// The limit.
         limit: u32,
     },
+    /// The namespace is fenced on this etcd cluster (`tier/fence/<ns>` exists): it is
+    /// being rehomed, or it lives on another tier. Nothing was written.
+    NamespaceFenced {
+        /// The namespace.
+        ns: String,
+    },
+    /// The namespace lives on another tier than the one asked
+    /// ([`Tiers`](crate::Tiers)).
+    WrongTier {
+        /// The namespace.
+        ns: String,
+        /// The tier it lives on.
+        tier: String,
+    },
+    /// A rehome of the namespace is already in progress to another tier (or by
+    /// another caller at the same time); retry it with the same target, or wait.
+    RehomeInProgress {
+        /// The namespace.
+        ns: String,
+        /// The tier that rehome moves it to.
+        to: String,
+    },
+    /// A rehome waited out its drain deadline while the namespace still had holds or
+    /// waiters on its old tier; it was rolled back (the namespace stays on the old
+    /// tier and grants again).
+    DrainTimeout {
+        /// The namespace.
+        ns: String,
+        /// Holds left on the old tier when it gave up.
+        holds: usize,
+        /// Waiters left on the old tier when it gave up.
+        waiters: usize,
+    },
+    /// Two configured tiers answer with the same etcd cluster id (one cluster named
+    /// twice).
+    SameClusterTiers {
+        /// One tier.
+        a: String,
+        /// The other.
+        b: String,
+        /// Their cluster id.
+        cluster_id: u64,
+    },
 }
 
 /// Which epoch check failed.
@@ -226,6 +269,25 @@ impl fmt::Display for Error {
             ErrorKind::SessionLimit { limit } => write!(
                 f,
                 "this identity already has {limit} open sessions, the service's limit per identity"
+            ),
+            ErrorKind::NamespaceFenced { ns } => write!(
+                f,
+                "namespace {ns} is fenced on this etcd cluster (being rehomed, or it lives on another tier)"
+            ),
+            ErrorKind::WrongTier { ns, tier } => write!(
+                f,
+                "namespace {ns} lives on tier {tier}: open the session on tier {tier}"
+            ),
+            ErrorKind::RehomeInProgress { ns, to } => {
+                write!(f, "a rehome of namespace {ns} to tier {to} is in progress")
+            }
+            ErrorKind::DrainTimeout { ns, holds, waiters } => write!(
+                f,
+                "namespace {ns} still had {holds} holds and {waiters} waiters on its old tier at the drain deadline; the rehome was rolled back"
+            ),
+            ErrorKind::SameClusterTiers { a, b, cluster_id } => write!(
+                f,
+                "tiers {a} and {b} are the same etcd cluster (id {cluster_id:#x})"
             ),
         }
     }

@@ -88,6 +88,7 @@ mod quota;
 mod retry;
 mod session;
 mod session_cache;
+mod tiers;
 mod watches;
 
 pub use config_store::ConfigStore;
@@ -108,3 +109,4 @@ pub use palisade_api::{
     LockClass, Mode, Namespace, QuorumPolicy, Revision, SpiffeId, MAX_HOLDER_META_LEN, MAX_KEY_LEN,
 };
 pub use session::{LossReason, Session};
+pub use tiers::{RehomeOutcome, Tiers, DEFAULT_DRAIN, DEFAULT_TIER, MAX_DRAIN};

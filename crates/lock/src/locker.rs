@@ -267,6 +267,11 @@ impl Locker {
 
     /// [`acquire_with_meta`](Locker::acquire_with_meta), with `guard` added to the
     /// acquire's first Txn (see [`TxnGuard`](crate::acquire::TxnGuard)).
+    ///
+    /// A guarded acquire is tried once: an attempt that failed on an epoch advanced
+    /// under it returns that error, and the caller retries with a new guard. The
+    /// guard's writes must be unique per attempt, because the failed attempt's cleanup
+    /// may reach etcd after the retry's Txn and would delete equal writes of the retry.
     pub(crate) async fn acquire_guarded(
         &self,
         session: &Session,
@@ -308,20 +313,29 @@ impl Locker {
             )
             .await;
             match result {
-                // The epoch changed under the attempt but the locker went on with the new
-                // one (it advanced it, or adopted another locker's advance): try again
-                // under the new epoch. Bounded: each retry needs another advance.
-                Err(e)
-                    if matches!(e.kind(), ErrorKind::EpochMismatch(EpochMismatch::Advanced))
-                        && self.inner.epoch.snapshot().mismatch.is_none()
-                        && stale < 3
-                        && Instant::now() < deadline =>
-                {
-                    stale += 1;
+                Err(e) if guard.is_none() && self.retry_after_advance(&e, &mut stale, deadline) => {
                 }
                 other => return other,
             }
         }
+    }
+
+    /// Whether an acquire that failed with `e` is tried again: the epoch changed under
+    /// the attempt but the locker went on with the new one (it advanced it, or adopted
+    /// another locker's advance), and time is left. Bounded: each retry needs another
+    /// advance, and `stale` (the retries so far) stops at three.
+    pub(crate) fn retry_after_advance(
+        &self,
+        e: &Error,
+        stale: &mut u32,
+        deadline: Instant,
+    ) -> bool {
+        let retry = matches!(e.kind(), ErrorKind::EpochMismatch(EpochMismatch::Advanced))
+            && self.inner.epoch.snapshot().mismatch.is_none()
+            && *stale < 3
+            && Instant::now() < deadline;
+        *stale += u32::from(retry);
+        retry
     }
 
     /// A namespace record: from the class cache while its watch on the config prefix is
@@ -382,6 +396,22 @@ impl Locker {
     /// [`ErrorKind::EpochExhausted`] at [`Epoch::MAX`](crate::Epoch::MAX);
     /// [`ErrorKind::QuorumLost`]; [`ErrorKind::EpochStore`].
     pub async fn advance_epoch(&self, reason: EpochReason) -> Result<EpochRecord> {
+        self.advance_epoch_above(reason, palisade_fence::Epoch::ZERO)
+            .await
+    }
+
+    /// [`advance_epoch`](Locker::advance_epoch) to an epoch also above `floor`: for
+    /// [`Tiers`](crate::Tiers), whose epochs are one sequence across clusters (`floor`
+    /// is the highest epoch any other tier used).
+    ///
+    /// # Errors
+    ///
+    /// As [`advance_epoch`](Locker::advance_epoch).
+    pub async fn advance_epoch_above(
+        &self,
+        reason: EpochReason,
+        floor: palisade_fence::Epoch,
+    ) -> Result<EpochRecord> {
         let inner = &self.inner;
         advance(
             &inner.client,
@@ -389,7 +419,37 @@ impl Locker {
             &inner.epoch,
             inner.request_timeout,
             reason,
+            floor,
         )
         .await
+    }
+
+    /// The highest epoch this locker knows to be used on its cluster: its current
+    /// epoch, and the durable record's (which an advance by another replica may have
+    /// raised).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::EpochStore`] if the durable record cannot be read.
+    pub async fn highest_epoch(&self) -> Result<palisade_fence::Epoch> {
+        let durable = self
+            .inner
+            .epoch
+            .store()
+            .load()
+            .await
+            .map_err(|e| Error::with_source(ErrorKind::EpochStore, e))?;
+        let mine = self.inner.epoch.snapshot().record.epoch;
+        Ok(durable.map_or(mine, |d| d.epoch.max(mine)))
+    }
+
+    /// The root key layout this locker writes under.
+    pub fn keys(&self) -> &RootKeys {
+        &self.inner.keys
+    }
+
+    /// The request timeout it was built with.
+    pub fn request_timeout(&self) -> Duration {
+        self.inner.request_timeout
     }
 }

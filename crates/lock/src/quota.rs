@@ -21,7 +21,9 @@
 //! - It is deleted in the Txn that deletes what a failed or dropped acquire wrote, in the
 //!   Txn that releases or force-releases the hold (never by a release that found no such
 //!   hold), or, with the lease, when the session is closed or expires. Every delete
-//!   compares the slot's value, which is unique per take.
+//!   compares the slot's value, which is unique per take: an acquire tried again (its
+//!   epoch advanced under it) takes a slot anew, since the failed attempt's cleanup may
+//!   reach etcd after the retry's Txn.
 //! - A session's slot is taken on its own Txn when the session is opened.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -255,6 +257,7 @@ impl Locker {
         // Every failed take reads the slots at a newer revision and picks a free one, so
         // a run of failures means others keep taking slots: bounded by time, not count.
         let until = deadline.max(Instant::now() + self.inner.request_timeout * 3);
+        let mut stale = 0;
         loop {
             let (mut when, put, read) = take.ops(&slot, false);
             when.push(Compare::create_revision(
@@ -287,6 +290,14 @@ impl Locker {
                 )
                 .await;
             let Some(failed) = guard.take_failed() else {
+                if let Err(e) = &result {
+                    if self.retry_after_advance(e, &mut stale, deadline) {
+                        // Another take (a new value): the failed attempt's cleanup,
+                        // which may reach etcd later, deletes only its own.
+                        slot = take.slot(random_below(quota));
+                        continue;
+                    }
+                }
                 if result.is_ok() {
                     self.inner
                         .sessions

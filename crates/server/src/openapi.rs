@@ -89,7 +89,7 @@ macro_rules! problems {
 problems! {
     /// `POST /v1/sessions`.
     OpenProblems { body: true, kinds: [InvalidInput, Unauthenticated, Forbidden, NotFound,
-        QuotaExceeded, QuorumLost, Upstream, Internal] }
+        QuotaExceeded, QuorumLost, Upstream, Internal, WrongTier] }
     /// `POST /v1/sessions/{session}/keepalive`.
     KeepaliveProblems { body: false, kinds: [InvalidInput, Unauthenticated, Forbidden, NotFound,
         SessionLost, QuorumLost, Upstream, Internal] }
@@ -98,7 +98,8 @@ problems! {
         SessionLost, QuorumLost, Upstream, Internal] }
     /// `POST /v1/locks/acquire`.
     AcquireProblems { body: true, kinds: [InvalidInput, Unauthenticated, Forbidden, NotFound,
-        DeadlineExceeded, SessionLost, QuotaExceeded, EpochMismatch, QuorumLost, Upstream, Internal] }
+        DeadlineExceeded, SessionLost, QuotaExceeded, EpochMismatch, QuorumLost, Upstream, Internal,
+        WrongTier, NamespaceMoving] }
     /// `POST /v1/locks/release`.
     ReleaseProblems { body: true, kinds: [InvalidInput, Unauthenticated, Forbidden, NotFound,
         NotHeld, HoldForced, SessionLost, QuotaExceeded, QuorumLost, Upstream, Internal] }
@@ -123,6 +124,9 @@ problems! {
     /// one, write etcd's) share one time budget, three etcd request timeouts.
     AdvanceEpochProblems { body: true, kinds: [InvalidInput, Unauthenticated, Forbidden,
         EpochExhausted, DeadlineExceeded, QuorumLost, Upstream, Internal] }
+    /// `POST /v1/namespaces/{ns}/rehome`.
+    RehomeProblems { body: true, kinds: [InvalidInput, Unauthenticated, Forbidden, NotFound,
+        NamespaceMoving, EpochExhausted, DeadlineExceeded, QuorumLost, Upstream, Internal] }
     /// `POST /v1/force-releases`.
     RequestForceProblems { body: true, kinds: [InvalidInput, Unauthenticated, Forbidden, NotFound,
         NotHeld, QuorumLost, Upstream, Internal] }

@@ -19,6 +19,7 @@ pub struct ServiceOptions {
     pub(crate) max_ttl: Duration,
     pub(crate) force: Option<ForceReleases>,
     pub(crate) max_sessions_per_identity: u32,
+    pub(crate) tiers: Option<palisade_lock::Tiers>,
 }
 
 impl ServiceOptions {
@@ -33,6 +34,7 @@ impl ServiceOptions {
             max_ttl: Duration::from_secs(3600),
             force: None,
             max_sessions_per_identity: DEFAULT_MAX_SESSIONS_PER_IDENTITY,
+            tiers: None,
         }
     }
 
@@ -67,6 +69,15 @@ impl ServiceOptions {
     /// answer 404.
     pub fn with_force_releases(mut self, force: ForceReleases) -> Self {
         self.force = Some(force);
+        self
+    }
+
+    /// Serves several etcd cluster tiers: sessions open on a tier, each namespace is
+    /// served by its tier's locker, and `POST /v1/namespaces/{ns}/rehome` moves one
+    /// (see [`Tiers`](palisade_lock::Tiers)). The router's own locker must be the home
+    /// tier's. Without it the service has one tier, [`palisade_lock::DEFAULT_TIER`].
+    pub fn with_tiers(mut self, tiers: palisade_lock::Tiers) -> Self {
+        self.tiers = Some(tiers);
         self
     }
 

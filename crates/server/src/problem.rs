@@ -112,6 +112,13 @@ impl From<Error> for Problem {
             ErrorKind::QuotaExceeded { .. } | ErrorKind::SessionLimit { .. } => {
                 ProblemKind::QuotaExceeded
             }
+            ErrorKind::WrongTier { .. } => ProblemKind::WrongTier,
+            ErrorKind::NamespaceFenced { .. }
+            | ErrorKind::RehomeInProgress { .. }
+            | ErrorKind::DrainTimeout { .. } => {
+                return Problem::new(ProblemKind::NamespaceMoving, detail)
+                    .with_retry_after(std::time::Duration::from_secs(1));
+            }
             _ => ProblemKind::Internal,
         };
         if kind == ProblemKind::Internal || kind == ProblemKind::Upstream {

@@ -191,9 +191,27 @@ impl RootKeys {
         format!("{}epoch-bump", self.root)
     }
 
+    /// `tier/fence/<ns>`: while it exists in a cluster, that cluster grants nothing in
+    /// the namespace (it lives on another tier, or is being rehomed). Written and
+    /// deleted only by a rehome; every acquire's first Txn compares it absent.
+    pub fn ns_fence(&self, ns: &str) -> String {
+        format!("{}tier/fence/{ns}", self.root)
+    }
+
+    /// `tier/rehome/<ns>`: a rehome of the namespace in progress (a
+    /// [`RehomeRecord`](crate::RehomeRecord)), on the home tier only.
+    pub fn rehome(&self, ns: &str) -> String {
+        format!("{}tier/rehome/{ns}", self.root)
+    }
+
     /// Every lock's keys: `locks/`.
     pub fn locks(&self) -> String {
         format!("{}locks/", self.root)
+    }
+
+    /// Every lock key of one namespace: `locks/<ns>/`.
+    pub fn namespace_locks(&self, ns: &str) -> String {
+        format!("{}locks/{ns}/", self.root)
     }
 
     /// The keys of one lock: `locks/<ns>/<class>/<escaped key>/`.

@@ -10,6 +10,8 @@
 //! | `config/ns/<ns>` | [`Namespace`](crate::Namespace) JSON | none | the lock core's `ConfigStore::put_namespace` |
 //! | `config/class/<ns>/<class>` | [`LockClass`](crate::LockClass) JSON (durations in ms) | none | `ConfigStore::put_class` |
 //! | `config/epoch` | `EpochRecord` JSON | none | bootstrap, `Locker::advance_epoch` |
+//! | `tier/fence/<ns>` | empty | none | a rehome: while it exists the cluster grants nothing in `<ns>` (every acquire's first Txn compares it absent) |
+//! | `tier/rehome/<ns>` | [`RehomeRecord`](crate::RehomeRecord) JSON | none | a rehome in progress, on the home tier only |
 //! | `epoch-bump` | empty | none | a starting locker moving etcd's revision past the epoch reservation (the lock core's epoch rules) |
 //! | `sessions/<lease>` | `SessionRecord` JSON | session | `Locker::open_detached_session` |
 //! | `sessions/<lease>/forced/<grant_rev>` | [`ForcedNotice`] JSON | session | a force release of that session's hold (`Locker::force_release_grant`) |

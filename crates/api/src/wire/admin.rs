@@ -95,4 +95,39 @@ pub enum AdvanceReason {
 pub struct AdvanceBody {
     /// Why.
     pub reason: AdvanceReason,
+    /// The tier whose epoch advances; the home tier if absent. The new epoch is above
+    /// every epoch of every tier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[a-z0-9][a-z0-9_-]{0,62}$"))]
+    pub tier: Option<String>,
+}
+
+/// Moves a namespace to another etcd cluster tier (`POST /v1/namespaces/{ns}/rehome`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RehomeBody {
+    /// The tier to move it to.
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[a-z0-9][a-z0-9_-]{0,62}$"))]
+    pub to: String,
+    /// How long to wait for the namespace's holds and waiters on the old tier to end,
+    /// in ms (default 30000, at most 600000). Past it the rehome is rolled back and
+    /// answers 503 `namespace-moving`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(maximum = 600000))]
+    pub drain_ms: Option<u64>,
+}
+
+/// A finished rehome.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RehomeView {
+    /// The namespace.
+    pub namespace: String,
+    /// The tier it left.
+    pub from: String,
+    /// The tier it lives on now.
+    pub to: String,
+    /// The epoch record `to` serves it under: above every epoch of every tier.
+    pub epoch: crate::EpochRecord,
 }

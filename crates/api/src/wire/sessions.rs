@@ -19,14 +19,25 @@ pub struct OpenSessionBody {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(pattern = "^[a-z0-9][a-z0-9_-]{0,62}$"))]
     pub namespace: Option<String>,
+    /// The etcd cluster tier to open the session on (its lease lives there). Without
+    /// it: the namespace's tier if `namespace` is given, else the home tier. A session
+    /// acquires only locks of namespaces on its tier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[a-z0-9][a-z0-9_-]{0,62}$"))]
+    pub tier: Option<String>,
 }
 
 /// An open session.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SessionView {
-    /// The lease id, 16 lower-case hex digits.
-    #[cfg_attr(feature = "openapi", schema(pattern = "^[0-9a-f]{16}$"))]
+    /// The session id: the lease id as 16 lower-case hex digits on the home tier,
+    /// `<tier>.<16 hex digits>` on another tier
+    /// ([`TieredSessionId`](crate::TieredSessionId)).
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = "^([a-z0-9][a-z0-9_-]{0,62}[.])?[0-9a-f]{16}$")
+    )]
     pub session: String,
     /// The owner.
     pub spiffe_id: String,
@@ -37,6 +48,9 @@ pub struct SessionView {
     pub opened_rev: Revision,
     /// The namespace whose quota the session counts against, if any.
     pub namespace: Option<String>,
+    /// The etcd cluster tier the session's lease lives on.
+    #[serde(default)]
+    pub tier: String,
 }
 
 /// A renewed session.

@@ -451,7 +451,8 @@ pub(super) async fn locks(
                         }
                     } }
                 }
-                p.muted { "Times are when the audit tailer stored each event (etcd history has none). The tier is the namespace's "
+                p.muted { "The whole history of the lock is shown (its latest 500 events): the time range applies to the other pages only. "
+                    "Times are when the audit tailer stored each event (etcd history has none). The tier is the namespace's "
                     code { "cluster_tier" } " as its config stores it now"
                     @if tiers.is_none() { " (unknown: the dashboard was started without etcd)" } "." }
             }

@@ -464,9 +464,17 @@ impl Attempt {
         inner: impl Fn() -> Txn,
         guard: Option<&TxnGuard>,
     ) -> Result<(TxnResponse, TxnResponse)> {
+        // The namespace's rehome fence: no waiter key or grant is created in a fenced
+        // namespace (a grant needs a waiter key or this Txn), so once a rehome has seen
+        // the namespace's holds and waiters gone after fencing it, this cluster grants
+        // nothing more in it.
+        let fence = self.locker.keys.ns_fence(&self.name.ns);
         let build = || {
             let marker = self.keys.cancel_marker(self.session.lease(), self.id);
-            let mut when = vec![Compare::create_revision(marker, CompareOp::Equal, 0)];
+            let mut when = vec![
+                Compare::create_revision(marker, CompareOp::Equal, 0),
+                Compare::create_revision(fence.as_str(), CompareOp::Equal, 0),
+            ];
             let mut then = Vec::new();
             let mut or_else = Vec::new();
             if let Some(g) = guard {
@@ -474,6 +482,10 @@ impl Attempt {
                 then.extend(g.then.iter().cloned());
                 or_else.extend(g.or_else.iter().cloned());
             }
+            or_else.push(TxnOp::get(
+                fence.as_str(),
+                Some(etcd_client::GetOptions::new().with_count_only()),
+            ));
             then.push(TxnOp::txn(inner()));
             Txn::new().when(when).and_then(then).or_else(or_else)
         };
@@ -496,10 +508,17 @@ impl Attempt {
             self.unsettled.store(false, Ordering::SeqCst);
         }
         if !resp.succeeded() {
+            let mut reads = resp.op_responses();
+            let fenced = matches!(reads.pop(), Some(TxnOpResponse::Get(g)) if g.count() > 0);
+            if fenced {
+                return Err(Error::new(ErrorKind::NamespaceFenced {
+                    ns: self.name.ns.clone(),
+                }));
+            }
             if let Some(g) = guard {
                 *g.failed
                     .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(resp.op_responses());
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(reads);
             }
             return Err(Error::new(ErrorKind::Etcd));
         }

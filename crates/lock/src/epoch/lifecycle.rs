@@ -19,14 +19,15 @@ use palisade_api::{EpochReason, EpochRecord};
 
 /// Advance: starts a new epoch on the cluster `client` is connected to (see
 /// [`Locker::advance_epoch`](crate::Locker::advance_epoch)). The new epoch is above
-/// etcd's, the durable record's and this locker's; the durable record is written first,
-/// then etcd's.
+/// etcd's, the durable record's, this locker's and `floor` (the highest epoch of the
+/// other tiers); the durable record is written first, then etcd's.
 pub(crate) async fn advance(
     client: &Client,
     keys: &RootKeys,
     epoch: &EpochState,
     per_request: Duration,
     reason: EpochReason,
+    floor: Epoch,
 ) -> Result<EpochRecord> {
     let deadline = Instant::now() + per_request * 3;
     let key = keys.epoch();
@@ -51,6 +52,7 @@ pub(crate) async fn advance(
         in_etcd.as_ref().map(|r| r.epoch),
         durable.as_ref().map(|r| r.epoch),
         Some(epoch.snapshot().record.epoch),
+        Some(floor),
     ]
     .into_iter()
     .flatten()

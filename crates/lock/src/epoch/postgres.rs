@@ -49,6 +49,19 @@ impl PostgresEpochStore {
         PostgresEpochStore { client, root }
     }
 
+    /// The store of tier `tier` of a [`Tiers`](crate::Tiers) deployment whose clusters
+    /// share one database: the row keyed `<root>tier/<tier>/`, so each tier keeps its
+    /// own record (the home tier may keep [`PostgresEpochStore::new`]'s row).
+    pub fn for_tier(
+        client: Arc<tokio_postgres::Client>,
+        root: impl Into<String>,
+        tier: &str,
+    ) -> Self {
+        let mut store = PostgresEpochStore::new(client, root);
+        store.root = format!("{}tier/{tier}/", store.root);
+        store
+    }
+
     /// Creates the table if it does not exist.
     ///
     /// # Errors

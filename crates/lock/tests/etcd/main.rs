@@ -21,4 +21,5 @@ mod sessions;
 mod shared_mode;
 mod stray_keys;
 mod support;
+mod tiers;
 mod tokens_and_fifo;

@@ -143,3 +143,53 @@ async fn pg_epoch_store_reads_rows_from_before_the_reservation_and_max_merges_it
     assert_eq!(merged.highest_grant_rev, Revision::new(40));
     assert_eq!(merged.reserved_rev, Revision::new(40));
 }
+
+#[tokio::test]
+async fn etcd_tiers_sharing_a_database_keep_one_postgres_epoch_record_each() {
+    let (a, b) = (EtcdCluster::start(1).await, EtcdCluster::start(1).await);
+    let db = palisade_testkit::TestDb::create().await;
+    let store = |tier: &'static str| {
+        let db = &db;
+        async move {
+            let s = palisade_lock::PostgresEpochStore::for_tier(
+                Arc::new(db.connect().await),
+                ROOT,
+                tier,
+            );
+            s.migrate().await.unwrap();
+            s
+        }
+    };
+    let options = |c: &EtcdCluster| {
+        LockerOptions::new(c.endpoints()).with_request_timeout(Duration::from_millis(500))
+    };
+    let la = Locker::connect(options(&a), store("a").await)
+        .await
+        .unwrap();
+    let lb = Locker::connect(options(&b), store("b").await)
+        .await
+        .unwrap();
+    let tiers =
+        palisade_lock::Tiers::new("a", [("a".to_owned(), la), ("b".to_owned(), lb)]).unwrap();
+    tiers
+        .advance_epoch("a", palisade_lock::EpochReason::Restore)
+        .await
+        .unwrap();
+    let rb = tiers
+        .advance_epoch("b", palisade_lock::EpochReason::Rehome)
+        .await
+        .unwrap();
+    assert_eq!(rb.epoch.get(), 2);
+    // Each row names its own cluster: a restart of either tier finds its records agreeing.
+    let (ra, rb) = (
+        store("a").await.load().await.unwrap().unwrap(),
+        store("b").await.load().await.unwrap().unwrap(),
+    );
+    assert_eq!((ra.epoch.get(), rb.epoch.get()), (1, 2));
+    assert_eq!(ra.cluster_id, a.cluster_id().await);
+    assert_eq!(rb.cluster_id, b.cluster_id().await);
+    let again = Locker::connect(options(&a), store("a").await)
+        .await
+        .unwrap();
+    assert_eq!(again.epoch().1, None, "{:?}", again.epoch());
+}

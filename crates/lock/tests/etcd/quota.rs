@@ -173,3 +173,86 @@ async fn etcd_a_lowered_quota_admits_nobody_until_enough_slots_are_freed() {
         .count();
     assert_eq!(count, 1);
 }
+
+/// The values of the namespace's slots, by key.
+async fn slot_values(f: &crate::support::Fixture) -> Vec<(String, String)> {
+    let mut c = f.locker.client().clone();
+    let resp = c
+        .get(
+            format!("{ROOT}quota/ns/slot/"),
+            Some(GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    resp.kvs()
+        .iter()
+        .map(|kv| {
+            (
+                kv.key_str().unwrap().to_owned(),
+                kv.value_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn etcd_an_acquire_retried_after_an_epoch_advance_takes_its_slot_anew() {
+    let f = fixture(1).await;
+    let (holder, waiter) = (detached(&f).await, detached(&f).await);
+    let held = f
+        .locker
+        .acquire_in_quota(&holder, &lock("a"), Mode::Exclusive, secs(5), None, 10)
+        .await
+        .unwrap();
+    let before = slot_values(&f).await;
+    // The waiter's first Txn enqueues it and takes its slot.
+    let locker = f.locker.clone();
+    let waiting = tokio::spawn(async move {
+        locker
+            .acquire_in_quota(&waiter, &lock("a"), Mode::Exclusive, secs(10), None, 10)
+            .await
+    });
+    let first = loop {
+        let now = slot_values(&f).await;
+        if now.len() == 2 {
+            break now.into_iter().find(|s| !before.contains(s)).unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // The epoch advances while it waits; the holder's release wakes it, it finds its
+    // attempt stale, cleans up and tries again under the new epoch.
+    let advanced = f
+        .locker
+        .advance_epoch(palisade_lock::EpochReason::Rehome)
+        .await
+        .unwrap();
+    held.release().await.unwrap();
+    let granted = waiting.await.unwrap().unwrap();
+    assert_eq!(granted.token().unwrap().epoch(), advanced.epoch);
+    // The holder's slot stays with its session (`Hold::release` leaves it); the waiter's:
+    let after: Vec<_> = slot_values(&f)
+        .await
+        .into_iter()
+        .filter(|s| !before.contains(s))
+        .collect();
+    assert_eq!(after.len(), 1, "{after:?}");
+    assert_ne!(
+        after[0].1, first.1,
+        "the retry took its slot with the first attempt's value"
+    );
+    // The first attempt's cleanup arriving late (as it does when etcd did not answer it
+    // in time) deletes only a slot holding its own value: the retry's slot stays.
+    let late = etcd_client::Txn::new().and_then([etcd_client::TxnOp::txn(
+        etcd_client::Txn::new()
+            .when([etcd_client::Compare::value(
+                first.0.as_str(),
+                etcd_client::CompareOp::Equal,
+                first.1.as_str(),
+            )])
+            .and_then([etcd_client::TxnOp::delete(first.0.as_str(), None)]),
+    )]);
+    f.locker.client().clone().txn(late).await.unwrap();
+    let mut now = slot_values(&f).await;
+    now.retain(|s| !before.contains(s));
+    assert_eq!(now, after);
+}

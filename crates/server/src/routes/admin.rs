@@ -1,4 +1,4 @@
-//! Admin: namespaces, classes, the epoch.
+//! Admin: namespaces, classes, the epoch, rehoming a namespace to another tier.
 
 use std::time::Duration;
 
@@ -12,12 +12,14 @@ use super::{forbidden, ApiResult, AppState};
 use crate::identity::Caller;
 use crate::openapi::{
     AdvanceEpochProblems, ListClassesProblems, ListNamespacesProblems, PutClassProblems,
-    PutNamespaceProblems, ShowEpochProblems,
+    PutNamespaceProblems, RehomeProblems, ShowEpochProblems,
 };
 use palisade_api::routes;
-use palisade_api::wire::{AdvanceBody, AdvanceReason, ClassBody, NamespaceBody};
+use palisade_api::wire::{
+    AdvanceBody, AdvanceReason, ClassBody, NamespaceBody, RehomeBody, RehomeView,
+};
 use palisade_api::EpochReason;
-use palisade_api::{LockClass, Namespace};
+use palisade_api::{InvalidInput, LockClass, Namespace};
 
 /// The namespaces the caller administers.
 #[utoipa::path(get, path = routes::NAMESPACES, tag = "admin",
@@ -57,8 +59,36 @@ pub(super) async fn put_namespace(
     if let Some(q) = body.op_rate_quota {
         n.op_rate_quota = q;
     }
-    if let Some(t) = body.cluster_tier {
-        n.cluster_tier = t;
+    let existing = state.tiers.namespace(&n.id).await?;
+    match (body.cluster_tier, &existing) {
+        (Some(t), _) => n.cluster_tier = t,
+        // An update keeps the tier the namespace lives on.
+        (None, Some((_, old))) => n.cluster_tier.clone_from(&old.cluster_tier),
+        (None, None) => n.cluster_tier = state.tiers.home_name().to_owned(),
+    }
+    n.validate()?;
+    let several = state.tiers.iter().nth(1).is_some();
+    if several && state.tiers.locker(&n.cluster_tier).is_err() {
+        return Err(InvalidInput::UnknownTier(n.cluster_tier).into());
+    }
+    let tier = state.tiers.tier_of(&n).to_owned();
+    if let Some((lives_on, _)) = existing {
+        if lives_on != tier {
+            return Err(InvalidInput::TierChangeNeedsRehome {
+                ns: n.id,
+                tier: lives_on,
+            }
+            .into());
+        }
+    }
+    // The namespace's tier first (its locker reads it), then the directory.
+    if tier != state.tiers.home_name() {
+        state
+            .tiers
+            .locker(&tier)?
+            .config()
+            .put_namespace(&n)
+            .await?;
     }
     state.locker.config().put_namespace(&n).await?;
     Ok(Json(n))
@@ -76,7 +106,9 @@ pub(super) async fn list_classes(
     if !state.authz.current().is_ns_admin(&ns, &caller.0) {
         return Err(forbidden("only admins of the namespace list its classes"));
     }
-    Ok(Json(state.locker.config().classes(&ns).await?))
+    Ok(Json(
+        state.ns_locker(&ns).await?.config().classes(&ns).await?,
+    ))
 }
 
 /// Creates or replaces a class (admins of the namespace only).
@@ -113,7 +145,13 @@ pub(super) async fn put_class(
     if let Some(v) = body.lock_delay_ms {
         c.lock_delay = Duration::from_millis(v);
     }
-    state.locker.config().put_class(&c).await?;
+    // On the namespace's tier, whose locker grants under it.
+    state
+        .ns_locker(&c.ns_id)
+        .await?
+        .config()
+        .put_class(&c)
+        .await?;
     Ok(Json(c))
 }
 
@@ -167,11 +205,63 @@ pub(super) async fn advance_epoch(
         AdvanceReason::Restore => EpochReason::Restore,
         AdvanceReason::Rehome => EpochReason::Rehome,
     };
-    let record = state.locker.advance_epoch(reason).await?;
-    tracing::warn!(epoch = %record.epoch, caller = caller.0.as_str(), "epoch advanced");
+    let tier = body
+        .tier
+        .unwrap_or_else(|| state.tiers.home_name().to_owned());
+    palisade_api::validate_name(&tier)?;
+    let record = state.tiers.advance_epoch(&tier, reason).await?;
+    tracing::warn!(epoch = %record.epoch, tier, caller = caller.0.as_str(), "epoch advanced");
     Ok(Json(EpochView {
         record,
-        minted_rev: state.locker.minted_rev(),
+        minted_rev: state.tiers.locker(&tier)?.minted_rev(),
         grants_refused: None,
+    }))
+}
+
+/// Moves a namespace to another etcd cluster tier (service admins only): fences it on
+/// its tier (acquires there answer 503 `namespace-moving`), waits up to `drain_ms` for
+/// its holds and waiters there to end, copies its classes, advances the new tier's
+/// epoch above every tier's, switches the directory and lifts the new tier's fence.
+/// A drain that times out rolls back (503 `namespace-moving`); running it again after
+/// a failure resumes or finishes it.
+#[utoipa::path(post, path = routes::REHOME, tag = "admin",
+    params(("ns" = String, Path, description = "the namespace")),
+    request_body = RehomeBody,
+    responses((status = 200, description = "moved", body = RehomeView), RehomeProblems))]
+pub(super) async fn rehome(
+    State(state): State<AppState>,
+    caller: Caller,
+    PathArgs(ns): PathArgs<String>,
+    Body(body): Body<RehomeBody>,
+) -> ApiResult<Json<RehomeView>> {
+    if !state.authz.current().is_admin(&caller.0) {
+        return Err(forbidden("only service admins rehome namespaces"));
+    }
+    palisade_api::validate_name(&ns)?;
+    palisade_api::validate_name(&body.to)?;
+    state.tiers.locker(&body.to)?;
+    let drain = match body.drain_ms {
+        None => palisade_lock::DEFAULT_DRAIN,
+        Some(ms) if Duration::from_millis(ms) <= palisade_lock::MAX_DRAIN => {
+            Duration::from_millis(ms)
+        }
+        Some(_) => {
+            return Err(crate::problem::Problem::new(
+                palisade_api::ProblemKind::InvalidInput,
+                format!(
+                    "drain_ms must be at most {}",
+                    palisade_lock::MAX_DRAIN.as_millis()
+                ),
+            ))
+        }
+    };
+    let done = state.tiers.rehome(&ns, &body.to, drain).await?;
+    tracing::warn!(ns, from = done.from, to = done.to, epoch = %done.epoch.epoch,
+        caller = caller.0.as_str(), "namespace rehomed");
+    Ok(Json(RehomeView {
+        namespace: ns,
+        from: done.from,
+        to: done.to,
+        epoch: done.epoch,
     }))
 }

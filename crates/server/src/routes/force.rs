@@ -69,12 +69,9 @@ pub(super) async fn request_force_release(
         ));
     }
     let name = LockName::new(body.namespace.clone(), body.class.clone(), body.key.clone());
+    let locker = state.ns_locker(&body.namespace).await?;
     // An unknown class is 404, a key outside its prefix 400: the lock cannot exist.
-    let class = state
-        .locker
-        .config()
-        .class(&body.namespace, &body.class)
-        .await?;
+    let class = locker.config().class(&body.namespace, &body.class).await?;
     if !body.key.starts_with(&class.key_prefix) {
         return Err(Problem::new(
             ProblemKind::InvalidInput,
@@ -84,7 +81,7 @@ pub(super) async fn request_force_release(
             ),
         ));
     }
-    let lock = state.locker.lock_state(&name).await?;
+    let lock = locker.lock_state(&name).await?;
     let targets: Vec<Target> = lock
         .holders
         .into_iter()
@@ -185,18 +182,15 @@ pub(super) async fn approve_force_release(
         .approver
         .clone()
         .unwrap_or_else(|| caller.0.as_str().to_owned());
-    let class = state
-        .locker
-        .config()
-        .class(&req.namespace, &req.class)
-        .await?;
+    let locker = state.ns_locker(&req.namespace).await?;
+    let class = locker.config().class(&req.namespace, &req.class).await?;
     let class_was_fenced = class.enforcement == Enforcement::Fenced;
     let name = LockName::new(req.namespace, req.class, req.key);
     let targets = match req.targets {
         Some(t) => t,
         // A request stored before targets were fixed at request time: the holds now.
         None => {
-            let lock = state.locker.lock_state(&name).await?;
+            let lock = locker.lock_state(&name).await?;
             let found: Vec<Target> = lock
                 .holders
                 .into_iter()
@@ -215,11 +209,10 @@ pub(super) async fn approve_force_release(
         requester: req.requester.clone(),
         reason: req.reason.clone(),
     };
-    let cluster_id = state.locker.epoch().0.cluster_id;
+    let cluster_id = locker.epoch().0.cluster_id;
     let mut released = Vec::new();
     for (i, t) in targets.iter().enumerate() {
-        let revision = match state
-            .locker
+        let revision = match locker
             .force_release_grant(&name, t.lease, t.mode, t.grant_rev, &marker)
             .await
         {
@@ -227,7 +220,7 @@ pub(super) async fn approve_force_release(
             // Gone: deleted by an earlier attempt of this request (its grant record
             // carries this request's marker), or released, expired or replaced since.
             Err(e) if e.is_not_held() => {
-                match state.locker.forced_by(&name, t.lease, t.mode, &id).await? {
+                match locker.forced_by(&name, t.lease, t.mode, &id).await? {
                     Some(rev) => rev,
                     None => continue,
                 }

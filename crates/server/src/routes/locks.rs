@@ -9,8 +9,8 @@ use tokio::time::Instant;
 
 use super::extract::{Body, QueryArgs};
 use super::{
-    forbidden, ms, not_a_namespace, owned_session, owned_session_cached, rate_check, ApiResult,
-    AppState, Expiry,
+    forbidden, ms, not_a_namespace, owned_session, owned_session_cached, rate_check, wrong_tier,
+    ApiResult, AppState, Expiry,
 };
 use crate::identity::Caller;
 use crate::openapi::{AcquireProblems, ReleaseProblems, StatusProblems};
@@ -41,23 +41,26 @@ pub(super) async fn acquire(
     {
         return Err(forbidden("not allowed to lock this class"));
     }
-    let mut record =
+    let (mut record, on) =
         owned_session_cached(&state, &caller, &body.session, Expiry::Uncounted).await?;
     let name = LockName::new(body.namespace, body.class, body.key);
     palisade_api::validate_name(&name.ns)?;
     palisade_api::validate_name(&name.class)?;
     palisade_api::validate_key(&name.key)?;
-    let namespace = state
-        .locker
+    let (tier, namespace) = state
+        .tiers
         .namespace(&name.ns)
         .await?
         .ok_or_else(not_a_namespace)?;
+    if tier != on.name {
+        return Err(wrong_tier(&name.ns, &tier));
+    }
     state.rates.check(&namespace.id, namespace.op_rate_quota)?;
     let started = std::time::Instant::now();
     let deadline = Instant::now() + wait;
     // The namespace's quota slot is taken in the acquire's first Txn, which also checks
     // that the session's record is the one read (or cached) above.
-    let mut hold = state
+    let mut hold = on
         .locker
         .acquire_in_quota(
             &record,
@@ -74,8 +77,10 @@ pub(super) async fn acquire(
     {
         // The cached record is gone or replaced: read it (a 404 or 403 if so) and try
         // once more on what was read.
-        record = owned_session(&state, &caller, &body.session, Expiry::Uncounted).await?;
-        hold = state
+        record = owned_session(&state, &caller, &body.session, Expiry::Uncounted)
+            .await?
+            .0;
+        hold = on
             .locker
             .acquire_in_quota(
                 &record,
@@ -94,7 +99,7 @@ pub(super) async fn acquire(
     let hold = hold?;
     state.metrics.grants.inc();
     let view = HoldView {
-        session: record.lease.to_string(),
+        session: state.session_id(&on.name, record.lease),
         namespace: name.ns,
         class: name.class,
         key: name.key,
@@ -128,12 +133,13 @@ pub(super) async fn release(
     caller: Caller,
     Body(body): Body<ReleaseBody>,
 ) -> ApiResult<StatusCode> {
-    let record = owned_session_cached(&state, &caller, &body.session, Expiry::Hold).await?;
+    let (record, on) = owned_session_cached(&state, &caller, &body.session, Expiry::Hold).await?;
     rate_check(&state, &body.namespace).await?;
     let name = LockName::new(body.namespace, body.class, body.key);
     // The release Txn frees the hold's quota slot with the hold, and only then; it also
-    // checks that the session's record is the one read (or cached) above.
-    match state
+    // checks that the session's record is the one read (or cached) above. A hold lives
+    // on its session's tier, which is where it is released, even after a rehome.
+    match on
         .locker
         .release_in_session(&name, &record, body.mode, body.grant_rev)
         .await
@@ -142,7 +148,7 @@ pub(super) async fn release(
         Err(e) if e.is_not_held() => {
             // Read the record now: a session gone is 404 (another owner's, 403), and a
             // forced hold is told apart by the notices read with it.
-            let record = owned_session(&state, &caller, &body.session, Expiry::Hold).await?;
+            let (record, _) = owned_session(&state, &caller, &body.session, Expiry::Hold).await?;
             if let Some(n) = record.forced_grant(body.grant_rev) {
                 return Err(Problem::new(
                     ProblemKind::HoldForced,
@@ -178,8 +184,11 @@ pub(super) async fn status(
     rate_check(&state, &q.namespace).await?;
     let name = LockName::new(q.namespace, q.class, q.key);
     palisade_api::validate_key(&name.key)?;
-    let class = state.locker.config().class(&name.ns, &name.class).await?;
-    let lock = state.locker.lock_state(&name).await?;
+    let locker = state.ns_locker(&name.ns).await?;
+    let tier = state.tiers.namespace(&name.ns).await?.map(|(t, _)| t);
+    let tier = tier.as_deref().unwrap_or(state.tiers.home_name());
+    let class = locker.config().class(&name.ns, &name.class).await?;
+    let lock = locker.lock_state(&name).await?;
     Ok(Json(StatusView {
         revision: lock.revision,
         class,
@@ -187,7 +196,7 @@ pub(super) async fn status(
             .holders
             .into_iter()
             .map(|h| HolderView {
-                session: h.lease.to_string(),
+                session: state.session_id(tier, h.lease),
                 mode: h.mode,
                 grant_rev: h.grant_rev,
                 token: h.token,
@@ -199,7 +208,7 @@ pub(super) async fn status(
             .waiters
             .into_iter()
             .map(|w| WaiterView {
-                session: w.lease.to_string(),
+                session: state.session_id(tier, w.lease),
                 mode: w.mode,
                 create_rev: w.create_rev,
                 spiffe_id: w.spiffe_id,

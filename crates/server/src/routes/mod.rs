@@ -7,7 +7,7 @@
 //!
 //! | method and path | body | answer |
 //! |---|---|---|
-//! | `POST /v1/sessions` | `{"ttl_ms","namespace"?}` | 201 `{"session","spiffe_id","ttl_ms","opened_rev","namespace"}` |
+//! | `POST /v1/sessions` | `{"ttl_ms","namespace"?,"tier"?}` | 201 `{"session","spiffe_id","ttl_ms","opened_rev","namespace","tier"}` |
 //! | `POST /v1/sessions/{session}/keepalive` | none | 200 `{"ttl_ms"}` |
 //! | `DELETE /v1/sessions/{session}` | none | 204; every hold of the session ends |
 //! | `POST /v1/locks/acquire` | `{"session","namespace","class","key","mode","wait_ms","holder_meta"?}` | 200 `{"token","grant_rev",...}` |
@@ -18,11 +18,22 @@
 //! | `GET /v1/namespaces/{ns}/classes` | none | 200 list |
 //! | `PUT /v1/namespaces/{ns}/classes/{class}` | `{"key_prefix","ttl_min_ms",...}` | 200, create or update |
 //! | `GET /v1/epoch` | none | 200 the epoch record, and why grants are refused if they are |
-//! | `POST /v1/epoch/advance` | `{"reason":"restore"\|"rehome"}` | 200 the new record |
+//! | `POST /v1/epoch/advance` | `{"reason":"restore"\|"rehome","tier"?}` | 200 the new record, above every tier's epochs |
+//! | `POST /v1/namespaces/{ns}/rehome` | `{"to","drain_ms"?}` | 200 `{"namespace","from","to","epoch"}` (service admins) |
 //! | `GET /v1/openapi.json` | none | 200 the OpenAPI 3.1 document of every route here, with the problem responses of each (no identity needed) |
 //! | `GET /metrics` | none | 200 Prometheus text: grants, acquire wait time, timeouts, releases, lost holds, quota rejections, etcd errors, expiries (no identity needed) |
 //! | `POST /v1/force-releases` | `{"namespace","class","key","reason"}` | 201 `{"id",...}`: a request, nothing deleted yet |
 //! | `POST /v1/force-releases/{id}/approve` | none | 200 `{"id","requester","approver","class_was_fenced","released":[{"session","mode","token","revision"}]}` |
+//!
+//! # Tiers
+//!
+//! With [`ServiceOptions::with_tiers`](crate::ServiceOptions::with_tiers) the service
+//! fronts several etcd clusters (see `palisade_lock::Tiers`). A session is opened on
+//! one tier: the one `tier` names, else the tier of `namespace` if given, else the home
+//! tier; its id is `<tier>.<lease hex>` off the home tier. An acquire of a namespace that
+//! lives on another tier than the session's is 409 `wrong-tier`, whose detail names the
+//! tier to open a session on; one refused by a rehome's fence (the namespace is moving)
+//! is 503 `namespace-moving` with `Retry-After: 1`.
 //!
 //! `holder_meta` is an optional JSON object stored with the hold (and its waiter key)
 //! and listed by status for each holder and waiter, at most
@@ -89,7 +100,9 @@ use palisade_lock::SessionRecord;
 
 #[derive(Clone)]
 pub(crate) struct AppState {
+    /// The home tier's locker: the directory, namespaces, the epoch shown by default.
     locker: Locker,
+    tiers: palisade_lock::Tiers,
     authz: Authz,
     pub(crate) dev_identity: bool,
     max_wait: Duration,
@@ -118,6 +131,7 @@ fn api() -> OpenApiRouter<AppState> {
         .routes(utoipa_axum::routes!(admin::put_class))
         .routes(utoipa_axum::routes!(admin::show_epoch))
         .routes(utoipa_axum::routes!(admin::advance_epoch))
+        .routes(utoipa_axum::routes!(admin::rehome))
         .routes(utoipa_axum::routes!(force::request_force_release))
         .routes(utoipa_axum::routes!(force::approve_force_release))
         .routes(utoipa_axum::routes!(openapi_json))
@@ -162,8 +176,12 @@ pub(crate) fn openapi() -> utoipa::openapi::OpenApi {
 pub(super) fn router(locker: Locker, options: ServiceOptions) -> Router {
     let (routes, doc) = api().split_for_parts();
     let openapi = doc.to_json().unwrap_or_default();
+    let tiers = options
+        .tiers
+        .unwrap_or_else(|| palisade_lock::Tiers::single(palisade_lock::DEFAULT_TIER, locker));
     let state = AppState {
-        locker,
+        locker: tiers.home().clone(),
+        tiers,
         authz: options.authz,
         dev_identity: options.dev_identity,
         max_wait: options.max_wait,
@@ -234,13 +252,44 @@ async fn method_not_allowed() -> Problem {
     .with_status(StatusCode::METHOD_NOT_ALLOWED)
 }
 
-fn parse_session(s: &str) -> ApiResult<LeaseId> {
-    LeaseId::from_hex(s).ok_or_else(|| {
-        Problem::new(
-            ProblemKind::InvalidInput,
-            "a session id is 16 lower-case hex digits",
-        )
-    })
+/// The tier a session lives on, and its locker.
+#[derive(Clone)]
+pub(crate) struct OnTier {
+    pub(crate) name: String,
+    pub(crate) locker: Locker,
+}
+
+impl AppState {
+    /// The session id the service writes for `lease` on tier `tier`.
+    fn session_id(&self, tier: &str, lease: LeaseId) -> String {
+        let tier = (tier != self.tiers.home_name()).then(|| tier.to_owned());
+        palisade_api::TieredSessionId { tier, lease }.to_string()
+    }
+
+    /// The locker of the tier namespace `ns` lives on (the home tier's for a namespace
+    /// the directory does not know: its answers then say so).
+    async fn ns_locker(&self, ns: &str) -> ApiResult<Locker> {
+        palisade_api::validate_name(ns)?;
+        Ok(match self.tiers.namespace(ns).await? {
+            Some((tier, _)) => self.tiers.locker(&tier)?.clone(),
+            None => self.locker.clone(),
+        })
+    }
+}
+
+/// A session id's tier (404 for a tier this service does not have) and lease.
+fn parse_session(state: &AppState, s: &str) -> ApiResult<(OnTier, LeaseId)> {
+    let id = palisade_api::TieredSessionId::parse(s)
+        .map_err(|e| Problem::new(ProblemKind::InvalidInput, e.to_string()))?;
+    let name = id
+        .tier
+        .unwrap_or_else(|| state.tiers.home_name().to_owned());
+    let locker = state
+        .tiers
+        .locker(&name)
+        .map_err(|_| Problem::new(ProblemKind::NotFound, "no live session with this id"))?
+        .clone();
+    Ok((OnTier { name, locker }, id.lease))
 }
 
 fn forbidden(what: &str) -> Problem {
@@ -269,14 +318,14 @@ impl AppState {
     }
 }
 
-/// The session's record, if `caller` owns it. A session whose lease is gone is 404, and
-/// counted as `expiry`.
+/// The session's record and tier, if `caller` owns it. A session whose lease is gone
+/// is 404, and counted as `expiry`.
 async fn owned_session(
     state: &AppState,
     caller: &Caller,
     session: &str,
     expiry: Expiry,
-) -> ApiResult<SessionRecord> {
+) -> ApiResult<(SessionRecord, OnTier)> {
     owned_session_from(state, caller, session, expiry, false).await
 }
 
@@ -289,7 +338,7 @@ async fn owned_session_cached(
     caller: &Caller,
     session: &str,
     expiry: Expiry,
-) -> ApiResult<SessionRecord> {
+) -> ApiResult<(SessionRecord, OnTier)> {
     owned_session_from(state, caller, session, expiry, true).await
 }
 
@@ -299,12 +348,12 @@ async fn owned_session_from(
     session: &str,
     expiry: Expiry,
     cached: bool,
-) -> ApiResult<SessionRecord> {
-    let lease = parse_session(session)?;
+) -> ApiResult<(SessionRecord, OnTier)> {
+    let (on, lease) = parse_session(state, session)?;
     let record = if cached {
-        state.locker.session_record_cached(lease).await
+        on.locker.session_record_cached(lease).await
     } else {
-        state.locker.session_record(lease).await
+        on.locker.session_record(lease).await
     };
     let record = record.map_err(|e| {
         if e.is_session_lost() {
@@ -317,18 +366,26 @@ async fn owned_session_from(
     if record.spiffe_id != caller.0 {
         return Err(forbidden("the session belongs to another identity"));
     }
-    Ok(record)
+    Ok((record, on))
+}
+
+/// 409 `wrong-tier`: namespace `ns` lives on `tier`, not on the session's tier.
+fn wrong_tier(ns: &str, tier: &str) -> Problem {
+    Problem::new(
+        ProblemKind::WrongTier,
+        format!("namespace {ns} lives on tier {tier}: open the session on tier {tier}"),
+    )
 }
 
 fn not_a_namespace() -> Problem {
     Problem::new(ProblemKind::NotFound, "no such namespace")
 }
 
-/// Draws one operation from `ns`'s `op_rate_quota`.
+/// Draws one operation from `ns`'s `op_rate_quota` (the directory's record).
 async fn rate_check(state: &AppState, ns: &str) -> ApiResult<()> {
     palisade_api::validate_name(ns)?;
-    let namespace = state
-        .locker
+    let (_, namespace) = state
+        .tiers
         .namespace(ns)
         .await?
         .ok_or_else(not_a_namespace)?;

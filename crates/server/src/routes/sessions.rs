@@ -8,7 +8,9 @@ use axum::response::IntoResponse;
 use axum::Json;
 
 use super::extract::{Body, PathArgs};
-use super::{forbidden, ms, not_a_namespace, owned_session, ApiResult, AppState, Expiry};
+use super::{
+    forbidden, ms, not_a_namespace, owned_session, wrong_tier, ApiResult, AppState, Expiry,
+};
 use crate::identity::Caller;
 use crate::openapi::{CloseProblems, KeepaliveProblems, OpenProblems};
 use crate::problem::Problem;
@@ -27,36 +29,48 @@ pub(super) async fn open_session(
     Body(body): Body<OpenSessionBody>,
 ) -> ApiResult<impl IntoResponse> {
     let ttl = session_ttl(body.ttl_ms, state.max_ttl)?;
-    let quota = match &body.namespace {
+    if let Some(t) = &body.tier {
+        palisade_api::validate_name(t)?;
+        state.tiers.locker(t)?;
+    }
+    let (quota, ns_tier) = match &body.namespace {
         Some(ns) => {
             palisade_api::validate_name(ns)?;
             if !state.authz.current().may_use_namespace(ns, &caller.0) {
                 return Err(forbidden("not allowed to use this namespace"));
             }
-            let namespace = state
-                .locker
+            let (tier, namespace) = state
+                .tiers
                 .namespace(ns)
                 .await?
                 .ok_or_else(not_a_namespace)?;
-            Some(namespace.held_lease_quota)
+            if body.tier.as_ref().is_some_and(|t| *t != tier) {
+                return Err(wrong_tier(ns, &tier));
+            }
+            (Some(namespace.held_lease_quota), Some(tier))
         }
-        None => None,
+        None => (None, None),
     };
-    let record = state
-        .locker
+    // The tier asked for, else the namespace's, else the home tier.
+    let tier = body
+        .tier
+        .clone()
+        .or(ns_tier)
+        .unwrap_or_else(|| state.tiers.home_name().to_owned());
+    let locker = state.tiers.locker(&tier)?.clone();
+    let record = locker
         .open_detached_session_limited(caller.0, ttl, Some(state.max_sessions_per_identity))
         .await?;
     if let (Some(ns), Some(quota)) = (&body.namespace, quota) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        match state
-            .locker
+        match locker
             .take_session_quota_slot(ns, record.lease, quota, deadline)
             .await
         {
             Ok(slot) => slot.keep(),
             Err(e) => {
                 // No slot, no session: nothing of it stays.
-                if let Err(e) = state.locker.revoke_session(record.lease).await {
+                if let Err(e) = locker.revoke_session(record.lease).await {
                     tracing::warn!(error = %e, "session over quota not revoked; it expires");
                 }
                 return Err(e.into());
@@ -66,11 +80,12 @@ pub(super) async fn open_session(
     Ok((
         StatusCode::CREATED,
         Json(SessionView {
-            session: record.lease.to_string(),
+            session: state.session_id(&tier, record.lease),
             spiffe_id: record.spiffe_id.as_str().to_owned(),
             ttl_ms: ms(record.ttl),
             opened_rev: record.opened_rev,
             namespace: body.namespace,
+            tier,
         }),
     ))
 }
@@ -94,15 +109,15 @@ pub(super) fn session_ttl(ttl_ms: u64, max_ttl: Duration) -> ApiResult<Duration>
 /// Renews the session's lease, and so every hold and wait of the session. The answer
 /// lists the session's holds that were force-released while it lived (`forced`).
 #[utoipa::path(post, path = routes::KEEPALIVE, tag = "sessions",
-    params(("session" = String, Path, description = "the session id, 16 lower-case hex digits")),
+    params(("session" = String, Path, description = "the session id: 16 lower-case hex digits, or <tier>.<16 hex digits>")),
     responses((status = 200, description = "renewed", body = KeepaliveView), KeepaliveProblems))]
 pub(super) async fn keepalive(
     State(state): State<AppState>,
     caller: Caller,
     PathArgs(session): PathArgs<String>,
 ) -> ApiResult<Json<KeepaliveView>> {
-    let record = owned_session(&state, &caller, &session, Expiry::Session).await?;
-    let ttl = state
+    let (record, on) = owned_session(&state, &caller, &session, Expiry::Session).await?;
+    let ttl = on
         .locker
         .keep_alive_once(record.lease)
         .await
@@ -131,14 +146,14 @@ pub(super) async fn keepalive(
 
 /// Closes the session: revokes its lease, which ends every hold and wait of it.
 #[utoipa::path(delete, path = routes::SESSION, tag = "sessions",
-    params(("session" = String, Path, description = "the session id, 16 lower-case hex digits")),
+    params(("session" = String, Path, description = "the session id: 16 lower-case hex digits, or <tier>.<16 hex digits>")),
     responses((status = 204, description = "closed; every hold of the session ended"), CloseProblems))]
 pub(super) async fn close_session(
     State(state): State<AppState>,
     caller: Caller,
     PathArgs(session): PathArgs<String>,
 ) -> ApiResult<StatusCode> {
-    let record = owned_session(&state, &caller, &session, Expiry::Uncounted).await?;
-    state.locker.revoke_session(record.lease).await?;
+    let (record, on) = owned_session(&state, &caller, &session, Expiry::Uncounted).await?;
+    on.locker.revoke_session(record.lease).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -60,7 +60,7 @@ async fn etcd_openapi_document_matches_the_router_and_its_schemas_refuse_what_ha
         .map(|(m, p)| (m.as_str().to_owned(), p.to_owned()))
         .collect();
     assert_eq!(documented, routed);
-    assert_eq!(routed.len(), 16);
+    assert_eq!(routed.len(), 17);
 
     // The router really serves each of them (its fallbacks answer "no such route" or
     // 405), and nothing else on those paths.

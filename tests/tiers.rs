@@ -1,0 +1,392 @@
+//! `palisade serve` in front of two etcd cluster tiers (`--home-tier a --tier b=...`):
+//! a namespace rehomed with `palisade namespace rehome`; a resource behind `FenceLayer`
+//! and a Postgres table written with `fenced_transaction` that saw tokens of both tiers
+//! refuse the old tier's token after the move; a rehome whose service was killed part
+//! way refuses on both tiers until it is run again, which completes it; `palisade audit
+//! tail --tier` records the grants of both clusters. Real etcd members, a real
+//! PostgreSQL database and real `palisade` processes.
+
+mod common;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::service::run;
+use http_body_util::Full;
+use palisade_api::ProblemKind;
+use palisade_client::Client;
+use palisade_fence::{fenced_transaction, FenceError, FenceLayer, FencingToken, MemoryStore};
+use palisade_testkit::{EtcdCluster, TestDb};
+use serde_json::{json, Value};
+use tower::{Service, ServiceExt};
+
+const JOB: &str = "spiffe://test/jobs/a";
+const ADMIN: &str = "spiffe://test/admin";
+
+struct Tiered {
+    a: EtcdCluster,
+    b: EtcdCluster,
+    dir: tempfile::TempDir,
+    addr: SocketAddr,
+}
+
+impl Tiered {
+    async fn start() -> Tiered {
+        let (a, b) = (EtcdCluster::start(1).await, EtcdCluster::start(1).await);
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("authz.toml"),
+            format!("admins = [\"{ADMIN}\"]\n[[namespace]]\nid = \"ns\"\n[[namespace.grant]]\nids = [\"spiffe://test/jobs/\"]\nclasses = [\"c\"]\n"),
+        )
+        .unwrap();
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        Tiered { a, b, dir, addr }
+    }
+
+    /// Starts `palisade serve` on both tiers and waits until it listens.
+    async fn serve(&self) -> tokio::process::Child {
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_palisade"))
+            .args(["serve", "--etcd", &self.a.endpoints().join(",")])
+            .args(["--home-tier", "a"])
+            .arg("--tier")
+            .arg(format!("b={}", self.b.endpoints().join(",")))
+            .args([
+                "--listen",
+                &self.addr.to_string(),
+                "--insecure-dev-identity",
+            ])
+            .arg("--config")
+            .arg(self.dir.path().join("authz.toml"))
+            .arg("--epoch-file")
+            .arg(self.dir.path().join("epoch.json"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while tokio::net::TcpStream::connect(self.addr).await.is_err() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "palisade serve did not start"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        child
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn client(&self, id: &str) -> Client {
+        Client::new(self.url()).unwrap().with_dev_identity(id)
+    }
+
+    /// `palisade ARGS --service URL --dev-identity ADMIN`.
+    async fn admin(&self, args: &[&str]) -> common::service::Out {
+        let mut all = args.to_vec();
+        let url = self.url();
+        all.extend(["--service", &url, "--dev-identity", ADMIN]);
+        run(all, &[]).await
+    }
+
+    /// Opens a session (JSON body `open`) and acquires `key` of `ns/c`; the session
+    /// view and the hold view.
+    async fn hold(
+        &self,
+        open: Value,
+        key: &str,
+    ) -> Result<(Value, Value), palisade_client::ClientError> {
+        let c = self.client(JOB);
+        let session = c.call_json("POST", "/v1/sessions", Some(open)).await?;
+        let hold = c
+            .call_json(
+                "POST",
+                "/v1/locks/acquire",
+                Some(
+                    json!({"session": session["session"], "namespace": "ns", "class": "c",
+                    "key": key, "mode": "exclusive", "wait_ms": 2000}),
+                ),
+            )
+            .await?;
+        Ok((session, hold))
+    }
+
+    async fn release(&self, hold: &Value) {
+        self.client(JOB)
+            .call_json(
+                "POST",
+                "/v1/locks/release",
+                Some(
+                    json!({"session": hold["session"], "namespace": "ns", "class": "c",
+                    "key": hold["key"], "mode": "exclusive", "grant_rev": hold["grant_rev"]}),
+                ),
+            )
+            .await
+            .unwrap();
+    }
+}
+
+fn token(hold: &Value) -> FencingToken {
+    hold["token"].as_str().unwrap().parse().unwrap()
+}
+
+/// A write through `FenceLayer` (resource: the path) with `token`; the status.
+async fn fenced_write<S>(svc: &mut S, token: FencingToken) -> u16
+where
+    S: Service<http::Request<Full<Bytes>>, Response = http::Response<Full<Bytes>>>,
+    S::Error: std::fmt::Debug,
+{
+    let req = http::Request::put("/orders/k")
+        .header("fencing-token", token.to_string())
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    svc.ready()
+        .await
+        .unwrap()
+        .call(req)
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// One `fenced_transaction` on resource `orders/k` that inserts a row with `token`.
+async fn pg_write(
+    client: &mut tokio_postgres::Client,
+    token: FencingToken,
+) -> Result<(), FenceError> {
+    fenced_transaction(client, "orders/k", token, |tx| {
+        Box::pin(async move {
+            tx.execute("INSERT INTO tier_writes (token) VALUES ($1)", &[&token])
+                .await?;
+            Ok::<_, FenceError>(())
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn etcd_serve_on_two_tiers_rehomes_a_namespace_and_resources_refuse_the_old_tier() {
+    let t = Tiered::start().await;
+    let mut server = t.serve().await;
+    t.admin(&[
+        "namespace",
+        "create",
+        "ns",
+        "--tenant",
+        "t",
+        "--cluster-tier",
+        "a",
+    ])
+    .await
+    .ok();
+    t.admin(&["class", "create", "ns", "c"]).await.ok();
+    // A plain update cannot move it, and a tier must be one of the service's.
+    t.admin(&["namespace", "update", "ns", "--cluster-tier", "b"])
+        .await
+        .fails(2, "move it with a rehome");
+    t.admin(&[
+        "namespace",
+        "create",
+        "other",
+        "--tenant",
+        "t",
+        "--cluster-tier",
+        "gold",
+    ])
+    .await
+    .fails(2, "unknown cluster tier \"gold\"");
+    let quota = t
+        .admin(&["namespace", "update", "ns", "--op-rate-quota", "5000"])
+        .await
+        .ok();
+    assert_eq!(quota.json()["cluster_tier"], "a");
+    let db = TestDb::create().await;
+    let mut pg = db.connect().await;
+    palisade_fence::migrate(&mut pg).await.unwrap();
+    pg.batch_execute("CREATE TABLE tier_writes (token bigint NOT NULL)")
+        .await
+        .unwrap();
+    let _tailer = tokio::process::Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args(["audit", "tail", "--etcd", &t.a.endpoints().join(",")])
+        .arg("--tier")
+        .arg(format!("b={}", t.b.endpoints().join(",")))
+        .args(["--database", &db.connection_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut resource = tower::ServiceBuilder::new()
+        .layer(FenceLayer::new(MemoryStore::new(1_000)))
+        .service(tower::service_fn(
+            |_req: http::Request<Full<Bytes>>| async {
+                Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::new())))
+            },
+        ));
+
+    // On tier a: a session opened with the namespace lands there.
+    let (session, old) = t
+        .hold(json!({"ttl_ms": 10000, "namespace": "ns"}), "k")
+        .await
+        .unwrap();
+    assert_eq!(session["tier"], "a");
+    assert!(
+        !session["session"].as_str().unwrap().contains('.'),
+        "{session}"
+    );
+    let old_token = token(&old);
+    assert_eq!(fenced_write(&mut resource, old_token).await, 200);
+    pg_write(&mut pg, old_token).await.unwrap();
+    // A session on tier b is told where the namespace lives.
+    let err = t
+        .hold(json!({"ttl_ms": 10000, "tier": "b"}), "k")
+        .await
+        .unwrap_err();
+    assert_eq!(err.problem(), Some(ProblemKind::WrongTier));
+    assert_eq!(err.status(), Some(409));
+    assert!(err.detail().contains("tier a"), "{err:?}");
+    t.release(&old).await;
+
+    // The move.
+    let moved = t
+        .admin(&["namespace", "rehome", "ns", "--to", "b"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(
+        (moved["from"].as_str(), moved["to"].as_str()),
+        (Some("a"), Some("b"))
+    );
+    assert_eq!(moved["epoch"]["reason"], "rehome");
+    let (session, new) = t
+        .hold(json!({"ttl_ms": 10000, "namespace": "ns"}), "k")
+        .await
+        .unwrap();
+    assert_eq!(session["tier"], "b");
+    assert!(
+        session["session"].as_str().unwrap().starts_with("b."),
+        "{session}"
+    );
+    let new_token = token(&new);
+    assert!(new_token > old_token, "{new_token} after {old_token}");
+    assert_eq!(
+        new_token.epoch().get(),
+        moved["epoch"]["epoch"].as_u64().unwrap() as u16
+    );
+    assert_eq!(fenced_write(&mut resource, new_token).await, 200);
+    pg_write(&mut pg, new_token).await.unwrap();
+    // The old tier's token is refused by both resources now.
+    assert_eq!(fenced_write(&mut resource, old_token).await, 409);
+    let stale = pg_write(&mut pg, old_token).await.unwrap_err();
+    assert!(stale.is_stale(), "{stale:?}");
+    let rows: i64 = pg
+        .query_one("SELECT count(*) FROM tier_writes", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 2);
+    // A session on tier a is refused with the tier named.
+    let err = t.hold(json!({"ttl_ms": 10000}), "k2").await.unwrap_err();
+    assert_eq!(err.problem(), Some(ProblemKind::WrongTier));
+    assert!(err.detail().contains("tier b"), "{err:?}");
+
+    // Killed part way: the rehome back to a drains behind the hold on b when the
+    // service dies.
+    let url = t.url();
+    let rehome = tokio::spawn(async move {
+        run(
+            vec![
+                "namespace",
+                "rehome",
+                "ns",
+                "--to",
+                "a",
+                "--drain-ms",
+                "20000",
+                "--service",
+                &url,
+                "--dev-identity",
+                ADMIN,
+            ],
+            &[],
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    server.kill().await.unwrap();
+    let out = rehome.await.unwrap();
+    assert_ne!(out.code, 0, "{out:?}");
+    let _server = t.serve().await;
+    // Neither tier grants: b is fenced (503 with Retry-After), a is not its tier yet.
+    let err = t
+        .hold(json!({"ttl_ms": 10000, "namespace": "ns"}), "k3")
+        .await
+        .unwrap_err();
+    assert_eq!(err.problem(), Some(ProblemKind::NamespaceMoving), "{err:?}");
+    assert_eq!(err.status(), Some(503));
+    let err = t
+        .hold(json!({"ttl_ms": 10000, "tier": "a"}), "k3")
+        .await
+        .unwrap_err();
+    assert_eq!(err.problem(), Some(ProblemKind::WrongTier), "{err:?}");
+    // The hold ends (released through the new process); the retry completes the move.
+    t.release(&new).await;
+    let back = t
+        .admin(&["namespace", "rehome", "ns", "--to", "a"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(back["to"], "a");
+    let (session, last) = t
+        .hold(json!({"ttl_ms": 10000, "namespace": "ns"}), "k")
+        .await
+        .unwrap();
+    assert_eq!(session["tier"], "a");
+    assert!(
+        token(&last) > new_token,
+        "{} after {new_token}",
+        token(&last)
+    );
+    assert_eq!(fenced_write(&mut resource, token(&last)).await, 200);
+    assert_eq!(fenced_write(&mut resource, new_token).await, 409);
+
+    // The audit trail has the namespace's grants of both clusters, with their tokens.
+    let (a_id, b_id) = (t.a.cluster_id().await as i64, t.b.cluster_id().await as i64);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let rows = pg
+            .query(
+                "SELECT cluster_id, token FROM audit_event WHERE type = 'grant' AND namespace = 'ns'",
+                &[],
+            )
+            .await
+            .unwrap_or_default();
+        let tokens = |id: i64| -> Vec<i64> {
+            rows.iter()
+                .filter(|r| r.get::<_, i64>(0) == id)
+                .map(|r| r.get::<_, i64>(1))
+                .collect()
+        };
+        let (on_a, on_b) = (tokens(a_id), tokens(b_id));
+        if on_a.contains(&(old_token.get() as i64))
+            && on_a.contains(&(token(&last).get() as i64))
+            && on_b.contains(&(new_token.get() as i64))
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "audit grants: a {on_a:?}, b {on_b:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
