@@ -133,6 +133,7 @@ fn chaos_etcd_sixty_seconds_no_stale_write_lands() {
 
     let mut faults: BTreeMap<FaultKind, u32> = BTreeMap::new();
     let (mut grants, mut stale, mut committed, mut holds, mut audit) = (0, 0, 0, 0, 0);
+    let mut renewals = 0;
     for e in entries {
         match &e.event {
             Event::Fault {
@@ -151,6 +152,7 @@ fn chaos_etcd_sixty_seconds_no_stale_write_lands() {
             } => committed += 1,
             Event::EtcdHold { .. } => holds += 1,
             Event::AuditRow { .. } => audit += 1,
+            Event::Renewed { .. } => renewals += 1,
             _ => {}
         }
     }
@@ -164,6 +166,10 @@ fn chaos_etcd_sixty_seconds_no_stale_write_lands() {
     }
     if grants == 0 || committed == 0 {
         fail(format!("grants {grants}, committed writes {committed}"));
+    }
+    // The loss-signal deadline is checked against the renewals the workers recorded.
+    if renewals == 0 {
+        fail("no worker recorded a renewal".into());
     }
     if holds == 0 || audit == 0 {
         fail(format!("etcd holds {holds}, audit rows {audit}"));

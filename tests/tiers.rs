@@ -390,3 +390,89 @@ async fn etcd_serve_on_two_tiers_rehomes_a_namespace_and_resources_refuse_the_ol
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+#[tokio::test]
+async fn etcd_a_client_acquire_answered_namespace_moving_is_retried_until_the_move_ends() {
+    let t = Tiered::start().await;
+    let _server = t.serve().await;
+    t.admin(&["namespace", "create", "ns", "--tenant", "t"])
+        .await
+        .ok();
+    t.admin(&["class", "create", "ns", "c"]).await.ok();
+    let session = t
+        .client(JOB)
+        .open_session_in("ns", Duration::from_secs(30))
+        .await
+        .unwrap();
+    // A hold the move waits for, and does not get: the rehome rolls back after its drain.
+    let (_, held) = t
+        .hold(json!({"ttl_ms": 30000, "namespace": "ns"}), "k")
+        .await
+        .unwrap();
+    let url = t.url();
+    let rehome = tokio::spawn(async move {
+        run(
+            vec![
+                "namespace",
+                "rehome",
+                "ns",
+                "--to",
+                "b",
+                "--drain-ms",
+                "2000",
+                "--service",
+                &url,
+                "--dev-identity",
+                ADMIN,
+            ],
+            &[],
+        )
+        .await
+    });
+    // Once the old tier is fenced, an acquire sent once is answered 503 namespace-moving.
+    let raw = |key: &'static str| {
+        let (c, id) = (t.client(JOB), session.id().to_owned());
+        async move {
+            c.call_json(
+                "POST",
+                "/v1/locks/acquire",
+                Some(json!({"session": id, "namespace": "ns", "class": "c",
+                    "key": key, "mode": "exclusive", "wait_ms": 0})),
+            )
+            .await
+        }
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match raw("probe").await {
+            Err(e) if e.problem() == Some(ProblemKind::NamespaceMoving) => break,
+            Ok(hold) => t.release(&hold).await,
+            Err(e) => panic!("{e:?}"),
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never fenced");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The client's acquire is sent again while the move lasts, and granted on the old
+    // tier once the move is rolled back.
+    let hold = session
+        .acquire(
+            "ns",
+            "c",
+            "k2",
+            palisade_client::Mode::Exclusive,
+            Duration::from_secs(20),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("not granted after the move ended: {e:?}"));
+    let out = rehome.await.unwrap();
+    assert_ne!(out.code, 0, "the rehome could not drain: {out:?}");
+    assert!(hold.token().is_some());
+    let status = t
+        .client(JOB)
+        .call_json("GET", "/v1/locks/status?namespace=ns&class=c&key=k2", None)
+        .await
+        .unwrap();
+    assert_eq!(status["holders"][0]["session"], session.id());
+    hold.release().await.unwrap();
+    t.release(&held).await;
+}

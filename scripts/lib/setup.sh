@@ -3,6 +3,7 @@
 #
 # What it changes on the system: Debian packages (protobuf-compiler, etcd-server,
 # etcd-client, postgresql-client, chromium, postgresql, prometheus (for promtool),
+# iproute2, iptables, faketime (the chaos harness's network hosts and clock jumps),
 # python3-venv when missing; the system etcd and prometheus services are stopped and
 # disabled), cargo-nextest in cargo's bin directory,
 # PostgreSQL's pg_hba.conf (trust on loopback) when no server answers on 5432, and
@@ -40,6 +41,13 @@ palisade_install_deps() {
     # The alerting rules in ops/ are checked with promtool, from Debian's prometheus package.
     command -v promtool >/dev/null || missing+=(prometheus)
     /usr/bin/python3 -c 'import psycopg' 2>/dev/null || missing+=(python3-psycopg)
+    # The chaos harness's network hosts: namespaces and veths (ip, from iproute2), cuts
+    # between hosts (iptables, run inside the namespaces only), netem (tc), and wall-clock
+    # jumps (libfaketime, from Debian's faketime).
+    command -v ip >/dev/null || missing+=(iproute2)
+    command -v tc >/dev/null || missing+=(iproute2)
+    command -v iptables >/dev/null || missing+=(iptables)
+    [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || missing+=(faketime)
     if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
     # The etcd-server package starts a system etcd on the default ports; tests and the demo
     # run their own members on free ports, so a system one is only in the way.

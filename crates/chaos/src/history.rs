@@ -221,6 +221,27 @@ pub enum Event {
         /// The token of the hold it released.
         token: u64,
     },
+    /// A worker gave its hold up without a definite end (its release failed otherwise, or
+    /// its acquire got no answer): it writes no more with the token and closes the
+    /// session, whose expiry ends the hold.
+    Abandoned {
+        /// The lock.
+        lock: LockName,
+        /// The token of the hold it gave up.
+        token: u64,
+    },
+    /// A worker's session was renewed: the renewal (or, the first time, the open) sent
+    /// at `sent_ns` (the history's clock) was acknowledged with `ttl_ms`, so the client
+    /// counts the session alive until `sent_ns + ttl_ms` and must say it is lost soon
+    /// after that if no later renewal succeeds.
+    Renewed {
+        /// The session (etcd lease id).
+        session: i64,
+        /// When the renewal was sent, nanoseconds on the history's clock.
+        sent_ns: u64,
+        /// The TTL the renewal counts from, milliseconds.
+        ttl_ms: u64,
+    },
     /// An admin requested a force release; the service answered with the holds it is
     /// about, fixed at request time.
     ForceRequested {
@@ -249,6 +270,10 @@ pub enum Event {
         phase: Phase,
         /// Which member, replica or worker, for the reader.
         detail: String,
+        /// The worker a pause stops (the loss signal's deadline waits for it); absent
+        /// for other faults.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        paused_worker: Option<u32>,
     },
     /// The epoch was advanced; every later token must be above every earlier one.
     EpochAdvanced {
@@ -468,6 +493,20 @@ mod tests {
         assert!(text.contains(r#""type":"write_completed""#), "{text}");
         assert!(text.contains(r#""outcome":"rejected""#), "{text}");
         assert_eq!(read_history(&buf[..]).unwrap(), vec![entry]);
+        // A fault naming the worker it pauses keeps the recorder's `worker` apart.
+        let fault = Entry {
+            at_ns: 13,
+            worker: u32::MAX,
+            event: Event::Fault {
+                kind: FaultKind::PauseWorker,
+                phase: Phase::Start,
+                detail: "worker 2".into(),
+                paused_worker: Some(2),
+            },
+        };
+        let mut buf = Vec::new();
+        write_entry(&mut buf, &fault).unwrap();
+        assert_eq!(read_history(&buf[..]).unwrap(), vec![fault]);
     }
 
     #[test]

@@ -23,12 +23,14 @@
 //! breaks.
 //!
 //! Modules: [`history`] (the format), [`check`] (the checker), [`clock`] (one monotonic
-//! clock for every process), [`schedule`], [`worker`], [`resource`], and the runner
+//! clock for every process), [`net`] (network hosts, partitions, netem and clock jumps),
+//! [`schedule`], [`worker`], [`resource`], and the runner
 //! ([`run`], [`RunOptions`], [`Summary`], [`ChaosError`]).
 
 pub mod check;
 pub mod clock;
 pub mod history;
+pub mod net;
 pub mod resource;
 pub mod schedule;
 pub mod worker;

@@ -6,7 +6,7 @@
 //! | kill etcd leader | SIGKILL the member that leads | start it again (same data) |
 //! | pause etcd member | SIGSTOP member `pick % 3` | SIGCONT |
 //! | kill service replica | SIGKILL replica `pick % 2` | start it again (same port) |
-//! | pause worker | SIGSTOP a worker that holds a lock (`pick % holders`; any worker when none does) for the TTL plus `hold` | SIGCONT |
+//! | pause worker | a worker that holds a lock (`pick % holders`; any worker when none does) stops itself right after recording its next write with a token, before sending it (SIGSTOP from here if it writes nothing within 4.5 s), for the TTL plus `hold` | SIGCONT |
 //! | restart Postgres | immediate (crash) or fast stop | start (crash recovery) |
 //! | force release | twice: an admin requests a force release of a lock a worker holds (`pick % holders`; by its grant revision or every holder at request time), and a second admin approves it through the other replica, at once, then `pick % 1500` ms later | after `hold` |
 //! | lose release answers | worker `pick % workers` is told to have its loopback proxy lose its releases (all of one release's attempts for 1 s, then the answer to one's first attempt, then one's first attempt, in turn) for the TTL plus `hold` | told to stop |
@@ -26,7 +26,7 @@ use crate::history::{Event, FaultKind, ForceOutcome, Phase};
 use crate::procs;
 use crate::runner::{epoch_field, retry, Run, ADMIN, ADMIN2, REPLICAS, ROOT, TTL};
 use crate::schedule::PlannedFault;
-use crate::worker::{LOSE_RELEASES_OFF, LOSE_RELEASES_ON};
+use crate::worker::{LOSE_RELEASES_OFF, LOSE_RELEASES_ON, PAUSE_ARMED_FOR, PAUSE_NEXT_WRITE};
 use palisade_api::keys::RootKeys;
 use palisade_api::routes;
 use palisade_client::ProblemKind;
@@ -37,6 +37,18 @@ impl Run {
             kind,
             phase,
             detail,
+            paused_worker: None,
+        });
+    }
+
+    /// Records a fault that stops worker `worker` (the checker's loss-signal deadline
+    /// waits for its end).
+    fn fault_on(&self, kind: FaultKind, phase: Phase, detail: String, worker: usize) {
+        self.record(Event::Fault {
+            kind,
+            phase,
+            detail,
+            paused_worker: u32::try_from(worker).ok(),
         });
     }
 
@@ -110,15 +122,32 @@ impl Run {
                     return Ok(());
                 };
                 let pause = TTL + f.hold;
-                self.fault(
+                // The worker stops itself between recording a write and sending it; one
+                // that writes nothing in time is stopped from here (its arming has run
+                // out by the time it is continued).
+                self.tell(i, PAUSE_NEXT_WRITE).await;
+                let how = if procs::wait_stopped(pid, PAUSE_ARMED_FOR - Duration::from_millis(500))
+                    .await
+                {
+                    "stopped itself before sending a write"
+                } else {
+                    procs::signal(pid, Signal::SIGSTOP);
+                    "stopped (SIGSTOP)"
+                };
+                self.fault_on(
                     kind,
                     Phase::Start,
-                    format!("worker {i} stopped (SIGSTOP) for {} ms", pause.as_millis()),
+                    format!("worker {i} {how} for {} ms", pause.as_millis()),
+                    i,
                 );
-                procs::signal(pid, Signal::SIGSTOP);
                 tokio::time::sleep(pause).await;
                 procs::signal(pid, Signal::SIGCONT);
-                self.fault(kind, Phase::End, format!("worker {i} continued (SIGCONT)"));
+                self.fault_on(
+                    kind,
+                    Phase::End,
+                    format!("worker {i} continued (SIGCONT)"),
+                    i,
+                );
             }
             FaultKind::RestartPostgres => {
                 let (mode, how) = if f.crash {

@@ -43,6 +43,26 @@ pub(crate) fn signal(pid: u32, signal: Signal) {
     }
 }
 
+/// Waits up to `limit` for process `pid` to be stopped (state `T` in `/proc/PID/stat`);
+/// says whether it is.
+pub(crate) async fn wait_stopped(pid: u32, limit: std::time::Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // The state follows the command name, which is in parentheses.
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().next());
+        if state == Some("T") {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// The lock-service replicas: `palisade serve` in dev mode on fixed loopback ports,
 /// sharing one authorization file, one epoch record and one database (force release).
 pub(crate) struct Replicas {

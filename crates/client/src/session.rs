@@ -218,12 +218,14 @@ impl Client {
         let ttl = Duration::from_millis(opened.ttl_ms);
         let (lost, _) = watch::channel(false);
         let (forced, _) = watch::channel(BTreeMap::new());
+        let (renewed, _) = watch::channel(sent_at);
         let shared = Arc::new(Shared {
             http: self.http.clone(),
             id: opened.session,
             ttl,
             lost,
             forced,
+            renewed,
             keepalive: Mutex::new(None),
         });
         let task = tokio::spawn(keepalive(Arc::downgrade(&shared), sent_at + ttl));
@@ -240,6 +242,8 @@ struct Shared {
     /// The grants of this session that the service reported force-released, with the
     /// request that ended each.
     forced: watch::Sender<BTreeMap<Revision, String>>,
+    /// When the last acknowledged renewal was sent (the open, before the first).
+    renewed: watch::Sender<Instant>,
     keepalive: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -270,6 +274,7 @@ impl Drop for Shared {
 async fn keepalive(shared: std::sync::Weak<Shared>, mut expires_at: Instant) {
     let Some(s) = shared.upgrade() else { return };
     let (http, ttl, lost, forced) = (s.http.clone(), s.ttl, s.lost.clone(), s.forced.clone());
+    let renewed = s.renewed.clone();
     let path = routes::keepalive(&s.id);
     drop(s);
     let mut next = Instant::now() + ttl / 3;
@@ -285,6 +290,7 @@ async fn keepalive(shared: std::sync::Weak<Shared>, mut expires_at: Instant) {
             Ok(Ok(r)) => {
                 expires_at = sent_at + Duration::from_millis(r.ttl_ms);
                 next = sent_at + ttl / 3;
+                renewed.send_replace(sent_at);
                 forced.send_if_modified(|known| {
                     let before = known.len();
                     for f in r.forced {
@@ -332,6 +338,38 @@ impl ClientSession {
     /// Whether the session is known to be gone.
     pub fn is_lost(&self) -> bool {
         *self.shared.lost.borrow()
+    }
+
+    /// The session's TTL, as the service granted it.
+    pub fn ttl(&self) -> Duration {
+        self.shared.ttl
+    }
+
+    /// When the last renewal the service acknowledged was sent (before the first one:
+    /// when the open was sent). The session counts as alive until then plus
+    /// [`ClientSession::ttl`]; after that [`ClientSession::lost`] completes.
+    pub fn renewed_at(&self) -> std::time::Instant {
+        self.shared.renewed.borrow().into_std()
+    }
+
+    /// Completes with the send time of the next acknowledged renewal after `after` (at
+    /// once if one is known already); `None` once the session is lost.
+    pub async fn renewed_after(&self, after: std::time::Instant) -> Option<std::time::Instant> {
+        let mut rx = self.shared.renewed.subscribe();
+        let mut lost = self.shared.lost.subscribe();
+        loop {
+            let at = rx.borrow_and_update().into_std();
+            if at > after {
+                return Some(at);
+            }
+            if *lost.borrow_and_update() {
+                return None;
+            }
+            tokio::select! {
+                changed = rx.changed() => changed.ok()?,
+                changed = lost.changed() => changed.ok()?,
+            }
+        }
     }
 
     pub(crate) fn http(&self) -> &Http {

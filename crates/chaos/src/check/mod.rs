@@ -145,18 +145,25 @@ mod floor;
 mod force;
 mod grants;
 mod holds;
+mod loss_signal;
+mod refs;
 mod releases;
 mod reorder;
 mod report;
 mod restored;
 mod violation;
+mod violation_text;
 mod writes;
 
 use std::io::BufRead;
 use std::time::Duration;
 
-use crate::history::{entries, Entry, Event, HoldEnd, Phase, ReadError};
+use crate::history::{entries, Entry, Event, FaultKind, HoldEnd, Phase, ReadError};
 
+/// The `worker` of entries the runner and the nemesis record.
+const RUNNER: u32 = u32::MAX;
+
+pub use loss_signal::LOSS_SIGNAL_SLACK;
 pub use report::{CheckReport, Counts};
 pub use violation::{
     AuditRecord, EntryIndex, EntryProblem, EpochRef, GrantRef, HoldRef, LockRecordKind, Mark,
@@ -224,6 +231,7 @@ pub struct Checker {
     audit: audit::Audit,
     forces: force::Forces,
     releases: releases::Releases,
+    loss_signal: loss_signal::LossSignal,
 }
 
 impl Default for Checker {
@@ -246,6 +254,7 @@ impl Checker {
             audit: audit::Audit::default(),
             forces: force::Forces::default(),
             releases: releases::Releases::default(),
+            loss_signal: loss_signal::LossSignal::default(),
         }
     }
 
@@ -262,9 +271,13 @@ impl Checker {
         self.last_at = self.last_at.max(at);
         let c = &mut self.counts;
         c.entries += 1;
+        if worker != RUNNER {
+            self.loss_signal.entry(index, at, worker, out);
+        }
         match &entry.event {
             Event::AcquireInvoked { lock } => {
                 c.acquires += 1;
+                self.loss_signal.moved_on(worker);
                 self.grants.acquire(index, at, worker, lock);
             }
             Event::Granted {
@@ -279,6 +292,8 @@ impl Checker {
                 self.grants
                     .granted(index, at, worker, lock, *token, *grant_rev, out);
                 self.audit.worker_grant(lock, *token, *grant_rev);
+                self.loss_signal
+                    .granted(index, at, worker, lock, *token, *session);
             }
             Event::AcquireFailed { lock, error: _ } => {
                 c.acquire_failures += 1;
@@ -291,6 +306,7 @@ impl Checker {
                 op,
             } => {
                 c.writes += 1;
+                self.loss_signal.write_invoked(index, worker, *token, out);
                 self.writes
                     .invoke(index, at, resource, *target, *token, *op, out);
             }
@@ -326,12 +342,26 @@ impl Checker {
             }
             Event::Released { lock, token, .. } => {
                 c.releases += 1;
+                self.loss_signal.ended(index, worker, *token, false);
                 self.forces.released(index, at, worker, *token);
                 self.releases.released(index, lock, *token, false);
             }
             Event::ReleaseUnknown { lock, token } => {
                 c.release_unknowns += 1;
+                self.loss_signal.ended(index, worker, *token, false);
                 self.releases.released(index, lock, *token, true);
+            }
+            Event::Abandoned { lock: _, token } => {
+                self.loss_signal.ended(index, worker, *token, false);
+            }
+            Event::Renewed {
+                session,
+                sent_ns,
+                ttl_ms,
+            } => {
+                c.renewals += 1;
+                self.loss_signal
+                    .renewed(worker, *session, *sent_ns, *ttl_ms);
             }
             Event::Lost {
                 lock: _,
@@ -339,6 +369,7 @@ impl Checker {
                 reason,
             } => {
                 c.losses += 1;
+                self.loss_signal.ended(index, worker, *token, true);
                 self.forces.lost(index, worker, *token, reason.as_ref());
             }
             Event::ForceRequested {
@@ -368,9 +399,13 @@ impl Checker {
                 kind,
                 phase,
                 detail: _,
+                paused_worker: target,
             } => {
                 if *phase == Phase::Start {
                     *c.faults.entry(*kind).or_insert(0) += 1;
+                }
+                if let (FaultKind::PauseWorker, Some(w)) = (kind, target) {
+                    self.loss_signal.pause(*w, at, *phase == Phase::Start);
                 }
             }
             Event::EpochAdvanced { epoch } => {

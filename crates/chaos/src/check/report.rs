@@ -22,6 +22,9 @@ pub struct Counts {
     pub releases: u64,
     /// `lost` entries: holds whose loss a worker was told of.
     pub losses: u64,
+    /// `renewed` entries: session renewals (and opens) a worker's client had
+    /// acknowledged.
+    pub renewals: u64,
     /// `release_unknown` entries: releases whose outcome the worker's client did not learn
     /// within its budget.
     pub release_unknowns: u64,
@@ -88,7 +91,7 @@ impl fmt::Display for CheckReport {
     /// A summary table, then one line per violation.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let c = &self.counts;
-        let rows: [(&str, u64); 21] = [
+        let rows: [(&str, u64); 22] = [
             ("entries", c.entries),
             ("acquires", c.acquires),
             ("grants", c.grants),
@@ -96,6 +99,7 @@ impl fmt::Display for CheckReport {
             ("releases", c.releases),
             ("releases unknown", c.release_unknowns),
             ("losses", c.losses),
+            ("renewals", c.renewals),
             ("force requests", c.force_requests),
             ("  holds forced", c.forced_holds),
             ("writes", c.writes),

@@ -1,317 +1,11 @@
 //! What the checker reports: [`Violation`]s and the entries that prove them.
 
-use std::fmt;
+use crate::history::LockName;
 
-use crate::history::{HoldEnd, LockName, Target};
-
-/// The position of an entry in the history, 0-based.
-///
-/// For [`check`](super::check) it is the index into the slice; for
-/// [`check_reader`](super::check_reader) it counts the entries read (blank lines are not
-/// entries). A history written by [`write_entry`](crate::history::write_entry) has entry `i`
-/// on line `i + 1`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct EntryIndex(pub usize);
-
-impl fmt::Display for EntryIndex {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "entry #{}", self.0)
-    }
-}
-
-/// One resource: a `(target, resource)` pair. A Postgres row and an HTTP path with the
-/// same name are two resources, each with its own high-water mark and commit order.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ResourceId {
-    /// Where the resource lives.
-    pub target: Target,
-    /// The row id or HTTP path.
-    pub resource: String,
-}
-
-impl fmt::Display for ResourceId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let target = match self.target {
-            Target::Postgres => "postgres",
-            Target::Http => "http",
-        };
-        write!(f, "{target}:{}", self.resource)
-    }
-}
-
-/// A write attempt, named by its completion entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WriteRef {
-    /// The `write_completed` entry.
-    pub entry: EntryIndex,
-    /// The attempt's `op`.
-    pub op: u64,
-    /// The worker that made it.
-    pub worker: u32,
-    /// The token it carried.
-    pub token: Option<u64>,
-    /// The resource's commit sequence number, for a committed write.
-    pub seq: Option<u64>,
-}
-
-impl fmt::Display for WriteRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "op {} of worker {} ({}",
-            self.op, self.worker, self.entry
-        )?;
-        match self.token {
-            Some(t) => write!(f, ", token {}", TokenDisplay(t))?,
-            None => write!(f, ", no token")?,
-        }
-        if let Some(seq) = self.seq {
-            write!(f, ", seq {seq}")?;
-        }
-        write!(f, ")")
-    }
-}
-
-/// What told the checker a resource's high-water mark.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Mark {
-    /// A write with this token committed.
-    Committed(WriteRef),
-    /// The resource refused a write and reported its mark as `highest`.
-    Reported {
-        /// The refused write.
-        write: WriteRef,
-        /// The mark it reported.
-        highest: u64,
-    },
-}
-
-impl Mark {
-    /// The mark's token value.
-    pub fn token(&self) -> u64 {
-        match self {
-            Mark::Committed(w) => w.token.unwrap_or(0),
-            Mark::Reported { highest, .. } => *highest,
-        }
-    }
-}
-
-impl fmt::Display for Mark {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Mark::Committed(w) => write!(f, "{w} had committed"),
-            Mark::Reported { write, highest } => {
-                write!(
-                    f,
-                    "the refusal of {write} had reported the mark {}",
-                    TokenDisplay(*highest)
-                )
-            }
-        }
-    }
-}
-
-/// A hold as etcd's history shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HoldRef {
-    /// The `etcd_hold` entry.
-    pub entry: EntryIndex,
-    /// The hold key's create revision.
-    pub grant_rev: i64,
-    /// The revision that ended it; `None` while open.
-    pub end_rev: Option<i64>,
-    /// Exclusive or shared.
-    pub exclusive: bool,
-}
-
-impl fmt::Display for HoldRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mode = if self.exclusive { "X" } else { "S" };
-        match self.end_rev {
-            Some(end) => write!(
-                f,
-                "{mode} hold [{}, {end}) ({})",
-                self.grant_rev, self.entry
-            ),
-            None => write!(f, "{mode} hold [{}, open) ({})", self.grant_rev, self.entry),
-        }
-    }
-}
-
-/// A grant a worker saw.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GrantRef {
-    /// The `granted` entry.
-    pub entry: EntryIndex,
-    /// The worker it was granted to.
-    pub worker: u32,
-    /// The token.
-    pub token: u64,
-}
-
-impl fmt::Display for GrantRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "token {} to worker {} ({})",
-            TokenDisplay(self.token),
-            self.worker,
-            self.entry
-        )
-    }
-}
-
-/// An `epoch_advanced` entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EpochRef {
-    /// The entry.
-    pub entry: EntryIndex,
-    /// The epoch it advanced to.
-    pub epoch: u16,
-}
-
-/// The kinds of lock events the audit trail records.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum LockRecordKind {
-    /// `grant`.
-    Grant,
-    /// `release`.
-    Release,
-    /// `expire`.
-    Expire,
-    /// `force`.
-    Force,
-    /// `force_release`: the lock service's own record of a force release (who asked,
-    /// who approved, which grant), one per forced hold.
-    ForceRecord,
-}
-
-impl LockRecordKind {
-    /// The `kind` string of an `audit_row` entry.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LockRecordKind::Grant => "grant",
-            LockRecordKind::Release => "release",
-            LockRecordKind::Expire => "expire",
-            LockRecordKind::Force => "force",
-            LockRecordKind::ForceRecord => "force_release",
-        }
-    }
-
-    /// The audit kind that records a hold's end, `None` for a hold still open.
-    pub fn of_end(end: HoldEnd) -> Option<Self> {
-        match end {
-            HoldEnd::Released => Some(LockRecordKind::Release),
-            HoldEnd::Expired => Some(LockRecordKind::Expire),
-            HoldEnd::Forced => Some(LockRecordKind::Force),
-            HoldEnd::Open => None,
-        }
-    }
-}
-
-/// One thing the audit trail must record exactly once.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum AuditRecord {
-    /// A lock event of the hold with this token.
-    Lock {
-        /// Which event.
-        kind: LockRecordKind,
-        /// The lock.
-        lock: LockName,
-        /// The hold's token.
-        token: u64,
-    },
-    /// A write to this resource without a token (the audit's `unprotected_write`).
-    UnprotectedWrite {
-        /// The resource.
-        resource: String,
-    },
-}
-
-impl fmt::Display for AuditRecord {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            AuditRecord::Lock { kind, lock, token } => {
-                write!(
-                    f,
-                    "{} of {} with token {}",
-                    kind.as_str(),
-                    LockDisplay(lock),
-                    TokenDisplay(*token)
-                )
-            }
-            AuditRecord::UnprotectedWrite { resource } => {
-                write!(f, "unprotected write to {resource}")
-            }
-        }
-    }
-}
-
-/// What is wrong with an entry that cannot be checked as written.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum EntryProblem {
-    /// An `etcd_hold` whose `end` and `end_rev` disagree (an end revision for an open
-    /// hold, or none for an ended one).
-    HoldEndMismatch {
-        /// The entry's `end`.
-        end: HoldEnd,
-        /// The entry's `end_rev`.
-        end_rev: Option<i64>,
-    },
-    /// An `etcd_hold` that ends at or before its grant revision.
-    HoldEndsBeforeGrant,
-    /// A revision outside `0..2^48`, which no token can carry.
-    RevisionOutOfRange(i64),
-    /// An `audit_row` whose `kind` is none of `grant`, `release`, `expire`, `force`,
-    /// `unprotected_write` (a `gap` row means the audit trail missed events).
-    UnknownAuditKind(String),
-    /// A lock event `audit_row` without its lock, or without both token and revision.
-    AuditRowWithoutLock,
-    /// An `unprotected_write` `audit_row` without its resource.
-    AuditRowWithoutResource,
-    /// A `restored_hold` granted above the revision of the snapshot it came back from.
-    RestoredAfterSnapshot,
-    /// A `restored_hold` that ends at or before the snapshot's revision, before the
-    /// restored cluster started.
-    HoldEndsBeforeRestore,
-}
-
-impl fmt::Display for EntryProblem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            EntryProblem::HoldEndMismatch { end, end_rev } => {
-                write!(
-                    f,
-                    "etcd hold ends {end:?} but its end revision is {end_rev:?}"
-                )
-            }
-            EntryProblem::HoldEndsBeforeGrant => {
-                write!(f, "etcd hold ends at or before its grant revision")
-            }
-            EntryProblem::RevisionOutOfRange(rev) => write!(f, "revision {rev} is outside 0..2^48"),
-            EntryProblem::UnknownAuditKind(kind) => write!(f, "audit row of unknown kind {kind:?}"),
-            EntryProblem::AuditRowWithoutLock => {
-                write!(
-                    f,
-                    "lock audit row without its lock, or without both token and revision"
-                )
-            }
-            EntryProblem::AuditRowWithoutResource => {
-                write!(f, "unprotected-write audit row without its resource")
-            }
-            EntryProblem::RestoredAfterSnapshot => {
-                write!(
-                    f,
-                    "restored hold granted above the revision of the snapshot it came back from"
-                )
-            }
-            EntryProblem::HoldEndsBeforeRestore => {
-                write!(f, "restored hold ends at or before the revision of the snapshot it came back from")
-            }
-        }
-    }
-}
+pub use super::refs::{
+    AuditRecord, EntryIndex, EntryProblem, EpochRef, GrantRef, HoldRef, LockRecordKind, Mark,
+    ResourceId, WriteRef,
+};
 
 /// One way a history breaks the rules; each names the entries that prove it.
 ///
@@ -473,6 +167,37 @@ pub enum Violation {
         later: EntryIndex,
         /// Whether the release was reported outcome-unknown.
         unknown: bool,
+    },
+    /// (i) A worker was not told its hold was lost in time: while the hold was open, the
+    /// worker recorded `late` after its session's expiry plus the slack (and after any
+    /// pause of it across the expiry).
+    LossSignalLate {
+        /// The lock.
+        lock: LockName,
+        /// The worker.
+        worker: u32,
+        /// The worker's `granted` entry of the hold.
+        grant: EntryIndex,
+        /// The session's expiry: its last acknowledged renewal's send time plus its TTL,
+        /// ns on the history's clock.
+        expiry_ns: u64,
+        /// The deadline the signal missed, ns.
+        deadline_ns: u64,
+        /// The worker's first entry after the deadline (its late `lost`, or anything
+        /// else it recorded while it went untold).
+        late: EntryIndex,
+    },
+    /// (i) A worker invoked a write carrying a token after it recorded that token's hold
+    /// lost.
+    WriteAfterLoss {
+        /// The worker.
+        worker: u32,
+        /// The lost hold's token.
+        token: u64,
+        /// The worker's `lost` entry.
+        lost: EntryIndex,
+        /// The write invoked after it.
+        write: EntryIndex,
     },
     /// (d) An epoch advanced to a value not above the epoch before it.
     EpochNotIncreasing {
@@ -642,6 +367,8 @@ pub enum ViolationKind {
     ForceAnswerFalse,
     ForcedHoldNotTold,
     ReleaseLeftHeld,
+    LossSignalLate,
+    WriteAfterLoss,
 }
 
 impl Violation {
@@ -676,6 +403,8 @@ impl Violation {
             Violation::ForceAnswerFalse { .. } => ViolationKind::ForceAnswerFalse,
             Violation::ForcedHoldNotTold { .. } => ViolationKind::ForcedHoldNotTold,
             Violation::ReleaseLeftHeld { .. } => ViolationKind::ReleaseLeftHeld,
+            Violation::LossSignalLate { .. } => ViolationKind::LossSignalLate,
+            Violation::WriteAfterLoss { .. } => ViolationKind::WriteAfterLoss,
         }
     }
 
@@ -773,199 +502,8 @@ impl Violation {
                 later,
                 ..
             } => vec![*release, *hold, *later],
+            Violation::LossSignalLate { grant, late, .. } => vec![*grant, *late],
+            Violation::WriteAfterLoss { lost, write, .. } => vec![*lost, *write],
         }
-    }
-}
-
-impl fmt::Display for Violation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Violation::CommitOrder { resource, earlier, later } => write!(
-                f,
-                "{resource}: tokens decrease in commit order: {earlier} committed before {later}"
-            ),
-            Violation::SeqReused { resource, first, second } => {
-                write!(f, "{resource}: two writes committed at one sequence number: {first} and {second}")
-            }
-            Violation::CommitBeforeInvocation { resource, write, invoked, completed_before } => write!(
-                f,
-                "{resource}: {write} (invoked at {invoked}) committed no later than {completed_before}, \
-                 which had completed before it was invoked"
-            ),
-            Violation::StaleWriteAdmitted { resource, write, invoked, mark } => write!(
-                f,
-                "{resource}: stale write admitted: {write} committed below the mark {}; before it was \
-                 invoked ({invoked}), {mark}",
-                TokenDisplay(mark.token())
-            ),
-            Violation::HoldsOverlap { lock, epoch, first, second } => write!(
-                f,
-                "{}: holds overlap in epoch {epoch}: {second} was granted while {first} was held",
-                LockDisplay(lock)
-            ),
-            Violation::RestoredHoldOverlap { lock, space, restored, restored_rev, hold } => write!(
-                f,
-                "{}: in revision space {space}, {hold} overlaps the {restored} that the restore from \
-                 revision {restored_rev} brought back",
-                LockDisplay(lock)
-            ),
-            Violation::RestoredHoldNotOlder { space, restored_lock, restored, restored_epoch, lock, hold, epoch } => {
-                write!(
-                    f,
-                    "{}: in revision space {space}, {hold} was granted in epoch {epoch}, not above epoch \
-                     {restored_epoch} of the {restored} of {} that the restore brought back",
-                    LockDisplay(lock),
-                    LockDisplay(restored_lock)
-                )
-            }
-            Violation::EpochNotIncreasing { previous, next } => write!(
-                f,
-                "epoch advanced to {} ({}) after {} ({}): epochs must increase",
-                next.epoch, next.entry, previous.epoch, previous.entry
-            ),
-            Violation::TokenFromOldEpoch { lock, grant, acquire, advanced } => write!(
-                f,
-                "{}: {grant} is from an old epoch: its acquire ({acquire}) began after epoch {} was \
-                 advanced ({})",
-                LockDisplay(lock),
-                advanced.epoch,
-                advanced.entry
-            ),
-            Violation::TokenNotIncreasing { lock, grant, acquire, earlier } => write!(
-                f,
-                "{}: {grant} is not above {earlier}, granted before its acquire began ({acquire})",
-                LockDisplay(lock)
-            ),
-            Violation::TokenNotFromGrant { lock, grant, grant_rev } => write!(
-                f,
-                "{}: {grant} does not carry its grant revision {grant_rev}",
-                LockDisplay(lock)
-            ),
-            Violation::AuditMissing { record, evidence, expected, rows } => write!(
-                f,
-                "audit: {record} ({evidence}) is recorded {} time(s), expected {expected}{}",
-                rows.len(),
-                EntryList(rows)
-            ),
-            Violation::AuditDuplicate { record, allowed, rows } => write!(
-                f,
-                "audit: {record} is recorded {} times, at most {allowed} expected{}",
-                rows.len(),
-                EntryList(rows)
-            ),
-            Violation::AuditUnexpected { row, record: Some(record) } => {
-                write!(f, "audit: {row} records {record}, which the history does not show")
-            }
-            Violation::AuditUnexpected { row, record: None } => {
-                write!(f, "audit: {row} matches nothing in the history")
-            }
-            Violation::CompletionWithoutInvocation { entry, op } => {
-                write!(f, "{entry}: write op {op} completed without an open invocation")
-            }
-            Violation::CompletionDiffers { invoked, completed, op } => write!(
-                f,
-                "write op {op}: its completion ({completed}) names another resource, target or token \
-                 than its invocation ({invoked})"
-            ),
-            Violation::OpReused { first, second, op } => {
-                write!(f, "write op {op} invoked twice: {first} and {second}")
-            }
-            Violation::UnknownToken { write, token } => {
-                write!(f, "{write}: a write carries token {}, which was never granted", TokenDisplay(*token))
-            }
-            Violation::UnjustifiedRejection { resource, write, highest } => write!(
-                f,
-                "{resource}: {write} was refused as stale with the mark at {}, not above its token",
-                TokenDisplay(*highest)
-            ),
-            Violation::GrantWithoutAcquire { lock, grant } => {
-                write!(f, "{}: {grant} without an acquire", LockDisplay(lock))
-            }
-            Violation::MalformedEntry { entry, problem } => write!(f, "{entry}: {problem}"),
-            Violation::ForcedOutsideTargets { lock, forced, grant_rev, request_id, request: Some(request) } => write!(
-                f,
-                "{}: the hold granted at revision {grant_rev} was force-released ({forced}) by request \
-                 {request_id}, whose targets ({request}) did not name it",
-                LockDisplay(lock)
-            ),
-            Violation::ForcedOutsideTargets { lock, forced, grant_rev, request_id, request: None } => write!(
-                f,
-                "{}: the hold granted at revision {grant_rev} was force-released ({forced}) by request \
-                 {request_id}, which was never made",
-                LockDisplay(lock)
-            ),
-            Violation::ForceAnswerFalse { lock, approval, request_id, grant_rev: Some(rev), .. } => write!(
-                f,
-                "{}: the approval of request {request_id} ({approval}) says it released the hold granted \
-                 at revision {rev}, which no force of that request ended",
-                LockDisplay(lock)
-            ),
-            Violation::ForceAnswerFalse { lock, approval, request_id, forced, .. } => write!(
-                f,
-                "{}: the approval of request {request_id} ({approval}) answered force-target-gone, but \
-                 the request ended a hold{}",
-                LockDisplay(lock),
-                EntryList(&forced.iter().copied().collect::<Vec<_>>())
-            ),
-            Violation::ForcedHoldNotTold { lock, forced, grant, worker, told_wrong } => {
-                write!(
-                    f,
-                    "{}: worker {worker}'s hold ({grant}) was force-released ({forced}) and the worker \
-                     was not told",
-                    LockDisplay(lock)
-                )?;
-                match told_wrong {
-                    Some(e) => write!(f, ": {e} says otherwise"),
-                    None => Ok(()),
-                }
-            }
-            Violation::ReleaseLeftHeld { lock, release, hold, later, unknown } => write!(
-                f,
-                "{}: the {} release ({release}) of the hold {hold} did not end it while its session \
-                 lived on: {later} was granted to the session while it was held",
-                LockDisplay(lock),
-                if *unknown { "outcome-unknown" } else { "acknowledged" }
-            ),
-            Violation::OutOfOrder { entry, at_ns, after_ns } => write!(
-                f,
-                "{entry}: recorded at {at_ns} ns, before {after_ns} ns already checked: the history is \
-                 not in time order"
-            ),
-        }
-    }
-}
-
-/// A token as `epoch:revision (raw)`, readable and exact.
-pub(crate) struct TokenDisplay(pub(crate) u64);
-
-impl fmt::Display for TokenDisplay {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} (epoch {}, rev {})",
-            self.0,
-            self.0 >> 48,
-            self.0 & ((1 << 48) - 1)
-        )
-    }
-}
-
-pub(crate) struct LockDisplay<'a>(pub(crate) &'a LockName);
-
-impl fmt::Display for LockDisplay<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}/{}", self.0.ns, self.0.class, self.0.key)
-    }
-}
-
-struct EntryList<'a>(&'a [EntryIndex]);
-
-impl fmt::Display for EntryList<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, e) in self.0.iter().enumerate() {
-            f.write_str(if i == 0 { ": " } else { ", " })?;
-            write!(f, "{e}")?;
-        }
-        Ok(())
     }
 }

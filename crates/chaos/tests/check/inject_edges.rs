@@ -245,6 +245,7 @@ fn audit_missing_the_force_release_record_of_a_forced_hold() {
         kind: palisade_chaos::history::FaultKind::ForceRelease,
         phase: palisade_chaos::history::Phase::End,
         detail: "in place of the force release record".into(),
+        paused_worker: None,
     };
     let forced = find(&h, |e| {
         matches!(

@@ -3,6 +3,7 @@
 
 mod inject;
 mod inject_edges;
+mod inject_loss;
 mod model;
 mod props;
 mod reader;

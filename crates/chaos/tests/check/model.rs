@@ -270,19 +270,6 @@ impl Sim {
         );
     }
 
-    /// The hold's lease expires; its worker is told.
-    pub(crate) fn expire(&mut self, hold: &Hold) {
-        self.end(hold, HoldEnd::Expired);
-        self.record(
-            hold.worker,
-            Event::Lost {
-                lock: hold.lock.clone(),
-                token: hold.token,
-                reason: Some(LossReason::SessionEnded),
-            },
-        );
-    }
-
     /// The worker's release gets no definite answer in time; the client's background
     /// retry then lands.
     pub(crate) fn release_unknown(&mut self, hold: &Hold) {
@@ -299,6 +286,16 @@ impl Sim {
     /// An admin requests a force release of `hold`, another approves it, and the
     /// holder's client is told. Returns the request's id.
     pub(crate) fn force(&mut self, hold: &Hold) -> String {
+        let request_id = self.force_untold(hold);
+        let reason = LossReason::Forced {
+            request_id: Some(request_id.clone()),
+        };
+        self.tell_lost(hold, reason);
+        request_id
+    }
+
+    /// [`Sim::force`] without telling the holder (tell it with [`Sim::tell_lost`]).
+    pub(crate) fn force_untold(&mut self, hold: &Hold) -> String {
         let request_id = format!("force-{}", self.entries.len());
         let grant_rev = self.holds[self.current(hold)].grant_rev;
         self.record(
@@ -322,17 +319,29 @@ impl Sim {
                 },
             },
         );
+        request_id
+    }
+
+    /// The holder of `hold` is told its loss.
+    pub(crate) fn tell_lost(&mut self, hold: &Hold, reason: LossReason) -> usize {
         self.record(
             hold.worker,
             Event::Lost {
                 lock: hold.lock.clone(),
                 token: hold.token,
-                reason: Some(LossReason::Forced {
-                    request_id: Some(request_id.clone()),
-                }),
+                reason: Some(reason),
             },
-        );
-        request_id
+        )
+    }
+
+    /// Moves the clock `ns` on (records stay 10 ns apart after it).
+    pub(crate) fn advance(&mut self, ns: u64) {
+        self.at += ns;
+    }
+
+    /// The time of the last record, ns.
+    pub(crate) fn now(&self) -> u64 {
+        self.at
     }
 
     pub(crate) fn fault(&mut self, kind: FaultKind, phase: Phase) {
@@ -342,6 +351,7 @@ impl Sim {
                 kind,
                 phase,
                 detail: "model".into(),
+                paused_worker: None,
             },
         );
     }
@@ -622,6 +632,7 @@ pub(crate) fn random_history(seed: u64, workers: u32, locks: usize, steps: usize
     let mut held: Vec<Vec<Hold>> = vec![Vec::new(); workers as usize];
     let mut open: Vec<Hold> = Vec::new();
     let mut pending: Vec<Pending> = Vec::new();
+    let mut told: std::collections::HashSet<u64> = std::collections::HashSet::new();
     for _ in 0..steps {
         let worker = rng.below(workers as usize) as u32;
         match rng.below(100) {
@@ -643,12 +654,15 @@ pub(crate) fn random_history(seed: u64, workers: u32, locks: usize, steps: usize
                     0..=4 => sim.release(&hold),
                     5 => sim.release_unknown(&hold),
                     6..=8 => {
+                        // Paused past its TTL: the worker writes on before it is told
+                        // (and in this model it never is).
                         sim.fault(FaultKind::PauseWorker, Phase::Start);
-                        sim.expire(&hold);
+                        sim.end_quietly(&hold, HoldEnd::Expired);
                         sim.fault(FaultKind::PauseWorker, Phase::End);
                     }
                     _ => {
                         sim.force(&hold);
+                        told.insert(hold.token);
                     }
                 }
             }
@@ -660,6 +674,10 @@ pub(crate) fn random_history(seed: u64, workers: u32, locks: usize, steps: usize
                 } else {
                     mine[rng.below(mine.len())].clone()
                 };
+                // A worker told its hold is lost writes no more with it.
+                if told.contains(&hold.token) {
+                    continue;
+                }
                 let index = hold.lock.key[1..].parse::<usize>().unwrap();
                 let (resource, target) = if rng.chance(50) {
                     (format!("row-{index}"), Target::Postgres)

@@ -98,6 +98,7 @@ fn an_entry_older_than_the_window_is_reported_out_of_order() {
             kind: FaultKind::PauseEtcdMember,
             phase: Phase::Start,
             detail: "m1".into(),
+            paused_worker: None,
         },
     };
     h.push(fault(last + 20_000_000_000));

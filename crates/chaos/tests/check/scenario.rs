@@ -4,7 +4,7 @@
 //! restore that sends revisions back, brings back a hold that was in the snapshot, and
 //! advances the epoch.
 
-use palisade_chaos::history::{Entry, FaultKind, Phase, Target, WriteOutcome};
+use palisade_chaos::history::{Entry, FaultKind, HoldEnd, LossReason, Phase, Target, WriteOutcome};
 
 use crate::model::{lock, Sim};
 
@@ -29,7 +29,7 @@ pub(crate) fn scenario() -> Vec<Entry> {
 
     // Worker 0 is paused past its TTL; worker 2 takes the lock and writes.
     sim.fault(FaultKind::PauseWorker, Phase::Start);
-    sim.expire(&h0);
+    sim.end_quietly(&h0, HoldEnd::Expired);
     let h2 = sim.acquire(2, &a, true);
     sim.write(2, "row-a", Target::Postgres, Some(h2.token));
     sim.fault(FaultKind::PauseWorker, Phase::End);
@@ -44,6 +44,8 @@ pub(crate) fn scenario() -> Vec<Entry> {
     sim.write(2, "/a", Target::Http, Some(h2.token));
     let refused = sim.write(0, "/a", Target::Http, Some(h0.token));
     assert!(matches!(refused, WriteOutcome::Rejected { .. }));
+    // Then its client tells it the session is gone.
+    sim.tell_lost(&h0, LossReason::SessionEnded);
 
     // Indeterminate writes: one reached the resource, one did not.
     sim.fault(FaultKind::KillEtcdLeader, Phase::Start);
@@ -83,7 +85,7 @@ pub(crate) fn scenario() -> Vec<Entry> {
     // An admin forces a release.
     let h3 = sim.acquire(3, &a, true);
     sim.write(3, "row-a", Target::Postgres, Some(h3.token));
-    sim.force(&h3);
+    let request_id = sim.force_untold(&h3);
 
     // etcd is restored from the snapshot taken just after h6's grant: revisions go back,
     // h3's grant and force are undone, h6 comes back, the epoch advances.
@@ -95,11 +97,15 @@ pub(crate) fn scenario() -> Vec<Entry> {
     let h4 = sim.acquire(0, &a, true);
     assert!(h4.token > h3.token && (h4.token & 0xffff_ffff_ffff) <= (h3.token & 0xffff_ffff_ffff));
     sim.write(0, "row-a", Target::Postgres, Some(h4.token));
-    // The forced holder writes on: refused.
+    // The forced holder, not told yet, writes on: refused. Then it is told.
     assert!(matches!(
         sim.write(3, "row-a", Target::Postgres, Some(h3.token)),
         WriteOutcome::Rejected { .. }
     ));
+    let forced = LossReason::Forced {
+        request_id: Some(request_id),
+    };
+    sim.tell_lost(&h3, forced);
     // Worker 2 still holds b (the restored hold): its old-epoch token is still the
     // newest on row-b. It releases b in the restored cluster; then worker 1 takes it.
     assert!(matches!(

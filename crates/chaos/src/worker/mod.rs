@@ -2,40 +2,47 @@
 //! release, each step recorded as a history entry on stdout (one JSON line each).
 //!
 //! It is its own process so that stopping it (SIGSTOP) also stops its session's
-//! keepalive, as a garbage-collection pause or a frozen VM would. It writes without
-//! looking at the lost signal, as a process that was paused mid-work does: the resources
-//! are what must refuse it; the signal (`RemoteHold::lost`, with its reason) is only
-//! recorded. It reaches the replicas through loopback proxies of its own
+//! keepalive, as a garbage-collection pause or a frozen VM would. It stops writing with
+//! a hold's token once it recorded the hold's loss signal (`RemoteHold::lost`, with its
+//! reason); a write that was under way, or that a paused process sends before its
+//! client's timer fires, is what the resources must refuse. It records each renewal its
+//! client had acknowledged (`renewed`), so the checker can hold the signal to its
+//! deadline. It reaches the replicas through loopback proxies of its own
 //! ([`palisade_testkit::LossyProxy`]); after the line `lose-releases on` on its stdin,
 //! and until `lose-releases off`, the proxy loses each release: in turn, every attempt
 //! for 1 s (the outcome is then unknown and the client retries in the background while
 //! the worker goes on with the session), the answer to the first attempt, or the first
-//! attempt. It stops after the cycle under way once its stdin closes.
+//! attempt. After `pause-next-write` it stops itself (SIGSTOP) right after recording its
+//! next write with a token, before sending it, until the nemesis continues it. It stops
+//! after the cycle under way once its stdin closes.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use deadpool_postgres::Pool;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::rt::TokioExecutor;
 use palisade_api::{LeaseId, Mode};
 use palisade_client::{Client, ClientSession, HoldLoss, RemoteHold};
-use palisade_fence::{fenced_transaction, FenceError, FencingToken, FencingTokenLayer};
+use palisade_fence::{FencingToken, FencingTokenLayer};
 use palisade_testkit::{Loss, LossyProxy};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tower::{Service, ServiceBuilder, ServiceExt};
+use tower::ServiceBuilder;
 
 use crate::clock::RunClock;
 use crate::error::ChaosError;
-use crate::history::{write_entry, Entry, Event, LockName, LossReason, Target, WriteOutcome};
+use crate::history::{write_entry, Entry, Event, LockName, LossReason};
 use crate::resource::key_name;
+
+mod writes;
+
+use writes::{write_http, write_pg};
 
 /// The namespace the workers lock in.
 pub const NAMESPACE: &str = "chaos";
@@ -52,6 +59,13 @@ const LOST_RELEASE_BUDGET: Duration = Duration::from_secs(1);
 pub(crate) const LOSE_RELEASES_ON: &str = "lose-releases on";
 /// The line on a worker's stdin that ends [`LOSE_RELEASES_ON`].
 pub(crate) const LOSE_RELEASES_OFF: &str = "lose-releases off";
+/// The line on a worker's stdin that makes it stop itself (SIGSTOP, the whole process,
+/// keepalive included) right after it records its next write with a token, before the
+/// write is sent: a pause between deciding to write and writing. Armed for
+/// [`PAUSE_ARMED_FOR`]; the nemesis continues it (SIGCONT).
+pub(crate) const PAUSE_NEXT_WRITE: &str = "pause-next-write";
+/// How long [`PAUSE_NEXT_WRITE`] stays armed.
+pub(crate) const PAUSE_ARMED_FOR: Duration = Duration::from_secs(5);
 
 /// What a worker process is told, as one JSON argument.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,6 +92,9 @@ pub struct WorkerConfig {
 #[derive(Clone)]
 struct Recorder {
     clock: RunClock,
+    /// Until when (`at_ns`) the next recorded write with a token stops the process; 0
+    /// when not armed.
+    pause_until: Arc<AtomicU64>,
     worker: u32,
 }
 
@@ -96,6 +113,33 @@ impl Recorder {
         {
             std::process::exit(0);
         }
+    }
+
+    /// Records `event` if the hold of `token` is still the worker's (its loss was not
+    /// recorded meanwhile); says whether it did. The check and the record happen under
+    /// `current`'s lock, as the loss is recorded, so a write is never recorded after the
+    /// worker was told.
+    fn record_if_held(&self, current: &Current, token: u64, event: Event) -> bool {
+        {
+            let cur = current.lock().unwrap_or_else(|e| e.into_inner());
+            if cur.as_ref().is_none_or(|(_, _, t)| *t != token) {
+                return false;
+            }
+            self.record(event);
+        }
+        if self.clock.at_ns() < self.pause_until.swap(0, Ordering::SeqCst) {
+            // Stops every thread of the process until the nemesis continues it.
+            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
+        }
+        true
+    }
+
+    /// A `std::time::Instant` on the history's clock.
+    fn ns_of(&self, at: std::time::Instant) -> u64 {
+        let ago = std::time::Instant::now().saturating_duration_since(at);
+        self.clock
+            .at_ns()
+            .saturating_sub(u64::try_from(ago.as_nanos()).unwrap_or(u64::MAX))
     }
 }
 
@@ -119,19 +163,27 @@ pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
     let stop = Arc::new(AtomicBool::new(false));
     let lossy = Arc::new(AtomicBool::new(false));
     let (stopping, arming) = (stop.clone(), lossy.clone());
+    let clock = RunClock::from_start(config.start_ns);
+    let pause_until = Arc::new(AtomicU64::new(0));
+    let pausing = pause_until.clone();
     tokio::spawn(async move {
         let mut lines = BufReader::new(tokio::io::stdin()).lines();
         while let Ok(Some(line)) = lines.next_line().await {
             match line.trim() {
                 LOSE_RELEASES_ON => arming.store(true, Ordering::SeqCst),
                 LOSE_RELEASES_OFF => arming.store(false, Ordering::SeqCst),
+                PAUSE_NEXT_WRITE => {
+                    let until = clock.at_ns() + PAUSE_ARMED_FOR.as_nanos() as u64;
+                    pausing.store(until, Ordering::SeqCst);
+                }
                 _ => {}
             }
         }
         stopping.store(true, Ordering::SeqCst);
     });
     let rec = Recorder {
-        clock: RunClock::from_start(config.start_ns),
+        clock,
+        pause_until,
         worker: config.id,
     };
     let mut rng = StdRng::seed_from_u64(
@@ -182,6 +234,7 @@ pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
             match tokio::time::timeout(WRITE_TIMEOUT, client.open_session(ttl)).await {
                 Ok(Ok(s)) => {
                     watch_loss(&s, current.clone(), rec.clone());
+                    record_renewals(&s, rec.clone());
                     session = Some(s);
                 }
                 _ => {
@@ -221,7 +274,7 @@ pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
                     lock,
                     error: "no answer in time".into(),
                 });
-                abandon(&mut session, &current).await;
+                abandon(&rec, &mut session, &current).await;
                 continue;
             }
         };
@@ -246,8 +299,8 @@ pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
 
         // Rounds of writes with pauses between them: a pause here (SIGSTOP from the
         // nemesis, or the occasional long one here) is followed by a write with a token
-        // that may have gone stale meanwhile. The hold's loss signal is recorded when it
-        // fires, but the writes go on regardless.
+        // that may have gone stale meanwhile, unless the loss signal came first: once it
+        // is recorded, no write carries the token.
         let rounds = rng.gen_range(2..=4);
         let pauses: Vec<Duration> = (0..rounds)
             .map(|round| match round {
@@ -261,10 +314,11 @@ pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
             for pause in pauses {
                 tokio::time::sleep(pause).await;
                 op += 1;
-                write_pg(&rec, &pool, &key, t, op).await;
+                write_pg(&rec, &current, &pool, &key, t, op).await;
                 op += 1;
                 write_http(
                     &rec,
+                    &current,
                     &fenced_http,
                     &config.resource_url,
                     &format!("/cells/{key}"),
@@ -276,7 +330,16 @@ pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
             if advisory {
                 op += 1;
                 let path = format!("/advisory/{key}");
-                write_http(&rec, &plain_http, &config.resource_url, &path, None, op).await;
+                write_http(
+                    &rec,
+                    &current,
+                    &plain_http,
+                    &config.resource_url,
+                    &path,
+                    None,
+                    op,
+                )
+                .await;
             }
         };
         tokio::pin!(work);
@@ -325,20 +388,39 @@ fn watch_loss(s: &ClientSession, current: Current, rec: Recorder) {
     let s = s.clone();
     tokio::spawn(async move {
         s.lost().await;
-        let mine = {
-            let mut cur = current.lock().unwrap_or_else(|e| e.into_inner());
-            if cur.as_ref().is_some_and(|(id, _, _)| id == s.id()) {
-                cur.take()
-            } else {
-                None
+        let mut cur = current.lock().unwrap_or_else(|e| e.into_inner());
+        if cur.as_ref().is_some_and(|(id, _, _)| id == s.id()) {
+            if let Some((_, lock, token)) = cur.take() {
+                let reason = Some(LossReason::SessionEnded);
+                rec.record(Event::Lost {
+                    lock,
+                    token,
+                    reason,
+                });
             }
-        };
-        if let Some((_, lock, token)) = mine {
-            let reason = Some(LossReason::SessionEnded);
-            rec.record(Event::Lost {
-                lock,
-                token,
-                reason,
+        }
+    });
+}
+
+/// Records each renewal of `s` the service acknowledged (the open first), with its send
+/// time, until the session is lost.
+fn record_renewals(s: &ClientSession, rec: Recorder) {
+    let s = s.clone();
+    let session = LeaseId::from_hex(s.id()).map_or(-1, LeaseId::get);
+    let ttl_ms = u64::try_from(s.ttl().as_millis()).unwrap_or(u64::MAX);
+    tokio::spawn(async move {
+        let mut last = s.renewed_at();
+        rec.record(Event::Renewed {
+            session,
+            sent_ns: rec.ns_of(last),
+            ttl_ms,
+        });
+        while let Some(at) = s.renewed_after(last).await {
+            last = at;
+            rec.record(Event::Renewed {
+                session,
+                sent_ns: rec.ns_of(at),
+                ttl_ms,
             });
         }
     });
@@ -346,15 +428,9 @@ fn watch_loss(s: &ClientSession, current: Current, rec: Recorder) {
 
 /// Records `Lost` for the hold with `token`, unless its loss was recorded already.
 fn told(rec: &Recorder, current: &Current, lock: &LockName, token: u64, reason: LossReason) {
-    let mine = {
-        let mut cur = current.lock().unwrap_or_else(|e| e.into_inner());
-        if cur.as_ref().is_some_and(|(_, _, t)| *t == token) {
-            cur.take()
-        } else {
-            None
-        }
-    };
-    if mine.is_some() {
+    let mut cur = current.lock().unwrap_or_else(|e| e.into_inner());
+    if cur.as_ref().is_some_and(|(_, _, t)| *t == token) {
+        cur.take();
         rec.record(Event::Lost {
             lock: lock.clone(),
             token,
@@ -363,10 +439,15 @@ fn told(rec: &Recorder, current: &Current, lock: &LockName, token: u64, reason: 
     }
 }
 
-/// Gives up a session that does not answer: forgets its hold (it ends by expiry or by
-/// the close) and closes it.
-async fn abandon(session: &mut Option<ClientSession>, current: &Current) {
-    current.lock().unwrap_or_else(|e| e.into_inner()).take();
+/// Gives up a session that does not answer: forgets its hold, if any (it ends by expiry
+/// or by the close), records that, and closes the session.
+async fn abandon(rec: &Recorder, session: &mut Option<ClientSession>, current: &Current) {
+    {
+        let mut cur = current.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, lock, token)) = cur.take() {
+            rec.record(Event::Abandoned { lock, token });
+        }
+    }
     if let Some(s) = session.take() {
         let _ = tokio::time::timeout(WRITE_TIMEOUT, s.close()).await;
     }
@@ -438,153 +519,6 @@ async fn release(
                 *session = None;
             }
         }
-        Err(_) => abandon(session, current).await,
+        Err(_) => abandon(rec, session, current).await,
     }
-}
-
-async fn write_pg(rec: &Recorder, pool: &Pool, key: &str, token: FencingToken, op: u64) {
-    let resource = format!("pg/{key}");
-    rec.record(Event::WriteInvoked {
-        resource: resource.clone(),
-        target: Target::Postgres,
-        token: Some(token.get()),
-        op,
-    });
-    let outcome = match tokio::time::timeout(WRITE_TIMEOUT, pool.get()).await {
-        Ok(Ok(mut client)) => {
-            let id = key.to_owned();
-            let result = fenced_transaction(&mut client, &resource, token, |tx| {
-                Box::pin(async move {
-                    let value: i64 = tx
-                        .query_one("SELECT value FROM chaos_pg_cell WHERE id = $1", &[&id])
-                        .await?
-                        .get(0);
-                    let version: i64 = tx
-                        .query_one(
-                            "UPDATE chaos_pg_cell SET value = $2, version = version + 1 WHERE id = $1 RETURNING version",
-                            &[&id, &(value + 1)],
-                        )
-                        .await?
-                        .get(0);
-                    Ok::<_, FenceError>(version)
-                })
-            });
-            match tokio::time::timeout(WRITE_TIMEOUT, result).await {
-                Ok(Ok(version)) => WriteOutcome::Committed {
-                    seq: version.max(0) as u64,
-                },
-                Ok(Err(e)) if e.is_stale() => WriteOutcome::Rejected {
-                    highest: e.highest().map(FencingToken::get),
-                },
-                Ok(Err(e)) => WriteOutcome::Indeterminate {
-                    reason: e.to_string(),
-                },
-                Err(_) => WriteOutcome::Indeterminate {
-                    reason: "no answer in time".into(),
-                },
-            }
-        }
-        Ok(Err(e)) => WriteOutcome::Indeterminate {
-            reason: format!("no connection: {e}"),
-        },
-        Err(_) => WriteOutcome::Indeterminate {
-            reason: "no connection in time".into(),
-        },
-    };
-    rec.record(Event::WriteCompleted {
-        resource,
-        target: Target::Postgres,
-        token: Some(token.get()),
-        op,
-        outcome,
-    });
-}
-
-async fn write_http<S>(
-    rec: &Recorder,
-    http: &S,
-    base: &str,
-    path: &str,
-    token: Option<FencingToken>,
-    op: u64,
-) where
-    S: Service<http::Request<Full<Bytes>>, Response = http::Response<hyper::body::Incoming>>
-        + Clone,
-    S::Error: std::fmt::Display,
-{
-    let token = token.map(FencingToken::get);
-    rec.record(Event::WriteInvoked {
-        resource: path.to_owned(),
-        target: Target::Http,
-        token,
-        op,
-    });
-    let outcome =
-        match tokio::time::timeout(WRITE_TIMEOUT, send(http, base, path, rec.worker)).await {
-            Ok(Ok((200, body))) => match body["seq"].as_u64() {
-                Some(seq) => WriteOutcome::Committed { seq },
-                None => WriteOutcome::Indeterminate {
-                    reason: format!("200 without a seq: {body}"),
-                },
-            },
-            Ok(Ok((409, body))) => WriteOutcome::Rejected {
-                highest: number(&body["highest"]),
-            },
-            Ok(Ok((status, body))) => WriteOutcome::Indeterminate {
-                reason: format!("HTTP {status}: {body}"),
-            },
-            Ok(Err(e)) => WriteOutcome::Indeterminate { reason: e },
-            Err(_) => WriteOutcome::Indeterminate {
-                reason: "no answer in time".into(),
-            },
-        };
-    rec.record(Event::WriteCompleted {
-        resource: path.to_owned(),
-        target: Target::Http,
-        token,
-        op,
-        outcome,
-    });
-}
-
-/// A JSON number, or a decimal string (how problem+json carries tokens).
-fn number(v: &serde_json::Value) -> Option<u64> {
-    v.as_u64()
-        .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
-}
-
-async fn send<S>(
-    http: &S,
-    base: &str,
-    path: &str,
-    worker: u32,
-) -> Result<(u16, serde_json::Value), String>
-where
-    S: Service<http::Request<Full<Bytes>>, Response = http::Response<hyper::body::Incoming>>
-        + Clone,
-    S::Error: std::fmt::Display,
-{
-    let req = http::Request::put(format!("{base}{path}"))
-        .header("x-caller", format!("spiffe://chaos/workers/w{worker}"))
-        .body(Full::new(Bytes::new()))
-        .map_err(|e| e.to_string())?;
-    let mut svc = http.clone();
-    let resp = svc
-        .ready()
-        .await
-        .map_err(|e| e.to_string())?
-        .call(req)
-        .await
-        .map_err(|e| e.to_string())?;
-    let status = resp.status().as_u16();
-    let bytes = resp
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| e.to_string())?
-        .to_bytes();
-    Ok((
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
-    ))
 }
