@@ -244,27 +244,32 @@ pub(crate) async fn release_lease_txn(
     to: Option<&Successor>,
     extras: ReleaseExtras,
 ) -> Result<()> {
-    let hold = keys.hold(mode, lease);
-    let mut ops = vec![
-        TxnOp::delete(hold.clone(), None),
-        TxnOp::delete(keys.grant(mode, lease), None),
-    ];
-    ops.extend(extras.ops);
-    if let (Some(to), Mode::Exclusive) = (to, mode) {
-        // A locker that refuses grants (its epoch checks failed) hands over nothing either.
-        if locker.epoch.snapshot().mismatch.is_none() {
+    // A locker that refuses grants (its epoch checks failed) hands over nothing either.
+    let to = to.filter(|_| mode == Mode::Exclusive && locker.epoch.snapshot().mismatch.is_none());
+    // Built for each send (a retry builds it again), so the common case of one send
+    // keeps no copy of it.
+    let build = || {
+        let hold = keys.hold(mode, lease);
+        let mut ops = Vec::with_capacity(3 + extras.ops.len());
+        ops.push(TxnOp::delete(hold.clone(), None));
+        ops.push(TxnOp::delete(keys.grant(mode, lease), None));
+        ops.extend(extras.ops.iter().cloned());
+        if let Some(to) = to {
             ops.push(TxnOp::txn(to.txn(keys, locker.keys.epoch())));
         }
-    }
-    let mut when = vec![
-        Compare::create_revision(hold.clone(), CompareOp::Equal, rev.as_i64()),
-        Compare::lease(hold, CompareOp::Equal, lease.get()),
-    ];
-    when.extend(extras.when);
-    let txn = Txn::new().when(when).and_then(ops);
+        let mut when = Vec::with_capacity(2 + extras.when.len());
+        when.push(Compare::create_revision(
+            hold.clone(),
+            CompareOp::Equal,
+            rev.as_i64(),
+        ));
+        when.push(Compare::lease(hold, CompareOp::Equal, lease.get()));
+        when.extend(extras.when.iter().cloned());
+        Txn::new().when(when).and_then(ops)
+    };
     let deadline = Instant::now() + locker.request_timeout.max(Duration::from_millis(500)) * 3;
     let resp = retry::call("release.txn", deadline, locker.request_timeout, || {
-        let (mut c, txn) = (locker.kv.clone(), txn.clone());
+        let (mut c, txn) = (locker.kv.clone(), build());
         async move { c.txn(txn).await }
     })
     .await

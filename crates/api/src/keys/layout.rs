@@ -12,6 +12,12 @@ pub const DEFAULT_ROOT: &str = "/palisade/";
 /// `a%2Fb/` and `a/bc` becomes `a%2Fbc/`, and neither base is a prefix of the other.
 pub fn escape_key(key: &str) -> String {
     let mut out = String::with_capacity(key.len() + 8);
+    push_escaped(&mut out, key);
+    out
+}
+
+/// Appends `key` escaped as [`escape_key`] does.
+fn push_escaped(out: &mut String, key: &str) {
     for c in key.chars() {
         match c {
             '%' => out.push_str("%25"),
@@ -20,7 +26,6 @@ pub fn escape_key(key: &str) -> String {
             c => out.push(c),
         }
     }
-    out
 }
 
 /// The end of etcd's range for "every key with this prefix": the prefix with its last
@@ -35,6 +40,29 @@ pub fn prefix_end(prefix: &str) -> Vec<u8> {
         end.pop();
     }
     vec![0]
+}
+
+/// Appends `v` as 16 lower-case hex digits, zero-padded (as `{:016x}`).
+fn push_hex16(out: &mut String, v: u64) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for shift in (0..16).rev() {
+        out.push(char::from(HEX[((v >> (shift * 4)) & 0xf) as usize]));
+    }
+}
+
+/// `v` in decimal, written into the end of `buf`.
+fn itoa_u64(mut v: u64, buf: &mut [u8; 20]) -> &str {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    // Only ASCII digits were written.
+    std::str::from_utf8(&buf[i..]).unwrap_or("0")
 }
 
 /// The keys of the root prefix that are not about one lock.
@@ -151,7 +179,10 @@ impl RootKeys {
 
     /// The epoch record in etcd: `config/epoch`.
     pub fn epoch(&self) -> String {
-        format!("{}config/epoch", self.root)
+        let mut key = String::with_capacity(self.root.len() + 12);
+        key.push_str(&self.root);
+        key.push_str("config/epoch");
+        key
     }
 
     /// `epoch-bump`: written (empty, no lease) only to move etcd's revision past the
@@ -185,9 +216,17 @@ impl RootKeys {
 
     /// The keys of one lock: `locks/<ns>/<class>/<escaped key>/`.
     pub fn lock(&self, ns: &str, class: &str, key: &str) -> LockKeys {
-        LockKeys {
-            base: format!("{}locks/{ns}/{class}/{}/", self.root, escape_key(key)),
-        }
+        let mut base =
+            String::with_capacity(self.root.len() + 9 + ns.len() + class.len() + key.len() + 8);
+        base.push_str(&self.root);
+        base.push_str("locks/");
+        base.push_str(ns);
+        base.push('/');
+        base.push_str(class);
+        base.push('/');
+        push_escaped(&mut base, key);
+        base.push('/');
+        LockKeys { base }
     }
 }
 
@@ -198,49 +237,67 @@ pub struct LockKeys {
 }
 
 impl LockKeys {
+    /// `<base><sub>/`, then `<m>/` with a mode, then the lease's 16 hex digits with a
+    /// lease (as [`LeaseId`]'s `Display`). Built by hand, without the formatting
+    /// machinery: every acquire and release builds several of these.
+    fn sub_key(&self, sub: u8, mode: Option<Mode>, lease: Option<LeaseId>) -> String {
+        let mut key = String::with_capacity(self.base.len() + 4 + 16);
+        key.push_str(&self.base);
+        key.push(char::from(sub));
+        key.push('/');
+        if let Some(m) = mode {
+            key.push_str(m.segment());
+            key.push('/');
+        }
+        if let Some(l) = lease {
+            push_hex16(&mut key, l.get() as u64);
+        }
+        key
+    }
+
     /// Every waiter, both modes: `q/`.
     pub fn queue(&self) -> String {
-        format!("{}q/", self.base)
+        self.sub_key(b'q', None, None)
     }
 
     /// Waiters of one mode: `q/x/` or `q/s/`.
     pub fn queue_of(&self, mode: Mode) -> String {
-        format!("{}q/{}/", self.base, mode.segment())
+        self.sub_key(b'q', Some(mode), None)
     }
 
     /// One waiter: `q/<x|s>/<lease>`.
     pub fn waiter(&self, mode: Mode, lease: LeaseId) -> String {
-        format!("{}q/{}/{lease}", self.base, mode.segment())
+        self.sub_key(b'q', Some(mode), Some(lease))
     }
 
     /// Every hold, both modes: `h/`.
     pub fn holds(&self) -> String {
-        format!("{}h/", self.base)
+        self.sub_key(b'h', None, None)
     }
 
     /// Holds of one mode.
     pub fn holds_of(&self, mode: Mode) -> String {
-        format!("{}h/{}/", self.base, mode.segment())
+        self.sub_key(b'h', Some(mode), None)
     }
 
     /// One hold: `h/<x|s>/<lease>`.
     pub fn hold(&self, mode: Mode, lease: LeaseId) -> String {
-        format!("{}h/{}/{lease}", self.base, mode.segment())
+        self.sub_key(b'h', Some(mode), Some(lease))
     }
 
     /// Every grant record: `g/`.
     pub fn grants(&self) -> String {
-        format!("{}g/", self.base)
+        self.sub_key(b'g', None, None)
     }
 
     /// Grant records of one mode.
     pub fn grants_of(&self, mode: Mode) -> String {
-        format!("{}g/{}/", self.base, mode.segment())
+        self.sub_key(b'g', Some(mode), None)
     }
 
     /// One grant record: `g/<x|s>/<lease>`.
     pub fn grant(&self, mode: Mode, lease: LeaseId) -> String {
-        format!("{}g/{}/{lease}", self.base, mode.segment())
+        self.sub_key(b'g', Some(mode), Some(lease))
     }
 
     /// The bounded range of the lease-id keys of one sub-prefix (`q`, `h` or `g`) and
@@ -270,14 +327,21 @@ impl LockKeys {
         (self.holds(), prefix_end(&self.queue()))
     }
 
-    /// Whether `key` falls inside one of the lock's bounded `q/`, `h/`, `g/` ranges.
+    /// Whether `key` falls inside one of the lock's bounded `q/`, `h/`, `g/` ranges
+    /// (those of [`LockKeys::lease_range`]). Every key between two keys with the prefix
+    /// `<sub>/<m>/` has that prefix, so this compares the rest with the ranges' ends
+    /// without building them.
     pub fn in_lease_ranges(&self, key: &[u8]) -> bool {
-        ['q', 'h', 'g'].into_iter().any(|sub| {
-            [Mode::Exclusive, Mode::Shared].into_iter().any(|mode| {
-                let (start, end) = self.lease_range(sub, mode);
-                key >= start.as_bytes() && key < end.as_slice()
-            })
-        })
+        let Some(rest) = key.strip_prefix(self.base.as_bytes()) else {
+            return false;
+        };
+        let [sub, b'/', mode, b'/', id @ ..] = rest else {
+            return false;
+        };
+        matches!(sub, b'q' | b'h' | b'g')
+            && matches!(mode, b'x' | b's')
+            && id >= &b"0000000000000000"[..]
+            && id < &b"ffffffffffffffff\0"[..]
     }
 
     /// Whether `key` is exactly `<sub>/<x|s>/<16 lower-case hex digits>` of this lock.
@@ -298,7 +362,10 @@ impl LockKeys {
     /// The cancel marker of one acquire attempt: `c/<lease>/<attempt>` (see
     /// [`crate::keys`]). A first Txn of that attempt that reaches etcd after it does nothing.
     pub fn cancel_marker(&self, lease: LeaseId, attempt: u64) -> String {
-        format!("{}c/{lease}/{attempt}", self.base)
+        let mut key = self.sub_key(b'c', None, Some(lease));
+        key.push('/');
+        key.push_str(itoa_u64(attempt, &mut [0; 20]));
+        key
     }
 
     /// The hold key that a grant record `g/<m>/<lease>` belongs to.
@@ -459,6 +526,67 @@ mod tests {
         let (start, end) = k.lease_range('g', Mode::Shared);
         assert_eq!(start, "/p/locks/n/c/k/g/s/0000000000000000");
         assert_eq!(end, b"/p/locks/n/c/k/g/s/ffffffffffffffff\0");
+    }
+
+    /// The keys built by hand are the formatted forms, and the range check answers as
+    /// the ranges do, for lease ids at the edges (negative ids print as their two's
+    /// complement, as `{:016x}` does).
+    #[test]
+    fn hand_built_keys_match_their_formatted_forms() {
+        let r = RootKeys::new("/p");
+        let k = r.lock("n", "c", "a/b c%");
+        assert_eq!(k.base(), "/p/locks/n/c/a%2Fb%20c%25/");
+        assert_eq!(r.epoch(), "/p/config/epoch");
+        for raw in [0, 1, 0x3211a22c6da3b70c, i64::MAX, -1, i64::MIN] {
+            let l = LeaseId::new(raw);
+            for m in [Mode::Exclusive, Mode::Shared] {
+                let s = m.segment();
+                let b = k.base();
+                assert_eq!(k.waiter(m, l), format!("{b}q/{s}/{raw:016x}"));
+                assert_eq!(k.hold(m, l), format!("{b}h/{s}/{raw:016x}"));
+                assert_eq!(k.grant(m, l), format!("{b}g/{s}/{raw:016x}"));
+                assert_eq!(k.queue_of(m), format!("{b}q/{s}/"));
+                assert_eq!(k.holds_of(m), format!("{b}h/{s}/"));
+                assert_eq!(k.grants_of(m), format!("{b}g/{s}/"));
+            }
+            for attempt in [0, 7, 10, u64::MAX] {
+                assert_eq!(
+                    k.cancel_marker(l, attempt),
+                    format!("{}c/{raw:016x}/{attempt}", k.base())
+                );
+            }
+        }
+        let in_ranges = |key: &[u8]| {
+            ['q', 'h', 'g'].into_iter().any(|sub| {
+                [Mode::Exclusive, Mode::Shared].into_iter().any(|m| {
+                    let (start, end) = k.lease_range(sub, m);
+                    key >= start.as_bytes() && key < end.as_slice()
+                })
+            })
+        };
+        let b = k.base();
+        for rest in [
+            "h/x/0000000000000000",
+            "h/x/000000000000000",
+            "h/x/ffffffffffffffff",
+            "h/x/ffffffffffffffff\0",
+            "h/x/ffffffffffffffff\0a",
+            "h/x/fffffffffffffffg",
+            "g/s/1",
+            "q/x/",
+            "q/x",
+            "c/x/0000000000000000",
+            "h/t/0000000000000000",
+            "",
+        ] {
+            let key = format!("{b}{rest}");
+            assert_eq!(
+                k.in_lease_ranges(key.as_bytes()),
+                in_ranges(key.as_bytes()),
+                "{rest:?}"
+            );
+        }
+        assert!(!k.in_lease_ranges(b"/p/locks/n/c/other/h/x/0000000000000000"));
     }
 
     #[test]

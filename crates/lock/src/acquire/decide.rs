@@ -120,15 +120,14 @@ impl Attempt {
         ops: impl Iterator<Item = TxnOpResponse>,
     ) -> Result<View> {
         let k = &self.keys;
+        let epoch_key = self.locker.keys.epoch();
         // Only keys inside the bounded lease-key ranges count, as in the compares; a
         // stray key elsewhere under `q/`, `h/` or `g/` is ignored.
         let mut gets = ops.map(|r| match r {
             TxnOpResponse::Get(g) => Ok(g
                 .kvs()
                 .iter()
-                .filter(|kv| {
-                    k.in_lease_ranges(kv.key()) || kv.key() == self.locker.keys.epoch().as_bytes()
-                })
+                .filter(|kv| k.in_lease_ranges(kv.key()) || kv.key() == epoch_key.as_bytes())
                 .map(Entry::from)
                 .collect::<Vec<_>>()),
             _ => Err(Error::new(ErrorKind::Etcd)),

@@ -453,38 +453,42 @@ impl Attempt {
     /// The marker only ever exists once the attempt was dropped or failed, so the
     /// wrapper fails only for a stale copy.
     async fn guarded_txn(&self, inner: Txn) -> Result<(TxnResponse, TxnResponse)> {
-        self.guarded_txn_with(inner, None).await
+        self.guarded_txn_with(|| inner.clone(), None).await
     }
 
     /// [`Attempt::guarded_txn`], with a caller's [`TxnGuard`] added to the outer Txn.
+    /// `inner` builds the inner Txn: once for the first send, and again for each
+    /// retry, so the common case (one send) keeps no copy of it.
     async fn guarded_txn_with(
         &self,
-        inner: Txn,
+        inner: impl Fn() -> Txn,
         guard: Option<&TxnGuard>,
     ) -> Result<(TxnResponse, TxnResponse)> {
-        let marker = self.keys.cancel_marker(self.session.lease(), self.id);
         // The namespace's rehome fence: no waiter key or grant is created in a fenced
         // namespace (a grant needs a waiter key or this Txn), so once a rehome has seen
         // the namespace's holds and waiters gone after fencing it, this cluster grants
         // nothing more in it.
         let fence = self.locker.keys.ns_fence(&self.name.ns);
-        let mut when = vec![
-            Compare::create_revision(marker, CompareOp::Equal, 0),
-            Compare::create_revision(fence.as_str(), CompareOp::Equal, 0),
-        ];
-        let mut then = Vec::new();
-        let mut or_else = Vec::new();
-        if let Some(g) = guard {
-            when.extend(g.when.iter().cloned());
-            then.extend(g.then.iter().cloned());
-            or_else.extend(g.or_else.iter().cloned());
-        }
-        or_else.push(TxnOp::get(
-            fence,
-            Some(etcd_client::GetOptions::new().with_count_only()),
-        ));
-        then.push(TxnOp::txn(inner));
-        let txn = Txn::new().when(when).and_then(then).or_else(or_else);
+        let build = || {
+            let marker = self.keys.cancel_marker(self.session.lease(), self.id);
+            let mut when = vec![
+                Compare::create_revision(marker, CompareOp::Equal, 0),
+                Compare::create_revision(fence.as_str(), CompareOp::Equal, 0),
+            ];
+            let mut then = Vec::new();
+            let mut or_else = Vec::new();
+            if let Some(g) = guard {
+                when.extend(g.when.iter().cloned());
+                then.extend(g.then.iter().cloned());
+                or_else.extend(g.or_else.iter().cloned());
+            }
+            or_else.push(TxnOp::get(
+                fence.as_str(),
+                Some(etcd_client::GetOptions::new().with_count_only()),
+            ));
+            then.push(TxnOp::txn(inner()));
+            Txn::new().when(when).and_then(then).or_else(or_else)
+        };
         let was_unsettled = self.unsettled.swap(true, Ordering::SeqCst);
         let sends = AtomicUsize::new(0);
         let resp = retry::call(
@@ -493,7 +497,7 @@ impl Attempt {
             self.locker.request_timeout,
             || {
                 sends.fetch_add(1, Ordering::SeqCst);
-                let (mut c, txn) = (self.locker.kv.clone(), txn.clone());
+                let (mut c, txn) = (self.locker.kv.clone(), build());
                 async move { c.txn(txn).await }
             },
         )
@@ -544,10 +548,11 @@ impl Attempt {
         ]
     }
 
-    async fn run(&self) -> Result<Option<(Revision, FencingToken)>> {
-        // Fast path, one Txn: no conflicting hold, no waiter, no unconsumed grant record
-        // (an expired or forced hold whose lock-delay may apply) -> hold; else enqueue.
-        // Ranges bounded to the lease-key shape (see `LockKeys::lease_range`).
+    /// The first Txn (inside the cancel marker's guard). Fast path: no conflicting
+    /// hold, no waiter, no unconsumed grant record (an expired or forced hold whose
+    /// lock-delay may apply) -> hold; else enqueue and read the lock. Ranges bounded to
+    /// the lease-key shape (see `LockKeys::lease_range`).
+    fn first_txn(&self) -> Txn {
         let k = &self.keys;
         let empty = |sub: char, mode: Mode| {
             let (start, end) = k.lease_range(sub, mode);
@@ -578,15 +583,16 @@ impl Attempt {
         // the waiter loop starts without a separate read.
         let mut or_else = vec![enqueue];
         or_else.extend(self.view_ops());
+        Txn::new()
+            .when(when)
+            .and_then(self.grant_ops())
+            .or_else(or_else)
+    }
+
+    async fn run(&self) -> Result<Option<(Revision, FencingToken)>> {
         let hw = self.locker.epoch.high_water();
         let (resp, inner) = self
-            .guarded_txn_with(
-                Txn::new()
-                    .when(when)
-                    .and_then(self.grant_ops())
-                    .or_else(or_else),
-                self.guard.as_deref(),
-            )
+            .guarded_txn_with(|| self.first_txn(), self.guard.as_deref())
             .await?;
         if inner.succeeded() {
             return self.mint(&resp, hw, true).await;
