@@ -21,13 +21,13 @@
 //! (`prev_kv`). Every other key (waiters, grant records on their own, per-attempt
 //! markers under `c/`, anything not in the layout) yields no row.
 //!
-//! Outside `<root>locks/`, two keys yield rows (see [`EpochAdvance`] and
-//! [`RehomeSwitch`]): each put of `<root>config/epoch` is an `epoch_event` row (the
-//! record's epoch, reason, cluster id, start time and revision), and each put of
-//! `<root>tier/rehome/<ns>` in phase `switched` (written on the home tier at a rehome's
-//! commit point) a `rehome_event` row naming the namespace, both tiers and the new epoch.
-//! A rehome's advance is written on the new tier, its switch on the home tier: the rows
-//! join by epoch. Every other key yields nothing.
+//! Outside `<root>locks/`, two keys yield rows (see [`EpochAdvance`](crate::EpochAdvance)
+//! and [`RehomeSwitch`](crate::RehomeSwitch)): each put of `<root>config/epoch` is an
+//! `epoch_event` row (the record's epoch, reason, cluster id, start time and revision),
+//! and each put of `<root>tier/rehome/<ns>` in phase `switched` (written on the home tier
+//! at a rehome's commit point) a `rehome_event` row naming the namespace, both tiers and
+//! the new epoch. A rehome's advance is written on the new tier, its switch on the home
+//! tier: the rows join by epoch. Every other key yields nothing.
 //!
 //! Rows and the position (`audit_cursor`) are written in one transaction per watch
 //! response, and rows are keyed `(cluster_id, revision, seq)`: a crash anywhere loses
