@@ -30,7 +30,9 @@ impl fmt::Display for ClusterId {
     }
 }
 
-/// The kind of a lock event (`audit_event.type`).
+/// The kind of an event of a lock's history: the value of `audit_event.type`, and
+/// [`Epoch`](LockEventKind::Epoch) for the epoch advances kept in `epoch_event` (see
+/// [`EpochAdvance`](crate::EpochAdvance)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -46,6 +48,10 @@ pub enum LockEventKind {
     /// etcd history was compacted past the tailer's position: events in
     /// `gap_from..=gap_to` are unknown.
     Gap,
+    /// The cluster's epoch advanced (a restore, or a namespace rehomed to its tier):
+    /// tokens after it carry the new epoch. Stored in `epoch_event`, never in
+    /// `audit_event`, whose rows are lock events.
+    Epoch,
 }
 
 impl LockEventKind {
@@ -57,6 +63,7 @@ impl LockEventKind {
             LockEventKind::Expire => "expire",
             LockEventKind::Force => "force",
             LockEventKind::Gap => "gap",
+            LockEventKind::Epoch => "epoch",
         }
     }
 
@@ -68,6 +75,7 @@ impl LockEventKind {
             "expire" => LockEventKind::Expire,
             "force" => LockEventKind::Force,
             "gap" => LockEventKind::Gap,
+            "epoch" => LockEventKind::Epoch,
             _ => return None,
         })
     }
@@ -86,7 +94,7 @@ pub struct LockEvent {
     pub seq: u32,
     /// What happened.
     pub kind: LockEventKind,
-    /// The lock key (`None` only for gaps).
+    /// The lock key (`None` only for gaps and epoch advances).
     pub lock_key: Option<String>,
     /// The lock namespace, when known.
     pub namespace: Option<String>,

@@ -44,6 +44,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "unprotected_resource_scan",
         include_str!("../migrations/0008_unprotected_resource_scan.sql"),
     ),
+    (
+        9,
+        "epoch_event",
+        include_str!("../migrations/0009_epoch_event.sql"),
+    ),
 ];
 
 /// The advisory lock key that serializes migrations across processes ("paud").

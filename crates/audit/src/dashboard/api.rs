@@ -13,7 +13,7 @@ use super::pages::KeyParams;
 use super::query::{self, FilterParams};
 use super::timeline::{self, KeyQuery, TimelineEntry};
 use super::{chart_window, rfc3339, DashError};
-use crate::{ForceRelease, WriteRecord};
+use crate::{reason_str, ClusterId, EpochAdvance, ForceRelease, WriteRecord};
 
 /// One unprotected write.
 #[derive(Debug, Serialize)]
@@ -151,6 +151,42 @@ impl From<ForceRelease> for ForceJson {
     }
 }
 
+/// An epoch advance as the JSON timeline carries it.
+#[derive(Debug, Serialize)]
+pub(super) struct EpochJson {
+    epoch: u16,
+    reason: &'static str,
+    /// The etcd cluster id the record names (16 hex digits).
+    epoch_cluster_id: String,
+    /// The revision etcd was at when the epoch started.
+    start_revision: u64,
+    advanced_at: String,
+    /// For a rehome whose switch was recorded: the namespace and its tiers.
+    namespace: Option<String>,
+    from_tier: Option<String>,
+    to_tier: Option<String>,
+}
+
+impl From<EpochAdvance> for EpochJson {
+    fn from(a: EpochAdvance) -> Self {
+        let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(a.record.advanced_at_ms);
+        let (namespace, from_tier, to_tier) = match a.rehome {
+            Some(r) => (Some(r.namespace), Some(r.from), Some(r.to)),
+            None => (None, None, None),
+        };
+        EpochJson {
+            epoch: a.record.epoch.get(),
+            reason: reason_str(a.record.reason),
+            epoch_cluster_id: ClusterId(a.record.cluster_id).to_string(),
+            start_revision: a.record.highest_grant_rev.get(),
+            advanced_at: rfc3339(at),
+            namespace,
+            from_tier,
+            to_tier,
+        }
+    }
+}
+
 #[derive(Debug, Serialize)]
 pub(super) struct EventJson {
     cluster_id: String,
@@ -168,6 +204,8 @@ pub(super) struct EventJson {
     class: Option<String>,
     recorded_at: Option<String>,
     force: Option<ForceJson>,
+    /// For an epoch advance (`type` `epoch`): the new epoch, why, and a rehome's move.
+    epoch: Option<EpochJson>,
 }
 
 #[derive(Debug, Serialize)]
@@ -189,21 +227,28 @@ pub(super) async fn locks(
     };
     let events = entries
         .into_iter()
-        .map(|TimelineEntry { event: e, force }| EventJson {
-            cluster_id: e.cluster_id.to_string(),
-            revision: e.revision.get(),
-            seq: e.seq,
-            kind: e.kind.as_str(),
-            lock_key: e.lock_key,
-            gap_from: e.gap.map(|g| g.0.get()),
-            gap_to: e.gap.map(|g| g.1.get()),
-            token: e.token,
-            spiffe_id: e.spiffe_id,
-            namespace: e.namespace,
-            class: e.class,
-            recorded_at: e.recorded_at.map(|t: SystemTime| rfc3339(t)),
-            force: force.map(ForceJson::from),
-        })
+        .map(
+            |TimelineEntry {
+                 event: e,
+                 force,
+                 advance,
+             }| EventJson {
+                cluster_id: e.cluster_id.to_string(),
+                revision: e.revision.get(),
+                seq: e.seq,
+                kind: e.kind.as_str(),
+                lock_key: e.lock_key,
+                gap_from: e.gap.map(|g| g.0.get()),
+                gap_to: e.gap.map(|g| g.1.get()),
+                token: e.token,
+                spiffe_id: e.spiffe_id,
+                namespace: e.namespace,
+                class: e.class,
+                recorded_at: e.recorded_at.map(|t: SystemTime| rfc3339(t)),
+                force: force.map(ForceJson::from),
+                epoch: advance.map(EpochJson::from),
+            },
+        )
         .collect();
     Ok(Json(Timeline { key, events }))
 }

@@ -10,7 +10,8 @@ use serde::Deserialize;
 use super::query::{self, encode, FilterParams};
 use super::timeline::{self, KeyQuery};
 use super::{caption, chart, chart_window, rfc3339, Dash, DashError};
-use crate::{LockEventKind, WriteRecord};
+use crate::{reason_str, EpochAdvance, LockEventKind, WriteRecord};
+use palisade_api::EpochReason;
 
 const CSS: &str = "
 body { font-family: system-ui, sans-serif; margin: 0; color: #222; background: #f6f6f4; }
@@ -27,6 +28,7 @@ td.nowrap { white-space: nowrap; word-break: normal; }
 .chart { background: #fff; border: 1px solid #e3e3e0; margin: 8px 0 16px; max-width: 100%; height: auto; }
 .kind-grant { color: #1e7b34; } .kind-release { color: #2c5d8f; } .kind-expire { color: #a66a00; }
 .kind-force { color: #b0261a; font-weight: 600; } .kind-gap { color: #777; font-style: italic; }
+.kind-epoch { color: #1f4e8c; font-weight: 600; }
 .pager { margin: 12px 0; } .muted { color: #777; }
 nav.picker { display: flex; gap: 10px; align-items: baseline; font-size: 13px; margin-bottom: 4px; }
 nav.picker a, nav.picker strong { padding: 2px 8px; border-radius: 10px; }
@@ -40,6 +42,7 @@ nav.picker strong { background: #1f2d3a; color: #fff; } nav.picker a { color: #2
 .tops { display: grid; grid-template-columns: repeat(auto-fit, minmax(300px, 1fr)); gap: 12px; }
 .tops td.n { text-align: right; font-variant-numeric: tabular-nums; }
 tr.gap td { background: #f1f0ec; }
+tr.epoch td { background: #eef3fa; }
 ";
 
 /// Where a page is, for the navigation and the time-range picker: its path, the query
@@ -373,8 +376,27 @@ fn kind_class(kind: LockEventKind) -> &'static str {
         LockEventKind::Release => "kind-release",
         LockEventKind::Expire => "kind-expire",
         LockEventKind::Force => "kind-force",
+        LockEventKind::Epoch => "kind-epoch",
         _ => "kind-gap",
     }
+}
+
+/// What an epoch advance row says: the new epoch, why, and for a rehome the move.
+fn advance_text(a: &EpochAdvance) -> String {
+    let epoch = a.record.epoch.get();
+    let why = match (&a.record.reason, &a.rehome) {
+        (EpochReason::Rehome, Some(r)) => format!(
+            "rehome: namespace {} moved from tier {} to tier {}",
+            r.namespace, r.from, r.to
+        ),
+        (EpochReason::Rehome, None) => {
+            "rehome (the home tier's switch record is not in the audit trail)".to_owned()
+        }
+        (reason, _) => reason_str(*reason).to_owned(),
+    };
+    format!(
+        "Epoch advanced to {epoch} ({why}). Tokens after it carry epoch {epoch}: each is above every token before it."
+    )
 }
 
 /// A lock's timeline. The time range does not apply: a lock's history is shown whole
@@ -426,7 +448,16 @@ pub(super) async fn locks(
                     } }
                     tbody { @for e in &entries {
                         @let ev = &e.event;
-                        @if let Some((from, to)) = ev.gap {
+                        @if let Some(a) = &e.advance {
+                            tr.epoch {
+                                td.mono.nowrap { (ev.recorded_at.map(rfc3339).unwrap_or_default()) }
+                                td.mono.nowrap { (ev.revision) }
+                                td class=(kind_class(ev.kind)) { "epoch" }
+                                td colspan="4" { (advance_text(a)) }
+                                td.mono.nowrap { (ev.cluster_id) }
+                                td.tier { @if let Some(r) = &a.rehome { (r.to) } @else { "—" } }
+                            }
+                        } @else if let Some((from, to)) = ev.gap {
                             tr.gap {
                                 td.mono.nowrap { (ev.recorded_at.map(rfc3339).unwrap_or_default()) }
                                 td.mono.nowrap { (from) "–" (to) }

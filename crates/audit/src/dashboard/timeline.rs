@@ -1,23 +1,43 @@
 //! A lock's timeline: its events from etcd history, with the times they were recorded,
-//! the etcd cluster and tier, and the audit gaps that cut the history.
+//! the etcd cluster and tier, and what cut the history: the audit gaps, and the epoch
+//! advances (restore, rehome) after which its tokens carry a new epoch.
 
 use std::collections::{BTreeSet, HashMap};
 
 use palisade_fence::{FencingToken, Revision};
 use tokio_postgres::{GenericClient, Row};
 
-use crate::{AuditError, ClusterId, ForceRelease, LockEvent, LockEventKind};
+use crate::{
+    epoch_advances, AuditError, ClusterId, EpochAdvance, ForceRelease, LockEvent, LockEventKind,
+};
 
-/// Most gaps listed on one timeline.
+/// Most gaps, and most epoch advances, listed on one timeline.
 const GAPS_MAX: i64 = 100;
 /// Most keys offered by the key field.
 const SUGGESTIONS: i64 = 1000;
 
-/// A lock event with, for forced releases, who forced it and why.
+/// A lock event with, for forced releases, who forced it and why; or an epoch advance
+/// (`event.kind` [`LockEventKind::Epoch`], placed at its cluster and revision).
 #[derive(Debug, Clone)]
 pub(crate) struct TimelineEntry {
     pub(crate) event: LockEvent,
     pub(crate) force: Option<ForceRelease>,
+    pub(crate) advance: Option<EpochAdvance>,
+}
+
+impl TimelineEntry {
+    fn advance(a: EpochAdvance) -> Self {
+        let mut event = LockEvent::gap(a.cluster_id, a.revision, a.revision);
+        event.kind = LockEventKind::Epoch;
+        event.gap = None;
+        event.namespace = a.rehome.as_ref().map(|r| r.namespace.clone());
+        event.recorded_at = a.recorded_at;
+        TimelineEntry {
+            event,
+            force: None,
+            advance: Some(a),
+        }
+    }
 }
 
 /// What the timeline field asked for: a bare lock key, or the `ns/class/key` form used
@@ -94,12 +114,16 @@ fn entry(r: &Row) -> TimelineEntry {
             r.get(17),
         )
     });
-    TimelineEntry { event, force }
+    TimelineEntry {
+        event,
+        force,
+        advance: None,
+    }
 }
 
-/// The events of the lock `q` names, and the gaps of the clusters they happened on (of
-/// every cluster when it has none: its events may all be in a gap), newest first (at
-/// most `limit` events and 100 gaps).
+/// The events of the lock `q` names, and the gaps and epoch advances (not bootstraps) of
+/// the clusters they happened on (of every cluster when it has none: its events may all
+/// be in a gap), newest first (at most `limit` events, 100 gaps and 100 advances).
 ///
 /// Order: clusters by their newest recorded row, newest first; within a cluster by
 /// revision (a gap sits at its first unread revision), newest first. etcd history has no
@@ -155,6 +179,8 @@ pub(crate) async fn lock_timeline<C: GenericClient>(
         )
         .await?;
     entries.extend(gaps.iter().map(entry));
+    let advances = epoch_advances(client, &clusters, false, GAPS_MAX).await?;
+    entries.extend(advances.into_iter().map(TimelineEntry::advance));
     order(&mut entries);
     Ok(entries)
 }
@@ -179,9 +205,11 @@ fn order(entries: &mut [TimelineEntry]) {
     });
 }
 
-/// Whether the timeline has rows other than gaps.
+/// Whether the timeline has rows other than gaps and epoch advances.
 pub(crate) fn has_events(entries: &[TimelineEntry]) -> bool {
-    entries.iter().any(|e| e.event.kind != LockEventKind::Gap)
+    entries
+        .iter()
+        .any(|e| !matches!(e.event.kind, LockEventKind::Gap | LockEventKind::Epoch))
 }
 
 /// The most recently granted locks, as `ns/class/key` (or the bare key when its

@@ -1,9 +1,10 @@
-//! The lock-event tailer: etcd history of the lock key space becomes `audit_event` rows.
+//! The lock-event tailer: etcd history of the lock key space becomes `audit_event` rows,
+//! and epoch records and rehome switches become `epoch_event` and `rehome_event` rows.
 //!
-//! The tailer watches `<root>locks/` with `prev_kv`, from the revision after the one it
-//! last stored for the cluster, and reads each revision's events together (etcd never
-//! splits one revision over two watch responses). What the lock core writes in one
-//! revision tells the events apart (see the lock core's "Key layout"):
+//! The tailer watches `<root>` with `prev_kv`, from the revision after the one it last
+//! stored for the cluster, and reads each revision's events together (etcd never splits
+//! one revision over two watch responses). What the lock core writes in one revision of
+//! `<root>locks/` tells the lock events apart (see the lock core's "Key layout"):
 //!
 //! | in one revision | row |
 //! |---|---|
@@ -20,13 +21,22 @@
 //! (`prev_kv`). Every other key (waiters, grant records on their own, per-attempt
 //! markers under `c/`, anything not in the layout) yields no row.
 //!
+//! Outside `<root>locks/`, two keys yield rows (see [`EpochAdvance`](crate::EpochAdvance)
+//! and [`RehomeSwitch`](crate::RehomeSwitch)): each put of `<root>config/epoch` is an
+//! `epoch_event` row (the record's epoch, reason, cluster id, start time and revision),
+//! and each put of `<root>tier/rehome/<ns>` in phase `switched` (written on the home tier
+//! at a rehome's commit point) a `rehome_event` row naming the namespace, both tiers and
+//! the new epoch. A rehome's advance is written on the new tier, its switch on the home
+//! tier: the rows join by epoch. Every other key yields nothing.
+//!
 //! Rows and the position (`audit_cursor`) are written in one transaction per watch
 //! response, and rows are keyed `(cluster_id, revision, seq)`: a crash anywhere loses
 //! nothing and stores nothing twice. When etcd compacted past the position, the tailer
 //! records a `gap` row for the revisions it can no longer read, the compaction revision
 //! included (compaction drops that revision's deletions, so it can only be read in part),
 //! and goes on after it (the position moves only with lock-key events, so a gap can also
-//! span revisions that held none). Any failure (etcd or Postgres) ends the watch; the
+//! span revisions that held none, and a response with epoch rows only is read again after
+//! a restart: its rows are keyed by `(cluster_id, revision)`, so they are stored once). Any failure (etcd or Postgres) ends the watch; the
 //! tailer backs off and starts again from the stored position, so a database outage only
 //! makes it fall behind. It never writes to etcd.
 //!
@@ -50,6 +60,9 @@
 //! events. Identical history means identical events (same revisions, keys, tokens and
 //! holders), and one different revision, even of a key that yields no event, means the
 //! histories diverged, which is why every change is digested, not only the events.
+//! Digests cover the lock key space only. An epoch record a restored cluster serves again
+//! names its source cluster: `epoch_event` keeps one row per record (the record's cluster
+//! id and epoch are unique), and `rehome_event` one per `(namespace, epoch)`.
 //!
 //! Limits: history audited before schema version 4 has no digests, so a restore of it is
 //! stored again; a cluster is compared with what was audited when it is read, so tail the
@@ -71,7 +84,11 @@ use palisade_api::{LeaseId, Mode};
 use palisade_fence::{Epoch, FencingToken, Revision};
 use tokio_postgres::GenericClient;
 
-use crate::{insert_lock_events, restored, AuditError, ClusterId, LockEvent, LockEventKind};
+use crate::{
+    insert_epoch_advances, insert_lock_events, insert_rehome_switches, restored, AuditError,
+    ClusterId, LockEvent, LockEventKind,
+};
+use epochs::EpochChanges;
 
 /// How long one database step (taking a connection, or one batch's transaction) may take
 /// before it counts as the database being unavailable.
@@ -111,8 +128,8 @@ pub async fn tailer_position<C: GenericClient>(
     Ok(rev.and_then(|r| Revision::from_i64(r).ok()))
 }
 
-/// Tails one etcd cluster's lock key space into the audit database. See the
-/// [module docs](self).
+/// Tails one etcd cluster's lock key space, epoch records and rehome switches into the
+/// audit database. See the [module docs](self).
 ///
 /// ```no_run
 /// # async fn demo(pool: deadpool_postgres::Pool) -> Result<(), palisade_audit::AuditError> {
@@ -241,7 +258,7 @@ impl Tailer {
                 .with_prefix()
                 .with_prev_key()
                 .with_start_revision(start);
-            let (_watcher, mut stream) = etcd.watch(prefix.clone(), Some(options)).await?;
+            let (_watcher, mut stream) = etcd.watch(keys.root(), Some(options)).await?;
             loop {
                 let Some(resp) = stream.message().await? else {
                     return Err(watch_error("the watch stream ended"));
@@ -261,7 +278,12 @@ impl Tailer {
                     let (from, to) = (revision(start)?, revision(compacted)?);
                     tracing::warn!(%cluster, from = start, to = compacted, "etcd compacted past the audit position");
                     let gap = [LockEvent::gap(cluster, from, to)];
-                    self.store(cluster, &gap, &[], position, compacted, &mut repeats)
+                    let batch = Batch {
+                        events: &gap,
+                        epochs: &EpochChanges::default(),
+                        digests: &[],
+                    };
+                    self.store(cluster, batch, position, compacted, &mut repeats)
                         .await?;
                     position = compacted;
                     *progressed = true;
@@ -273,37 +295,53 @@ impl Tailer {
                         resp.cancel_reason()
                     )));
                 }
-                let changes: Vec<Change> = resp
+                let (changes, others): (Vec<Change>, Vec<Change>) = resp
                     .events()
                     .iter()
                     .filter_map(Change::from_event)
-                    .collect();
-                let Some(last) = changes.iter().map(|c| c.revision).max() else {
+                    .partition(|c| c.key.starts_with(prefix.as_bytes()));
+                let epochs = EpochChanges::of(cluster, &keys, &others);
+                // The position moves with lock-key changes only (restored history is
+                // compared over them); epoch rows of a batch without any are stored
+                // again on a replay, which their keys make harmless.
+                let last = changes.iter().map(|c| c.revision).max();
+                if last.is_none() && epochs.is_empty() {
                     continue;
-                };
+                }
+                let through = last.unwrap_or(position);
                 let events = classify(cluster, &keys, &changes);
                 let digests = restored::digests(&changes);
-                self.store(cluster, &events, &digests, position, last, &mut repeats)
+                let batch = Batch {
+                    events: &events,
+                    epochs: &epochs,
+                    digests: &digests,
+                };
+                self.store(cluster, batch, position, through, &mut repeats)
                     .await?;
-                position = position.max(last);
+                position = position.max(through);
                 *progressed = true;
             }
         }
     }
 
-    /// In one transaction: compares the revisions of `digests` (those after `after`) with
-    /// audited history (see [`restored`]), stores `events` but those of repeated
-    /// revisions, stores the digests, and moves the position to `through` with the
-    /// clusters still repeated. `repeats` is updated once the transaction committed.
+    /// In one transaction: compares the revisions of the batch's digests (those after
+    /// `after`) with audited history (see [`restored`]), stores its lock events but those
+    /// of repeated revisions, its epoch rows (a stored record is skipped by its key), the
+    /// digests, and moves the position to `through` with the clusters still repeated.
+    /// `repeats` is updated once the transaction committed.
     async fn store(
         &self,
         cluster: ClusterId,
-        events: &[LockEvent],
-        digests: &[(i64, Vec<u8>)],
+        batch: Batch<'_>,
         after: i64,
         through: i64,
         repeats: &mut Option<Vec<i64>>,
     ) -> Result<(), AuditError> {
+        let Batch {
+            events,
+            epochs,
+            digests,
+        } = batch;
         let still = db(async {
             let mut client = self.pool.get().await?;
             let tx = client.transaction().await?;
@@ -325,6 +363,8 @@ impl Tailer {
                     "etcd history repeats an audited cluster's: its events are stored already"
                 );
             }
+            insert_epoch_advances(&*tx, &epochs.advances).await?;
+            insert_rehome_switches(&*tx, &epochs.switches).await?;
             if !digests.is_empty() {
                 let (revs, sums): (Vec<i64>, Vec<&[u8]>) =
                     digests.iter().map(|(r, d)| (*r, d.as_slice())).unzip();
@@ -343,6 +383,13 @@ impl Tailer {
         *repeats = still;
         Ok(())
     }
+}
+
+/// What one watch response stores.
+struct Batch<'a> {
+    events: &'a [LockEvent],
+    epochs: &'a EpochChanges,
+    digests: &'a [(i64, Vec<u8>)],
 }
 
 async fn db<T>(
@@ -497,5 +544,6 @@ pub(crate) fn classify(cluster: ClusterId, keys: &RootKeys, changes: &[Change]) 
     out
 }
 
+mod epochs;
 #[cfg(test)]
 mod tests;

@@ -61,7 +61,7 @@ fn grant_release_expire_force() {
         del(11, &g, Some((meta(1), 9))),
     ];
     let events = classify(ClusterId(1), &RootKeys::new("/p/"), &changes);
-    use LockEventKind::*;
+    use LockEventKind::{Expire, Force, Grant, Release};
     assert_eq!(
         kinds(&events),
         [
@@ -161,4 +161,67 @@ fn stray_keys_make_no_rows() {
     // A rewrite is not a grant.
     changes.push(put(102, &h, meta(0), 2, 100));
     assert!(classify(ClusterId(1), &RootKeys::new("/p/"), &changes).is_empty());
+}
+
+#[test]
+fn epoch_records_and_switched_rehome_records_are_epoch_rows_and_nothing_else_is() {
+    use crate::EpochAdvance;
+    use palisade_api::{EpochReason, EpochRecord, RehomePhase, RehomeRecord};
+    let keys = RootKeys::new("/p/");
+    let cluster = ClusterId(7);
+    let record = EpochRecord::new(
+        Epoch::new(3).unwrap(),
+        9,
+        EpochReason::Rehome,
+        Revision::new(40),
+    );
+    let mut rehome = RehomeRecord {
+        ns: "orders".into(),
+        from: "home".into(),
+        to: "second".into(),
+        phase: RehomePhase::Draining,
+        started_at_ms: 1,
+        epoch: None,
+    };
+    let draining = serde_json::to_vec(&rehome).unwrap();
+    rehome.phase = RehomePhase::Switched;
+    rehome.epoch = Some(Epoch::new(3).unwrap());
+    let switched = serde_json::to_vec(&rehome).unwrap();
+    let changes = vec![
+        put(
+            41,
+            "/p/config/epoch",
+            serde_json::to_vec(&record).unwrap(),
+            2,
+            3,
+        ),
+        put(42, "/p/config/epoch", b"not json".to_vec(), 3, 3),
+        put(43, "/p/tier/rehome/orders", draining, 1, 43),
+        put(44, "/p/tier/rehome/orders", switched, 2, 43),
+        del(45, "/p/tier/rehome/orders", None),
+        del(46, "/p/config/epoch", None),
+        put(47, "/p/config/ns/orders", b"{}".to_vec(), 1, 47),
+        put(
+            48,
+            "/q/config/epoch",
+            serde_json::to_vec(&record).unwrap(),
+            1,
+            48,
+        ),
+    ];
+    let rows = epochs::EpochChanges::of(cluster, &keys, &changes);
+    assert_eq!(
+        rows.advances,
+        [EpochAdvance::new(cluster, Revision::new(41), record)]
+    );
+    assert_eq!(rows.switches.len(), 1);
+    let s = &rows.switches[0];
+    assert_eq!(
+        (s.cluster_id, s.revision.get(), s.namespace.as_str()),
+        (cluster, 44, "orders")
+    );
+    assert_eq!(
+        (s.from.as_str(), s.to.as_str(), s.epoch.get()),
+        ("home", "second", 3)
+    );
 }

@@ -4,6 +4,7 @@ mod browser;
 mod common;
 mod dashboard;
 mod dashboard_etcd;
+mod epoch_etcd;
 mod overview;
 mod schema;
 mod sink;

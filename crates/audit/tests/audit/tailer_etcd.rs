@@ -710,6 +710,27 @@ async fn etcd_tailer_stores_history_a_restored_cluster_repeats_once() {
         revisions(&rows_a, snapshot.revision()),
         "B's events at A's revision numbers"
     );
+    // B serves A's epoch record again (A's bootstrap, naming A): stored once, under A.
+    let client = a.db.connect().await;
+    let epochs: Vec<(i64, i32, String, i64)> = client
+        .query(
+            "SELECT cluster_id, epoch, reason, epoch_cluster_id FROM epoch_event \
+             ORDER BY epoch, cluster_id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    let (a_id, b_id) = (a.cluster.to_sql(), b.cluster.to_sql());
+    assert_eq!(
+        epochs,
+        [
+            (a_id, 0, "bootstrap".to_owned(), a_id),
+            (b_id, 1, "restore".to_owned(), b_id)
+        ]
+    );
 
     // B's history read in part, then compacted: a gap, and B's later events.
     let position = tailer_position(&**b.pool.get().await.unwrap(), b.cluster)
