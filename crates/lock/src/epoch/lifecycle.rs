@@ -10,6 +10,7 @@ use palisade_fence::{Epoch, Revision};
 use tokio::time::Instant;
 
 use super::record::EpochStore;
+use super::restored::drop_waiters_up_to;
 use super::state::{Current, EpochState};
 use crate::config_store::decode;
 use crate::error::{EpochMismatch, Error, ErrorKind, Result};
@@ -86,6 +87,20 @@ pub(crate) async fn advance(
         etcd_mod_rev: mod_rev,
         mismatch: None,
     });
+    if matches!(reason, EpochReason::Restore) {
+        // The epoch has advanced whatever happens here; a failure leaves the waiters a
+        // restore brought back in place (see `restored`), which the next advance drops.
+        let deadline = Instant::now() + per_request * 3;
+        match drop_waiters_up_to(client, keys, header.revision(), deadline, per_request).await {
+            Ok(n) => tracing::info!(
+                dropped = n,
+                "epoch advanced: waiters the restore brought back dropped"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "epoch advanced, but the waiters the restore brought back could not be dropped")
+            }
+        }
+    }
     Ok(record)
 }
 

@@ -98,17 +98,22 @@
 //!   same epoch. A watch from a revision of the lost history fails as compacted. The
 //!   restored lock state is still older than what holders were told, which is what the
 //!   epoch advance the operator makes afterwards settles.
+//! - **Waiters a restore brought back** (`q/` keys of live sessions whose acquires ended
+//!   in the lost history) would block their locks for as long as their sessions live.
+//!   Advancing for a restore deletes every waiter key older than the advance; an
+//!   acquire still waiting enqueues again. Holds brought back stay (see `restored.rs`).
 //!
 //! Where each rule lives: `record.rs` (the record, the store trait, the max-merge),
 //! `file.rs` and `postgres.rs` (the stores), `state.rs` (the running checks and the
 //! reservation), `lifecycle.rs` (bootstrap, start, adoption, advancing, moving etcd's
-//! revision past a reservation).
+//! revision past a reservation), `restored.rs` (the waiters a restore brought back).
 
 mod file;
 mod lifecycle;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod record;
+mod restored;
 mod state;
 
 pub use file::FileEpochStore;

@@ -420,3 +420,80 @@ async fn etcd_restore_with_bumped_revision_keeps_tokens_rising_in_the_same_epoch
         "{resp:?}"
     );
 }
+
+/// The waiter and hold keys of the lock `key` in etcd now: `(holds, waiters)`.
+async fn hold_and_waiter_keys(client: &Client, key: &str) -> (usize, usize) {
+    let keys = keys_under(client, &format!("{ROOT}locks/")).await;
+    let of_lock: Vec<&String> = keys
+        .iter()
+        .filter(|k| k.contains(&format!("/{key}/")))
+        .collect();
+    let count = |sub: &str| of_lock.iter().filter(|k| k.contains(sub)).count();
+    (count("/h/"), count("/q/"))
+}
+
+/// A restore brings back the waiter keys of sessions that lived through it while their
+/// acquires ended in the lost history: nothing waits behind such a key, and before the
+/// rule every later waiter queued behind it until its session ended. Advancing the
+/// epoch for the restore drops it, so the lock is granted once the hold brought back
+/// ends.
+#[tokio::test]
+async fn etcd_an_epoch_advance_for_a_restore_drops_the_waiters_it_brought_back() {
+    let mut f = fixture(1).await;
+    // A's hold comes back with the restore and ends with A's short session; B's waiter
+    // key comes back on a session that outlives the test's deadline.
+    let (sa, sb) = (session(&f.locker, 3).await, session(&f.locker, 30).await);
+    let name = lock("brought-back");
+    let held = f
+        .locker
+        .acquire(&sa, &name, Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
+    let (locker, sb2, name2) = (f.locker.clone(), sb.clone(), name.clone());
+    let waiting = tokio::spawn(async move {
+        locker
+            .acquire(&sb2, &name2, Mode::Exclusive, secs(20))
+            .await
+    });
+    while hold_and_waiter_keys(f.locker.client(), "brought-back").await != (1, 1) {
+        assert!(
+            !waiting.is_finished(),
+            "B's acquire ended: {:?}",
+            waiting.await
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let snapshot = f.cluster.snapshot().await;
+    held.release().await.unwrap();
+    waiting.await.unwrap().unwrap().release().await.unwrap();
+    f.cluster
+        .restore_in_place(&snapshot, RestoreMode::NewClusterId)
+        .await;
+    assert_eq!(
+        hold_and_waiter_keys(f.locker.client(), "brought-back").await,
+        (1, 1),
+        "the restore brings back A's hold and B's waiter key"
+    );
+
+    f.locker.advance_epoch(EpochReason::Restore).await.unwrap();
+    assert_eq!(
+        hold_and_waiter_keys(f.locker.client(), "brought-back").await,
+        (1, 0),
+        "the advance drops the waiter key and keeps the hold"
+    );
+    let _ = sa.close().await;
+    let sc = session(&f.locker, 30).await;
+    let h = f
+        .locker
+        .acquire(&sc, &name, Mode::Exclusive, secs(10))
+        .await
+        .unwrap_or_else(|e| panic!("the lock stayed blocked behind B's waiter key: {e:?}"));
+    assert_eq!(token(&h).epoch().get(), 1);
+    h.release().await.unwrap();
+    // B's session lived on: the lock was freed by the advance, not by B's lease.
+    let hb = f
+        .locker
+        .acquire(&sb, &lock("b-still-alive"), Mode::Exclusive, secs(5))
+        .await;
+    assert!(hb.is_ok(), "B's session ended: {hb:?}");
+}
