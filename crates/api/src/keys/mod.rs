@@ -47,8 +47,9 @@
 //!   grant-or-enqueue Txn, a re-enqueue) is wrapped as `if create_revision(marker) == 0
 //!   then <Txn>`. A dropped or failed acquire whose such Txn may still reach etcd (no
 //!   answer, or sent more than once) puts the marker on the session's lease in the same
-//!   Txn that deletes its keys, so a copy that etcd applies later does nothing. Markers
-//!   are rare and end with the lease.
+//!   Txn that deletes its keys, so a copy that etcd applies later does nothing; a
+//!   granted one puts it before handing out the hold (deleting, in the same Txn, a
+//!   waiter key of its own that a copy wrote). Markers are rare and end with the lease.
 //!
 //! # How audit tells the events apart (all in one revision each)
 //!

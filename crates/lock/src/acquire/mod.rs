@@ -67,6 +67,10 @@
 //!   attempt may still be in flight, the same cleanup Txn writes the cancel marker (see
 //!   [the key layout](crate#key-layout)). A waiter's grant Txn needs no marker: it
 //!   compares its own waiter key's create revision, and the cleanup deleted that key.
+//! - A granted attempt whose key-creating Txn may still be in flight writes the marker
+//!   before it hands out the hold (`Attempt::settle`): a late copy would otherwise
+//!   enqueue the session behind its own hold, or grant it the lock again after the
+//!   release.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -333,7 +337,10 @@ pub(crate) async fn acquire(
         session.unmark_busy(attempt.keys.base());
         return Err(Error::epoch(m));
     }
-    let result = attempt.run().await;
+    let result = match attempt.run().await {
+        Ok(grant) => attempt.settle().await.map(|()| grant),
+        Err(e) => Err(e),
+    };
     match result {
         Ok(grant) => {
             attempt.disarmed = true;
@@ -408,6 +415,54 @@ impl Attempt {
 
     fn lease(&self) -> i64 {
         self.session.lease().get()
+    }
+
+    /// Before a granted attempt hands out its hold: if a copy of one of its key-creating
+    /// Txns may still reach etcd (`unsettled`), puts the cancel marker, so such a copy
+    /// does nothing, and in the same Txn deletes a waiter key of this attempt that a
+    /// copy already wrote. Unsettled, a late copy of the first Txn would enqueue the
+    /// session behind its own hold, or, after the release, grant it the lock again: a
+    /// hold nobody knows of, blocking the lock until the session ends.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::QuorumLost`] when etcd does not answer in [`CALL_TIMEOUTS`] request
+    /// timeouts; the drop guard then cleans up, marker included.
+    async fn settle(&self) -> Result<()> {
+        let Some(marker) = self.marker() else {
+            return Ok(());
+        };
+        let lease = self.session.lease();
+        let waiter = self.keys.waiter(self.mode, lease);
+        let txn = Txn::new().and_then([
+            TxnOp::put(
+                marker,
+                Vec::new(),
+                Some(PutOptions::new().with_lease(lease.get())),
+            ),
+            TxnOp::txn(
+                Txn::new()
+                    .when([Compare::value(
+                        waiter.clone(),
+                        CompareOp::Equal,
+                        self.meta.clone(),
+                    )])
+                    .and_then([TxnOp::delete(waiter, None)]),
+            ),
+        ]);
+        let deadline = Instant::now() + self.locker.request_timeout * CALL_TIMEOUTS;
+        retry::call(
+            "acquire.settle",
+            deadline,
+            self.locker.request_timeout,
+            || {
+                let (mut c, txn) = (self.locker.kv.clone(), txn.clone());
+                async move { c.txn(txn).await }
+            },
+        )
+        .await
+        .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
+        Ok(())
     }
 
     fn guard_cleanup(&self) -> Vec<TxnOp> {
