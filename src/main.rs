@@ -55,17 +55,19 @@ Commands that talk to the lock service take --service URL and either --cert, --k
 
 Exit codes:
   0   done
-  1   any other failure (service unreachable or failing, local I/O)
+  1   any other failure (service unreachable, or unable to serve now: quorum-lost,
+      namespace-moving, epoch-mismatch, upstream, internal; local I/O)
   2   bad input (usage, malformed argument or hold file, unusable certificates, invalid-input)
-  3   not found (namespace, class, session, force release request)
+  3   not found (not-found: namespace, class, session, force release request)
   4   conflict (create of something that exists, already-approved, force-target-gone,
-      epoch-exhausted)
-  5   quota exceeded
-  6   unauthenticated (certificate refused or missing, 401)
-  7   forbidden (403)
+      epoch-exhausted, wrong-tier: the session is on another tier than the namespace)
+  5   quota exceeded (quota-exceeded)
+  6   unauthenticated (certificate refused or missing, 401 unauthenticated)
+  7   forbidden (403 forbidden)
   74  outcome unknown: a release got no definite answer within 10 s of retries
-  75  not acquired: others held the lock for the whole wait
-  76  not held: the hold or its session is gone, or it was force-released
+  75  not acquired: others held the lock for the whole wait (deadline-exceeded)
+  76  not held: the hold or its session is gone, or it was force-released (not-held,
+      session-lost, hold-forced)
   130 interrupted (Ctrl-C) while lock acquire waited (its session is closed)
   143 terminated (SIGTERM) while lock acquire waited (its session is closed)
 `lock run` exits with its command's code once the command ran.";

@@ -91,7 +91,7 @@ fn a_ttl_is_checked_in_whole_seconds_before_anything_is_sent() {
         let (code, _, err) = palisade(cmd);
         assert_eq!(code, 2, "{cmd:?}: {err}");
         assert!(
-            err.contains("the TTL is in whole seconds, from 1 to 9000000000, not 0"),
+            err.contains("session TTL 0 s is not a whole number of seconds from 1 to 3600 s"),
             "{cmd:?}: {err}"
         );
     }

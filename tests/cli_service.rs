@@ -199,7 +199,10 @@ async fn etcd_cli_acquired_hold_lives_by_keepalive_and_lapses_without() {
     // Bad input is refused with exit 2 and the service's reason; nothing is held.
     s.dev(JOB, &["lock", "acquire", "ns/c/k", "--ttl", "0"])
         .await
-        .fails(2, "the TTL is in whole seconds, from 1");
+        .fails(
+            2,
+            "session TTL 0 s is not a whole number of seconds from 1 to 3600 s",
+        );
     s.dev(JOB, &["lock", "acquire", "ns/c/k", "--wait-ms", "3600001"])
         .await
         .fails(2, "wait_ms must be");
@@ -208,7 +211,10 @@ async fn etcd_cli_acquired_hold_lives_by_keepalive_and_lapses_without() {
         &["lock", "acquire", "ns/c/k", "--ttl", "99999999999999999"],
     )
     .await
-    .fails(2, "from 1 to 9000000000, not 99999999999999999");
+    .fails(
+        2,
+        "session TTL 99999999999999999 s is not a whole number of seconds from 1 to 3600 s",
+    );
     s.dev(JOB, &["lock", "acquire", "ns/c/", "--wait-ms", "100"])
         .await
         .fails(2, "invalid-input");
@@ -349,7 +355,7 @@ async fn etcd_cli_admin_namespaces_classes_and_epochs() {
         .fails(3, "no namespace");
     s.dev(ADMIN, &["namespace", "create", "Bad Name", "--tenant", "t"])
         .await
-        .fails(2, "invalid-input");
+        .fails(2, "namespace \"Bad Name\": name \"Bad Name\" is not");
     let list = s.dev(ADMIN, &["namespace", "list"]).await.ok().json();
     let ids: Vec<_> = list
         .as_array()
@@ -798,4 +804,111 @@ async fn etcd_cli_first_steps_refusals_say_what_to_pass() {
     assert!(response.starts_with("HTTP/1.0 401 "), "{response}");
     assert!(response.contains("x-palisade-dev-identity"), "{response}");
     assert!(!response.contains("client certificate"), "{response}");
+}
+
+/// Each refusal names the thing and the cause: a namespace that does not exist, a
+/// session id of no session, an empty name, a class field out of the service's range
+/// (the CLI's TTL range text is the service's), and a 403 names the identity and what
+/// it was refused.
+#[tokio::test]
+async fn etcd_cli_refusals_name_the_thing_and_the_cause() {
+    let s = Service::start(Mode::Dev, None).await;
+    s.dev(ADMIN, &["namespace", "rehome", "nope", "--to", "default"])
+        .await
+        .fails(3, "404 not-found: namespace \"nope\" does not exist");
+    s.dev(ADMIN, &["lock", "acquire", "nope/c/k"])
+        .await
+        .fails(3, "404 not-found: namespace \"nope\" does not exist");
+    // A well-formed id of no session.
+    let none = "0000000000000000";
+    for args in [
+        &["lock", "acquire", "ns/c/k", "--session", none][..],
+        &["session", "keepalive", none][..],
+    ] {
+        let out = s.dev(JOB, args).await;
+        assert!(
+            out.stderr
+                .contains("no live session 0000000000000000 (expired, closed or never opened)"),
+            "{args:?}: {out:?}"
+        );
+        assert!(out.code == 3 || out.code == 76, "{args:?}: {out:?}");
+    }
+    // Empty names are refused before anything is sent.
+    s.dev(ADMIN, &["namespace", "create", "", "--tenant", "t"])
+        .await
+        .fails(2, "the namespace name is empty");
+    s.dev(ADMIN, &["class", "create", "ns", ""])
+        .await
+        .fails(2, "the class name is empty");
+    // Class fields within the service's limits, named by flag and range.
+    s.dev(
+        ADMIN,
+        &["class", "update", "ns", "c", "--ttl-max-ms", "3600001"],
+    )
+    .await
+    .fails(2, "--ttl-max-ms")
+    .fails(
+        2,
+        "ttl_max_ms 3600001 is above 3600000 (ms; from 0 to 3600 s)",
+    );
+    s.dev(
+        ADMIN,
+        &[
+            "class",
+            "update",
+            "ns",
+            "c",
+            "--lock-delay-ms",
+            "99999999999",
+        ],
+    )
+    .await
+    .fails(2, "--lock-delay-ms")
+    .fails(
+        2,
+        "lock_delay_ms 99999999999 is above 3600000 (ms; from 0 to 3600 s)",
+    );
+    let put = palisade_client::Client::new(s.url.clone())
+        .unwrap()
+        .with_dev_identity(ADMIN)
+        .call_json(
+            "PUT",
+            "/v1/namespaces/ns/classes/c",
+            Some(serde_json::json!({ "lock_delay_ms": 3_600_001u64 })),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(put.status(), Some(400), "{put:?}");
+    assert_eq!(
+        put.detail(),
+        "lock_delay_ms 3600001 is above 3600000 (ms; from 0 to 3600 s)"
+    );
+    // The session TTL: the CLI's range is the service's.
+    let cli = s
+        .dev(JOB, &["session", "open", "--ttl", "3601"])
+        .await
+        .fails(2, "--ttl");
+    let service = palisade_client::Client::new(s.url.clone())
+        .unwrap()
+        .with_dev_identity(JOB)
+        .call_json(
+            "POST",
+            "/v1/sessions",
+            Some(serde_json::json!({ "ttl_ms": 3_601_000u64 })),
+        )
+        .await
+        .unwrap_err();
+    let range = "is not a whole number of seconds from 1 to 3600 s";
+    assert!(cli.stderr.contains(range), "{cli:?}");
+    assert!(service.detail().contains(range), "{service:?}");
+    // 403: who, and what.
+    s.dev(JOB2, &["class", "list", "ns"])
+        .await
+        .fails(
+            7,
+            "spiffe://test/jobs/b may not list the classes of namespace ns: only admins of the namespace do",
+        );
+    s.dev("spiffe://test/nobody", &["lock", "acquire", "ns/c/k"])
+        .await
+        .fails(7, "spiffe://test/nobody may not use namespace ns");
 }

@@ -135,3 +135,20 @@ async fn fence_show_on_a_database_without_fence_tables_names_the_cause() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn fence_show_names_a_database_that_does_not_exist_and_refuses_an_empty_resource() {
+    let db = TestDb::create().await;
+    let missing = format!("{}_gone", db.name());
+    let conn = format!("{} dbname={missing}", db.connection_string());
+    let (code, _, err) = palisade(&["fence", "--database", &conn, "show", "orders/1"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("resource database: db error")
+            && err.contains(&format!("database \"{missing}\" does not exist")),
+        "{err}"
+    );
+    let (code, _, err) = palisade(&["fence", "--database", &db.connection_string(), "show", ""]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("RESOURCE is empty"), "{err}");
+}

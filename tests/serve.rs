@@ -486,3 +486,44 @@ async fn etcd_serve_logs_json_reloads_and_finishes_in_flight_requests_on_sigterm
         assert!(v["level"].is_string(), "{line}");
     }
 }
+
+/// `--tier` names are checked before anything connects: a tier named as the home tier,
+/// or a name given twice, is refused naming the flag and the tier (etcd is not even
+/// reachable here).
+#[tokio::test]
+async fn serve_refuses_a_tier_named_as_the_home_tier_before_connecting() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("authz.toml");
+    std::fs::write(&config, "admins = [\"spiffe://acme/ops/\"]\n").unwrap();
+    let epoch = dir.path().join("epoch.json");
+    let with = |tiers: &[&'static str]| {
+        let mut args = vec![
+            os("--etcd"),
+            os("http://127.0.0.1:1"),
+            os("--insecure-dev-identity"),
+            os("--epoch-file"),
+            epoch.as_os_str().to_owned().leak(),
+            os("--config"),
+            config.as_os_str().to_owned().leak(),
+            os("--home-tier"),
+            os("main"),
+        ];
+        for t in tiers {
+            args.extend([os("--tier"), os(t)]);
+        }
+        args
+    };
+    let (code, err) = serve_fails(&with(&["main=http://127.0.0.1:2"])).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--tier main=...: main is the home tier's name (--home-tier main"),
+        "{err}"
+    );
+    let (code, err) = serve_fails(&with(&[
+        "east=http://127.0.0.1:2",
+        "east=http://127.0.0.1:3",
+    ]))
+    .await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--tier east=... is given twice"), "{err}");
+}

@@ -3,8 +3,9 @@
 //! and a Postgres table written with `fenced_transaction` that saw tokens of both tiers
 //! refuse the old tier's token after the move; a rehome whose service was killed part
 //! way refuses on both tiers until it is run again, which completes it; `palisade audit
-//! tail --tier` records the grants of both clusters. Real etcd members, a real
-//! PostgreSQL database and real `palisade` processes.
+//! tail --tier` records the grants of both clusters; `palisade lock acquire`, `lock run`
+//! and `session open` name only the namespace and land on its tier. Real etcd members, a
+//! real PostgreSQL database and real `palisade` processes.
 
 mod common;
 
@@ -94,6 +95,16 @@ impl Tiered {
         let mut all = args.to_vec();
         let url = self.url();
         all.extend(["--service", &url, "--dev-identity", ADMIN]);
+        run(all, &[]).await
+    }
+
+    /// `palisade ARGS --service URL --dev-identity JOB` (before a `--` of `lock run`).
+    async fn job(&self, args: &[&str]) -> common::service::Out {
+        let at = args.iter().position(|a| *a == "--").unwrap_or(args.len());
+        let url = self.url();
+        let mut all = args[..at].to_vec();
+        all.extend(["--service", &url, "--dev-identity", JOB]);
+        all.extend(&args[at..]);
         run(all, &[]).await
     }
 
@@ -475,4 +486,142 @@ async fn etcd_a_client_acquire_answered_namespace_moving_is_retried_until_the_mo
     assert_eq!(status["holders"][0]["session"], session.id());
     hold.release().await.unwrap();
     t.release(&held).await;
+}
+
+/// A user who names only the lock gets a session where its namespace lives: after a
+/// rehome to tier b, `lock acquire` and `lock run` are granted there under the new
+/// epoch, `session open --tier-of` and `--tier` open on b (no quota slot), and the CLI's
+/// exit codes tell `wrong-tier` (4) from `namespace-moving` (1).
+#[tokio::test]
+async fn etcd_cli_lock_acquire_and_run_follow_a_rehomed_namespace_to_its_tier() {
+    let t = Tiered::start().await;
+    let _server = t.serve().await;
+    t.admin(&["namespace", "create", "ns", "--tenant", "t"])
+        .await
+        .ok();
+    t.admin(&["class", "create", "ns", "c"]).await.ok();
+    let before = t
+        .job(&["lock", "acquire", "ns/c/k", "--ttl", "10"])
+        .await
+        .ok()
+        .json();
+    assert!(
+        !before["session"].as_str().unwrap().contains('.'),
+        "{before}"
+    );
+    let hold_file = t.dir.path().join("hold.json");
+    std::fs::write(&hold_file, serde_json::to_string(&before).unwrap()).unwrap();
+    t.job(&["lock", "release", "--hold", hold_file.to_str().unwrap()])
+        .await
+        .ok();
+    let moved = t
+        .admin(&["namespace", "rehome", "ns", "--to", "b"])
+        .await
+        .ok()
+        .json();
+    let epoch = u16::try_from(moved["epoch"]["epoch"].as_u64().unwrap()).unwrap();
+    assert!(epoch > 0, "{moved}");
+    // Each tier's epoch record: b's advanced by the rehome, the home tier's untouched.
+    let b = t.admin(&["epoch", "show", "--tier", "b"]).await.ok().json();
+    assert_eq!(
+        (b["epoch"].as_u64(), b["reason"].as_str()),
+        (Some(u64::from(epoch)), Some("rehome")),
+        "{b}"
+    );
+    let a = t.admin(&["epoch", "show"]).await.ok().json();
+    assert_eq!(a["epoch"], 0, "{a}");
+    t.admin(&["epoch", "show", "--tier", "gold"])
+        .await
+        .fails(2, "unknown cluster tier \"gold\"");
+
+    // lock acquire: a session on tier b, a token of the new epoch.
+    let held = t
+        .job(&["lock", "acquire", "ns/c/k", "--ttl", "10"])
+        .await
+        .ok()
+        .json();
+    assert!(
+        held["session"].as_str().unwrap().starts_with("b."),
+        "{held}"
+    );
+    let first = token(&held);
+    assert_eq!(first.epoch().get(), epoch, "{held}");
+    assert!(first > token(&before));
+    std::fs::write(&hold_file, serde_json::to_string(&held).unwrap()).unwrap();
+    t.job(&["lock", "release", "--hold", hold_file.to_str().unwrap()])
+        .await
+        .ok();
+
+    // lock run: the command sees a token of the new epoch.
+    let out = t
+        .job(&[
+            "lock",
+            "run",
+            "ns/c/k",
+            "--ttl",
+            "10",
+            "--",
+            "sh",
+            "-c",
+            "printf '%s %s' \"$FENCING_TOKEN\" \"$PALISADE_SESSION\"",
+        ])
+        .await
+        .ok();
+    let (ran, session) = out.stdout.split_once(' ').unwrap();
+    let ran: FencingToken = ran.parse().unwrap();
+    assert_eq!(ran.epoch().get(), epoch, "{out:?}");
+    assert!(ran > first);
+    assert!(session.starts_with("b."), "{out:?}");
+
+    // session open on the namespace's tier, or a named one; neither takes a quota slot.
+    let routed = t
+        .job(&["session", "open", "--tier-of", "ns"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(routed["tier"], "b");
+    assert_eq!(routed["namespace"], Value::Null);
+    let named = t.job(&["session", "open", "--tier", "b"]).await.ok().json();
+    assert_eq!(named["tier"], "b");
+    let shared = t
+        .job(&[
+            "lock",
+            "acquire",
+            "ns/c/k2",
+            "--session",
+            routed["session"].as_str().unwrap(),
+        ])
+        .await
+        .ok()
+        .json();
+    assert_eq!(token(&shared).epoch().get(), epoch);
+
+    // Exit codes: a session of the home tier is refused `wrong-tier` (4), a tier and a
+    // namespace that disagree likewise, naming where the namespace lives.
+    let home = t.job(&["session", "open"]).await.ok().json();
+    assert_eq!(home["tier"], "a");
+    t.job(&[
+        "lock",
+        "acquire",
+        "ns/c/k3",
+        "--session",
+        home["session"].as_str().unwrap(),
+    ])
+    .await
+    .fails(4, "wrong-tier: namespace ns lives on tier b");
+    t.job(&["session", "open", "--tier", "a", "--tier-of", "ns"])
+        .await
+        .fails(4, "namespace ns lives on tier b");
+    // A rehome back that cannot drain (k2 is held) is `namespace-moving` (1).
+    t.admin(&[
+        "namespace",
+        "rehome",
+        "ns",
+        "--to",
+        "a",
+        "--drain-ms",
+        "300",
+    ])
+    .await
+    .fails(1, "namespace-moving");
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use palisade_lock::{Enforcement, LockClass, Mode, Namespace, QuorumPolicy};
 use serde_json::json;
 
+use super::args::check_name;
 use super::connect::{block_on, Connection};
 use super::exit::{CliError, Exit, Result};
 use super::lock::{call, enc};
@@ -128,11 +129,12 @@ enum ClassCommand {
 
 #[derive(Debug, clap::Args)]
 struct ClassFields {
-    /// Shortest session TTL allowed to acquire, in milliseconds.
-    #[arg(long)]
+    /// Shortest session TTL allowed to acquire, in milliseconds (at most 3600000).
+    #[arg(long, value_parser = super::args::ttl_min_ms)]
     ttl_min_ms: Option<u64>,
-    /// Longest session TTL allowed to acquire, in milliseconds.
-    #[arg(long)]
+    /// Longest session TTL allowed to acquire, in milliseconds (at most 3600000, the
+    /// longest session TTL the service grants).
+    #[arg(long, value_parser = super::args::ttl_max_ms)]
     ttl_max_ms: Option<u64>,
     /// `exclusive`: exclusive holds only; `shared`: shared and exclusive holds.
     #[arg(long, value_enum)]
@@ -146,8 +148,8 @@ struct ClassFields {
     #[arg(long, value_enum)]
     on_quorum_loss: Option<QuorumArg>,
     /// After a hold ends by expiry or force, no grant of its key for this long, in
-    /// milliseconds.
-    #[arg(long)]
+    /// milliseconds (at most 3600000).
+    #[arg(long, value_parser = super::args::lock_delay_ms)]
     lock_delay_ms: Option<u64>,
 }
 
@@ -268,6 +270,7 @@ pub(crate) fn run_namespace(args: NamespaceArgs) -> Result<String> {
     match cmd {
         NamespaceCommand::List => call(&conn, "GET", "/v1/namespaces".into(), None),
         NamespaceCommand::Create { ns, tenant, fields } => {
+            check_name("namespace", &ns)?;
             if namespaces(&conn)?.iter().any(|n| n.id == ns) {
                 return Err(CliError::new(
                     Exit::Conflict,
@@ -280,6 +283,7 @@ pub(crate) fn run_namespace(args: NamespaceArgs) -> Result<String> {
             put_namespace(&conn, &n, fields.cluster_tier.as_deref())
         }
         NamespaceCommand::Update { ns, tenant, fields } => {
+            check_name("namespace", &ns)?;
             let mut n = namespaces(&conn)?
                 .into_iter()
                 .find(|n| n.id == ns)
@@ -295,30 +299,39 @@ pub(crate) fn run_namespace(args: NamespaceArgs) -> Result<String> {
             fields.apply(&mut n);
             put_namespace(&conn, &n, fields.cluster_tier.as_deref())
         }
-        NamespaceCommand::Rehome { ns, to, drain_ms } => call(
-            &conn,
-            "POST",
-            palisade_api::routes::rehome(&ns),
-            Some(json!({ "to": to, "drain_ms": drain_ms })),
-        ),
+        NamespaceCommand::Rehome { ns, to, drain_ms } => {
+            check_name("namespace", &ns)?;
+            check_name("tier", &to)?;
+            call(
+                &conn,
+                "POST",
+                palisade_api::routes::rehome(&ns),
+                Some(json!({ "to": to, "drain_ms": drain_ms })),
+            )
+        }
     }
 }
 
 pub(crate) fn run_class(args: ClassArgs) -> Result<String> {
     let ClassArgs { conn, cmd } = args;
     match cmd {
-        ClassCommand::List { ns } => call(
-            &conn,
-            "GET",
-            format!("/v1/namespaces/{}/classes", enc(&ns)),
-            None,
-        ),
+        ClassCommand::List { ns } => {
+            check_name("namespace", &ns)?;
+            call(
+                &conn,
+                "GET",
+                format!("/v1/namespaces/{}/classes", enc(&ns)),
+                None,
+            )
+        }
         ClassCommand::Create {
             ns,
             class,
             prefix,
             fields,
         } => {
+            check_name("namespace", &ns)?;
+            check_name("class", &class)?;
             let existing = classes(&conn, &ns)?;
             if existing.iter().any(|c| c.id == class) {
                 return Err(CliError::new(
@@ -342,6 +355,8 @@ pub(crate) fn run_class(args: ClassArgs) -> Result<String> {
             prefix,
             fields,
         } => {
+            check_name("namespace", &ns)?;
+            check_name("class", &class)?;
             let mut c = classes(&conn, &ns)?
                 .into_iter()
                 .find(|c| c.id == class)

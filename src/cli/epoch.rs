@@ -22,8 +22,13 @@ enum EpochCommand {
     /// `minted_rev` is the highest grant revision the answering replica minted a token
     /// for; `highest_grant_rev` is the highest the durable record has confirmed, which
     /// lags the tokens handed out (by up to the reservation window). Every token of the
-    /// epoch is at most `epoch * 2^48 + reserved_rev`.
-    Show,
+    /// epoch is at most `epoch * 2^48 + reserved_rev`. Each etcd cluster tier keeps its
+    /// own epoch record.
+    Show {
+        /// The tier whose record to show (default: the home tier).
+        #[arg(long)]
+        tier: Option<String>,
+    },
     /// Advance the epoch after etcd was restored from a snapshot or the service was
     /// rehomed to another etcd cluster; prints the new record (service admins).
     Advance {
@@ -48,7 +53,16 @@ enum Reason {
 pub(crate) fn run(args: EpochArgs) -> Result<String> {
     let EpochArgs { conn, cmd } = args;
     match cmd {
-        EpochCommand::Show => call(&conn, "GET", "/v1/epoch".into(), None),
+        EpochCommand::Show { tier } => {
+            let path = match tier {
+                Some(t) => {
+                    super::args::check_name("tier", &t)?;
+                    format!("/v1/epoch?tier={}", super::lock::enc(&t))
+                }
+                None => "/v1/epoch".into(),
+            };
+            call(&conn, "GET", path, None)
+        }
         EpochCommand::Advance { reason, tier } => {
             let reason = match reason {
                 Reason::Restore => "restore",

@@ -3,18 +3,20 @@
 //! | code | meaning |
 //! |---|---|
 //! | 0 | done |
-//! | 1 | any other failure: the service unreachable or failing (`quorum-lost`, `epoch-mismatch`, `upstream`, `internal`), a local I/O error |
+//! | 1 | any other failure: the service unreachable, or unable to serve now (`quorum-lost`, `namespace-moving`, `epoch-mismatch`, `upstream`, `internal`), a local I/O error |
 //! | 2 | bad input: a usage error, a malformed argument or hold file, unusable certificates, or the service's `invalid-input` |
 //! | 3 | not found: namespace, class, session or force release request (`not-found`) |
-//! | 4 | conflict: `create` of something that exists, `already-approved`, `force-target-gone`, `epoch-exhausted` |
+//! | 4 | conflict: `create` of something that exists, `already-approved`, `force-target-gone`, `epoch-exhausted`, `wrong-tier` |
 //! | 5 | a quota of the namespace is reached (`quota-exceeded`) |
-//! | 6 | unauthenticated: the service refused the certificate (or its absence), or answered 401 |
-//! | 7 | forbidden: the caller may not do this (403) |
+//! | 6 | unauthenticated: the service refused the certificate (or its absence), or answered 401 (`unauthenticated`) |
+//! | 7 | forbidden: the caller may not do this (`forbidden`, 403) |
 //! | 74 | outcome unknown: a release got no definite answer in time (sent again, with the same grant revision, for 10 s); the hold may still be held until its session's TTL lapses |
 //! | 75 | not acquired: the wait ended while others held the lock (`deadline-exceeded`) |
 //! | 76 | not held: the hold or its session is gone (`not-held`, `hold-forced`, `session-lost`) |
 //! | 130 | interrupted (SIGINT) while `lock acquire` waited (its session is closed) |
 //! | 143 | terminated (SIGTERM) while `lock acquire` waited (its session is closed) |
+//!
+//! [`Exit::of_problem`] is the one mapping of the service's problem kinds to these codes.
 //!
 //! `lock run` exits with its command's code once the command ran.
 
@@ -42,21 +44,34 @@ impl Exit {
     /// The code of a client error, by its kind.
     pub(crate) fn of_client(e: &ClientError) -> Exit {
         match e.kind() {
-            ClientErrorKind::Problem(ProblemKind::InvalidInput) | ClientErrorKind::Config => {
-                Exit::BadInput
-            }
-            ClientErrorKind::Problem(ProblemKind::NotFound) => Exit::NotFound,
-            ClientErrorKind::Problem(ProblemKind::AlreadyApproved)
-            | ClientErrorKind::Problem(ProblemKind::ForceTargetGone)
-            | ClientErrorKind::Problem(ProblemKind::EpochExhausted) => Exit::Conflict,
-            ClientErrorKind::Problem(ProblemKind::QuotaExceeded) => Exit::Quota,
-            ClientErrorKind::Problem(ProblemKind::Unauthenticated) => Exit::Unauthenticated,
-            ClientErrorKind::Problem(ProblemKind::Forbidden) => Exit::Forbidden,
-            ClientErrorKind::Problem(ProblemKind::DeadlineExceeded) => Exit::NotAcquired,
-            ClientErrorKind::Problem(ProblemKind::NotHeld)
-            | ClientErrorKind::Problem(ProblemKind::HoldForced)
-            | ClientErrorKind::Problem(ProblemKind::SessionLost) => Exit::Lost,
+            ClientErrorKind::Problem(kind) => Exit::of_problem(*kind),
+            ClientErrorKind::Config => Exit::BadInput,
             ClientErrorKind::OutcomeUnknown => Exit::OutcomeUnknown,
+            _ => Exit::Failure,
+        }
+    }
+
+    /// The code of each problem kind the service answers with: the table above.
+    pub(crate) fn of_problem(kind: ProblemKind) -> Exit {
+        match kind {
+            ProblemKind::InvalidInput => Exit::BadInput,
+            ProblemKind::NotFound => Exit::NotFound,
+            ProblemKind::AlreadyApproved
+            | ProblemKind::ForceTargetGone
+            | ProblemKind::EpochExhausted
+            | ProblemKind::WrongTier => Exit::Conflict,
+            ProblemKind::QuotaExceeded => Exit::Quota,
+            ProblemKind::Unauthenticated => Exit::Unauthenticated,
+            ProblemKind::Forbidden => Exit::Forbidden,
+            ProblemKind::DeadlineExceeded => Exit::NotAcquired,
+            ProblemKind::NotHeld | ProblemKind::HoldForced | ProblemKind::SessionLost => Exit::Lost,
+            // The service cannot serve it now (etcd, a move, the epoch), or failed.
+            ProblemKind::QuorumLost
+            | ProblemKind::NamespaceMoving
+            | ProblemKind::EpochMismatch
+            | ProblemKind::Upstream
+            | ProblemKind::Internal => Exit::Failure,
+            // A kind newer than this table.
             _ => Exit::Failure,
         }
     }
@@ -115,4 +130,66 @@ pub(crate) fn with_causes(e: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The line of `text` that starts (after blanks and `|`) with `code`, and the lines
+    /// that continue it (indented more).
+    fn entry(text: &str, code: u8) -> String {
+        let mut out = String::new();
+        let mut inside = false;
+        for line in text.lines() {
+            let bare = line.trim_start_matches(['/', '!', ' ', '|']);
+            let starts = bare
+                .split(|c: char| !c.is_ascii_digit())
+                .next()
+                .is_some_and(|n| n == code.to_string());
+            if starts {
+                inside = true;
+            } else if inside && !line.starts_with("      ") {
+                inside = false;
+            }
+            if inside {
+                out.push_str(line);
+            }
+        }
+        out
+    }
+
+    /// Every problem kind's code is written in `--help`, this module's table and the
+    /// README's, next to the kind's slug.
+    #[test]
+    fn every_problem_kind_is_documented_with_its_code() {
+        let module = include_str!("exit.rs");
+        let readme = include_str!("../../README.md");
+        for kind in ProblemKind::ALL {
+            let code = Exit::of_problem(kind).code();
+            let docs = [
+                ("--help", crate::EXIT_CODES),
+                ("exit.rs", module),
+                ("README.md", readme),
+            ];
+            for (doc, text) in docs {
+                let line = entry(text, code);
+                assert!(
+                    line.contains(kind.slug()),
+                    "{doc}: code {code} does not name {}: {line:?}",
+                    kind.slug()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn wrong_tier_is_a_conflict_and_namespace_moving_a_failure() {
+        assert_eq!(Exit::of_problem(ProblemKind::WrongTier), Exit::Conflict);
+        assert_eq!(
+            Exit::of_problem(ProblemKind::NamespaceMoving),
+            Exit::Failure
+        );
+        assert_eq!(Exit::of_problem(ProblemKind::QuorumLost), Exit::Failure);
+    }
 }

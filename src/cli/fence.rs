@@ -58,10 +58,22 @@ pub(crate) fn run(args: FenceArgs) -> Result<String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    let resource = match &args.cmd {
+        FenceCommand::Show { resource, .. } | FenceCommand::Reset { resource, .. } => resource,
+    };
+    if resource.is_empty() {
+        return Err(CliError::bad_input("RESOURCE is empty: name the resource key").into());
+    }
     runtime.block_on(async move {
+        // The server's own message ("database \"x\" does not exist") is a cause.
         let (client, connection) = tokio_postgres::connect(&args.database, tokio_postgres::NoTls)
             .await
-            .map_err(|e| CliError::new(Exit::Failure, format!("resource database: {e}")))?;
+            .map_err(|e| {
+                CliError::new(
+                    Exit::Failure,
+                    format!("resource database: {}", super::exit::with_causes(&e)),
+                )
+            })?;
         tokio::spawn(connection);
         match args.cmd {
             FenceCommand::Show { resource, resets } => show(&client, &resource, resets).await,
@@ -83,7 +95,10 @@ pub(crate) fn run(args: FenceArgs) -> Result<String> {
                 let audit = palisade_audit::pool(&audit_database, 1)?;
                 palisade_audit::migrate(&audit).await?;
                 let audit = audit.get().await.map_err(|e| {
-                    CliError::new(Exit::Failure, format!("audit database: {e}"))
+                    CliError::new(
+                        Exit::Failure,
+                        format!("audit database: {}", super::exit::with_causes(&e)),
+                    )
                 })?;
                 let old = reset_mark(&client, &resource, to, &reason)
                     .await

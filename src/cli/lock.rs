@@ -43,6 +43,7 @@ enum LockCommand {
         /// The lock: namespace/class/key (the key may contain `/`).
         lock: String,
         /// TTL of the new session, in whole seconds, at least 1 (the class bounds it).
+        /// The session is opened on the etcd cluster tier where the namespace lives.
         #[arg(long, default_value_t = 30, conflicts_with = "session", value_parser = super::args::ttl_secs)]
         ttl: u64,
         /// Take the lock on this existing session (from `session open` or an earlier
@@ -254,7 +255,8 @@ fn acquire(
                     .call_json_within(
                         "POST",
                         "/v1/sessions",
-                        Some(json!({ "ttl_ms": ttl_ms })),
+                        // On the tier where the namespace lives (no quota slot).
+                        Some(json!({ "ttl_ms": ttl_ms, "tier_of": ns })),
                         Duration::from_millis(wait_ms),
                     )
                     .await?;

@@ -124,7 +124,8 @@ pub(crate) fn run(conn: &Connection, args: RunArgs) -> Result<String> {
     let code = block_on(async move {
         let mut signals = Signals::install()?;
         let session = tokio::select! {
-            s = client.open_session(ttl) => s?,
+            // On the tier where the namespace lives.
+            s = client.open_session_for(ns, ttl) => s?,
             sig = signals.recv() => return Ok(128 + sig as i32),
         };
         let mode = if shared {

@@ -180,6 +180,27 @@ fn parse_tier(spec: &str) -> std::result::Result<(String, Vec<String>), CliError
     Ok((name.to_owned(), endpoints))
 }
 
+/// Checks every `--tier` before anything connects: well formed, and each name once,
+/// none of them the home tier's (`--home-tier`, the `--etcd` cluster).
+fn check_tier_names(home: &str, specs: &[String]) -> std::result::Result<(), CliError> {
+    let mut seen = std::collections::BTreeSet::new();
+    for spec in specs {
+        let (name, _) = parse_tier(spec)?;
+        if name == home {
+            return Err(CliError::bad_input(format!(
+                "--tier {name}=...: {name} is the home tier's name (--home-tier {home}, the \
+                 --etcd cluster); give this tier another name, or --home-tier another"
+            )));
+        }
+        if !seen.insert(name.clone()) {
+            return Err(CliError::bad_input(format!(
+                "--tier {name}=... is given twice: each tier needs a name of its own"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The durable epoch record of tier `name`: `<epoch_file>.<name>`.
 fn tier_epoch_file(epoch_file: &std::path::Path, name: &str) -> PathBuf {
     let mut path = epoch_file.as_os_str().to_owned();
@@ -193,9 +214,7 @@ pub(crate) fn run(args: ServeArgs) -> Result<String> {
     }
     palisade_api::validate_name(&args.home_tier)
         .map_err(|e| CliError::bad_input(format!("--home-tier: {e}")))?;
-    for t in &args.tiers {
-        parse_tier(t)?;
-    }
+    check_tier_names(&args.home_tier, &args.tiers)?;
     init_logging(args.log_format);
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(serve(args))

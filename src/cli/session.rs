@@ -21,11 +21,18 @@ pub(crate) struct SessionArgs {
 
 #[derive(Debug, clap::Subcommand)]
 enum SessionCommand {
-    /// Open a session; prints {"session","spiffe_id","ttl_ms","opened_rev"}.
+    /// Open a session; prints {"session","spiffe_id","ttl_ms","opened_rev","namespace","tier"}.
     Open {
         /// TTL in whole seconds, at least 1.
         #[arg(long, default_value_t = 30, value_parser = super::args::ttl_secs)]
         ttl: u64,
+        /// The etcd cluster tier to open it on (default: the home tier, or the tier of
+        /// --tier-of). A session acquires only locks of namespaces on its tier.
+        #[arg(long)]
+        tier: Option<String>,
+        /// Open it on the tier where this namespace lives (takes no quota slot).
+        #[arg(long, value_name = "NAMESPACE")]
+        tier_of: Option<String>,
     },
     /// Renew a session once (every hold of it); prints {"ttl_ms"}. Exits 76 if the
     /// session is gone.
@@ -43,16 +50,18 @@ enum SessionCommand {
 pub(crate) fn run(args: SessionArgs) -> Result<String> {
     let SessionArgs { conn, cmd } = args;
     match cmd {
-        SessionCommand::Open { ttl } => {
+        SessionCommand::Open { ttl, tier, tier_of } => {
             let ttl_ms = ttl
                 .checked_mul(1000)
                 .ok_or_else(|| CliError::bad_input(format!("--ttl {ttl} is too large")))?;
-            call(
-                &conn,
-                "POST",
-                "/v1/sessions".into(),
-                Some(json!({ "ttl_ms": ttl_ms })),
-            )
+            let mut body = json!({ "ttl_ms": ttl_ms });
+            if let Some(t) = tier {
+                body["tier"] = t.into();
+            }
+            if let Some(ns) = tier_of {
+                body["tier_of"] = ns.into();
+            }
+            call(&conn, "POST", "/v1/sessions".into(), Some(body))
         }
         SessionCommand::Keepalive { session } => {
             let path = format!("/v1/sessions/{}/keepalive", enc(&session));

@@ -154,15 +154,23 @@ impl LockClass {
         }
     }
 
-    /// Checks the names, the TTL bounds and the key prefix (a valid lock key, or empty).
+    /// Checks the names, the TTL bounds (`ttl_max` and `lock_delay` within
+    /// [`limits`](crate::limits)) and the key prefix (a valid lock key, or empty).
     ///
     /// # Errors
     ///
-    /// [`InvalidInput::BadName`], [`InvalidInput::TtlBoundsInverted`], or what
+    /// [`InvalidInput::BadName`], [`InvalidInput::OutOfRange`],
+    /// [`InvalidInput::TtlBoundsInverted`], or what
     /// [`validate_key`] says of the prefix.
     pub fn validate(&self) -> Result<(), InvalidInput> {
         validate_name(&self.ns_id)?;
         validate_name(&self.id)?;
+        crate::limits::check_class_ms("ttl_max_ms", self.ttl_max, crate::limits::MAX_CLASS_TTL)?;
+        crate::limits::check_class_ms(
+            "lock_delay_ms",
+            self.lock_delay,
+            crate::limits::MAX_LOCK_DELAY,
+        )?;
         if self.ttl_min > self.ttl_max {
             return Err(InvalidInput::TtlBoundsInverted {
                 min: self.ttl_min,

@@ -48,6 +48,34 @@ pub enum InvalidInput {
         /// The class's `ttl_max`.
         max: Duration,
     },
+    /// A session TTL outside the service's range: a whole number of seconds from 1 to
+    /// the maximum ([`limits`](crate::limits)).
+    #[error(
+        "session TTL {} is not a whole number of seconds from 1 to {} s",
+        crate::limits::shown(*ttl),
+        max.as_secs()
+    )]
+    SessionTtlOutOfRange {
+        /// The TTL asked for.
+        ttl: Duration,
+        /// The service's maximum.
+        max: Duration,
+    },
+    /// A class field in milliseconds above its bound ([`limits`](crate::limits)).
+    #[error(
+        "{field} {} is above {} (ms; from 0 to {} s)",
+        value.as_millis(),
+        max.as_millis(),
+        max.as_secs()
+    )]
+    OutOfRange {
+        /// The field, as the request names it (`ttl_max_ms`, `lock_delay_ms`...).
+        field: &'static str,
+        /// The value given.
+        value: Duration,
+        /// The largest accepted.
+        max: Duration,
+    },
     /// A TTL that etcd cannot grant: not a whole number of seconds, below one second,
     /// or above etcd's maximum lease TTL (9,000,000,000 s).
     #[error("TTL {0:?} is not a whole number of seconds from 1 to 9000000000")]
@@ -71,10 +99,10 @@ pub enum InvalidInput {
         other: String,
     },
     /// The namespace is not configured.
-    #[error("unknown namespace {0:?}")]
+    #[error("namespace {0:?} does not exist")]
     UnknownNamespace(String),
     /// The class is not configured in the namespace.
-    #[error("unknown class {0:?}")]
+    #[error("class {0:?} does not exist")]
     UnknownClass(String),
     /// A shared acquire on a class whose mode is exclusive.
     #[error("shared mode is not allowed by an exclusive class")]
@@ -108,6 +136,11 @@ pub enum InvalidInput {
     /// tier) nor `<tier>.<16 hex digits>` (see [`TieredSessionId`](crate::TieredSessionId)).
     #[error("a session id is 16 lower-case hex digits, or <tier>.<16 hex digits>")]
     BadSessionId,
+    /// A well-formed session id that no live session has: its lease expired or was
+    /// revoked, or no lease can have it (etcd's lease ids are positive, so
+    /// `0000000000000000` is none). The service answers it 404 `not-found`.
+    #[error("no live session {0} (expired, closed or never opened)")]
+    UnknownSession(String),
     /// A tier name that is not one of the service's configured etcd cluster tiers.
     #[error("unknown cluster tier {0:?}: not one of this service's tiers")]
     UnknownTier(String),

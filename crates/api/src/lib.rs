@@ -9,6 +9,7 @@
 //! | [`routes`] | every route's path, and builders for concrete paths |
 //! | [`wire`] | the JSON request and response bodies of the service |
 //! | [`problem`] | problem kinds: slugs, `type` URIs and status codes |
+//! | [`limits`] | the bounds of session TTLs and of a class's TTLs and lock-delay |
 //! | crate root | names and keys ([`validate_name`], [`validate_key`]), free text ([`validate_text`]), ids ([`LeaseId`], [`SpiffeId`]), configuration records ([`Namespace`], [`LockClass`], [`EpochRecord`], [`RehomeRecord`]), [`TieredSessionId`], [`HolderMeta`], and [`InvalidInput`], why input was refused |
 //!
 //! # Features
@@ -21,6 +22,7 @@ mod holder_meta;
 mod ids;
 mod invalid;
 pub mod keys;
+pub mod limits;
 mod names;
 pub mod problem;
 pub mod routes;

@@ -59,16 +59,28 @@ impl TieredSessionId {
     /// # Errors
     ///
     /// [`InvalidInput::BadSessionId`] for anything else (a tier that is not a name,
-    /// or a lease that is not 16 lower-case hex digits).
+    /// or a lease that is not 16 lower-case hex digits);
+    /// [`InvalidInput::UnknownSession`] for 16 hex digits no etcd lease id can be
+    /// (zero, or above `i64::MAX`).
     pub fn parse(s: &str) -> Result<TieredSessionId, InvalidInput> {
         let (tier, lease) = match s.rsplit_once('.') {
             Some((tier, lease)) => (Some(tier), lease),
             None => (None, s),
         };
-        let lease = LeaseId::from_hex(lease).ok_or(InvalidInput::BadSessionId)?;
         if let Some(t) = tier {
             validate_name(t).map_err(|_| InvalidInput::BadSessionId)?;
         }
+        let well_formed = lease.len() == 16
+            && lease
+                .bytes()
+                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        let lease = LeaseId::from_hex(lease).ok_or_else(|| {
+            if well_formed {
+                InvalidInput::UnknownSession(s.to_owned())
+            } else {
+                InvalidInput::BadSessionId
+            }
+        })?;
         Ok(TieredSessionId {
             tier: tier.map(str::to_owned),
             lease,
@@ -110,6 +122,13 @@ mod tests {
                 TieredSessionId::parse(bad),
                 Err(InvalidInput::BadSessionId),
                 "{bad}"
+            );
+        }
+        // Well formed, but no etcd lease has it.
+        for none in ["0000000000000000", "east.ffffffffffffffff"] {
+            assert_eq!(
+                TieredSessionId::parse(none),
+                Err(InvalidInput::UnknownSession(none.to_owned())),
             );
         }
     }

@@ -88,7 +88,8 @@ impl Client {
         self
     }
 
-    /// How long [`Client::open_session`] and [`Client::open_session_in`] send the request
+    /// How long [`Client::open_session`], [`Client::open_session_in`] and
+    /// [`Client::open_session_for`] send the request
     /// again while the service answers 503 `quorum-lost` (etcd could not commit in time)
     /// or `unavailable`: after a pause of 50 ms doubling up to 1 s, with jitter, while
     /// `wait` leaves room for the pause (the policy of [`Client::acquire`]). Default
@@ -166,8 +167,9 @@ impl Client {
     }
 
     /// Opens a session with a lease of `ttl` (whole seconds) and starts its keepalive.
-    /// The session names no namespace: it counts against a namespace's
-    /// `held_lease_quota` only through its holds and waits (see [`Client::open_session_in`]).
+    /// The session names no namespace: it lives on the home tier (see
+    /// [`Client::open_session_for`]) and counts against a namespace's `held_lease_quota`
+    /// only through its holds and waits (see [`Client::open_session_in`]).
     ///
     /// An answer that the service cannot serve it for now is sent again (see
     /// [`Client::with_unavailable_wait`]).
@@ -177,7 +179,13 @@ impl Client {
     /// [`ClientError`] with the service's problem kind (a 503 `quorum-lost` once the
     /// wait is over), or a transport error.
     pub async fn open_session(&self, ttl: Duration) -> Result<ClientSession, ClientError> {
-        self.open(ttl, None).await
+        self.open(OpenSessionBody {
+            ttl_ms: millis(ttl),
+            namespace: None,
+            tier: None,
+            tier_of: None,
+        })
+        .await
     }
 
     /// Opens a session in `namespace`: the session itself takes one slot of that
@@ -194,19 +202,39 @@ impl Client {
         namespace: &str,
         ttl: Duration,
     ) -> Result<ClientSession, ClientError> {
-        self.open(ttl, Some(namespace)).await
+        self.open(OpenSessionBody {
+            ttl_ms: millis(ttl),
+            namespace: Some(namespace.to_owned()),
+            tier: None,
+            tier_of: None,
+        })
+        .await
     }
 
-    async fn open(
+    /// Opens a session on the etcd cluster tier where `namespace` lives (the service
+    /// routes it), so that it can acquire that namespace's locks, and starts its
+    /// keepalive. Unlike [`Client::open_session_in`] it takes no quota slot of its own.
+    /// A service of one tier opens it as [`Client::open_session`] does.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::open_session`]; also `Forbidden` when the caller may not use the
+    /// namespace, `NotFound` when it does not exist.
+    pub async fn open_session_for(
         &self,
+        namespace: &str,
         ttl: Duration,
-        namespace: Option<&str>,
     ) -> Result<ClientSession, ClientError> {
-        let body = OpenSessionBody {
+        self.open(OpenSessionBody {
             ttl_ms: millis(ttl),
-            namespace: namespace.map(str::to_owned),
+            namespace: None,
             tier: None,
-        };
+            tier_of: Some(namespace.to_owned()),
+        })
+        .await
+    }
+
+    async fn open(&self, body: OpenSessionBody) -> Result<ClientSession, ClientError> {
         // The lease's expiry is reckoned from when the answered attempt was sent.
         let (sent_at, opened): (Instant, SessionView) =
             crate::unavailable::retry_within(Instant::now() + self.open_wait, |_| {

@@ -312,10 +312,11 @@ impl Locker {
                 guard.clone(),
             )
             .await;
-            match result {
-                Err(e) if guard.is_none() && self.retry_after_advance(&e, &mut stale, deadline) => {
-                }
-                other => return other,
+            let retry = result.as_ref().is_err_and(|e| {
+                guard.is_none() && self.retry_after_advance(e, &mut stale, deadline)
+            });
+            if !retry {
+                return result;
             }
         }
     }

@@ -118,7 +118,7 @@ problems! {
     PutClassProblems { body: true, kinds: [InvalidInput, Unauthenticated, Forbidden, NotFound,
         QuorumLost, Upstream, Internal] }
     /// `GET /v1/epoch`.
-    ShowEpochProblems { body: false, kinds: [Unauthenticated, Forbidden] }
+    ShowEpochProblems { body: false, kinds: [InvalidInput, Unauthenticated, Forbidden] }
     /// `POST /v1/epoch/advance`.
     /// `deadline-exceeded`: the steps of an advance (read etcd's record, store the durable
     /// one, write etcd's) share one time budget, three etcd request timeouts.

@@ -31,7 +31,7 @@ impl ServiceOptions {
             dev_identity: false,
             body_limit: 16 * 1024,
             max_wait: Duration::from_secs(60),
-            max_ttl: Duration::from_secs(3600),
+            max_ttl: palisade_api::limits::MAX_SESSION_TTL,
             force: None,
             max_sessions_per_identity: DEFAULT_MAX_SESSIONS_PER_IDENTITY,
             tiers: None,
@@ -81,7 +81,8 @@ impl ServiceOptions {
         self
     }
 
-    /// The longest session TTL.
+    /// The longest session TTL (default
+    /// [`MAX_SESSION_TTL`](palisade_api::limits::MAX_SESSION_TTL), 1 h).
     pub fn with_max_ttl(mut self, max: Duration) -> Self {
         self.max_ttl = max;
         self

@@ -96,10 +96,16 @@ impl From<InvalidInput> for Problem {
 
 impl From<Error> for Problem {
     fn from(e: Error) -> Self {
-        let detail = e.to_string();
+        // The problem type already says the input was refused: the detail says why.
+        let detail = match e.kind() {
+            ErrorKind::InvalidInput(reason) => reason.to_string(),
+            _ => e.to_string(),
+        };
         let kind = match e.kind() {
             ErrorKind::InvalidInput(
-                InvalidInput::UnknownNamespace(_) | InvalidInput::UnknownClass(_),
+                InvalidInput::UnknownNamespace(_)
+                | InvalidInput::UnknownClass(_)
+                | InvalidInput::UnknownSession(_),
             ) => ProblemKind::NotFound,
             ErrorKind::InvalidInput(_) => ProblemKind::InvalidInput,
             ErrorKind::NotHeld => ProblemKind::NotHeld,

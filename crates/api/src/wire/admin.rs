@@ -57,11 +57,15 @@ pub struct ClassBody {
     /// Default `""` (every key).
     #[serde(default)]
     pub key_prefix: String,
-    /// Shortest session TTL, in ms.
+    /// Shortest session TTL, in ms; at most 3600000
+    /// ([`MAX_CLASS_TTL`](crate::limits::MAX_CLASS_TTL)).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(maximum = 3600000))]
     pub ttl_min_ms: Option<u64>,
-    /// Longest session TTL, in ms.
+    /// Longest session TTL, in ms; at most 3600000
+    /// ([`MAX_CLASS_TTL`](crate::limits::MAX_CLASS_TTL)).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(maximum = 3600000))]
     pub ttl_max_ms: Option<u64>,
     /// `exclusive` (default) or `shared`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -72,8 +76,10 @@ pub struct ClassBody {
     /// `closed` (default) or `open`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub on_quorum_loss: Option<QuorumPolicy>,
-    /// Lock-delay after an expiry or force, in ms; default 0.
+    /// Lock-delay after an expiry or force, in ms; default 0, at most 3600000
+    /// ([`MAX_LOCK_DELAY`](crate::limits::MAX_LOCK_DELAY)).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(maximum = 3600000))]
     pub lock_delay_ms: Option<u64>,
 }
 
@@ -99,6 +105,18 @@ pub struct AdvanceBody {
     /// every epoch of every tier.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(pattern = "^[a-z0-9][a-z0-9_-]{0,62}$"))]
+    pub tier: Option<String>,
+}
+
+/// Names the tier whose epoch record `GET /v1/epoch` shows (each tier keeps its own).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::IntoParams))]
+#[cfg_attr(feature = "openapi", into_params(parameter_in = Query))]
+#[serde(deny_unknown_fields)]
+pub struct EpochQuery {
+    /// The tier; the home tier if absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", param(pattern = "^[a-z0-9][a-z0-9_-]{0,62}$"))]
     pub tier: Option<String>,
 }
 

@@ -9,7 +9,9 @@ mod force;
 mod locks;
 mod sessions;
 
-pub use admin::{AdvanceBody, AdvanceReason, ClassBody, NamespaceBody, RehomeBody, RehomeView};
+pub use admin::{
+    AdvanceBody, AdvanceReason, ClassBody, EpochQuery, NamespaceBody, RehomeBody, RehomeView,
+};
 pub use force::{ApproveView, ForceRequestBody, ForceRequestView, ForceTargetView, ReleasedView};
 pub use locks::{
     AcquireBody, HoldView, HolderView, ReleaseBody, StatusQuery, StatusView, WaiterView,

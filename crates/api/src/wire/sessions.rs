@@ -20,11 +20,18 @@ pub struct OpenSessionBody {
     #[cfg_attr(feature = "openapi", schema(pattern = "^[a-z0-9][a-z0-9_-]{0,62}$"))]
     pub namespace: Option<String>,
     /// The etcd cluster tier to open the session on (its lease lives there). Without
-    /// it: the namespace's tier if `namespace` is given, else the home tier. A session
-    /// acquires only locks of namespaces on its tier.
+    /// it: the tier of `tier_of` or of `namespace` if given, else the home tier. A
+    /// session acquires only locks of namespaces on its tier.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(pattern = "^[a-z0-9][a-z0-9_-]{0,62}$"))]
     pub tier: Option<String>,
+    /// Open the session on the tier this namespace lives on, without counting it
+    /// against the namespace's quota (that is `namespace`). The caller must be granted
+    /// some class of it, or administer it. Given with `tier` or `namespace`, all must
+    /// name the same tier (else 409 `wrong-tier`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[a-z0-9][a-z0-9_-]{0,62}$"))]
+    pub tier_of: Option<String>,
 }
 
 /// An open session.

@@ -7,7 +7,7 @@ use axum::Json;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::extract::{Body, PathArgs};
+use super::extract::{Body, PathArgs, QueryArgs};
 use super::{forbidden, ApiResult, AppState};
 use crate::identity::Caller;
 use crate::openapi::{
@@ -16,7 +16,7 @@ use crate::openapi::{
 };
 use palisade_api::routes;
 use palisade_api::wire::{
-    AdvanceBody, AdvanceReason, ClassBody, NamespaceBody, RehomeBody, RehomeView,
+    AdvanceBody, AdvanceReason, ClassBody, EpochQuery, NamespaceBody, RehomeBody, RehomeView,
 };
 use palisade_api::EpochReason;
 use palisade_api::{InvalidInput, LockClass, Namespace};
@@ -50,7 +50,11 @@ pub(super) async fn put_namespace(
     Body(body): Body<NamespaceBody>,
 ) -> ApiResult<Json<Namespace>> {
     if !state.authz.current().is_admin(&caller.0) {
-        return Err(forbidden("only service admins manage namespaces"));
+        return Err(forbidden(
+            &caller,
+            &format!("manage namespace {ns}"),
+            "only service admins manage namespaces",
+        ));
     }
     let mut n = Namespace::new(ns, body.tenant_id);
     if let Some(q) = body.held_lease_quota {
@@ -104,7 +108,11 @@ pub(super) async fn list_classes(
     PathArgs(ns): PathArgs<String>,
 ) -> ApiResult<Json<Vec<LockClass>>> {
     if !state.authz.current().is_ns_admin(&ns, &caller.0) {
-        return Err(forbidden("only admins of the namespace list its classes"));
+        return Err(forbidden(
+            &caller,
+            &format!("list the classes of namespace {ns}"),
+            "only admins of the namespace do",
+        ));
     }
     Ok(Json(
         state.ns_locker(&ns).await?.config().classes(&ns).await?,
@@ -124,7 +132,11 @@ pub(super) async fn put_class(
     Body(body): Body<ClassBody>,
 ) -> ApiResult<Json<LockClass>> {
     if !state.authz.current().is_ns_admin(&ns, &caller.0) {
-        return Err(forbidden("only admins of the namespace manage its classes"));
+        return Err(forbidden(
+            &caller,
+            &format!("manage class {ns}/{class}"),
+            "only admins of the namespace manage its classes",
+        ));
     }
     let mut c = LockClass::new(ns, class, body.key_prefix);
     if let Some(v) = body.ttl_min_ms {
@@ -171,20 +183,33 @@ pub(super) struct EpochView {
     grants_refused: Option<String>,
 }
 
-/// The current epoch (service admins only).
+/// The current epoch of a tier, the home tier by default (service admins only).
 #[utoipa::path(get, path = routes::EPOCH, tag = "admin",
+    params(EpochQuery),
     responses((status = 200, description = "the epoch", body = EpochView), ShowEpochProblems))]
 pub(super) async fn show_epoch(
     State(state): State<AppState>,
     caller: Caller,
+    QueryArgs(q): QueryArgs<EpochQuery>,
 ) -> ApiResult<Json<EpochView>> {
     if !state.authz.current().is_admin(&caller.0) {
-        return Err(forbidden("only service admins see the epoch"));
+        return Err(forbidden(
+            &caller,
+            "see the epoch",
+            "only service admins do",
+        ));
     }
-    let (record, mismatch) = state.locker.epoch();
+    let locker = match &q.tier {
+        Some(tier) => {
+            palisade_api::validate_name(tier)?;
+            state.tiers.locker(tier)?
+        }
+        None => &state.locker,
+    };
+    let (record, mismatch) = locker.epoch();
     Ok(Json(EpochView {
         record,
-        minted_rev: state.locker.minted_rev(),
+        minted_rev: locker.minted_rev(),
         grants_refused: mismatch.map(|m| m.to_string()),
     }))
 }
@@ -199,7 +224,11 @@ pub(super) async fn advance_epoch(
     Body(body): Body<AdvanceBody>,
 ) -> ApiResult<Json<EpochView>> {
     if !state.authz.current().is_admin(&caller.0) {
-        return Err(forbidden("only service admins advance the epoch"));
+        return Err(forbidden(
+            &caller,
+            "advance the epoch",
+            "only service admins do",
+        ));
     }
     let reason = match body.reason {
         AdvanceReason::Restore => EpochReason::Restore,
@@ -235,7 +264,11 @@ pub(super) async fn rehome(
     Body(body): Body<RehomeBody>,
 ) -> ApiResult<Json<RehomeView>> {
     if !state.authz.current().is_admin(&caller.0) {
-        return Err(forbidden("only service admins rehome namespaces"));
+        return Err(forbidden(
+            &caller,
+            &format!("rehome namespace {ns}"),
+            "only service admins rehome namespaces",
+        ));
     }
     palisade_api::validate_name(&ns)?;
     palisade_api::validate_name(&body.to)?;

@@ -65,6 +65,11 @@ pub(super) async fn request_force_release(
         .is_ns_admin(&body.namespace, &caller.0)
     {
         return Err(forbidden(
+            &caller,
+            &format!(
+                "request a force release of {}/{}/{}",
+                body.namespace, body.class, body.key
+            ),
             "only admins of the namespace request force releases",
         ));
     }
@@ -160,11 +165,15 @@ pub(super) async fn approve_force_release(
     let mut req = force.get(&id).await.map_err(db)?.ok_or_else(not_found)?;
     if !state.authz.current().is_ns_admin(&req.namespace, &caller.0) {
         return Err(forbidden(
+            &caller,
+            &format!("approve force release {id} in namespace {}", req.namespace),
             "only admins of the namespace approve force releases",
         ));
     }
     if req.requester == caller.0.as_str() {
         return Err(forbidden(
+            &caller,
+            &format!("approve force release {id}"),
             "a force release needs a second admin: the requester cannot approve it",
         ));
     }

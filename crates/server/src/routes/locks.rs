@@ -39,7 +39,11 @@ pub(super) async fn acquire(
         .current()
         .may_lock(&body.namespace, &body.class, &caller.0)
     {
-        return Err(forbidden("not allowed to lock this class"));
+        return Err(forbidden(
+            &caller,
+            &format!("lock class {}/{}", body.namespace, body.class),
+            "the authorization config does not grant it",
+        ));
     }
     let (mut record, on) =
         owned_session_cached(&state, &caller, &body.session, Expiry::Uncounted).await?;
@@ -51,7 +55,7 @@ pub(super) async fn acquire(
         .tiers
         .namespace(&name.ns)
         .await?
-        .ok_or_else(not_a_namespace)?;
+        .ok_or_else(|| not_a_namespace(&name.ns))?;
     if tier != on.name {
         return Err(wrong_tier(&name.ns, &tier));
     }
@@ -179,7 +183,11 @@ pub(super) async fn status(
     if !authz.may_lock(&q.namespace, &q.class, &caller.0)
         && !authz.is_ns_admin(&q.namespace, &caller.0)
     {
-        return Err(forbidden("not allowed to see this class"));
+        return Err(forbidden(
+            &caller,
+            &format!("see class {}/{}", q.namespace, q.class),
+            "it neither may lock it nor administers the namespace",
+        ));
     }
     rate_check(&state, &q.namespace).await?;
     let name = LockName::new(q.namespace, q.class, q.key);

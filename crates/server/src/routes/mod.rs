@@ -7,7 +7,7 @@
 //!
 //! | method and path | body | answer |
 //! |---|---|---|
-//! | `POST /v1/sessions` | `{"ttl_ms","namespace"?,"tier"?}` | 201 `{"session","spiffe_id","ttl_ms","opened_rev","namespace","tier"}` |
+//! | `POST /v1/sessions` | `{"ttl_ms","namespace"?,"tier"?,"tier_of"?}` | 201 `{"session","spiffe_id","ttl_ms","opened_rev","namespace","tier"}` |
 //! | `POST /v1/sessions/{session}/keepalive` | none | 200 `{"ttl_ms"}` |
 //! | `DELETE /v1/sessions/{session}` | none | 204; every hold of the session ends |
 //! | `POST /v1/locks/acquire` | `{"session","namespace","class","key","mode","wait_ms","holder_meta"?}` | 200 `{"token","grant_rev",...}` |
@@ -17,7 +17,7 @@
 //! | `PUT /v1/namespaces/{ns}` | `{"tenant_id",...}` | 200, create or update |
 //! | `GET /v1/namespaces/{ns}/classes` | none | 200 list |
 //! | `PUT /v1/namespaces/{ns}/classes/{class}` | `{"key_prefix","ttl_min_ms",...}` | 200, create or update |
-//! | `GET /v1/epoch` | none | 200 the epoch record, and why grants are refused if they are |
+//! | `GET /v1/epoch?tier=` | none | 200 the epoch record of the tier (default: the home tier), and why grants are refused if they are |
 //! | `POST /v1/epoch/advance` | `{"reason":"restore"\|"rehome","tier"?}` | 200 the new record, above every tier's epochs |
 //! | `POST /v1/namespaces/{ns}/rehome` | `{"to","drain_ms"?}` | 200 `{"namespace","from","to","epoch"}` (service admins) |
 //! | `GET /v1/openapi.json` | none | 200 the OpenAPI 3.1 document of every route here, with the problem responses of each (no identity needed) |
@@ -29,8 +29,12 @@
 //!
 //! With [`ServiceOptions::with_tiers`](crate::ServiceOptions::with_tiers) the service
 //! fronts several etcd clusters (see `palisade_lock::Tiers`). A session is opened on
-//! one tier: the one `tier` names, else the tier of `namespace` if given, else the home
-//! tier; its id is `<tier>.<lease hex>` off the home tier. An acquire of a namespace that
+//! one tier: the one `tier` names, else the tier of `tier_of` or `namespace` if given
+//! (each given must agree, else 409 `wrong-tier`), else the home tier; its id is
+//! `<tier>.<lease hex>` off the home tier. `tier_of` only routes the session, while
+//! `namespace` also takes a slot of that namespace's `held_lease_quota` for the session
+//! itself; the CLI's `lock acquire` and `lock run` send `tier_of`, so a user who names
+//! only the lock gets a session where its namespace lives. An acquire of a namespace that
 //! lives on another tier than the session's is 409 `wrong-tier`, whose detail names the
 //! tier to open a session on; one refused by a rehome's fence (the namespace is moving)
 //! is 503 `namespace-moving` with `Retry-After: 1`.
@@ -279,21 +283,30 @@ impl AppState {
 
 /// A session id's tier (404 for a tier this service does not have) and lease.
 fn parse_session(state: &AppState, s: &str) -> ApiResult<(OnTier, LeaseId)> {
-    let id = palisade_api::TieredSessionId::parse(s)
-        .map_err(|e| Problem::new(ProblemKind::InvalidInput, e.to_string()))?;
+    let id = palisade_api::TieredSessionId::parse(s)?;
     let name = id
         .tier
         .unwrap_or_else(|| state.tiers.home_name().to_owned());
     let locker = state
         .tiers
         .locker(&name)
-        .map_err(|_| Problem::new(ProblemKind::NotFound, "no live session with this id"))?
+        .map_err(|_| {
+            Problem::new(
+                ProblemKind::NotFound,
+                format!("no live session {s}: this service has no tier {name}"),
+            )
+        })?
         .clone();
     Ok((OnTier { name, locker }, id.lease))
 }
 
-fn forbidden(what: &str) -> Problem {
-    Problem::new(ProblemKind::Forbidden, what.to_owned())
+/// 403 `forbidden`: "`caller` may not `action`: `why`", naming the identity and what
+/// (namespace, class, session) it was refused.
+fn forbidden(caller: &Caller, action: &str, why: &str) -> Problem {
+    Problem::new(
+        ProblemKind::Forbidden,
+        format!("{} may not {action}: {why}", caller.0.as_str()),
+    )
 }
 
 /// What a request that names a gone session counts in `palisade_expiries_total`.
@@ -358,13 +371,19 @@ async fn owned_session_from(
     let record = record.map_err(|e| {
         if e.is_session_lost() {
             state.count_expiry(expiry);
-            Problem::new(ProblemKind::NotFound, "no live session with this id")
+            Problem::from(palisade_api::InvalidInput::UnknownSession(
+                session.to_owned(),
+            ))
         } else {
             e.into()
         }
     })?;
     if record.spiffe_id != caller.0 {
-        return Err(forbidden("the session belongs to another identity"));
+        return Err(forbidden(
+            caller,
+            &format!("use session {session}"),
+            "it belongs to another identity",
+        ));
     }
     Ok((record, on))
 }
@@ -377,8 +396,9 @@ fn wrong_tier(ns: &str, tier: &str) -> Problem {
     )
 }
 
-fn not_a_namespace() -> Problem {
-    Problem::new(ProblemKind::NotFound, "no such namespace")
+/// 404 `not-found` naming namespace `ns`.
+fn not_a_namespace(ns: &str) -> Problem {
+    Problem::from(palisade_api::InvalidInput::UnknownNamespace(ns.to_owned()))
 }
 
 /// Draws one operation from `ns`'s `op_rate_quota` (the directory's record).
@@ -388,7 +408,7 @@ async fn rate_check(state: &AppState, ns: &str) -> ApiResult<()> {
         .tiers
         .namespace(ns)
         .await?
-        .ok_or_else(not_a_namespace)?;
+        .ok_or_else(|| not_a_namespace(ns))?;
     state.rates.check(ns, namespace.op_rate_quota)
 }
 

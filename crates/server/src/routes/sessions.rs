@@ -33,30 +33,27 @@ pub(super) async fn open_session(
         palisade_api::validate_name(t)?;
         state.tiers.locker(t)?;
     }
+    // `tier_of` only routes; `namespace` also takes a quota slot below.
+    let routed = match &body.tier_of {
+        Some(ns) => Some(namespace_tier(&state, &caller, ns).await?.0),
+        None => None,
+    };
     let (quota, ns_tier) = match &body.namespace {
         Some(ns) => {
-            palisade_api::validate_name(ns)?;
-            if !state.authz.current().may_use_namespace(ns, &caller.0) {
-                return Err(forbidden("not allowed to use this namespace"));
-            }
-            let (tier, namespace) = state
-                .tiers
-                .namespace(ns)
-                .await?
-                .ok_or_else(not_a_namespace)?;
-            if body.tier.as_ref().is_some_and(|t| *t != tier) {
-                return Err(wrong_tier(ns, &tier));
-            }
-            (Some(namespace.held_lease_quota), Some(tier))
+            let (tier, quota) = namespace_tier(&state, &caller, ns).await?;
+            (Some(quota), Some((ns, tier)))
         }
         None => (None, None),
     };
-    // The tier asked for, else the namespace's, else the home tier.
-    let tier = body
-        .tier
-        .clone()
-        .or(ns_tier)
-        .unwrap_or_else(|| state.tiers.home_name().to_owned());
+    // The tier asked for, else the namespace's; each that is given must agree.
+    let mut tier = body.tier.clone();
+    for (ns, t) in body.tier_of.iter().zip(routed).chain(ns_tier) {
+        match &tier {
+            Some(asked) if *asked != t => return Err(wrong_tier(ns, &t)),
+            _ => tier = Some(t),
+        }
+    }
+    let tier = tier.unwrap_or_else(|| state.tiers.home_name().to_owned());
     let locker = state.tiers.locker(&tier)?.clone();
     let record = locker
         .open_detached_session_limited(caller.0, ttl, Some(state.max_sessions_per_identity))
@@ -90,19 +87,31 @@ pub(super) async fn open_session(
     ))
 }
 
-/// `ttl_ms` of an [`OpenSessionBody`] as a TTL: a whole number of seconds from 1 s to
-/// `max_ttl`.
-pub(super) fn session_ttl(ttl_ms: u64, max_ttl: Duration) -> ApiResult<Duration> {
-    let ttl = Duration::from_millis(ttl_ms);
-    if ttl_ms % 1000 != 0 || ttl < Duration::from_secs(1) || ttl > max_ttl {
-        return Err(Problem::new(
-            ProblemKind::InvalidInput,
-            format!(
-                "ttl_ms must be a whole number of seconds from 1000 to {}",
-                ms(max_ttl)
-            ),
+/// The tier namespace `ns` lives on and its `held_lease_quota`, if `caller` may use it
+/// (403 otherwise, 404 for a namespace that does not exist).
+async fn namespace_tier(state: &AppState, caller: &Caller, ns: &str) -> ApiResult<(String, u32)> {
+    palisade_api::validate_name(ns)?;
+    if !state.authz.current().may_use_namespace(ns, &caller.0) {
+        return Err(forbidden(
+            caller,
+            &format!("use namespace {ns}"),
+            "the authorization config grants it no class of the namespace",
         ));
     }
+    let (tier, namespace) = state
+        .tiers
+        .namespace(ns)
+        .await?
+        .ok_or_else(|| not_a_namespace(ns))?;
+    Ok((tier, namespace.held_lease_quota))
+}
+
+/// `ttl_ms` of an [`OpenSessionBody`] as a TTL: a whole number of seconds from 1 s to
+/// `max_ttl` (the rule of [`palisade_api::limits::check_session_ttl`]).
+pub(super) fn session_ttl(ttl_ms: u64, max_ttl: Duration) -> ApiResult<Duration> {
+    let ttl = Duration::from_millis(ttl_ms);
+    palisade_api::limits::check_session_ttl(ttl, max_ttl)
+        .map_err(|e| Problem::new(ProblemKind::InvalidInput, format!("ttl_ms: {e}")))?;
     Ok(ttl)
 }
 
