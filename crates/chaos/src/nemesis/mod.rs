@@ -1,0 +1,216 @@
+//! The nemesis: carries out one [`PlannedFault`] against the run's real parts and records
+//! its start and end.
+//!
+//! | kind | start | end |
+//! |---|---|---|
+//! | kill etcd leader | SIGKILL the member that leads | start it again (same data) |
+//! | pause etcd member | SIGSTOP member `pick % 3` | SIGCONT |
+//! | kill service replica | SIGKILL replica `pick % 2` | start it again (same port) |
+//! | pause worker | a worker that holds a lock (`pick % holders`; any worker when none does) stops itself right after recording its next write with a token, before sending it (SIGSTOP from here if it writes nothing within 4.5 s), for the TTL plus `hold` | SIGCONT |
+//! | restart Postgres | immediate (crash) or fast stop | start (crash recovery) |
+//! | force release | twice: an admin requests a force release of a lock a worker holds (`pick % holders`; by its grant revision or every holder at request time), and a second admin approves it through the other replica, at once, then `pick % 1500` ms later | after `hold` |
+//! | lose release answers | worker `pick % workers` is told to have its loopback proxy lose its releases (all of one release's attempts for 1 s, then the answer to one's first attempt, then one's first attempt, in turn) for the TTL plus `hold` | told to stop |
+//! | restore etcd | replicas and the leader's followers paused; history read to its end from the leader; every member restored in place from a snapshot taken before the gap, with a new cluster id | replicas resumed; epoch advanced through replica 0, and through each other replica that still refuses grants |
+
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use palisade_testkit::StopMode;
+
+use crate::error::ChaosError;
+use crate::history::{Event, FaultKind, Phase};
+use crate::procs;
+use crate::runner::{Run, TTL};
+use crate::schedule::PlannedFault;
+use crate::worker::{LOSE_RELEASES_OFF, LOSE_RELEASES_ON, PAUSE_ARMED_FOR, PAUSE_NEXT_WRITE};
+
+mod force;
+mod restore;
+
+/// How long a paused holder is kept stopped past its pause for its lock to be granted to
+/// another worker.
+const LOCK_MOVED_WAIT: Duration = Duration::from_secs(6);
+/// Time for the next holder's first write, once its grant is seen.
+const NEXT_HOLDER_WRITES: Duration = Duration::from_millis(500);
+
+impl Run {
+    fn fault(&self, kind: FaultKind, phase: Phase, detail: String) {
+        self.record(Event::Fault {
+            kind,
+            phase,
+            detail,
+            paused_worker: None,
+        });
+    }
+
+    /// Records a fault that stops worker `worker` (the checker's loss-signal deadline
+    /// waits for its end).
+    fn fault_on(&self, kind: FaultKind, phase: Phase, detail: String, worker: usize) {
+        self.record(Event::Fault {
+            kind,
+            phase,
+            detail,
+            paused_worker: u32::try_from(worker).ok(),
+        });
+    }
+
+    /// Waits the fault's gap, then injects and heals it.
+    pub(crate) async fn inject(
+        &mut self,
+        f: &PlannedFault,
+        _next: Option<&PlannedFault>,
+    ) -> Result<(), ChaosError> {
+        if f.kind == FaultKind::RestoreEtcdAndAdvanceEpoch && self.snapshot.is_none() {
+            // Taken before the gap, so the workers move etcd on before it is restored.
+            self.snapshot = Some(self.etcd.snapshot().await);
+        }
+        tokio::time::sleep(f.gap).await;
+        let kind = f.kind;
+        match kind {
+            FaultKind::KillEtcdLeader => {
+                let i = self.etcd.leader().await;
+                self.fault(
+                    kind,
+                    Phase::Start,
+                    format!("etcd member m{i}, the leader, killed"),
+                );
+                self.etcd.kill(i);
+                tokio::time::sleep(f.hold).await;
+                self.etcd.restart(i).await;
+                self.fault(kind, Phase::End, format!("etcd member m{i} restarted"));
+            }
+            FaultKind::PauseEtcdMember => {
+                let i = f.pick as usize % self.etcd.member_count();
+                self.fault(
+                    kind,
+                    Phase::Start,
+                    format!("etcd member m{i} stopped (SIGSTOP)"),
+                );
+                self.etcd.pause(i);
+                tokio::time::sleep(f.hold).await;
+                self.etcd.resume(i);
+                self.fault(
+                    kind,
+                    Phase::End,
+                    format!("etcd member m{i} continued (SIGCONT)"),
+                );
+            }
+            FaultKind::KillServiceReplica => {
+                let i = f.pick as usize % self.replicas.count();
+                self.fault(
+                    kind,
+                    Phase::Start,
+                    format!("lock-service replica {i} killed"),
+                );
+                self.replicas.kill(i).await;
+                tokio::time::sleep(f.hold).await;
+                self.replicas.start(i).await?;
+                self.fault(
+                    kind,
+                    Phase::End,
+                    format!("lock-service replica {i} started again"),
+                );
+            }
+            FaultKind::PauseWorker => {
+                let Some(workers) = self.workers.as_ref() else {
+                    return Ok(());
+                };
+                // A worker that holds a lock, when one does.
+                let held = self.holding.pick(f.pick);
+                let i = held
+                    .as_ref()
+                    .map_or(f.pick as usize % workers.count(), |(w, _, _)| *w as usize);
+                let Some(pid) = workers.pid(i) else {
+                    return Ok(());
+                };
+                let pause = TTL + f.hold;
+                // The worker stops itself between recording a write and sending it; one
+                // that writes nothing in time is stopped from here (its arming has run
+                // out by the time it is continued).
+                self.tell(i, PAUSE_NEXT_WRITE).await;
+                let how = if procs::wait_stopped(pid, PAUSE_ARMED_FOR - Duration::from_millis(500))
+                    .await
+                {
+                    "stopped itself before sending a write"
+                } else {
+                    procs::signal(pid, Signal::SIGSTOP);
+                    "stopped (SIGSTOP)"
+                };
+                self.fault_on(
+                    kind,
+                    Phase::Start,
+                    format!("worker {i} {how} for {} ms", pause.as_millis()),
+                    i,
+                );
+                tokio::time::sleep(pause).await;
+                // Its write is stale once another worker holds its lock and has written:
+                // it is continued after that (or after LOCK_MOVED_WAIT), so the run sees a
+                // stale write refused rather than one admitted because nobody wrote since.
+                if let Some((_, lock, token)) = &held {
+                    let until = tokio::time::Instant::now() + LOCK_MOVED_WAIT;
+                    while !self.holding.granted_above(lock, *token)
+                        && tokio::time::Instant::now() < until
+                    {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    tokio::time::sleep(NEXT_HOLDER_WRITES).await;
+                }
+                procs::signal(pid, Signal::SIGCONT);
+                self.fault_on(
+                    kind,
+                    Phase::End,
+                    format!("worker {i} continued (SIGCONT)"),
+                    i,
+                );
+            }
+            FaultKind::RestartPostgres => {
+                let (mode, how) = if f.crash {
+                    (StopMode::Immediate, "crashed")
+                } else {
+                    (StopMode::Fast, "shut down")
+                };
+                self.fault(kind, Phase::Start, format!("PostgreSQL {how}"));
+                self.pg.stop(mode)?;
+                tokio::time::sleep(f.hold / 2).await;
+                self.pg.start_again().await?;
+                self.fault(kind, Phase::End, "PostgreSQL started again".into());
+            }
+            FaultKind::RestoreEtcdAndAdvanceEpoch => self.restore(f).await?,
+            FaultKind::ForceRelease => self.force_release(f).await?,
+            FaultKind::LoseReleaseAnswers => {
+                let Some(count) = self.workers.as_ref().map(procs::Workers::count) else {
+                    return Ok(());
+                };
+                let i = f.pick as usize % count;
+                let window = TTL + f.hold;
+                self.fault(
+                    kind,
+                    Phase::Start,
+                    format!(
+                        "worker {i}'s proxy loses its releases for {} ms",
+                        window.as_millis()
+                    ),
+                );
+                self.tell(i, LOSE_RELEASES_ON).await;
+                tokio::time::sleep(window).await;
+                self.tell(i, LOSE_RELEASES_OFF).await;
+                self.fault(
+                    kind,
+                    Phase::End,
+                    format!("worker {i}'s proxy passes everything"),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Tells worker `i` a command; a worker that is gone is not told (its exit is
+    /// reported when the workers stop).
+    async fn tell(&mut self, i: usize, line: &str) {
+        if let Some(workers) = self.workers.as_mut() {
+            if let Err(e) = workers.tell(i, line).await {
+                tracing::warn!(error = %e, worker = i, "a worker could not be told");
+            }
+        }
+    }
+}
