@@ -34,14 +34,24 @@ pub(crate) struct Marked {
     pub(crate) space: SpaceCell,
 }
 
-/// Reads every tier's revision every [`EVERY`] until aborted.
+/// The task that reads the revisions; dropping it stops it (and lets go of its sender of
+/// history entries, so the history's writer can finish, also when a run fails).
+pub(crate) struct Marker(tokio::task::JoinHandle<()>);
+
+impl Drop for Marker {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Reads every tier's revision every [`EVERY`] until the [`Marker`] is dropped.
 pub(crate) fn spawn(
     tiers: Vec<Marked>,
     root: String,
     clock: RunClock,
     entries: mpsc::UnboundedSender<Entry>,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
+) -> Marker {
+    Marker(tokio::spawn(async move {
         let mut clients: Vec<Option<Client>> = tiers.iter().map(|_| None).collect();
         loop {
             for (t, client) in tiers.iter().zip(clients.iter_mut()) {
@@ -77,5 +87,5 @@ pub(crate) fn spawn(
             }
             tokio::time::sleep(EVERY).await;
         }
-    })
+    }))
 }

@@ -393,7 +393,7 @@ async fn drive(
     }
     run.replicas.stop_all().await;
     tokio::time::sleep(TTL + Duration::from_secs(1)).await;
-    marker.abort();
+    drop(marker);
     let sink_dropped = service.stop().await;
 
     // etcd's history of the last revision space.
