@@ -1,6 +1,7 @@
-//! `palisade chaos` for 60 seconds with a fixed seed: the real binary, on its own
-//! three-member etcd, private PostgreSQL, lock-service replicas and worker processes
-//! (the test starts etcd: `etcd` in its name, so nextest runs it alone).
+//! `palisade chaos` for 60 seconds with a fixed seed: the real binary, on its own two
+//! etcd tiers (three members and one), private PostgreSQL, lock-service replicas and
+//! worker processes (the test starts etcd: `etcd` in its name, so nextest runs it
+//! alone). The plan's first round moves the workers' namespace to the second tier.
 //!
 //! The run's summary is printed whether it passes or not (see it with `--no-capture`).
 //! When the test fails, its history is kept in `<target>/test-artifacts/` and the failure
@@ -13,7 +14,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use palisade_chaos::check::{CheckReport, EntryIndex};
-use palisade_chaos::history::{read_history, Entry, Event, FaultKind, Phase, WriteOutcome};
+use palisade_chaos::history::{
+    read_history, Entry, Event, FaultKind, Phase, RehomeOutcome, WriteOutcome,
+};
 use palisade_chaos::schedule::ALL_KINDS;
 
 /// The seed of the CI run.
@@ -173,6 +176,36 @@ fn chaos_etcd_sixty_seconds_no_stale_write_lands() {
     }
     if holds == 0 || audit == 0 {
         fail(format!("etcd holds {holds}, audit rows {audit}"));
+    }
+    // The plan's first round has a rehome: it moved the namespace, with the new tier's
+    // epoch advance recorded before it, or the service rolled it back.
+    let mut rehomes = Vec::new();
+    for (i, e) in entries.iter().enumerate() {
+        let Event::Rehome { to, outcome, .. } = &e.event else {
+            continue;
+        };
+        let shown = match outcome {
+            RehomeOutcome::Moved { epoch } => entries[..i].iter().any(|p| {
+                matches!(&p.event, Event::EpochAdvanced { epoch: advanced, tier }
+                    if advanced == epoch && tier.as_deref().unwrap_or("home") == to)
+            }),
+            RehomeOutcome::RolledBack { .. } => true,
+        };
+        rehomes.push((i, outcome.clone(), shown));
+    }
+    if rehomes.is_empty() || rehomes.iter().any(|(_, _, shown)| !shown) {
+        fail(format!(
+            "no rehome, or a move without its epoch advance: {rehomes:?}"
+        ));
+    }
+    // Both tiers' revisions were placed in real time for the cross-tier rule.
+    let marked = |spare: bool| {
+        entries.iter().any(
+            |e| matches!(&e.event, Event::RevisionSeen { tier, .. } if tier.is_some() == spare),
+        )
+    };
+    if !marked(false) || !marked(true) {
+        fail("revision marks are missing for a tier".into());
     }
     let summary_violations = stdout
         .lines()

@@ -3,11 +3,12 @@
 //!
 //! `palisade chaos --seed S --duration D` calls [`run`], which starts, on loopback:
 //!
-//! - a three-member etcd ([`palisade_testkit::EtcdCluster`]);
+//! - a three-member etcd ([`palisade_testkit::EtcdCluster`]), the home tier, and a
+//!   one-member one, a second tier (`spare`);
 //! - a private PostgreSQL ([`palisade_testkit::PgServer`]) holding the resources, the
 //!   fence's high-water marks and the audit trail;
 //! - two lock-service replicas (`palisade serve`, child processes sharing one epoch
-//!   record);
+//!   record per tier, each serving both tiers);
 //! - the HTTP resource service behind `FenceLayer` and the audit tailer, in the runner's
 //!   process (see [`resource`]);
 //! - N workers (`palisade chaos worker`, one process each, see [`worker`]).
@@ -16,9 +17,11 @@
 //! leader, pauses an etcd member, kills a replica, pauses a worker past its TTL, restarts
 //! PostgreSQL, restores etcd from a snapshot and advances the epoch, force-releases
 //! (two admins) a lock a worker holds while it may release and re-acquire, and has a
-//! worker's proxy lose its releases' requests and answers. Every step of
-//! the workers and every fault goes into the history ([`history`]); after the run, the
-//! holds in etcd's history and the rows of the audit trail are appended, and the
+//! worker's proxy lose its releases' requests and answers, and moves the workers'
+//! namespace to the other tier and back (rehome). Every step of
+//! the workers and every fault goes into the history ([`history`]), with each tier's etcd
+//! revision read every 250 ms; after the run, the holds in both clusters' etcd history
+//! and the rows of the audit trail are appended, and the
 //! [`Summary`] counts it all. The [`check`]er reads the history and reports every rule it
 //! breaks.
 //!
@@ -38,6 +41,7 @@ pub mod worker;
 mod audit_rows;
 mod error;
 mod etcd_history;
+mod marks;
 mod nemesis;
 mod options;
 mod procs;

@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 
 use crate::error::ChaosError;
 use crate::history::Entry;
+use crate::runner::{HOME_TIER, SPARE_TIER};
 use crate::worker::WorkerConfig;
 
 /// How long a replica may take to listen.
@@ -64,11 +65,14 @@ pub(crate) async fn wait_stopped(pid: u32, limit: std::time::Duration) -> bool {
 }
 
 /// The lock-service replicas: `palisade serve` in dev mode on fixed loopback ports,
-/// sharing one authorization file, one epoch record and one database (force release).
+/// sharing one authorization file, one epoch record per tier and one database (force
+/// release), each serving the home tier (`--etcd`) and the spare tier (`--tier`).
 pub(crate) struct Replicas {
     exe: PathBuf,
     dir: PathBuf,
     etcd: String,
+    /// `--tier` of the spare tier: `NAME=ENDPOINTS`.
+    spare: String,
     database: String,
     ports: Vec<u16>,
     children: Vec<Option<Child>>,
@@ -79,6 +83,7 @@ impl Replicas {
         exe: PathBuf,
         dir: PathBuf,
         etcd: &[String],
+        spare: &[String],
         database: &str,
         count: usize,
     ) -> Result<Replicas, ChaosError> {
@@ -94,6 +99,7 @@ impl Replicas {
             exe,
             dir,
             etcd: etcd.join(","),
+            spare: format!("{SPARE_TIER}={}", spare.join(",")),
             database: database.to_owned(),
             ports,
             children: (0..count).map(|_| None).collect(),
@@ -120,6 +126,10 @@ impl Replicas {
             "serve",
             "--etcd",
             &self.etcd,
+            "--home-tier",
+            HOME_TIER,
+            "--tier",
+            &self.spare,
             "--listen",
             &format!("127.0.0.1:{}", self.ports[i]),
         ])

@@ -18,6 +18,7 @@ use crate::error::ChaosError;
 use crate::etcd_history;
 use crate::etcd_history::RevisionSpace;
 use crate::history::{self, Entry, Event, LockName};
+use crate::marks::{self, Marked, SpaceCell};
 use crate::options::RunOptions;
 use crate::procs::{Replicas, Workers};
 use crate::resource::{self, ResourceService};
@@ -38,6 +39,16 @@ pub(crate) const ADMIN: &str = "spiffe://chaos/admin";
 pub(crate) const ADMIN2: &str = "spiffe://chaos/admin2";
 /// The `worker` of entries the runner and the nemesis record.
 pub(crate) const RUNNER: u32 = u32::MAX;
+/// The home tier's name (`--home-tier`): the three-member etcd, which holds the
+/// directory and serves the workers' namespace at the start.
+pub(crate) const HOME_TIER: &str = "home";
+/// The other tier's name: a one-member etcd the rehome fault moves the namespace to.
+pub(crate) const SPARE_TIER: &str = "spare";
+
+/// The tier as the history names it: `None` for the home tier.
+pub(crate) fn tier_field(name: &str) -> Option<String> {
+    (name != HOME_TIER).then(|| name.to_owned())
+}
 
 const AUTHZ: &str = "admins = [\"spiffe://chaos/admin\", \"spiffe://chaos/admin2\"]\n\n[[namespace]]\nid = \"chaos\"\n\n\
     [[namespace.grant]]\nids = [\"spiffe://chaos/workers/\"]\nclasses = [\"cells\"]\n";
@@ -46,6 +57,13 @@ const AUTHZ: &str = "admins = [\"spiffe://chaos/admin\", \"spiffe://chaos/admin2
 pub(crate) struct Run {
     pub(crate) clock: RunClock,
     pub(crate) etcd: EtcdCluster,
+    /// The spare tier's etcd (one member: the nemesis faults only the home tier's).
+    pub(crate) spare: EtcdCluster,
+    /// The tier the workers' namespace lives on.
+    pub(crate) ns_tier: String,
+    /// The home tier's revision space, held by the restore fault while it replaces the
+    /// cluster (see `marks`).
+    pub(crate) home_space: SpaceCell,
     pub(crate) pg: PgServer,
     pub(crate) replicas: Replicas,
     pub(crate) workers: Option<Workers>,
@@ -250,11 +268,13 @@ async fn drive(
     resource::prepare(&pool, options.keys).await?;
 
     let etcd = EtcdCluster::start(3).await;
+    let spare = EtcdCluster::start(1).await;
     std::fs::write(dir.join("authz.toml"), AUTHZ).map_err(ChaosError::io("writing authz.toml"))?;
     let mut replicas = Replicas::new(
         options.exe.clone(),
         dir.clone(),
         &etcd.endpoints(),
+        &spare.endpoints(),
         &database,
         REPLICAS,
     )?;
@@ -264,6 +284,9 @@ async fn drive(
     let mut run = Run {
         clock,
         etcd,
+        spare,
+        ns_tier: HOME_TIER.to_owned(),
+        home_space: SpaceCell::default(),
         pg,
         replicas,
         workers: None,
@@ -302,14 +325,34 @@ async fn drive(
     .await?;
     run.space.epoch = run.epoch_of(0).await?.0;
 
-    // The audit tailer, in this process, into the private PostgreSQL.
-    let tailer = palisade_audit::Tailer::connect(&run.etcd.endpoints(), pool.clone())
-        .await?
-        .with_root(ROOT);
-    let tailer = tokio::spawn(async move {
-        let never = tailer.run().await;
-        match never {}
-    });
+    // The audit tailer of each tier, in this process, into the private PostgreSQL.
+    let mut tailers = Vec::new();
+    for endpoints in [run.etcd.endpoints(), run.spare.endpoints()] {
+        let tailer = palisade_audit::Tailer::connect(&endpoints, pool.clone())
+            .await?
+            .with_root(ROOT);
+        tailers.push(tokio::spawn(async move {
+            let never = tailer.run().await;
+            match never {}
+        }));
+    }
+    let marker = marks::spawn(
+        vec![
+            Marked {
+                tier: None,
+                endpoints: run.etcd.endpoints(),
+                space: run.home_space.clone(),
+            },
+            Marked {
+                tier: tier_field(SPARE_TIER),
+                endpoints: run.spare.endpoints(),
+                space: SpaceCell::default(),
+            },
+        ],
+        ROOT.to_owned(),
+        clock,
+        run.entries.clone(),
+    );
     let service = ResourceService::start(pool.clone(), dir.join("audit-spool.jsonl")).await?;
 
     let configs = (0..options.workers)
@@ -350,6 +393,7 @@ async fn drive(
     }
     run.replicas.stop_all().await;
     tokio::time::sleep(TTL + Duration::from_secs(1)).await;
+    drop(marker);
     let sink_dropped = service.stop().await;
 
     // etcd's history of the last revision space.
@@ -363,21 +407,43 @@ async fn drive(
     )
     .await?;
     let mut holds = std::mem::take(&mut run.holds);
-    let found = etcd_history::holds(&RootKeys::new(ROOT), &read, run.space);
+    let found = etcd_history::holds(&RootKeys::new(ROOT), &read, run.space, None);
     holds.extend(found.holds);
-    let unmatched_ends = run.unmatched_ends + found.unmatched_ends;
-    let last_lock_rev = read
-        .changes
-        .last()
-        .map_or(0, etcd_history::Change::revision);
-    let caught_up = audit_rows::wait_for_tailer(
-        &pool,
-        read.cluster_id,
-        last_lock_rev,
-        Duration::from_secs(60),
+    let mut unmatched_ends = run.unmatched_ends + found.unmatched_ends;
+    // The spare tier's, one revision space (the nemesis never restores it).
+    let spare_read = etcd_history::read(
+        &run.spare.endpoints(),
+        &prefix,
+        1,
+        etcd_history::Head::Linearizable,
+        false,
     )
     .await?;
-    tailer.abort();
+    let spare_space = RevisionSpace {
+        epoch: 0,
+        from: 1,
+        number: 0,
+    };
+    let found = etcd_history::holds(
+        &RootKeys::new(ROOT),
+        &spare_read,
+        spare_space,
+        Some(SPARE_TIER),
+    );
+    holds.extend(found.holds);
+    unmatched_ends += found.unmatched_ends;
+    let mut caught_up = true;
+    for r in [&read, &spare_read] {
+        let last_lock_rev = r.changes.last().map_or(0, etcd_history::Change::revision);
+        if last_lock_rev > 0 {
+            let limit = Duration::from_secs(60);
+            caught_up &=
+                audit_rows::wait_for_tailer(&pool, r.cluster_id, last_lock_rev, limit).await?;
+        }
+    }
+    for tailer in tailers {
+        tailer.abort();
+    }
     let audit = audit_rows::read(&pool, &run.replayed).await?;
     for e in holds.into_iter().chain(audit.rows) {
         run.record(e);

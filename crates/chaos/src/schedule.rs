@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::history::FaultKind;
 
 /// Every fault kind, in the history format's order.
-pub const ALL_KINDS: [FaultKind; 8] = [
+pub const ALL_KINDS: [FaultKind; 9] = [
     FaultKind::KillEtcdLeader,
     FaultKind::PauseEtcdMember,
     FaultKind::KillServiceReplica,
@@ -17,6 +17,7 @@ pub const ALL_KINDS: [FaultKind; 8] = [
     FaultKind::RestoreEtcdAndAdvanceEpoch,
     FaultKind::ForceRelease,
     FaultKind::LoseReleaseAnswers,
+    FaultKind::RehomeNamespace,
 ];
 
 /// One planned fault.
@@ -37,7 +38,7 @@ pub struct PlannedFault {
     pub crash: bool,
 }
 
-/// The plan for a run with `seed`: the eight kinds once each in a seeded order, then kinds
+/// The plan for a run with `seed`: every kind once in a seeded order, then kinds
 /// drawn at random, `count` faults in all. Gaps are 1.5–4 s, holds 1.5–4 s.
 pub fn plan(seed: u64, count: usize) -> Vec<PlannedFault> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);

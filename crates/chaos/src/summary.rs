@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::history::{
-    Entry, Event, FaultKind, ForceOutcome, HoldEnd, LossReason, Phase, Target, WriteOutcome,
+    Entry, Event, FaultKind, ForceOutcome, HoldEnd, LossReason, Phase, RehomeOutcome, Target,
+    WriteOutcome,
 };
 use crate::options::RunOptions;
 use crate::schedule::ALL_KINDS;
@@ -77,6 +78,12 @@ pub struct Summary {
     pub faults: BTreeMap<FaultKind, u64>,
     /// Epoch advances.
     pub epochs_advanced: u64,
+    /// Rehomes that moved the namespace to the other tier.
+    pub rehomes_moved: u64,
+    /// Rehomes the service rolled back (the drain did not finish in time).
+    pub rehomes_rolled_back: u64,
+    /// Holds read from the spare tier's etcd history (of [`Summary::etcd_holds`]).
+    pub spare_tier_holds: u64,
     /// Holds read from etcd's history.
     pub etcd_holds: u64,
     /// Holds a restore brought back (`restored_hold` entries; each is also reported,
@@ -131,6 +138,9 @@ impl Summary {
             advisory: WriteCounts::default(),
             faults: ALL_KINDS.iter().map(|k| (*k, 0)).collect(),
             epochs_advanced: 0,
+            rehomes_moved: 0,
+            rehomes_rolled_back: 0,
+            spare_tier_holds: 0,
             etcd_holds: 0,
             restored_holds: 0,
             restored_holds_ended: 0,
@@ -187,7 +197,16 @@ impl Summary {
                     ..
                 } => *s.faults.entry(*kind).or_default() += 1,
                 Event::EpochAdvanced { .. } => s.epochs_advanced += 1,
-                Event::EtcdHold { .. } => s.etcd_holds += 1,
+                Event::EtcdHold { tier, .. } => {
+                    s.etcd_holds += 1;
+                    if tier.is_some() {
+                        s.spare_tier_holds += 1;
+                    }
+                }
+                Event::Rehome { outcome, .. } => match outcome {
+                    RehomeOutcome::Moved { .. } => s.rehomes_moved += 1,
+                    RehomeOutcome::RolledBack { .. } => s.rehomes_rolled_back += 1,
+                },
                 Event::RestoredHold { end, .. } => {
                     s.restored_holds += 1;
                     if *end != HoldEnd::Open {
@@ -287,10 +306,21 @@ impl fmt::Display for Summary {
             writeln!(f, "  {name:<32} {n:>10}")?;
         }
         writeln!(f, "{:<34} {:>10}", "epochs advanced", self.epochs_advanced)?;
+        writeln!(f, "{:<34} {:>10}", "rehomes moved", self.rehomes_moved)?;
+        writeln!(
+            f,
+            "{:<34} {:>10}",
+            "rehomes rolled back", self.rehomes_rolled_back
+        )?;
         writeln!(
             f,
             "{:<34} {:>10}",
             "holds in etcd's history", self.etcd_holds
+        )?;
+        writeln!(
+            f,
+            "{:<34} {:>10}",
+            "  on the spare tier", self.spare_tier_holds
         )?;
         writeln!(
             f,
