@@ -1,7 +1,8 @@
 //! Palisade's safety harness: a seeded nemesis, a workload of fenced writers, and a checker
 //! that reads the history they leave and fails on any stale write that landed.
 //!
-//! `palisade chaos --seed S --duration D` calls [`run`], which starts, on loopback:
+//! `palisade chaos --seed S --duration D` calls [`run`], which starts, each on a network
+//! host of its own ([`net`]; or all on loopback with `--loopback`):
 //!
 //! - a three-member etcd ([`palisade_testkit::EtcdCluster`]);
 //! - a private PostgreSQL ([`palisade_testkit::PgServer`]) holding the resources, the
@@ -16,7 +17,10 @@
 //! leader, pauses an etcd member, kills a replica, pauses a worker past its TTL, restarts
 //! PostgreSQL, restores etcd from a snapshot and advances the epoch, force-releases
 //! (two admins) a lock a worker holds while it may release and re-acquire, and has a
-//! worker's proxy lose its releases' requests and answers. Every step of
+//! worker's proxy lose its releases' requests and answers; on hosts it also partitions
+//! the network, drops packets one way or at random, adds netem latency (where the kernel
+//! has it) and jumps wall clocks. SIGINT and SIGTERM stop a run and remove everything it
+//! started ([`Interrupt`]). Every step of
 //! the workers and every fault goes into the history ([`history`]); after the run, the
 //! holds in etcd's history and the rows of the audit trail are appended, and the
 //! [`Summary`] counts it all. The [`check`]er reads the history and reports every rule it
@@ -38,6 +42,8 @@ pub mod worker;
 mod audit_rows;
 mod error;
 mod etcd_history;
+mod interrupt;
+mod layout;
 mod nemesis;
 mod options;
 mod procs;
@@ -45,6 +51,7 @@ mod runner;
 mod summary;
 
 pub use error::ChaosError;
+pub use interrupt::Interrupt;
 pub use options::RunOptions;
 pub use runner::run;
 pub use summary::{Summary, WriteCounts};
