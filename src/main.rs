@@ -66,8 +66,9 @@ Exit codes:
   74  outcome unknown: a release got no definite answer within 10 s of retries
   75  not acquired: others held the lock for the whole wait
   76  not held: the hold or its session is gone, or it was force-released
-  130 interrupted (Ctrl-C) while lock acquire waited (its session is closed)
-  143 terminated (SIGTERM) while lock acquire waited (its session is closed)
+  130 interrupted (Ctrl-C) while lock acquire waited (its session is closed), or
+      during a chaos run (what it started is removed)
+  143 terminated (SIGTERM), as for 130
 `lock run` exits with its command's code once the command ran.";
 
 #[derive(Debug, Subcommand)]

@@ -97,6 +97,26 @@ pub enum FaultKind {
     /// Move the workers' namespace to the other etcd cluster tier (and back on the next
     /// occurrence), through a replica's admin API.
     RehomeNamespace,
+    /// Network hosts only: every host into one of two random halves, cut both ways.
+    PartitionHalves,
+    /// Network hosts only: the etcd leader cut off from every other host.
+    IsolateEtcdLeader,
+    /// Network hosts only: etcd's majority cut from its minority, one lock-service
+    /// replica on each side.
+    SplitMajorityMinority,
+    /// Network hosts only: one worker cut off from etcd and the lock service (but not
+    /// from the resource or PostgreSQL) past its TTL: the stale writer.
+    CutWorkerFromLockService,
+    /// Network hosts only: what one host sends to another is dropped, not the reverse.
+    DropOneWay,
+    /// Network hosts only: a share of one host's packets dropped at random (iptables).
+    RandomLoss,
+    /// Network hosts only, with a kernel that has netem: latency, jitter and loss on one
+    /// host's link (`tc netem`).
+    NetemLatency,
+    /// Network hosts only: the wall clocks of a replica and a worker jump, one forward
+    /// and one back (libfaketime); monotonic clocks stay true.
+    ClockJump,
 }
 
 /// Why a worker's client said its hold was lost.

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,6 +18,8 @@ use crate::error::ChaosError;
 use crate::etcd_history;
 use crate::etcd_history::RevisionSpace;
 use crate::history::{self, Entry, Event, LockName};
+use crate::interrupt::{self, Ended, Interrupts};
+use crate::layout::Layout;
 use crate::marks::{self, Marked, SpaceCell};
 use crate::options::RunOptions;
 use crate::procs::{Replicas, Workers};
@@ -31,6 +33,10 @@ use palisade_api::keys::RootKeys;
 pub(crate) const ROOT: &str = "/palisade/";
 /// Lock-service replicas.
 pub(crate) const REPLICAS: usize = 2;
+/// etcd members of the home tier.
+pub(crate) const ETCD_MEMBERS: usize = 3;
+/// etcd members of the spare tier.
+pub(crate) const SPARE_MEMBERS: usize = 1;
 /// The workers' session TTL.
 pub(crate) const TTL: Duration = Duration::from_secs(3);
 /// The identity that administers the service.
@@ -55,6 +61,7 @@ const AUTHZ: &str = "admins = [\"spiffe://chaos/admin\", \"spiffe://chaos/admin2
 
 /// Everything a run holds while it runs.
 pub(crate) struct Run {
+    pub(crate) layout: Arc<Layout>,
     pub(crate) clock: RunClock,
     pub(crate) etcd: EtcdCluster,
     /// The spare tier's etcd (one member: the nemesis faults only the home tier's).
@@ -185,16 +192,31 @@ where
 
 /// Runs the harness once; see the crate docs for what it starts and checks.
 ///
+/// On network hosts unless `options.loopback`. A SIGINT or SIGTERM stops the run: every
+/// process, directory and network host of it is removed, the history keeps whole lines,
+/// and the result is [`ChaosError::Interrupted`] (see [`crate::Interrupt`]); further
+/// signals meanwhile are ignored. Call it at most once at a time per process: it catches
+/// both signals for the rest of the process's life.
+///
 /// # Errors
 ///
-/// [`ChaosError`] when a part cannot be started, driven or read back. Safety violations
-/// are not errors: they are in the returned summary.
+/// [`ChaosError`] when a part cannot be started, driven or read back, when network hosts
+/// cannot be made ([`ChaosError::Net`]; without the privilege it names the missing
+/// capability and suggests `--loopback`), or when interrupted. Safety violations are
+/// not errors: they are in the returned summary.
 pub async fn run(options: RunOptions) -> Result<Summary, ChaosError> {
     if options.workers == 0 || options.keys == 0 {
         return Err(ChaosError::InvalidOptions(
             "--workers and --keys must be at least 1",
         ));
     }
+    let mut interrupts = Interrupts::listen()?;
+    // Hosts first: without the privilege, the run fails before it makes anything.
+    let layout = Arc::new(if options.loopback {
+        Layout::loopback()
+    } else {
+        Layout::hosts(options.workers)?
+    });
     let dir = tempfile::Builder::new()
         .prefix("palisade-chaos-")
         .tempdir()
@@ -215,7 +237,16 @@ pub async fn run(options: RunOptions) -> Result<Summary, ChaosError> {
         out.flush()
     });
     let clock = RunClock::start();
-    let result = drive(&options, dir.path().to_owned(), clock, tx, holding).await;
+    let ended = {
+        let (options, path, layout) = (options.clone(), dir.path().to_owned(), layout.clone());
+        let runner = layout.runner();
+        interrupt::on_own_thread(&mut interrupts, runner, move || async move {
+            drive(&options, path, clock, tx, holding, layout).await
+        })
+        .await
+    };
+    // Every sender is gone with the run's thread: the writer ends after the last whole
+    // entry.
     let written = writer
         .await
         .map_err(|e| ChaosError::NotReady(format!("the history writer ({e})")))?;
@@ -223,16 +254,22 @@ pub async fn run(options: RunOptions) -> Result<Summary, ChaosError> {
         "writing {}",
         options.history.display()
     )))?;
-    let extra = match result {
-        Ok(extra) => extra,
-        Err(e) => {
-            // Keep the logs of a run that failed.
-            let kept = dir.keep();
-            tracing::error!(logs = %kept.display(), "the run failed; its logs are kept");
-            eprintln!("chaos: the run's logs are in {}", kept.display());
+    let extra = match ended {
+        Ok(Ended::Done(Ok(extra))) => extra,
+        Ok(Ended::Interrupted(signal)) => {
+            drop(dir);
+            drop(layout);
+            return Err(ChaosError::Interrupted {
+                signal,
+                history: options.history.clone(),
+            });
+        }
+        Ok(Ended::Done(Err(e))) | Err(e) => {
+            keep_logs(dir);
             return Err(e);
         }
     };
+    drop(layout);
     let file = std::fs::File::open(&options.history).map_err(ChaosError::io(format!(
         "reading {}",
         options.history.display()
@@ -245,15 +282,23 @@ pub async fn run(options: RunOptions) -> Result<Summary, ChaosError> {
     Ok(summary)
 }
 
+/// Keeps the logs of a run that failed.
+fn keep_logs(dir: tempfile::TempDir) {
+    let kept: &Path = &dir.keep();
+    tracing::error!(logs = %kept.display(), "the run failed; its logs are kept");
+    eprintln!("chaos: the run's logs are in {}", kept.display());
+}
+
 async fn drive(
     options: &RunOptions,
     dir: PathBuf,
     clock: RunClock,
     entries: mpsc::UnboundedSender<Entry>,
     holding: Holding,
+    layout: Arc<Layout>,
 ) -> Result<RunTallies, ChaosError> {
     // PostgreSQL of its own, so the nemesis may restart it.
-    let pg = PgServer::start().await?;
+    let pg = PgServer::start_placed(layout.pg()).await?;
     let admin_pool = palisade_audit::pool(&pg.connection_string("postgres"), 1)?;
     admin_pool
         .get()
@@ -267,8 +312,10 @@ async fn drive(
     let pool = palisade_audit::pool(&database, 16)?;
     resource::prepare(&pool, options.keys).await?;
 
-    let etcd = EtcdCluster::start(3).await;
-    let spare = EtcdCluster::start(1).await;
+    let placements: Vec<_> = (0..ETCD_MEMBERS).map(|i| layout.etcd(i)).collect();
+    let etcd = EtcdCluster::start_placed(&placements).await;
+    let placements: Vec<_> = (0..SPARE_MEMBERS).map(|i| layout.spare_etcd(i)).collect();
+    let spare = EtcdCluster::start_placed(&placements).await;
     std::fs::write(dir.join("authz.toml"), AUTHZ).map_err(ChaosError::io("writing authz.toml"))?;
     let mut replicas = Replicas::new(
         options.exe.clone(),
@@ -276,12 +323,13 @@ async fn drive(
         &etcd.endpoints(),
         &spare.endpoints(),
         &database,
-        REPLICAS,
+        (0..REPLICAS).map(|i| layout.replica(i)).collect(),
     )?;
     for i in 0..REPLICAS {
         replicas.start(i).await?;
     }
     let mut run = Run {
+        layout: layout.clone(),
         clock,
         etcd,
         spare,
@@ -353,7 +401,12 @@ async fn drive(
         clock,
         run.entries.clone(),
     );
-    let service = ResourceService::start(pool.clone(), dir.join("audit-spool.jsonl")).await?;
+    let service = ResourceService::start(
+        pool.clone(),
+        dir.join("audit-spool.jsonl"),
+        layout.resource_addr(),
+    )
+    .await?;
 
     let configs = (0..options.workers)
         .map(|id| WorkerConfig {
@@ -367,16 +420,32 @@ async fn drive(
             ttl_ms: TTL.as_millis() as u64,
         })
         .collect();
-    run.workers = Some(Workers::spawn(&options.exe, &dir, configs, &run.entries)?);
+    let places: Vec<_> = (0..options.workers as usize)
+        .map(|i| layout.worker(i))
+        .collect();
+    run.workers = Some(Workers::spawn(
+        &options.exe,
+        &dir,
+        configs,
+        &places,
+        &run.entries,
+    )?);
 
     // Faults until the time is up; the first round (one of each kind) always completes.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let plan = schedule::plan(options.seed, 10_000);
+    let mut kinds = schedule::ALL_KINDS.to_vec();
+    if layout.network().is_some() {
+        kinds.extend(schedule::NET_KINDS);
+        if layout.netem.is_ok() {
+            kinds.push(crate::history::FaultKind::NetemLatency);
+        }
+    }
+    let plan = schedule::plan(options.seed, 10_000, &kinds);
     for (n, fault) in plan.iter().enumerate() {
         let left = options
             .duration
             .saturating_sub(Duration::from_nanos(run.clock.at_ns()));
-        if n >= schedule::ALL_KINDS.len() && left < fault.gap + fault.hold + TTL * 2 {
+        if n >= kinds.len() && left < fault.gap + fault.hold + TTL * 2 {
             break;
         }
         run.inject(fault, plan.get(n + 1)).await?;
@@ -455,5 +524,7 @@ async fn drive(
         sink_dropped,
         tailer_caught_up: caught_up,
         workers_failed,
+        kinds,
+        notes: layout.notes(),
     })
 }

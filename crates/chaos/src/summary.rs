@@ -11,7 +11,6 @@ use crate::history::{
     WriteOutcome,
 };
 use crate::options::RunOptions;
-use crate::schedule::ALL_KINDS;
 
 /// What the run knows that the history does not say.
 #[derive(Debug, Default, Clone)]
@@ -23,6 +22,10 @@ pub(crate) struct RunTallies {
     pub(crate) tailer_caught_up: bool,
     /// Workers that exited before the end, as the reader should know them.
     pub(crate) workers_failed: Vec<String>,
+    /// The fault kinds the run could inject.
+    pub(crate) kinds: Vec<FaultKind>,
+    /// The layout, and what it left out (see [`Summary::notes`]).
+    pub(crate) notes: Vec<String>,
 }
 
 /// Write outcomes of one kind of resource.
@@ -74,8 +77,13 @@ pub struct Summary {
     pub http: WriteCounts,
     /// Token-less writes to the advisory resource.
     pub advisory: WriteCounts,
-    /// Faults injected (started), by kind.
+    /// Faults injected (started), by kind: every kind the run could inject, 0 for those
+    /// it did not.
     pub faults: BTreeMap<FaultKind, u64>,
+    /// How the run was laid out (`network: 12 hosts` or loopback) and which fault kinds
+    /// it did not plan and why (loopback: the network faults; a kernel without netem:
+    /// `netem_latency`).
+    pub notes: Vec<String>,
     /// Epoch advances.
     pub epochs_advanced: u64,
     /// Rehomes that moved the namespace to the other tier.
@@ -136,7 +144,8 @@ impl Summary {
             postgres: WriteCounts::default(),
             http: WriteCounts::default(),
             advisory: WriteCounts::default(),
-            faults: ALL_KINDS.iter().map(|k| (*k, 0)).collect(),
+            faults: extra.kinds.iter().map(|k| (*k, 0)).collect(),
+            notes: extra.notes,
             epochs_advanced: 0,
             rehomes_moved: 0,
             rehomes_rolled_back: 0,
@@ -304,6 +313,9 @@ impl fmt::Display for Summary {
                 .and_then(|v| v.as_str().map(str::to_owned))
                 .unwrap_or_default();
             writeln!(f, "  {name:<32} {n:>10}")?;
+        }
+        for note in &self.notes {
+            writeln!(f, "{note}")?;
         }
         writeln!(f, "{:<34} {:>10}", "epochs advanced", self.epochs_advanced)?;
         writeln!(f, "{:<34} {:>10}", "rehomes moved", self.rehomes_moved)?;

@@ -79,7 +79,8 @@ pub struct WorkerConfig {
     pub seed: u64,
     /// The run's start on `CLOCK_MONOTONIC` ([`crate::clock::monotonic_ns`]).
     pub start_ns: u64,
-    /// The lock-service replicas (`http://127.0.0.1:PORT`); sessions go round-robin.
+    /// The lock-service replicas (`http://IP:PORT`, on their hosts' addresses or
+    /// loopback); sessions go round-robin.
     pub services: Vec<String>,
     /// The HTTP resource service.
     pub resource_url: String,
