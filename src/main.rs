@@ -68,8 +68,9 @@ Exit codes:
   75  not acquired: others held the lock for the whole wait (deadline-exceeded)
   76  not held: the hold or its session is gone, or it was force-released (not-held,
       session-lost, hold-forced)
-  130 interrupted (Ctrl-C) while lock acquire waited (its session is closed)
-  143 terminated (SIGTERM) while lock acquire waited (its session is closed)
+  130 interrupted (Ctrl-C) while lock acquire waited (its session is closed), or
+      during a chaos run (what it started is removed)
+  143 terminated (SIGTERM), as for 130
 `lock run` exits with its command's code once the command ran.";
 
 #[derive(Debug, Subcommand)]

@@ -1,6 +1,9 @@
-//! `palisade chaos` for 60 seconds with a fixed seed: the real binary, on its own
-//! three-member etcd, private PostgreSQL, lock-service replicas and worker processes
-//! (the test starts etcd: `etcd` in its name, so nextest runs it alone).
+//! `palisade chaos` for 60 seconds with a fixed seed: the real binary, on its own two
+//! etcd tiers (three members and one), private PostgreSQL, lock-service replicas and
+//! worker processes, each on a network host of its own (the test runs as root, as CI
+//! does), with every fault kind in its plan, the network ones and the rehome included:
+//! the plan's first round moves the workers' namespace to the second tier (the test
+//! starts etcd: `etcd` in its name, so nextest runs it alone).
 //!
 //! The run's summary is printed whether it passes or not (see it with `--no-capture`).
 //! When the test fails, its history is kept in `<target>/test-artifacts/` and the failure
@@ -13,8 +16,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use palisade_chaos::check::{CheckReport, EntryIndex};
-use palisade_chaos::history::{read_history, Entry, Event, FaultKind, Phase, WriteOutcome};
-use palisade_chaos::schedule::ALL_KINDS;
+use palisade_chaos::history::{
+    read_history, Entry, Event, FaultKind, Phase, RehomeOutcome, WriteOutcome,
+};
+use palisade_chaos::schedule::{ALL_KINDS, NET_KINDS};
 
 /// The seed of the CI run.
 const SEED: &str = "20261130";
@@ -156,7 +161,13 @@ fn chaos_etcd_sixty_seconds_no_stale_write_lands() {
             _ => {}
         }
     }
-    for kind in ALL_KINDS {
+    // Each kind is in the plan's first round, which always completes: one of each,
+    // every partition kind included, by construction. netem only where the kernel has it.
+    let mut kinds = [&ALL_KINDS[..], &NET_KINDS[..]].concat();
+    if !stdout.contains("netem_latency not planned") {
+        kinds.push(FaultKind::NetemLatency);
+    }
+    for kind in kinds {
         if faults.get(&kind).copied().unwrap_or(0) == 0 {
             fail(format!("{kind:?} was never injected: {faults:?}"));
         }
@@ -173,6 +184,36 @@ fn chaos_etcd_sixty_seconds_no_stale_write_lands() {
     }
     if holds == 0 || audit == 0 {
         fail(format!("etcd holds {holds}, audit rows {audit}"));
+    }
+    // The plan's first round has a rehome: it moved the namespace, with the new tier's
+    // epoch advance recorded before it, or the service rolled it back.
+    let mut rehomes = Vec::new();
+    for (i, e) in entries.iter().enumerate() {
+        let Event::Rehome { to, outcome, .. } = &e.event else {
+            continue;
+        };
+        let shown = match outcome {
+            RehomeOutcome::Moved { epoch } => entries[..i].iter().any(|p| {
+                matches!(&p.event, Event::EpochAdvanced { epoch: advanced, tier }
+                    if advanced == epoch && tier.as_deref().unwrap_or("home") == to)
+            }),
+            RehomeOutcome::RolledBack { .. } => true,
+        };
+        rehomes.push((i, outcome.clone(), shown));
+    }
+    if rehomes.is_empty() || rehomes.iter().any(|(_, _, shown)| !shown) {
+        fail(format!(
+            "no rehome, or a move without its epoch advance: {rehomes:?}"
+        ));
+    }
+    // Both tiers' revisions were placed in real time for the cross-tier rule.
+    let marked = |spare: bool| {
+        entries.iter().any(
+            |e| matches!(&e.event, Event::RevisionSeen { tier, .. } if tier.is_some() == spare),
+        )
+    };
+    if !marked(false) || !marked(true) {
+        fail("revision marks are missing for a tier".into());
     }
     let summary_violations = stdout
         .lines()

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use palisade_chaos::{RunOptions, WorkerConfig};
 
-use super::exit::CliError;
+use super::exit::{CliError, Exit};
 
 /// Flags of `palisade chaos`.
 #[derive(Debug, clap::Args)]
@@ -30,6 +30,10 @@ pub(crate) struct ChaosArgs {
     /// the temp directory.
     #[arg(long)]
     history: Option<PathBuf>,
+    /// Run every part on loopback instead of on network hosts of its own (which need
+    /// root: CAP_NET_ADMIN and CAP_SYS_ADMIN); the network faults are not planned then.
+    #[arg(long)]
+    loopback: bool,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -62,7 +66,8 @@ pub(crate) enum ChaosCliError {
 
 /// Runs a worker (hidden subcommand), checks a saved history, or runs the harness. A run
 /// prints its summary; it fails when the checker found a violation, or the run was
-/// incomplete.
+/// incomplete. A run that SIGINT or SIGTERM interrupts removes what it started and exits
+/// 130 or 143 (see `palisade_chaos::Interrupt`).
 pub(crate) fn run(args: ChaosArgs) -> Result<String, Box<dyn std::error::Error>> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -98,14 +103,26 @@ pub(crate) fn run(args: ChaosArgs) -> Result<String, Box<dyn std::error::Error>>
         ))
     });
     let exe = std::env::current_exe()?;
-    let summary = runtime.block_on(palisade_chaos::run(RunOptions {
+    let run = runtime.block_on(palisade_chaos::run(RunOptions {
         seed,
         duration,
         workers: args.workers,
         keys: args.keys,
         history,
         exe,
-    }))?;
+        loopback: args.loopback,
+    }));
+    let summary = match run {
+        Ok(summary) => summary,
+        Err(e @ palisade_chaos::ChaosError::Interrupted { signal, .. }) => {
+            let exit = match signal {
+                palisade_chaos::Interrupt::Sigint => Exit::Interrupted,
+                palisade_chaos::Interrupt::Sigterm => Exit::Terminated,
+            };
+            return Err(CliError::new(exit, e.to_string()).into());
+        }
+        Err(e) => return Err(e.into()),
+    };
     super::output::emit(&summary.to_string())?;
     match &summary.violations {
         Some(v) if !v.is_empty() => Err(ChaosCliError::Violations(v.len()).into()),

@@ -13,8 +13,8 @@
 //! | 74 | outcome unknown: a release got no definite answer in time (sent again, with the same grant revision, for 10 s); the hold may still be held until its session's TTL lapses |
 //! | 75 | not acquired: the wait ended while others held the lock (`deadline-exceeded`) |
 //! | 76 | not held: the hold or its session is gone (`not-held`, `hold-forced`, `session-lost`) |
-//! | 130 | interrupted (SIGINT) while `lock acquire` waited (its session is closed) |
-//! | 143 | terminated (SIGTERM) while `lock acquire` waited (its session is closed) |
+//! | 130 | interrupted (SIGINT) while `lock acquire` waited (its session is closed), or during a `chaos` run (its processes, directories and network hosts are removed) |
+//! | 143 | terminated (SIGTERM) while `lock acquire` waited (its session is closed), or during a `chaos` run (as for SIGINT) |
 //!
 //! [`Exit::of_problem`] is the one mapping of the service's problem kinds to these codes.
 //!

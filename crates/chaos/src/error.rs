@@ -67,6 +67,26 @@ pub enum ChaosError {
     /// The history file could not be read back.
     #[error(transparent)]
     History(#[from] crate::history::ReadError),
+    /// The run's network hosts could not be made, used or removed (without the
+    /// privilege: [`crate::net::NetError::NoPrivilege`], which suggests `--loopback`).
+    #[error(transparent)]
+    Net(#[from] crate::net::NetError),
+    /// A signal interrupted the run. Its processes, directories and network hosts were
+    /// removed; the history holds whole lines up to then and was not checked.
+    #[error(
+        "interrupted by {signal}: the run's processes, directories and network hosts were \
+         removed; the history so far (not checked) is in {}",
+        history.display()
+    )]
+    Interrupted {
+        /// The signal.
+        signal: crate::Interrupt,
+        /// The history file.
+        history: std::path::PathBuf,
+    },
+    /// The run panicked (a part of the test kit failed loudly); the message says why.
+    #[error("the run failed: {0}")]
+    Panicked(String),
 }
 
 impl ChaosError {

@@ -1,5 +1,5 @@
 //! Holds as etcd's history shows them: every hold key's creation and deletion under
-//! `<root>locks/`, read with a watch from a start revision up to the revision etcd was at
+//! `<root>locks/` of one cluster, read with a watch from a start revision up to the revision etcd was at
 //! when the read began, and turned into [`Event::EtcdHold`] entries. For a space a
 //! snapshot restore made, the hold keys present at its start (the snapshot's revision)
 //! are read too, and become [`Event::RestoredHold`] entries.
@@ -248,7 +248,15 @@ pub(crate) struct Holds {
 /// end are [`HoldEnd::Open`] (for a space a restore ended: present when it was
 /// destroyed). Hold keys in `read.initial` (the space began with them: a restore brought
 /// them back) become [`Event::RestoredHold`]s, ended by their delete in the space.
-pub(crate) fn holds(keys: &RootKeys, read: &Read, space: RevisionSpace) -> Holds {
+/// `tier` names the tier whose cluster was read (`None`: the home tier); every
+/// [`Event::EtcdHold`] carries it.
+pub(crate) fn holds(
+    keys: &RootKeys,
+    read: &Read,
+    space: RevisionSpace,
+    tier: Option<&str>,
+) -> Holds {
+    let tier = tier.map(str::to_owned);
     let epoch = space.epoch;
     let mut result = Holds::default();
     let out = &mut result.holds;
@@ -355,6 +363,7 @@ pub(crate) fn holds(keys: &RootKeys, read: &Read, space: RevisionSpace) -> Holds
                 end,
                 space,
                 session,
+                tier: tier.clone(),
             });
         }
     }
@@ -369,6 +378,7 @@ pub(crate) fn holds(keys: &RootKeys, read: &Read, space: RevisionSpace) -> Holds
             end: HoldEnd::Open,
             space,
             session,
+            tier: tier.clone(),
         });
     }
     for (_, hold) in restored {
@@ -452,6 +462,7 @@ mod tests {
             end,
             space: 1,
             session: Some(lease),
+            tier: None,
         };
         let found = holds(
             &RootKeys::new("/palisade/"),
@@ -461,6 +472,7 @@ mod tests {
                 from: 5,
                 number: 1,
             },
+            None,
         );
         assert_eq!(
             found.holds,

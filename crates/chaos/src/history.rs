@@ -94,6 +94,29 @@ pub enum FaultKind {
     /// A worker's loopback proxy to the lock service loses its releases' requests or
     /// answers for a while.
     LoseReleaseAnswers,
+    /// Move the workers' namespace to the other etcd cluster tier (and back on the next
+    /// occurrence), through a replica's admin API.
+    RehomeNamespace,
+    /// Network hosts only: every host into one of two random halves, cut both ways.
+    PartitionHalves,
+    /// Network hosts only: the etcd leader cut off from every other host.
+    IsolateEtcdLeader,
+    /// Network hosts only: etcd's majority cut from its minority, one lock-service
+    /// replica on each side.
+    SplitMajorityMinority,
+    /// Network hosts only: one worker cut off from etcd and the lock service (but not
+    /// from the resource or PostgreSQL) past its TTL: the stale writer.
+    CutWorkerFromLockService,
+    /// Network hosts only: what one host sends to another is dropped, not the reverse.
+    DropOneWay,
+    /// Network hosts only: a share of one host's packets dropped at random (iptables).
+    RandomLoss,
+    /// Network hosts only, with a kernel that has netem: latency, jitter and loss on one
+    /// host's link (`tc netem`).
+    NetemLatency,
+    /// Network hosts only: the wall clocks of a replica and a worker jump, one forward
+    /// and one back (libfaketime); monotonic clocks stay true.
+    ClockJump,
 }
 
 /// Why a worker's client said its hold was lost.
@@ -130,6 +153,23 @@ pub enum ForceOutcome {
     },
 }
 
+/// What a rehome's request answered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum RehomeOutcome {
+    /// 200: the namespace lives on `to` now, under this epoch (above every tier's).
+    Moved {
+        /// The epoch `to` serves the namespace under.
+        epoch: u16,
+    },
+    /// 503 `namespace-moving`: the drain did not finish in time (or the new tier could
+    /// not be prepared) and the move was rolled back; the namespace stays on `from`.
+    RolledBack {
+        /// The service's detail.
+        reason: String,
+    },
+}
+
 /// Whether a fault entry marks its start or its end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -159,6 +199,9 @@ pub enum Event {
         session: i64,
         /// The etcd revision of the granting transaction.
         grant_rev: i64,
+        /// The tier whose etcd granted it (the session's); absent for the home tier.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tier: Option<String>,
     },
     /// An acquire failed or timed out.
     AcquireFailed {
@@ -275,10 +318,42 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         paused_worker: Option<u32>,
     },
-    /// The epoch was advanced; every later token must be above every earlier one.
+    /// The epoch of a tier was advanced (a restore, or a rehome to that tier): every
+    /// later grant of that tier carries it or a later one. Epochs are one sequence across
+    /// tiers, so each advance is above every earlier one.
     EpochAdvanced {
         /// The new epoch.
         epoch: u16,
+        /// The tier it was advanced on; absent for the home tier.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tier: Option<String>,
+    },
+    /// The nemesis moved the workers' namespace to another tier, or tried to.
+    Rehome {
+        /// The namespace.
+        ns: String,
+        /// The tier it lived on (the service's name of it).
+        from: String,
+        /// The tier it was moved to.
+        to: String,
+        /// What the service answered.
+        #[serde(flatten)]
+        outcome: RehomeOutcome,
+    },
+    /// The runner read one tier's etcd revision: a linearizable read sent at `asked_ns`
+    /// was answered (this entry's `at_ns`) with `revision`. Every revision at or below it
+    /// was committed before the answer, every one above it after the read was sent; so
+    /// these entries order the revisions of different clusters in real time.
+    RevisionSeen {
+        /// The tier; absent for the home tier.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tier: Option<String>,
+        /// The tier's revision space (the home tier's changes with each restore).
+        space: u32,
+        /// The revision in the answer's header.
+        revision: i64,
+        /// When the read was sent, nanoseconds on the history's clock.
+        asked_ns: u64,
     },
     /// A hold as etcd's history shows it, read after the run (one per hold key lifetime).
     EtcdHold {
@@ -302,6 +377,10 @@ pub enum Event {
         /// before it was recorded.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         session: Option<i64>,
+        /// The tier whose etcd cluster held it (revisions and `space` are that
+        /// cluster's); absent for the home tier.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tier: Option<String>,
     },
     /// A hold that etcd's history shows force-released (its grant record rewritten to a
     /// force marker), read after the run: one per `etcd_hold` that ended `forced`.

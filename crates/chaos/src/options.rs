@@ -19,4 +19,7 @@ pub struct RunOptions {
     pub history: PathBuf,
     /// The `palisade` binary, which serves the replicas and runs the workers.
     pub exe: PathBuf,
+    /// Every part on loopback, as on a machine without the privilege for network hosts
+    /// (`CAP_NET_ADMIN` and `CAP_SYS_ADMIN`); the network faults are not planned then.
+    pub loopback: bool,
 }

@@ -1,11 +1,13 @@
 //! Child processes of a run: lock-service replicas (`palisade serve`) and workers
-//! (`palisade chaos worker`), each started through util-linux `setpriv --pdeathsig KILL`
-//! so that none outlives the runner, with its stderr in a log file of the run directory.
+//! (`palisade chaos worker`), each started on its host (a `Place`) through util-linux
+//! `setpriv --pdeathsig KILL` so that none outlives the runner, with its stderr in a log
+//! file of the run directory.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use crate::layout::{Place, REPLICA_PORT};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -14,17 +16,24 @@ use tokio::sync::mpsc;
 
 use crate::error::ChaosError;
 use crate::history::Entry;
+use crate::runner::{HOME_TIER, SPARE_TIER};
 use crate::worker::WorkerConfig;
 
 /// How long a replica may take to listen.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
-fn command(program: &Path) -> Command {
-    let mut c = Command::new("setpriv");
+/// `program` on `place` (whose prefix runs it in place: same pid, same parent-death
+/// signal), with its wall clock.
+fn command(place: &Place, program: &Path) -> Command {
+    let mut c = place.placement.command("setpriv");
     c.args(["--pdeathsig", "KILL", "--"])
         .arg(program)
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
+        .stdin(Stdio::null());
+    if let Some(skew) = &place.skew {
+        skew.apply(&mut c);
+    }
+    let mut c = Command::from(c);
+    c.kill_on_drop(true);
     c
 }
 
@@ -63,13 +72,18 @@ pub(crate) async fn wait_stopped(pid: u32, limit: std::time::Duration) -> bool {
     }
 }
 
-/// The lock-service replicas: `palisade serve` in dev mode on fixed loopback ports,
-/// sharing one authorization file, one epoch record and one database (force release).
+/// The lock-service replicas: `palisade serve` in dev mode, each on loopback inside its
+/// host (reached at the host's address) or on the machine's loopback, sharing one
+/// authorization file, one epoch record per tier and one database (force release), each
+/// serving the home tier (`--etcd`) and the spare tier (`--tier`).
 pub(crate) struct Replicas {
     exe: PathBuf,
     dir: PathBuf,
     etcd: String,
+    /// `--tier` of the spare tier: `NAME=ENDPOINTS`.
+    spare: String,
     database: String,
+    places: Vec<Place>,
     ports: Vec<u16>,
     children: Vec<Option<Child>>,
 }
@@ -79,11 +93,18 @@ impl Replicas {
         exe: PathBuf,
         dir: PathBuf,
         etcd: &[String],
+        spare: &[String],
         database: &str,
-        count: usize,
+        places: Vec<Place>,
     ) -> Result<Replicas, ChaosError> {
-        let ports = (0..count)
-            .map(|_| {
+        let count = places.len();
+        // On a host of its own a replica has the host's whole port range.
+        let ports = places
+            .iter()
+            .map(|p| {
+                if !p.placement.addr().is_loopback() {
+                    return Ok(REPLICA_PORT);
+                }
                 std::net::TcpListener::bind("127.0.0.1:0")
                     .and_then(|l| l.local_addr())
                     .map(|a| a.port())
@@ -94,7 +115,9 @@ impl Replicas {
             exe,
             dir,
             etcd: etcd.join(","),
+            spare: format!("{SPARE_TIER}={}", spare.join(",")),
             database: database.to_owned(),
+            places,
             ports,
             children: (0..count).map(|_| None).collect(),
         })
@@ -105,21 +128,32 @@ impl Replicas {
     }
 
     pub(crate) fn urls(&self) -> Vec<String> {
-        self.ports
-            .iter()
-            .map(|p| format!("http://127.0.0.1:{p}"))
-            .collect()
+        (0..self.count()).map(|i| self.url(i)).collect()
+    }
+
+    fn url(&self, i: usize) -> String {
+        format!("http://{}", self.address(i))
+    }
+
+    /// Where clients reach replica `i`: its host's address (forwarded to loopback inside
+    /// the host), or loopback.
+    fn address(&self, i: usize) -> std::net::SocketAddr {
+        std::net::SocketAddr::new(self.places[i].placement.addr(), self.ports[i])
     }
 
     /// Starts replica `i` and waits until it answers HTTP (it binds its port before it
     /// migrates the force release database; two replicas migrating at once can fail).
     pub(crate) async fn start(&mut self, i: usize) -> Result<(), ChaosError> {
         let name = format!("replica-{i}");
-        let mut cmd = command(&self.exe);
+        let mut cmd = command(&self.places[i], &self.exe);
         cmd.args([
             "serve",
             "--etcd",
             &self.etcd,
+            "--home-tier",
+            HOME_TIER,
+            "--tier",
+            &self.spare,
             "--listen",
             &format!("127.0.0.1:{}", self.ports[i]),
         ])
@@ -132,12 +166,15 @@ impl Replicas {
         .arg("--insecure-dev-identity")
         .stdout(Stdio::null())
         .stderr(Stdio::from(log_file(&self.dir, &name)?));
-        self.children[i] = Some(
-            cmd.spawn()
-                .map_err(ChaosError::io(format!("starting {name}")))?,
-        );
+        let child = cmd
+            .spawn()
+            .map_err(ChaosError::io(format!("starting {name}")))?;
+        if let (Some(skew), Some(pid)) = (&self.places[i].skew, child.id()) {
+            skew.started(pid);
+        }
+        self.children[i] = Some(child);
         let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
-        let client = palisade_client::Client::new(format!("http://127.0.0.1:{}", self.ports[i]))
+        let client = palisade_client::Client::new(self.url(i))
             .map_err(ChaosError::service(format!("building a client of {name}")))?;
         let answers = || async {
             let call = client.call_json("GET", palisade_api::routes::OPENAPI, None);
@@ -202,11 +239,12 @@ pub(crate) struct Workers {
 }
 
 impl Workers {
-    /// Starts one `palisade chaos worker` per config.
+    /// Starts one `palisade chaos worker` per config, worker `i` on `places[i]`.
     pub(crate) fn spawn(
         exe: &Path,
         dir: &Path,
         configs: Vec<WorkerConfig>,
+        places: &[Place],
         entries: &mpsc::UnboundedSender<Entry>,
     ) -> Result<Workers, ChaosError> {
         let mut workers = Workers {
@@ -220,7 +258,8 @@ impl Workers {
                     worker: config.id,
                     source,
                 })?;
-            let mut cmd = command(exe);
+            let place = places.get(config.id as usize).cloned().unwrap_or_default();
+            let mut cmd = command(&place, exe);
             cmd.args(["chaos", "worker", "--config", &json])
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
@@ -228,6 +267,9 @@ impl Workers {
             let mut child = cmd
                 .spawn()
                 .map_err(ChaosError::io(format!("starting {name}")))?;
+            if let (Some(skew), Some(pid)) = (&place.skew, child.id()) {
+                skew.started(pid);
+            }
             let stdin = child.stdin.take();
             let stdout = child
                 .stdout

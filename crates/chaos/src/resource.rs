@@ -81,15 +81,20 @@ pub(crate) async fn prepare(pool: &Pool, keys: u32) -> Result<(), ChaosError> {
 
 /// The running HTTP resource service.
 pub(crate) struct ResourceService {
-    /// `http://127.0.0.1:PORT`.
+    /// `http://IP:PORT`.
     pub(crate) url: String,
     sink: AuditSink,
     task: JoinHandle<()>,
 }
 
 impl ResourceService {
-    /// Starts the service on a free loopback port; its audit sink spools to `spool`.
-    pub(crate) async fn start(pool: Pool, spool: PathBuf) -> Result<ResourceService, ChaosError> {
+    /// Starts the service on `ip` (the resource host's address, or loopback) and a free
+    /// port; its audit sink spools to `spool`.
+    pub(crate) async fn start(
+        pool: Pool,
+        spool: PathBuf,
+        ip: std::net::IpAddr,
+    ) -> Result<ResourceService, ChaosError> {
         let sink = AuditSink::builder(SERVICE_NAME, spool)
             .flush_interval(Duration::from_millis(100))
             .classify(|resource| {
@@ -119,7 +124,7 @@ impl ResourceService {
             .route("/advisory/{id}", put(write_advisory))
             .route_layer(fence)
             .with_state(pool);
-        let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip, 0))
             .await
             .map_err(ChaosError::io("binding the resource service"))?;
         let addr = listener

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,6 +18,9 @@ use crate::error::ChaosError;
 use crate::etcd_history;
 use crate::etcd_history::RevisionSpace;
 use crate::history::{self, Entry, Event, LockName};
+use crate::interrupt::{self, Ended, Interrupts};
+use crate::layout::Layout;
+use crate::marks::{self, Marked, SpaceCell};
 use crate::options::RunOptions;
 use crate::procs::{Replicas, Workers};
 use crate::resource::{self, ResourceService};
@@ -30,6 +33,10 @@ use palisade_api::keys::RootKeys;
 pub(crate) const ROOT: &str = "/palisade/";
 /// Lock-service replicas.
 pub(crate) const REPLICAS: usize = 2;
+/// etcd members of the home tier.
+pub(crate) const ETCD_MEMBERS: usize = 3;
+/// etcd members of the spare tier.
+pub(crate) const SPARE_MEMBERS: usize = 1;
 /// The workers' session TTL.
 pub(crate) const TTL: Duration = Duration::from_secs(3);
 /// The identity that administers the service.
@@ -38,14 +45,32 @@ pub(crate) const ADMIN: &str = "spiffe://chaos/admin";
 pub(crate) const ADMIN2: &str = "spiffe://chaos/admin2";
 /// The `worker` of entries the runner and the nemesis record.
 pub(crate) const RUNNER: u32 = u32::MAX;
+/// The home tier's name (`--home-tier`): the three-member etcd, which holds the
+/// directory and serves the workers' namespace at the start.
+pub(crate) const HOME_TIER: &str = "home";
+/// The other tier's name: a one-member etcd the rehome fault moves the namespace to.
+pub(crate) const SPARE_TIER: &str = "spare";
+
+/// The tier as the history names it: `None` for the home tier.
+pub(crate) fn tier_field(name: &str) -> Option<String> {
+    (name != HOME_TIER).then(|| name.to_owned())
+}
 
 const AUTHZ: &str = "admins = [\"spiffe://chaos/admin\", \"spiffe://chaos/admin2\"]\n\n[[namespace]]\nid = \"chaos\"\n\n\
     [[namespace.grant]]\nids = [\"spiffe://chaos/workers/\"]\nclasses = [\"cells\"]\n";
 
 /// Everything a run holds while it runs.
 pub(crate) struct Run {
+    pub(crate) layout: Arc<Layout>,
     pub(crate) clock: RunClock,
     pub(crate) etcd: EtcdCluster,
+    /// The spare tier's etcd (one member: the nemesis faults only the home tier's).
+    pub(crate) spare: EtcdCluster,
+    /// The tier the workers' namespace lives on.
+    pub(crate) ns_tier: String,
+    /// The home tier's revision space, held by the restore fault while it replaces the
+    /// cluster (see `marks`).
+    pub(crate) home_space: SpaceCell,
     pub(crate) pg: PgServer,
     pub(crate) replicas: Replicas,
     pub(crate) workers: Option<Workers>,
@@ -167,16 +192,31 @@ where
 
 /// Runs the harness once; see the crate docs for what it starts and checks.
 ///
+/// On network hosts unless `options.loopback`. A SIGINT or SIGTERM stops the run: every
+/// process, directory and network host of it is removed, the history keeps whole lines,
+/// and the result is [`ChaosError::Interrupted`] (see [`crate::Interrupt`]); further
+/// signals meanwhile are ignored. Call it at most once at a time per process: it catches
+/// both signals for the rest of the process's life.
+///
 /// # Errors
 ///
-/// [`ChaosError`] when a part cannot be started, driven or read back. Safety violations
-/// are not errors: they are in the returned summary.
+/// [`ChaosError`] when a part cannot be started, driven or read back, when network hosts
+/// cannot be made ([`ChaosError::Net`]; without the privilege it names the missing
+/// capability and suggests `--loopback`), or when interrupted. Safety violations are
+/// not errors: they are in the returned summary.
 pub async fn run(options: RunOptions) -> Result<Summary, ChaosError> {
     if options.workers == 0 || options.keys == 0 {
         return Err(ChaosError::InvalidOptions(
             "--workers and --keys must be at least 1",
         ));
     }
+    let mut interrupts = Interrupts::listen()?;
+    // Hosts first: without the privilege, the run fails before it makes anything.
+    let layout = Arc::new(if options.loopback {
+        Layout::loopback()
+    } else {
+        Layout::hosts(options.workers)?
+    });
     let dir = tempfile::Builder::new()
         .prefix("palisade-chaos-")
         .tempdir()
@@ -197,7 +237,16 @@ pub async fn run(options: RunOptions) -> Result<Summary, ChaosError> {
         out.flush()
     });
     let clock = RunClock::start();
-    let result = drive(&options, dir.path().to_owned(), clock, tx, holding).await;
+    let ended = {
+        let (options, path, layout) = (options.clone(), dir.path().to_owned(), layout.clone());
+        let runner = layout.runner();
+        interrupt::on_own_thread(&mut interrupts, runner, move || async move {
+            drive(&options, path, clock, tx, holding, layout).await
+        })
+        .await
+    };
+    // Every sender is gone with the run's thread: the writer ends after the last whole
+    // entry.
     let written = writer
         .await
         .map_err(|e| ChaosError::NotReady(format!("the history writer ({e})")))?;
@@ -205,16 +254,22 @@ pub async fn run(options: RunOptions) -> Result<Summary, ChaosError> {
         "writing {}",
         options.history.display()
     )))?;
-    let extra = match result {
-        Ok(extra) => extra,
-        Err(e) => {
-            // Keep the logs of a run that failed.
-            let kept = dir.keep();
-            tracing::error!(logs = %kept.display(), "the run failed; its logs are kept");
-            eprintln!("chaos: the run's logs are in {}", kept.display());
+    let extra = match ended {
+        Ok(Ended::Done(Ok(extra))) => extra,
+        Ok(Ended::Interrupted(signal)) => {
+            drop(dir);
+            drop(layout);
+            return Err(ChaosError::Interrupted {
+                signal,
+                history: options.history.clone(),
+            });
+        }
+        Ok(Ended::Done(Err(e))) | Err(e) => {
+            keep_logs(dir);
             return Err(e);
         }
     };
+    drop(layout);
     let file = std::fs::File::open(&options.history).map_err(ChaosError::io(format!(
         "reading {}",
         options.history.display()
@@ -227,15 +282,23 @@ pub async fn run(options: RunOptions) -> Result<Summary, ChaosError> {
     Ok(summary)
 }
 
+/// Keeps the logs of a run that failed.
+fn keep_logs(dir: tempfile::TempDir) {
+    let kept: &Path = &dir.keep();
+    tracing::error!(logs = %kept.display(), "the run failed; its logs are kept");
+    eprintln!("chaos: the run's logs are in {}", kept.display());
+}
+
 async fn drive(
     options: &RunOptions,
     dir: PathBuf,
     clock: RunClock,
     entries: mpsc::UnboundedSender<Entry>,
     holding: Holding,
+    layout: Arc<Layout>,
 ) -> Result<RunTallies, ChaosError> {
     // PostgreSQL of its own, so the nemesis may restart it.
-    let pg = PgServer::start().await?;
+    let pg = PgServer::start_placed(layout.pg()).await?;
     let admin_pool = palisade_audit::pool(&pg.connection_string("postgres"), 1)?;
     admin_pool
         .get()
@@ -249,21 +312,29 @@ async fn drive(
     let pool = palisade_audit::pool(&database, 16)?;
     resource::prepare(&pool, options.keys).await?;
 
-    let etcd = EtcdCluster::start(3).await;
+    let placements: Vec<_> = (0..ETCD_MEMBERS).map(|i| layout.etcd(i)).collect();
+    let etcd = EtcdCluster::start_placed(&placements).await;
+    let placements: Vec<_> = (0..SPARE_MEMBERS).map(|i| layout.spare_etcd(i)).collect();
+    let spare = EtcdCluster::start_placed(&placements).await;
     std::fs::write(dir.join("authz.toml"), AUTHZ).map_err(ChaosError::io("writing authz.toml"))?;
     let mut replicas = Replicas::new(
         options.exe.clone(),
         dir.clone(),
         &etcd.endpoints(),
+        &spare.endpoints(),
         &database,
-        REPLICAS,
+        (0..REPLICAS).map(|i| layout.replica(i)).collect(),
     )?;
     for i in 0..REPLICAS {
         replicas.start(i).await?;
     }
     let mut run = Run {
+        layout: layout.clone(),
         clock,
         etcd,
+        spare,
+        ns_tier: HOME_TIER.to_owned(),
+        home_space: SpaceCell::default(),
         pg,
         replicas,
         workers: None,
@@ -302,15 +373,40 @@ async fn drive(
     .await?;
     run.space.epoch = run.epoch_of(0).await?.0;
 
-    // The audit tailer, in this process, into the private PostgreSQL.
-    let tailer = palisade_audit::Tailer::connect(&run.etcd.endpoints(), pool.clone())
-        .await?
-        .with_root(ROOT);
-    let tailer = tokio::spawn(async move {
-        let never = tailer.run().await;
-        match never {}
-    });
-    let service = ResourceService::start(pool.clone(), dir.join("audit-spool.jsonl")).await?;
+    // The audit tailer of each tier, in this process, into the private PostgreSQL.
+    let mut tailers = Vec::new();
+    for endpoints in [run.etcd.endpoints(), run.spare.endpoints()] {
+        let tailer = palisade_audit::Tailer::connect(&endpoints, pool.clone())
+            .await?
+            .with_root(ROOT);
+        tailers.push(tokio::spawn(async move {
+            let never = tailer.run().await;
+            match never {}
+        }));
+    }
+    let marker = marks::spawn(
+        vec![
+            Marked {
+                tier: None,
+                endpoints: run.etcd.endpoints(),
+                space: run.home_space.clone(),
+            },
+            Marked {
+                tier: tier_field(SPARE_TIER),
+                endpoints: run.spare.endpoints(),
+                space: SpaceCell::default(),
+            },
+        ],
+        ROOT.to_owned(),
+        clock,
+        run.entries.clone(),
+    );
+    let service = ResourceService::start(
+        pool.clone(),
+        dir.join("audit-spool.jsonl"),
+        layout.resource_addr(),
+    )
+    .await?;
 
     let configs = (0..options.workers)
         .map(|id| WorkerConfig {
@@ -324,16 +420,32 @@ async fn drive(
             ttl_ms: TTL.as_millis() as u64,
         })
         .collect();
-    run.workers = Some(Workers::spawn(&options.exe, &dir, configs, &run.entries)?);
+    let places: Vec<_> = (0..options.workers as usize)
+        .map(|i| layout.worker(i))
+        .collect();
+    run.workers = Some(Workers::spawn(
+        &options.exe,
+        &dir,
+        configs,
+        &places,
+        &run.entries,
+    )?);
 
     // Faults until the time is up; the first round (one of each kind) always completes.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let plan = schedule::plan(options.seed, 10_000);
+    let mut kinds = schedule::ALL_KINDS.to_vec();
+    if layout.network().is_some() {
+        kinds.extend(schedule::NET_KINDS);
+        if layout.netem.is_ok() {
+            kinds.push(crate::history::FaultKind::NetemLatency);
+        }
+    }
+    let plan = schedule::plan(options.seed, 10_000, &kinds);
     for (n, fault) in plan.iter().enumerate() {
         let left = options
             .duration
             .saturating_sub(Duration::from_nanos(run.clock.at_ns()));
-        if n >= schedule::ALL_KINDS.len() && left < fault.gap + fault.hold + TTL * 2 {
+        if n >= kinds.len() && left < fault.gap + fault.hold + TTL * 2 {
             break;
         }
         run.inject(fault, plan.get(n + 1)).await?;
@@ -350,6 +462,7 @@ async fn drive(
     }
     run.replicas.stop_all().await;
     tokio::time::sleep(TTL + Duration::from_secs(1)).await;
+    drop(marker);
     let sink_dropped = service.stop().await;
 
     // etcd's history of the last revision space.
@@ -363,21 +476,43 @@ async fn drive(
     )
     .await?;
     let mut holds = std::mem::take(&mut run.holds);
-    let found = etcd_history::holds(&RootKeys::new(ROOT), &read, run.space);
+    let found = etcd_history::holds(&RootKeys::new(ROOT), &read, run.space, None);
     holds.extend(found.holds);
-    let unmatched_ends = run.unmatched_ends + found.unmatched_ends;
-    let last_lock_rev = read
-        .changes
-        .last()
-        .map_or(0, etcd_history::Change::revision);
-    let caught_up = audit_rows::wait_for_tailer(
-        &pool,
-        read.cluster_id,
-        last_lock_rev,
-        Duration::from_secs(60),
+    let mut unmatched_ends = run.unmatched_ends + found.unmatched_ends;
+    // The spare tier's, one revision space (the nemesis never restores it).
+    let spare_read = etcd_history::read(
+        &run.spare.endpoints(),
+        &prefix,
+        1,
+        etcd_history::Head::Linearizable,
+        false,
     )
     .await?;
-    tailer.abort();
+    let spare_space = RevisionSpace {
+        epoch: 0,
+        from: 1,
+        number: 0,
+    };
+    let found = etcd_history::holds(
+        &RootKeys::new(ROOT),
+        &spare_read,
+        spare_space,
+        Some(SPARE_TIER),
+    );
+    holds.extend(found.holds);
+    unmatched_ends += found.unmatched_ends;
+    let mut caught_up = true;
+    for r in [&read, &spare_read] {
+        let last_lock_rev = r.changes.last().map_or(0, etcd_history::Change::revision);
+        if last_lock_rev > 0 {
+            let limit = Duration::from_secs(60);
+            caught_up &=
+                audit_rows::wait_for_tailer(&pool, r.cluster_id, last_lock_rev, limit).await?;
+        }
+    }
+    for tailer in tailers {
+        tailer.abort();
+    }
     let audit = audit_rows::read(&pool, &run.replayed).await?;
     for e in holds.into_iter().chain(audit.rows) {
         run.record(e);
@@ -389,5 +524,7 @@ async fn drive(
         sink_dropped,
         tailer_caught_up: caught_up,
         workers_failed,
+        kinds,
+        notes: layout.notes(),
     })
 }

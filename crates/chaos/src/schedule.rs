@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use crate::history::FaultKind;
 
-/// Every fault kind, in the history format's order.
-pub const ALL_KINDS: [FaultKind; 8] = [
+/// Every fault kind of a loopback run (and of every run), in the history format's order.
+pub const ALL_KINDS: [FaultKind; 9] = [
     FaultKind::KillEtcdLeader,
     FaultKind::PauseEtcdMember,
     FaultKind::KillServiceReplica,
@@ -17,6 +17,19 @@ pub const ALL_KINDS: [FaultKind; 8] = [
     FaultKind::RestoreEtcdAndAdvanceEpoch,
     FaultKind::ForceRelease,
     FaultKind::LoseReleaseAnswers,
+    FaultKind::RehomeNamespace,
+];
+
+/// The fault kinds a run on network hosts adds ([`FaultKind::NetemLatency`] too when the
+/// kernel has netem).
+pub const NET_KINDS: [FaultKind; 7] = [
+    FaultKind::PartitionHalves,
+    FaultKind::IsolateEtcdLeader,
+    FaultKind::SplitMajorityMinority,
+    FaultKind::CutWorkerFromLockService,
+    FaultKind::DropOneWay,
+    FaultKind::RandomLoss,
+    FaultKind::ClockJump,
 ];
 
 /// One planned fault.
@@ -37,23 +50,31 @@ pub struct PlannedFault {
     pub crash: bool,
 }
 
-/// The plan for a run with `seed`: the eight kinds once each in a seeded order, then kinds
-/// drawn at random, `count` faults in all. Gaps are 1.5–4 s, holds 1.5–4 s.
-pub fn plan(seed: u64, count: usize) -> Vec<PlannedFault> {
+/// The plan for a run with `seed` and the fault `kinds` it can inject: each kind once in a
+/// seeded order, then kinds drawn at random, `count` faults in all. Gaps are 1.5–4 s,
+/// holds 1.5–4 s; for the network kinds ([`NET_KINDS`], netem) gaps are 0.3–1 s and
+/// holds 1–2 s.
+pub fn plan(seed: u64, count: usize, kinds: &[FaultKind]) -> Vec<PlannedFault> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut first = ALL_KINDS;
+    let mut first = kinds.to_vec();
     first.shuffle(&mut rng);
     (0..count)
         .map(|i| {
             let kind = if i < first.len() {
                 first[i]
             } else {
-                ALL_KINDS[rng.gen_range(0..ALL_KINDS.len())]
+                kinds[rng.gen_range(0..kinds.len())]
+            };
+            let net = NET_KINDS.contains(&kind) || kind == FaultKind::NetemLatency;
+            let (gap, hold) = if net {
+                ((300..1_000), (1_000..2_000))
+            } else {
+                ((1_500..4_000), (1_500..4_000))
             };
             PlannedFault {
                 kind,
-                gap: Duration::from_millis(rng.gen_range(1_500..4_000)),
-                hold: Duration::from_millis(rng.gen_range(1_500..4_000)),
+                gap: Duration::from_millis(rng.gen_range(gap)),
+                hold: Duration::from_millis(rng.gen_range(hold)),
                 pick: rng.gen(),
                 crash: rng.gen_bool(0.5),
             }
@@ -67,9 +88,9 @@ mod tests {
 
     #[test]
     fn one_seed_one_plan_and_every_kind_comes_first() {
-        let a = plan(42, 20);
-        assert_eq!(a, plan(42, 20));
-        assert_ne!(a, plan(43, 20), "another seed, another plan");
+        let a = plan(42, 20, &ALL_KINDS);
+        assert_eq!(a, plan(42, 20, &ALL_KINDS));
+        assert_ne!(a, plan(43, 20, &ALL_KINDS), "another seed, another plan");
         let mut first: Vec<FaultKind> = a[..ALL_KINDS.len()].iter().map(|f| f.kind).collect();
         first.sort();
         let mut all = ALL_KINDS.to_vec();
@@ -78,5 +99,23 @@ mod tests {
         assert!(a
             .iter()
             .all(|f| f.gap >= Duration::from_millis(1_500) && f.hold < Duration::from_secs(4)));
+    }
+
+    #[test]
+    fn on_hosts_every_network_kind_is_in_the_first_round_and_only_there_on_loopback() {
+        let kinds = [&ALL_KINDS[..], &NET_KINDS[..]].concat();
+        for seed in [1, 20261130, u64::MAX] {
+            let p = plan(seed, 60, &kinds);
+            let mut first: Vec<FaultKind> = p[..kinds.len()].iter().map(|f| f.kind).collect();
+            first.sort();
+            let mut all = kinds.clone();
+            all.sort();
+            assert_eq!(first, all, "seed {seed}: each kind once, first");
+            for f in p.iter().filter(|f| NET_KINDS.contains(&f.kind)) {
+                assert!(f.gap < Duration::from_secs(1) && f.hold < Duration::from_secs(2));
+            }
+            let loopback = plan(seed, 60, &ALL_KINDS);
+            assert!(loopback.iter().all(|f| !NET_KINDS.contains(&f.kind)));
+        }
     }
 }

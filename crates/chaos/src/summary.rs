@@ -7,10 +7,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::history::{
-    Entry, Event, FaultKind, ForceOutcome, HoldEnd, LossReason, Phase, Target, WriteOutcome,
+    Entry, Event, FaultKind, ForceOutcome, HoldEnd, LossReason, Phase, RehomeOutcome, Target,
+    WriteOutcome,
 };
 use crate::options::RunOptions;
-use crate::schedule::ALL_KINDS;
 
 /// What the run knows that the history does not say.
 #[derive(Debug, Default, Clone)]
@@ -22,6 +22,10 @@ pub(crate) struct RunTallies {
     pub(crate) tailer_caught_up: bool,
     /// Workers that exited before the end, as the reader should know them.
     pub(crate) workers_failed: Vec<String>,
+    /// The fault kinds the run could inject.
+    pub(crate) kinds: Vec<FaultKind>,
+    /// The layout, and what it left out (see [`Summary::notes`]).
+    pub(crate) notes: Vec<String>,
 }
 
 /// Write outcomes of one kind of resource.
@@ -73,10 +77,21 @@ pub struct Summary {
     pub http: WriteCounts,
     /// Token-less writes to the advisory resource.
     pub advisory: WriteCounts,
-    /// Faults injected (started), by kind.
+    /// Faults injected (started), by kind: every kind the run could inject, 0 for those
+    /// it did not.
     pub faults: BTreeMap<FaultKind, u64>,
+    /// How the run was laid out (`network: 12 hosts` or loopback) and which fault kinds
+    /// it did not plan and why (loopback: the network faults; a kernel without netem:
+    /// `netem_latency`).
+    pub notes: Vec<String>,
     /// Epoch advances.
     pub epochs_advanced: u64,
+    /// Rehomes that moved the namespace to the other tier.
+    pub rehomes_moved: u64,
+    /// Rehomes the service rolled back (the drain did not finish in time).
+    pub rehomes_rolled_back: u64,
+    /// Holds read from the spare tier's etcd history (of [`Summary::etcd_holds`]).
+    pub spare_tier_holds: u64,
     /// Holds read from etcd's history.
     pub etcd_holds: u64,
     /// Holds a restore brought back (`restored_hold` entries; each is also reported,
@@ -129,8 +144,12 @@ impl Summary {
             postgres: WriteCounts::default(),
             http: WriteCounts::default(),
             advisory: WriteCounts::default(),
-            faults: ALL_KINDS.iter().map(|k| (*k, 0)).collect(),
+            faults: extra.kinds.iter().map(|k| (*k, 0)).collect(),
+            notes: extra.notes,
             epochs_advanced: 0,
+            rehomes_moved: 0,
+            rehomes_rolled_back: 0,
+            spare_tier_holds: 0,
             etcd_holds: 0,
             restored_holds: 0,
             restored_holds_ended: 0,
@@ -187,7 +206,16 @@ impl Summary {
                     ..
                 } => *s.faults.entry(*kind).or_default() += 1,
                 Event::EpochAdvanced { .. } => s.epochs_advanced += 1,
-                Event::EtcdHold { .. } => s.etcd_holds += 1,
+                Event::EtcdHold { tier, .. } => {
+                    s.etcd_holds += 1;
+                    if tier.is_some() {
+                        s.spare_tier_holds += 1;
+                    }
+                }
+                Event::Rehome { outcome, .. } => match outcome {
+                    RehomeOutcome::Moved { .. } => s.rehomes_moved += 1,
+                    RehomeOutcome::RolledBack { .. } => s.rehomes_rolled_back += 1,
+                },
                 Event::RestoredHold { end, .. } => {
                     s.restored_holds += 1;
                     if *end != HoldEnd::Open {
@@ -286,11 +314,25 @@ impl fmt::Display for Summary {
                 .unwrap_or_default();
             writeln!(f, "  {name:<32} {n:>10}")?;
         }
+        for note in &self.notes {
+            writeln!(f, "{note}")?;
+        }
         writeln!(f, "{:<34} {:>10}", "epochs advanced", self.epochs_advanced)?;
+        writeln!(f, "{:<34} {:>10}", "rehomes moved", self.rehomes_moved)?;
+        writeln!(
+            f,
+            "{:<34} {:>10}",
+            "rehomes rolled back", self.rehomes_rolled_back
+        )?;
         writeln!(
             f,
             "{:<34} {:>10}",
             "holds in etcd's history", self.etcd_holds
+        )?;
+        writeln!(
+            f,
+            "{:<34} {:>10}",
+            "  on the spare tier", self.spare_tier_holds
         )?;
         writeln!(
             f,

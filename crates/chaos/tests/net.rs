@@ -97,11 +97,19 @@ fn a_clock_jump_moves_the_wall_clock_and_not_the_monotonic_one() {
     let dir = tempfile::tempdir().unwrap();
     let net = Network::create(&["a"]).unwrap();
     let skew = ClockSkew::new(&dir.path().join("offset")).unwrap();
+    let pids = std::cell::RefCell::new(Vec::new());
     let read = || {
         let mut c = net.host("a").unwrap().command("/usr/bin/python3");
         c.args(["-c", "import time; print(time.time(), time.monotonic())"]);
         skew.apply(&mut c);
-        let out = c.output().unwrap();
+        let child = c
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        skew.started(child.id());
+        pids.borrow_mut().push(child.id());
+        let out = child.wait_with_output().unwrap();
         assert!(
             out.status.success(),
             "{}",
@@ -130,6 +138,20 @@ fn a_clock_jump_moves_the_wall_clock_and_not_the_monotonic_one() {
             mono.abs() < 30.0,
             "jump {jump}: monotonic clock off by {mono} s"
         );
+    }
+    // libfaketime 0.9.10 leaves a shared memory file per process; the skew removes them.
+    let removed = skew.remove_leftovers();
+    assert!(
+        removed.iter().all(|p| p.starts_with("/dev/shm")),
+        "{removed:?}"
+    );
+    for pid in pids.borrow().iter() {
+        for name in [
+            format!("faketime_shm_{pid}"),
+            format!("sem.faketime_sem_{pid}"),
+        ] {
+            assert!(!std::path::Path::new("/dev/shm").join(name).exists());
+        }
     }
 }
 

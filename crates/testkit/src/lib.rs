@@ -9,6 +9,9 @@
 //!   a temp dir on free loopback ports; kill, restart, pause, leader, snapshot and restore.
 //!   `PALISADE_ETCD` picks the `etcd` binary (etcd 3.4 and 3.5 both run): [`EtcdBinaries`].
 //! - [`LossyProxy`]: a TCP proxy on loopback that loses a request or its answer on demand.
+//! - [`Placement`]: where etcd members and a [`PgServer`] run, for a caller that puts them
+//!   on network hosts of its own (an address and a command prefix such as
+//!   `ip netns exec NETNS`); loopback by default.
 //!
 //! Nothing here is mocked and nothing is skipped: a missing server fails the test with a
 //! message that names `scripts/test`, which installs and starts what is missing.
@@ -16,6 +19,7 @@
 mod etcd;
 mod pg_server;
 mod pgbouncer;
+mod placement;
 mod postgres;
 mod proxy;
 
@@ -25,5 +29,6 @@ pub use etcd::{
 };
 pub use pg_server::{PgServer, PgServerError, StopMode};
 pub use pgbouncer::PgBouncer;
+pub use placement::Placement;
 pub use postgres::TestDb;
 pub use proxy::{Loss, LossyProxy};

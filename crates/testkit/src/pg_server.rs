@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 use tokio_postgres::NoTls;
 
+use crate::Placement;
+
 /// Where Debian installs the server binaries: `/usr/lib/postgresql/<major>/bin`.
 const PG_LIB: &str = "/usr/lib/postgresql";
 /// The OS user that owns the cluster when the caller runs as root (`initdb` and `postgres`
@@ -76,8 +78,8 @@ pub enum StopMode {
 }
 
 /// A PostgreSQL cluster of its own: `initdb` into a temp dir (on `/dev/shm` when it exists),
-/// `trust` authentication for the `postgres` role, the server listening on `127.0.0.1` and
-/// a free port. The server is a child process (through util-linux `setpriv`, which also
+/// `trust` authentication for the `postgres` role, the server listening on `127.0.0.1` (or
+/// a [`Placement`]'s address, [`PgServer::start_placed`]) and a free port. The server is a child process (through util-linux `setpriv`, which also
 /// drops to the `postgres` OS user when the caller is root and sets a parent-death signal
 /// so that it cannot outlive its parent thread).
 ///
@@ -101,6 +103,7 @@ pub enum StopMode {
 pub struct PgServer {
     bin: PathBuf,
     port: u16,
+    placement: Placement,
     as_postgres: bool,
     process: Option<Child>,
     // Last, so the server is stopped (in `drop`) before the directory goes.
@@ -115,6 +118,17 @@ impl PgServer {
     /// [`PgServerError::BinariesMissing`], a failed `initdb` or `chown`, or a server that
     /// does not accept connections within 60 s.
     pub async fn start() -> Result<PgServer, PgServerError> {
+        PgServer::start_placed(Placement::loopback()).await
+    }
+
+    /// [`PgServer::start`], with the server listening on `placement`'s address and run
+    /// through its prefix (`initdb` runs in the caller's network). The caller must reach
+    /// that address.
+    ///
+    /// # Errors
+    ///
+    /// As [`PgServer::start`].
+    pub async fn start_placed(placement: Placement) -> Result<PgServer, PgServerError> {
         let bin = server_bin().ok_or(PgServerError::BinariesMissing)?;
         let root = if Path::new("/dev/shm").is_dir() {
             PathBuf::from("/dev/shm")
@@ -148,10 +162,26 @@ impl PgServer {
             "--locale=C",
         ]);
         run(&mut initdb, "initdb")?;
+        // initdb trusts local sockets and loopback only; a placed server is reached from
+        // its network's own subnet (the server listens on nothing else).
+        let mut hba = std::fs::OpenOptions::new()
+            .append(true)
+            .open(data.join("pg_hba.conf"))
+            .map_err(|source| PgServerError::Io {
+                what: "opening pg_hba.conf".into(),
+                source,
+            })?;
+        std::io::Write::write_all(&mut hba, b"host all all samenet trust\n").map_err(|source| {
+            PgServerError::Io {
+                what: "writing pg_hba.conf".into(),
+                source,
+            }
+        })?;
         let port = free_port()?;
         let mut server = PgServer {
             bin,
             port,
+            placement,
             as_postgres,
             process: None,
             dir,
@@ -160,7 +190,7 @@ impl PgServer {
         Ok(server)
     }
 
-    /// The server's port on 127.0.0.1.
+    /// The server's port (on 127.0.0.1, or the placement's address).
     pub fn port(&self) -> u16 {
         self.port
     }
@@ -168,7 +198,8 @@ impl PgServer {
     /// A libpq key/value connection string for `dbname` as the `postgres` role.
     pub fn connection_string(&self, dbname: &str) -> String {
         format!(
-            "host=127.0.0.1 port={} user=postgres dbname={dbname}",
+            "host={} port={} user=postgres dbname={dbname}",
+            self.placement.addr(),
             self.port
         )
     }
@@ -251,7 +282,8 @@ impl PgServer {
             what: "opening the server log".into(),
             source,
         })?;
-        let mut command = setpriv(self.as_postgres, true);
+        let mut command = self.placement.command("setpriv");
+        command.args(setpriv(self.as_postgres, true).get_args());
         command
             .arg(self.bin.join("postgres"))
             .arg("-D")
@@ -260,7 +292,7 @@ impl PgServer {
                 "-p",
                 &self.port.to_string(),
                 "-c",
-                "listen_addresses=127.0.0.1",
+                &format!("listen_addresses={}", self.placement.addr()),
                 "-c",
                 "max_connections=200",
             ])

@@ -65,6 +65,8 @@ struct EtcdHold {
     end_rev: Option<i64>,
     end: HoldEnd,
     space: u32,
+    /// Of the home tier (the only one a restore cuts).
+    home: bool,
 }
 
 #[derive(Debug, Default)]
@@ -92,7 +94,7 @@ impl Audit {
         grant_rev: i64,
         end_rev: Option<i64>,
         end: HoldEnd,
-        space: u32,
+        (home, space): (bool, u32),
     ) {
         self.pending.push(EtcdHold {
             entry,
@@ -102,6 +104,7 @@ impl Audit {
             end_rev,
             end,
             space,
+            home,
         });
         self.etcd_holds
             .insert((lock.clone(), token), (grant_rev, end_rev));
@@ -118,7 +121,11 @@ impl Audit {
     /// one for an event above its space's cut.
     fn expect_holds(&mut self) {
         for h in std::mem::take(&mut self.pending) {
-            let cut = self.cuts.get(&h.space).copied().unwrap_or(i64::MAX);
+            let cut = if h.home {
+                self.cuts.get(&h.space).copied().unwrap_or(i64::MAX)
+            } else {
+                i64::MAX
+            };
             let needed = |rev: i64| usize::from(rev <= cut);
             let record = |kind| AuditRecord::Lock {
                 kind,

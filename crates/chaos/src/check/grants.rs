@@ -1,5 +1,7 @@
 //! Check (d): epochs only increase, and every grant's token is above every token granted
 //! before its acquire began (also across an epoch advance, when etcd's revisions went back).
+//! Epoch advances are per tier (one sequence across tiers): a grant is held to the last
+//! advance of the tier that granted it.
 //!
 //! Memory: the acquires in flight (per worker and lock) and the set of granted tokens
 //! (eight bytes per grant, to tell a write's token was granted at all).
@@ -20,14 +22,16 @@ struct Pending {
     invoked: EntryIndex,
     /// The largest token granted before the acquire began.
     granted_before: Option<GrantRef>,
-    /// The epoch advanced last before the acquire began.
-    epoch_before: Option<EpochRef>,
+    /// Per tier (`None`: the home tier), the epoch advanced last there before the
+    /// acquire began.
+    epoch_before: Vec<(Option<String>, EpochRef)>,
 }
 
 #[derive(Debug)]
 pub(crate) struct Grants {
     granted: Floor<GrantRef>,
-    epochs: Floor<EpochRef>,
+    /// Per tier, its advances.
+    epochs: HashMap<Option<String>, Floor<EpochRef>>,
     last_epoch: Option<EpochRef>,
     /// Per worker, its acquires in flight (a worker holds few locks at once).
     pending: HashMap<u32, Vec<Pending>>,
@@ -38,7 +42,7 @@ impl Grants {
     pub(crate) fn new() -> Self {
         Grants {
             granted: Floor::new(),
-            epochs: Floor::new(),
+            epochs: HashMap::new(),
             last_epoch: None,
             pending: HashMap::new(),
             tokens: HashSet::new(),
@@ -50,7 +54,11 @@ impl Grants {
             lock: lock.clone(),
             invoked: index,
             granted_before: self.granted.before(at_ns).map(|(_, g)| g.clone()),
-            epoch_before: self.epochs.before(at_ns).map(|(_, e)| *e),
+            epoch_before: self
+                .epochs
+                .iter()
+                .filter_map(|(tier, f)| f.before(at_ns).map(|(_, e)| (tier.clone(), *e)))
+                .collect(),
         };
         let mine = self.pending.entry(worker).or_default();
         mine.retain(|p| p.lock != *lock);
@@ -76,6 +84,7 @@ impl Grants {
         lock: &LockName,
         token: u64,
         grant_rev: i64,
+        tier: Option<&str>,
         out: &mut Vec<Violation>,
     ) {
         let grant = GrantRef {
@@ -96,7 +105,12 @@ impl Grants {
                 grant: grant.clone(),
             }),
             Some(p) => {
-                if let Some(advanced) = p.epoch_before {
+                let of_tier = p
+                    .epoch_before
+                    .iter()
+                    .find(|(t, _)| t.as_deref() == tier)
+                    .map(|(_, e)| *e);
+                if let Some(advanced) = of_tier {
                     if token >> REVISION_BITS < u64::from(advanced.epoch) {
                         out.push(Violation::TokenFromOldEpoch {
                             lock: lock.clone(),
@@ -127,6 +141,7 @@ impl Grants {
         index: EntryIndex,
         at_ns: u64,
         epoch: u16,
+        tier: Option<&str>,
         out: &mut Vec<Violation>,
     ) {
         let next = EpochRef {
@@ -139,7 +154,10 @@ impl Grants {
             }
         }
         self.last_epoch = Some(next);
-        self.epochs.record(at_ns, u64::from(epoch), next);
+        self.epochs
+            .entry(tier.map(str::to_owned))
+            .or_insert_with(Floor::new)
+            .record(at_ns, u64::from(epoch), next);
     }
 
     /// Records a token that etcd's history shows was granted.

@@ -7,7 +7,8 @@
 //! grants before the epoch is advanced (one a locker refuses on seeing the restored
 //! cluster, and deletes) can share its epoch and its revisions with a hold of the earlier
 //! space without the two ever existing in one cluster. Holds are therefore compared per
-//! `(lock, epoch, space)`; how the spaces relate is rules (d) and (f). etcd's history can
+//! `(lock, epoch, tier, space)` (each tier is a cluster of its own, with its own revisions);
+//! how the spaces relate is rules (d) and (f), how the tiers relate rule (i). etcd's history can
 //! list holds in any order, so the intervals of each group are kept (32 bytes a hold) and
 //! swept once, sorted by grant revision, at the end.
 
@@ -18,13 +19,20 @@ use crate::history::LockName;
 
 #[derive(Debug, Default)]
 pub(crate) struct Holds {
-    by_lock: HashMap<(LockName, u16, u32), Vec<HoldRef>>,
+    by_lock: HashMap<(LockName, u16, Option<String>, u32), Vec<HoldRef>>,
 }
 
 impl Holds {
-    pub(crate) fn add(&mut self, lock: &LockName, epoch: u16, space: u32, hold: HoldRef) {
+    pub(crate) fn add(
+        &mut self,
+        lock: &LockName,
+        epoch: u16,
+        tier: Option<&str>,
+        space: u32,
+        hold: HoldRef,
+    ) {
         self.by_lock
-            .entry((lock.clone(), epoch, space))
+            .entry((lock.clone(), epoch, tier.map(str::to_owned), space))
             .or_default()
             .push(hold);
     }
@@ -32,7 +40,7 @@ impl Holds {
     pub(crate) fn finish(self, out: &mut Vec<Violation>) {
         let mut locks: Vec<_> = self.by_lock.into_iter().collect();
         locks.sort_by(|a, b| a.0.cmp(&b.0));
-        for ((lock, epoch, _space), mut holds) in locks {
+        for ((lock, epoch, _tier, _space), mut holds) in locks {
             holds.sort_by_key(|h| (h.grant_rev, h.entry));
             // The hold reaching farthest so far, among all and among exclusive ones.
             let mut reach_all: Option<&HoldRef> = None;

@@ -20,15 +20,21 @@
 //!   committed with a token below it ([`Violation::StaleWriteAdmitted`]). Refusals must be
 //!   justified: a token at or above the reported mark is not stale
 //!   ([`Violation::UnjustifiedRejection`]).
-//! - **(c) Exclusion.** In etcd's history (`etcd_hold`), no two holds of one lock in one epoch
-//!   and one revision space overlap as half-open revision intervals `[grant_rev, end_rev)`
+//! - **(c) Exclusion.** In etcd's history (`etcd_hold`), no two holds of one lock in one epoch,
+//!   one tier and one revision space overlap as half-open revision intervals `[grant_rev, end_rev)`
 //!   unless both are shared ([`Violation::HoldsOverlap`]). (A restored cluster numbers its
 //!   revisions again from the snapshot's, so revisions of two spaces do not order holds.)
-//! - **(d) Tokens only grow.** Epochs advance to larger values
+//! - **(d) Tokens only grow.** Epochs advance to larger values, one sequence across tiers
 //!   ([`Violation::EpochNotIncreasing`]). A grant whose acquire began after an epoch advance
-//!   carries that epoch or a later one ([`Violation::TokenFromOldEpoch`]), and a token above
+//!   of the tier that granted it (`granted` and `epoch_advanced` name the tier; none names
+//!   the home tier) carries that epoch or a later one ([`Violation::TokenFromOldEpoch`]): a
+//!   restore advances the restored tier only, and the other tier's grants keep their epoch.
+//!   Also, a token above
 //!   every token granted before its acquire began, of any lock, since the revision is
-//!   cluster-wide and the epoch sits above it ([`Violation::TokenNotIncreasing`]). A token's
+//!   cluster-wide and the epoch sits above it ([`Violation::TokenNotIncreasing`]); across a
+//!   rehome too, since the new tier's epoch is above every tier's (this compares grants of
+//!   every lock, so it assumes the history's locks share one namespace, as the run's do).
+//!   A token's
 //!   low 48 bits are its `grant_rev` ([`Violation::TokenNotFromGrant`]).
 //! - **(e) Audit.** Each grant, release, expiry and forced release of a hold in etcd's
 //!   history, and each write committed without a token, has exactly one audit row
@@ -67,6 +73,14 @@
 //!   hold never stays until the session expires or the history ends while the session
 //!   was granted another ([`Violation::ReleaseLeftHeld`]). Holds are found by lock and
 //!   token, sessions by the `session` of `etcd_hold`.
+//! - **(i) Holds across tiers.** A rehome moves a namespace to another tier (etcd cluster).
+//!   Per lock, two holds on different tiers (`etcd_hold` with different `tier`) do not
+//!   overlap in real time unless both are shared ([`Violation::TierHoldsOverlap`]), and
+//!   the one granted after the other ended carries the larger token
+//!   ([`Violation::TierTokenNotAbove`]): every token after a move is above every token
+//!   before it. Real time comes from the runner's `revision_seen` marks (one tier's
+//!   revision read linearizably, with when the read was sent and answered); a rule is
+//!   broken only where the marks prove it (see `tiers.rs`).
 //! - **The history itself.** Completions match open invocations with the same resource,
 //!   target and token; `op`s are not reused while in flight; every token written was granted
 //!   (by a `granted` or an `etcd_hold` entry); every `granted` follows its worker's
@@ -151,6 +165,7 @@ mod releases;
 mod reorder;
 mod report;
 mod restored;
+mod tiers;
 mod violation;
 mod violation_text;
 mod writes;
@@ -232,6 +247,7 @@ pub struct Checker {
     forces: force::Forces,
     releases: releases::Releases,
     loss_signal: loss_signal::LossSignal,
+    tiers: tiers::Tiers,
 }
 
 impl Default for Checker {
@@ -255,6 +271,7 @@ impl Checker {
             forces: force::Forces::default(),
             releases: releases::Releases::default(),
             loss_signal: loss_signal::LossSignal::default(),
+            tiers: tiers::Tiers::default(),
         }
     }
 
@@ -285,12 +302,14 @@ impl Checker {
                 token,
                 session,
                 grant_rev,
+                tier,
             } => {
                 c.grants += 1;
                 self.forces.granted(index, worker, lock, *token);
                 self.restored.handed_out(lock, *session, *token);
+                let tier = tier.as_deref();
                 self.grants
-                    .granted(index, at, worker, lock, *token, *grant_rev, out);
+                    .granted(index, at, worker, lock, *token, *grant_rev, tier, out);
                 self.audit.worker_grant(lock, *token, *grant_rev);
                 self.loss_signal
                     .granted(index, at, worker, lock, *token, *session);
@@ -408,10 +427,25 @@ impl Checker {
                     self.loss_signal.pause(*w, at, *phase == Phase::Start);
                 }
             }
-            Event::EpochAdvanced { epoch } => {
+            Event::EpochAdvanced { epoch, tier } => {
                 c.epoch_advances += 1;
                 self.forces.epoch_advanced(at);
-                self.grants.epoch_advanced(index, at, *epoch, out);
+                self.grants
+                    .epoch_advanced(index, at, *epoch, tier.as_deref(), out);
+            }
+            Event::Rehome { outcome, .. } => match outcome {
+                crate::history::RehomeOutcome::Moved { .. } => c.rehomes_moved += 1,
+                crate::history::RehomeOutcome::RolledBack { .. } => c.rehomes_rolled_back += 1,
+            },
+            Event::RevisionSeen {
+                tier,
+                space,
+                revision,
+                asked_ns,
+            } => {
+                c.revision_marks += 1;
+                self.tiers
+                    .seen(tier.as_deref(), *space, *revision, *asked_ns, at);
             }
             Event::EtcdHold {
                 lock,
@@ -422,8 +456,10 @@ impl Checker {
                 end,
                 space,
                 session,
+                tier,
             } => {
                 c.etcd_holds += 1;
+                let tier = tier.as_deref();
                 if *exclusive {
                     c.exclusive_holds += 1;
                 }
@@ -462,12 +498,28 @@ impl Checker {
                 self.restored
                     .granted(lock, *space, *epoch, *session, hold.clone());
                 self.releases.etcd_hold(
-                    index, lock, token, *session, *space, *grant_rev, *end_rev, *end,
+                    index,
+                    lock,
+                    token,
+                    *session,
+                    (tier, *space),
+                    *grant_rev,
+                    *end_rev,
+                    *end,
                 );
-                self.holds.add(lock, *epoch, *space, hold);
+                self.tiers.hold(lock, tier, *space, token, hold.clone());
+                self.holds.add(lock, *epoch, tier, *space, hold);
                 self.grants.etcd_token(token);
-                self.audit
-                    .etcd_hold(index, lock, token, *grant_rev, *end_rev, *end, *space);
+                let home = tier.is_none();
+                self.audit.etcd_hold(
+                    index,
+                    lock,
+                    token,
+                    *grant_rev,
+                    *end_rev,
+                    *end,
+                    (home, *space),
+                );
             }
             Event::RestoredHold {
                 lock,
@@ -480,7 +532,7 @@ impl Checker {
                 end,
             } => {
                 c.restored_holds += 1;
-                self.releases.space(*space);
+                self.releases.space(None, *space);
                 let ended = *end != HoldEnd::Open;
                 if ended != end_rev.is_some() {
                     let problem = EntryProblem::HoldEndMismatch {
@@ -552,6 +604,7 @@ impl Checker {
         let out = &mut self.violations;
         self.holds.finish(out);
         self.restored.finish(out);
+        self.tiers.finish(out);
         self.counts.forced_holds = self.forces.forced_count();
         self.forces.finish(out);
         self.releases.finish(out);

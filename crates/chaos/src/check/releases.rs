@@ -27,24 +27,29 @@ struct Release {
     unknown: bool,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Hold {
     entry: EntryIndex,
     session: i64,
     space: u32,
+    tier: Option<String>,
     grant_rev: i64,
     end_rev: Option<i64>,
     end: HoldEnd,
 }
 
+/// A session in one revision space of one tier: `(lease id, tier, space)`.
+type SessionKey = (i64, Option<String>, u32);
+
 #[derive(Debug, Default)]
 pub(crate) struct Releases {
     releases: Vec<Release>,
     holds: HashMap<(LockName, u64), Vec<Hold>>,
-    /// `(session, space)` -> the grant revisions of its holds.
-    by_session: HashMap<(i64, u32), Vec<(i64, EntryIndex)>>,
-    /// The highest revision space seen: every lower one was destroyed by a restore.
-    last_space: u32,
+    /// `(session, tier, space)` -> the grant revisions of its holds.
+    by_session: HashMap<SessionKey, Vec<(i64, EntryIndex)>>,
+    /// Per tier, the highest revision space seen: every lower one was destroyed by a
+    /// restore.
+    last_space: HashMap<Option<String>, u32>,
 }
 
 impl Releases {
@@ -63,9 +68,11 @@ impl Releases {
         });
     }
 
-    /// A space seen in etcd's history (of an `etcd_hold` or a `restored_hold`).
-    pub(crate) fn space(&mut self, space: u32) {
-        self.last_space = self.last_space.max(space);
+    /// A space of `tier` seen in etcd's history (of an `etcd_hold` or a
+    /// `restored_hold`, which is always of the home tier).
+    pub(crate) fn space(&mut self, tier: Option<&str>, space: u32) {
+        let last = self.last_space.entry(tier.map(str::to_owned)).or_default();
+        *last = (*last).max(space);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -75,17 +82,19 @@ impl Releases {
         lock: &LockName,
         token: u64,
         session: Option<i64>,
-        space: u32,
+        (tier, space): (Option<&str>, u32),
         grant_rev: i64,
         end_rev: Option<i64>,
         end: HoldEnd,
     ) {
-        self.space(space);
+        self.space(tier, space);
         let Some(session) = session else { return };
+        let tier = tier.map(str::to_owned);
         let hold = Hold {
             entry,
             session,
             space,
+            tier: tier.clone(),
             grant_rev,
             end_rev,
             end,
@@ -95,7 +104,7 @@ impl Releases {
             .or_default()
             .push(hold);
         self.by_session
-            .entry((session, space))
+            .entry((session, tier, space))
             .or_default()
             .push((grant_rev, entry));
     }
@@ -108,7 +117,8 @@ impl Releases {
                 .into_iter()
                 .flatten()
             {
-                if h.end == HoldEnd::Open && h.space < self.last_space {
+                let last = self.last_space.get(&h.tier).copied().unwrap_or(0);
+                if h.end == HoldEnd::Open && h.space < last {
                     continue;
                 }
                 let lingered = matches!(h.end, HoldEnd::Expired | HoldEnd::Open);
@@ -118,7 +128,7 @@ impl Releases {
                 let end = h.end_rev.unwrap_or(i64::MAX);
                 let later = self
                     .by_session
-                    .get(&(h.session, h.space))
+                    .get(&(h.session, h.tier.clone(), h.space))
                     .into_iter()
                     .flatten()
                     .filter(|(rev, _)| *rev > h.grant_rev && *rev < end)

@@ -54,6 +54,13 @@ pub struct Counts {
     pub exclusive_holds: u64,
     /// Holds a snapshot restore brought back (`restored_hold` entries).
     pub restored_holds: u64,
+    /// Rehomes that moved the namespace (`rehome` entries, outcome `moved`).
+    pub rehomes_moved: u64,
+    /// Rehomes rolled back (`rehome` entries, outcome `rolled_back`).
+    pub rehomes_rolled_back: u64,
+    /// `revision_seen` entries: reads of a tier's revision that place its revisions in
+    /// real time.
+    pub revision_marks: u64,
     /// `audit_row` entries.
     pub audit_rows: u64,
     /// Lock events above an `audit_cut` (read by no tailer before a restore destroyed

@@ -106,6 +106,40 @@ pub enum Violation {
         /// Its epoch.
         epoch: u16,
     },
+    /// (i) Two holds of one lock on two tiers (etcd clusters) that overlap in real time:
+    /// the revision marks show each granted before the other ended, where at least one
+    /// is exclusive. A rehome must drain the old tier before the new one grants.
+    TierHoldsOverlap {
+        /// The lock.
+        lock: LockName,
+        /// One hold (revisions of its own tier).
+        first: HoldRef,
+        /// Its tier (`None`: the home tier).
+        first_tier: Option<String>,
+        /// The other hold.
+        second: HoldRef,
+        /// Its tier.
+        second_tier: Option<String>,
+    },
+    /// (i) A hold granted after a hold of the same lock on another tier had ended (as
+    /// the revision marks show), whose token is not above that hold's: a rehome did not
+    /// put the new tier's tokens above the old tier's.
+    TierTokenNotAbove {
+        /// The lock.
+        lock: LockName,
+        /// The hold that ended first.
+        earlier: HoldRef,
+        /// Its tier (`None`: the home tier).
+        earlier_tier: Option<String>,
+        /// Its token.
+        earlier_token: u64,
+        /// The hold granted after it ended.
+        later: HoldRef,
+        /// Its tier.
+        later_tier: Option<String>,
+        /// Its token, at or below `earlier_token`.
+        later_token: u64,
+    },
     /// (g) A hold etcd's history shows force-released by a request that did not name
     /// it: the request is unknown, is about another lock, or its targets (fixed when it
     /// was made) do not include the hold's grant revision.
@@ -348,6 +382,8 @@ pub enum ViolationKind {
     HoldsOverlap,
     RestoredHoldOverlap,
     RestoredHoldNotOlder,
+    TierHoldsOverlap,
+    TierTokenNotAbove,
     EpochNotIncreasing,
     TokenFromOldEpoch,
     TokenNotIncreasing,
@@ -382,6 +418,8 @@ impl Violation {
             Violation::HoldsOverlap { .. } => ViolationKind::HoldsOverlap,
             Violation::RestoredHoldOverlap { .. } => ViolationKind::RestoredHoldOverlap,
             Violation::RestoredHoldNotOlder { .. } => ViolationKind::RestoredHoldNotOlder,
+            Violation::TierHoldsOverlap { .. } => ViolationKind::TierHoldsOverlap,
+            Violation::TierTokenNotAbove { .. } => ViolationKind::TierTokenNotAbove,
             Violation::EpochNotIncreasing { .. } => ViolationKind::EpochNotIncreasing,
             Violation::TokenFromOldEpoch { .. } => ViolationKind::TokenFromOldEpoch,
             Violation::TokenNotIncreasing { .. } => ViolationKind::TokenNotIncreasing,
@@ -442,7 +480,11 @@ impl Violation {
                 };
                 vec![write.entry, *invoked, mark]
             }
-            Violation::HoldsOverlap { first, second, .. } => vec![first.entry, second.entry],
+            Violation::HoldsOverlap { first, second, .. }
+            | Violation::TierHoldsOverlap { first, second, .. } => vec![first.entry, second.entry],
+            Violation::TierTokenNotAbove { earlier, later, .. } => {
+                vec![earlier.entry, later.entry]
+            }
             Violation::RestoredHoldOverlap { restored, hold, .. }
             | Violation::RestoredHoldNotOlder { restored, hold, .. } => {
                 vec![restored.entry, hold.entry]

@@ -47,6 +47,30 @@ impl fmt::Display for Violation {
                     LockDisplay(restored_lock)
                 )
             }
+            Violation::TierHoldsOverlap { lock, first, first_tier, second, second_tier } => write!(
+                f,
+                "{}: holds on two tiers overlap in real time: {first} on {} and {second} on {}",
+                LockDisplay(lock),
+                TierDisplay(first_tier),
+                TierDisplay(second_tier)
+            ),
+            Violation::TierTokenNotAbove {
+                lock,
+                earlier,
+                earlier_tier,
+                earlier_token,
+                later,
+                later_tier,
+                later_token,
+            } => write!(
+                f,
+                "{}: {later} on {} was granted after {earlier} on {} had ended, with token {} not                  above {}",
+                LockDisplay(lock),
+                TierDisplay(later_tier),
+                TierDisplay(earlier_tier),
+                TokenDisplay(*later_token),
+                TokenDisplay(*earlier_token)
+            ),
             Violation::EpochNotIncreasing { previous, next } => write!(
                 f,
                 "epoch advanced to {} ({}) after {} ({}): epochs must increase",
@@ -192,6 +216,18 @@ impl fmt::Display for TokenDisplay {
 }
 
 pub(crate) struct LockDisplay<'a>(pub(crate) &'a LockName);
+
+/// A tier as the history names it: `None` is the home tier.
+struct TierDisplay<'a>(&'a Option<String>);
+
+impl fmt::Display for TierDisplay<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(t) => write!(f, "tier {t}"),
+            None => f.write_str("the home tier"),
+        }
+    }
+}
 
 impl fmt::Display for LockDisplay<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -10,6 +10,8 @@
 //! | restart Postgres | immediate (crash) or fast stop | start (crash recovery) |
 //! | force release | twice: an admin requests a force release of a lock a worker holds (`pick % holders`; by its grant revision or every holder at request time), and a second admin approves it through the other replica, at once, then `pick % 1500` ms later | after `hold` |
 //! | lose release answers | worker `pick % workers` is told to have its loopback proxy lose its releases (all of one release's attempts for 1 s, then the answer to one's first attempt, then one's first attempt, in turn) for the TTL plus `hold` | told to stop |
+//! | rehome namespace | the workers' namespace moved to the other tier (and back the next time) through replica `pick % 2`, drain `hold` | the move's answer: moved (with the new tier's epoch) or rolled back |
+//! | network faults, clock jumps | see `net.rs` | |
 //! | restore etcd | replicas and the leader's followers paused; history read to its end from the leader; every member restored in place from a snapshot taken before the gap, with a new cluster id | replicas resumed; epoch advanced through replica 0, and through each other replica that still refuses grants |
 
 use std::time::Duration;
@@ -25,6 +27,8 @@ use crate::schedule::PlannedFault;
 use crate::worker::{LOSE_RELEASES_OFF, LOSE_RELEASES_ON, PAUSE_ARMED_FOR, PAUSE_NEXT_WRITE};
 
 mod force;
+mod net;
+mod rehome;
 mod restore;
 
 /// How long a paused holder is kept stopped past its pause for its lock to be granted to
@@ -177,6 +181,15 @@ impl Run {
             }
             FaultKind::RestoreEtcdAndAdvanceEpoch => self.restore(f).await?,
             FaultKind::ForceRelease => self.force_release(f).await?,
+            FaultKind::RehomeNamespace => self.rehome(f).await?,
+            FaultKind::PartitionHalves
+            | FaultKind::IsolateEtcdLeader
+            | FaultKind::SplitMajorityMinority
+            | FaultKind::CutWorkerFromLockService
+            | FaultKind::DropOneWay
+            | FaultKind::RandomLoss
+            | FaultKind::NetemLatency
+            | FaultKind::ClockJump => self.net_fault(f).await?,
             FaultKind::LoseReleaseAnswers => {
                 let Some(count) = self.workers.as_ref().map(procs::Workers::count) else {
                     return Ok(());

@@ -30,6 +30,9 @@ impl Run {
                 snapshot.revision()
             ),
         );
+        // Revision marks of the home tier wait for the new space (see `marks`).
+        let space_cell = self.home_space.clone();
+        let mut home_space = space_cell.lock().await;
         // The old cluster's history goes with it: read it to its very end. With the
         // replicas stopped nothing is granted or released; with the leader's followers
         // stopped nothing commits at all (not even a lease expiry), so what the leader
@@ -86,7 +89,7 @@ impl Run {
                 return Err(e);
             }
         };
-        let found = etcd_history::holds(&RootKeys::new(ROOT), &read, self.space);
+        let found = etcd_history::holds(&RootKeys::new(ROOT), &read, self.space, None);
         self.holds.extend(found.holds);
         self.unmatched_ends += found.unmatched_ends;
         // The last few changes (lease expiries since the tailer caught up): the tailer may
@@ -146,6 +149,8 @@ impl Run {
             from: snapshot.revision() + 1,
             number: self.space.number + 1,
         };
+        *home_space = self.space.number;
+        drop(home_space);
         self.fault(
             kind,
             Phase::End,
@@ -169,7 +174,7 @@ impl Run {
         })
         .await?;
         let epoch = epoch_field(&v);
-        self.record(Event::EpochAdvanced { epoch });
+        self.record(Event::EpochAdvanced { epoch, tier: None });
         Ok(epoch)
     }
 }

@@ -8,6 +8,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::host::{Host, NetError, Network};
@@ -34,12 +35,13 @@ impl Network {
     ///
     /// [`NetError::Command`] if `iptables` fails (`NetError::Missing` when absent).
     pub fn partition(&self, a: &[&Host], b: &[&Host]) -> Result<(), NetError> {
+        if a.is_empty() || b.is_empty() {
+            return Ok(());
+        }
         for (side, other) in [(a, b), (b, a)] {
             for h in side {
-                for o in other {
-                    drop_rule(h, "INPUT", "-s", o)?;
-                    drop_rule(h, "OUTPUT", "-d", o)?;
-                }
+                drop_rule(h, "INPUT", "-s", other)?;
+                drop_rule(h, "OUTPUT", "-d", other)?;
             }
         }
         Ok(())
@@ -51,7 +53,7 @@ impl Network {
     ///
     /// As [`Network::partition`].
     pub fn drop_one_way(&self, from: &Host, to: &Host) -> Result<(), NetError> {
-        drop_rule(from, "OUTPUT", "-d", to)
+        drop_rule(from, "OUTPUT", "-d", &[to])
     }
 
     /// Puts `netem` on `host`'s link (replacing any).
@@ -127,9 +129,15 @@ impl Network {
     }
 }
 
-fn drop_rule(h: &Host, chain: &str, dir: &str, other: &Host) -> Result<(), NetError> {
-    let addr = other.addr().to_string();
-    h.exec(&["iptables", "-w", "-A", chain, dir, &addr, "-j", "DROP"])
+/// One `iptables` call on `h`: drop in `chain` what comes from (`-s`) or goes to (`-d`)
+/// any of `others` (a comma list makes one rule per address).
+fn drop_rule(h: &Host, chain: &str, dir: &str, others: &[&Host]) -> Result<(), NetError> {
+    let addrs = others
+        .iter()
+        .map(|o| o.addr().to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    h.exec(&["iptables", "-w", "-A", chain, dir, &addrs, "-j", "DROP"])
         .map_err(|e| match e {
             NetError::Command { stderr, .. } if stderr.contains("No such file") => {
                 NetError::Missing {
@@ -146,9 +154,17 @@ fn drop_rule(h: &Host, chain: &str, dir: &str, other: &Host) -> Result<(), NetEr
 /// real time plus the offset in a file, read again on every call, so
 /// [`ClockSkew::jump`] moves their wall clock at once. Their monotonic clocks stay true
 /// (`FAKETIME_DONT_FAKE_MONOTONIC`).
+///
+/// libfaketime before 0.9.11 (Debian 12's 0.9.10) makes a shared memory file per
+/// process, `/dev/shm/faketime_shm_<pid>` (and a semaphore, `sem.faketime_sem_<pid>`),
+/// and removes it only when the process exits normally; later releases make none under
+/// `FAKETIME_DISABLE_SHM`, which [`ClockSkew::apply`] sets too. Tell the skew the pid of
+/// each process started with it ([`ClockSkew::started`]); [`ClockSkew::remove_leftovers`]
+/// removes what those left once they are gone.
 #[derive(Debug, Clone)]
 pub struct ClockSkew {
     file: PathBuf,
+    pids: Arc<Mutex<Vec<u32>>>,
 }
 
 impl ClockSkew {
@@ -168,6 +184,7 @@ impl ClockSkew {
         }
         let skew = ClockSkew {
             file: file.to_owned(),
+            pids: Arc::default(),
         };
         skew.jump(0)?;
         Ok(skew)
@@ -190,12 +207,40 @@ impl ClockSkew {
             })
     }
 
+    /// Notes that process `pid` was started with this skew (shared by its clones).
+    pub fn started(&self, pid: u32) {
+        self.pids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(pid);
+    }
+
+    /// Removes the shared memory files libfaketime left for the processes started with
+    /// this skew; call it once they are gone. Returns the files removed.
+    pub fn remove_leftovers(&self) -> Vec<PathBuf> {
+        let pids = std::mem::take(&mut *self.pids.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut removed = Vec::new();
+        for pid in pids {
+            for name in [
+                format!("faketime_shm_{pid}"),
+                format!("sem.faketime_sem_{pid}"),
+            ] {
+                let path = Path::new("/dev/shm").join(name);
+                if std::fs::remove_file(&path).is_ok() {
+                    removed.push(path);
+                }
+            }
+        }
+        removed
+    }
+
     /// Makes `command` run with this skew.
     pub fn apply(&self, command: &mut Command) {
         command
             .env("LD_PRELOAD", LIBFAKETIME)
             .env("FAKETIME_TIMESTAMP_FILE", &self.file)
             .env("FAKETIME_NO_CACHE", "1")
-            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+            .env("FAKETIME_DISABLE_SHM", "1");
     }
 }

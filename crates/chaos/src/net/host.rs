@@ -140,6 +140,54 @@ impl Host {
         })
     }
 
+    /// Makes TCP connections to this host's address and `port` reach `127.0.0.1:port`
+    /// inside it (a `nat` rule and `route_localnet` in the host's own namespace), for a
+    /// server that listens on loopback only, as `palisade serve` in dev mode does. Cuts
+    /// still apply: the `filter` rules see the peer's address.
+    ///
+    /// # Errors
+    ///
+    /// [`NetError::Command`] if `sysctl` or `iptables` fails.
+    pub fn forward_to_loopback(&self, port: u16) -> Result<(), NetError> {
+        self.exec(&["sysctl", "-q", "-w", "net.ipv4.conf.eth0.route_localnet=1"])?;
+        let (addr, port) = (self.addr.to_string(), port.to_string());
+        let to = format!("127.0.0.1:{port}");
+        self.exec(&[
+            "iptables",
+            "-w",
+            "-t",
+            "nat",
+            "-A",
+            "PREROUTING",
+            "-d",
+            &addr,
+            "-p",
+            "tcp",
+            "--dport",
+            &port,
+            "-j",
+            "DNAT",
+            "--to-destination",
+            &to,
+        ])
+    }
+
+    /// Moves the calling thread into this host's network (its sockets, and the threads
+    /// and processes it starts from then on, are on the host).
+    ///
+    /// # Errors
+    ///
+    /// [`NetError::Io`] if the namespace cannot be opened or entered.
+    pub(crate) fn enter(&self) -> Result<(), NetError> {
+        let io = |source| NetError::Io {
+            host: self.name.clone(),
+            what: "entering the host's network",
+            source,
+        };
+        let ns = std::fs::File::open(format!("/run/netns/{}", self.netns)).map_err(io)?;
+        nix::sched::setns(ns, CloneFlags::CLONE_NEWNET).map_err(|e| io(e.into()))
+    }
+
     /// Runs `f` on a thread that entered this host's namespace.
     fn inside<T: Send + 'static>(
         &self,
@@ -353,13 +401,32 @@ fn preflight() -> Result<(), NetError> {
             reason: e.to_string(),
         });
     }
-    if !nix::unistd::geteuid().is_root() {
+    let missing =
+        missing_capabilities(&std::fs::read_to_string("/proc/self/status").unwrap_or_default());
+    if !missing.is_empty() {
         return Err(NetError::NoPrivilege(format!(
-            "running as uid {}",
-            nix::unistd::geteuid()
+            "running as uid {} without {}",
+            nix::unistd::geteuid(),
+            missing.join(" and ")
         )));
     }
     Ok(())
+}
+
+/// The capabilities namespaces need that the effective set (`CapEff:` of
+/// `/proc/self/status`, in hex) lacks: `CAP_NET_ADMIN` (bit 12) for the links and
+/// firewall rules, `CAP_SYS_ADMIN` (bit 21) to make and enter namespaces.
+fn missing_capabilities(status: &str) -> Vec<&'static str> {
+    let effective = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .unwrap_or(0);
+    [(12, "CAP_NET_ADMIN"), (21, "CAP_SYS_ADMIN")]
+        .into_iter()
+        .filter(|(bit, _)| effective & (1 << bit) == 0)
+        .map(|(_, name)| name)
+        .collect()
 }
 
 pub(crate) fn run(program: &str, args: &[&str]) -> Result<(), NetError> {
@@ -384,5 +451,28 @@ fn output(program: &str, args: &[&str]) -> Result<String, NetError> {
             return Err(NetError::NoPrivilege(format!("`{command}`: {stderr}")));
         }
         Err(NetError::Command { command, stderr })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::missing_capabilities;
+
+    #[test]
+    fn the_effective_capabilities_name_what_is_missing() {
+        // Root's full set, a set without CAP_NET_ADMIN, and an unprivileged user's.
+        let root = "Name:\tx\nCapInh:\t0000000000000000\nCapEff:\t000001ffffffffff\n";
+        assert_eq!(missing_capabilities(root), Vec::<&str>::new());
+        let no_net = "CapEff:\t000001ffffffefff\n";
+        assert_eq!(missing_capabilities(no_net), ["CAP_NET_ADMIN"]);
+        let user = "CapEff:\t0000000000000000\n";
+        assert_eq!(
+            missing_capabilities(user),
+            ["CAP_NET_ADMIN", "CAP_SYS_ADMIN"]
+        );
+        assert_eq!(
+            missing_capabilities("no such line"),
+            ["CAP_NET_ADMIN", "CAP_SYS_ADMIN"]
+        );
     }
 }

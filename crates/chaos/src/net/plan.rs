@@ -14,18 +14,21 @@ pub enum Cut {
     /// The etcd leader from everything else.
     IsolateLeader,
     /// etcd split into a majority and a minority, one service replica on each side,
-    /// workers spread over both; the resource and PostgreSQL stay with the majority.
+    /// workers spread over both; the resource, PostgreSQL and the spare tier's etcd stay
+    /// with the majority.
     MajorityMinority,
-    /// One worker from etcd and the lock service, but not from the resource or
-    /// PostgreSQL: the stale writer.
+    /// One worker from etcd (both tiers) and the lock service, but not from the resource
+    /// or PostgreSQL: the stale writer.
     WorkerFromLockService,
 }
 
 /// The hosts of a run, by role.
 #[derive(Debug, Clone, Copy)]
 pub struct Roles<'a> {
-    /// etcd members, by member index.
+    /// etcd members of the home tier, by member index.
     pub etcd: &'a [Host],
+    /// etcd members of the spare tier (the other cluster a namespace can be rehomed to).
+    pub spare: &'a [Host],
     /// Lock-service replicas, by index.
     pub replicas: &'a [Host],
     /// Workers, by number.
@@ -36,10 +39,16 @@ pub struct Roles<'a> {
 
 impl<'a> Roles<'a> {
     fn all(&self) -> Vec<&'a Host> {
-        [self.etcd, self.replicas, self.workers, self.resources]
-            .into_iter()
-            .flatten()
-            .collect()
+        [
+            self.etcd,
+            self.spare,
+            self.replicas,
+            self.workers,
+            self.resources,
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
     }
 }
 
@@ -103,6 +112,7 @@ pub fn sides<'a>(
                 }
             }
             major.extend(roles.resources);
+            major.extend(roles.spare);
             (major, minor)
         }
         Cut::WorkerFromLockService => {
@@ -110,7 +120,12 @@ pub fn sides<'a>(
                 return (Vec::new(), Vec::new());
             }
             let w = &roles.workers[pick as usize % roles.workers.len()];
-            let service = roles.etcd.iter().chain(roles.replicas).collect();
+            let service = roles
+                .etcd
+                .iter()
+                .chain(roles.spare)
+                .chain(roles.replicas)
+                .collect();
             (vec![w], service)
         }
     }
@@ -138,14 +153,16 @@ mod tests {
 
     #[test]
     fn each_cut_separates_what_it_names_and_nothing_is_on_both_sides() {
-        let (etcd, replicas, workers, resources) = (
+        let (etcd, spare, replicas, workers, resources) = (
             hosts("etcd", 3),
+            hosts("spare", 1),
             hosts("svc", 2),
             hosts("worker", 4),
             vec![hosts("resource", 1).remove(0), hosts("pg", 1).remove(0)],
         );
         let roles = Roles {
             etcd: &etcd,
+            spare: &spare,
             replicas: &replicas,
             workers: &workers,
             resources: &resources,
@@ -162,10 +179,10 @@ mod tests {
                 assert!(!a.is_empty() && !b.is_empty(), "{cut:?} {pick}");
                 assert!(a.is_disjoint(&b), "{cut:?} {pick}: {a:?} {b:?}");
                 match cut {
-                    Cut::Halves => assert_eq!(a.len() + b.len(), 11),
+                    Cut::Halves => assert_eq!(a.len() + b.len(), 12),
                     Cut::IsolateLeader => {
                         assert_eq!(a, BTreeSet::from(["etcd1".to_owned()]));
-                        assert_eq!(b.len(), 10);
+                        assert_eq!(b.len(), 11);
                     }
                     Cut::MajorityMinority => {
                         let count = |s: &BTreeSet<String>, p: &str| {
@@ -174,13 +191,19 @@ mod tests {
                         assert_eq!((count(&a, "etcd"), count(&b, "etcd")), (2, 1));
                         assert_eq!((count(&a, "svc"), count(&b, "svc")), (1, 1));
                         assert!(a.contains("resource0") && a.contains("pg0"));
-                        assert_eq!(a.len() + b.len(), 11);
+                        assert!(a.contains("spare0"), "the spare tier with the majority");
+                        assert_eq!(a.len() + b.len(), 12);
                     }
                     Cut::WorkerFromLockService => {
                         let w = format!("worker{}", pick % 4);
                         assert_eq!(a, BTreeSet::from([w]));
-                        let service: BTreeSet<String> =
-                            names(&etcd.iter().chain(&replicas).collect::<Vec<_>>());
+                        let service: BTreeSet<String> = names(
+                            &etcd
+                                .iter()
+                                .chain(&spare)
+                                .chain(&replicas)
+                                .collect::<Vec<_>>(),
+                        );
                         assert_eq!(b, service, "not the resource, not PostgreSQL");
                     }
                 }

@@ -1,5 +1,8 @@
 //! A worker: one process, one session at a time, a loop of acquire, fenced writes and
 //! release, each step recorded as a history entry on stdout (one JSON line each).
+//! The session is opened in the namespace, so on the tier the namespace lives on; when
+//! an acquire answers `wrong-tier` (the namespace moved), the worker closes it and
+//! opens another.
 //!
 //! It is its own process so that stopping it (SIGSTOP) also stops its session's
 //! keepalive, as a garbage-collection pause or a frozen VM would. It stops writing with
@@ -25,8 +28,8 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::rt::TokioExecutor;
-use palisade_api::{LeaseId, Mode};
-use palisade_client::{Client, ClientSession, HoldLoss, RemoteHold};
+use palisade_api::{Mode, TieredSessionId};
+use palisade_client::{Client, ClientSession, HoldLoss, ProblemKind, RemoteHold};
 use palisade_fence::{FencingToken, FencingTokenLayer};
 use palisade_testkit::{Loss, LossyProxy};
 use rand::rngs::StdRng;
@@ -76,7 +79,8 @@ pub struct WorkerConfig {
     pub seed: u64,
     /// The run's start on `CLOCK_MONOTONIC` ([`crate::clock::monotonic_ns`]).
     pub start_ns: u64,
-    /// The lock-service replicas (`http://127.0.0.1:PORT`); sessions go round-robin.
+    /// The lock-service replicas (`http://IP:PORT`, on their hosts' addresses or
+    /// loopback); sessions go round-robin.
     pub services: Vec<String>,
     /// The HTTP resource service.
     pub resource_url: String,
@@ -231,7 +235,10 @@ pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
             proxy = (config.id as usize + opened) % clients.len();
             let client = &clients[proxy];
             opened += 1;
-            match tokio::time::timeout(WRITE_TIMEOUT, client.open_session(ttl)).await {
+            // Opened in the namespace: the service opens it on the tier the namespace
+            // lives on.
+            let open = client.open_session_in(NAMESPACE, ttl);
+            match tokio::time::timeout(WRITE_TIMEOUT, open).await {
                 Ok(Ok(s)) => {
                     watch_loss(&s, current.clone(), rec.clone());
                     record_renewals(&s, rec.clone());
@@ -265,6 +272,11 @@ pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
                 });
                 if e.is_session_lost() {
                     session = None;
+                } else if e.problem() == Some(ProblemKind::WrongTier) {
+                    // The namespace moved to another tier: a session there is needed.
+                    if let Some(s) = session.take() {
+                        let _ = tokio::time::timeout(WRITE_TIMEOUT, s.close()).await;
+                    }
                 }
                 tokio::time::sleep(Duration::from_millis(rng.gen_range(50..250))).await;
                 continue;
@@ -286,7 +298,7 @@ pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
             let _ = hold.release().await;
             continue;
         };
-        let lease = LeaseId::from_hex(s.id()).map_or(-1, LeaseId::get);
+        let (lease, tier) = session_of(&s);
         *current.lock().unwrap_or_else(|e| e.into_inner()) =
             Some((s.id().to_owned(), lock.clone(), t.get()));
         *token.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
@@ -295,6 +307,7 @@ pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
             token: t.get(),
             session: lease,
             grant_rev: rev.as_i64(),
+            tier,
         });
 
         // Rounds of writes with pauses between them: a pause here (SIGSTOP from the
@@ -383,6 +396,15 @@ pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
     Ok(())
 }
 
+/// The lease id (-1 if the id cannot be read) and the tier (`None`: the home tier) of a
+/// session, from its id (`[<tier>.]<lease hex>`).
+fn session_of(s: &ClientSession) -> (i64, Option<String>) {
+    match TieredSessionId::parse(s.id()) {
+        Ok(id) => (id.lease.get(), id.tier),
+        Err(_) => (-1, None),
+    }
+}
+
 /// Records `Lost` for the hold of `s` when its lost signal fires.
 fn watch_loss(s: &ClientSession, current: Current, rec: Recorder) {
     let s = s.clone();
@@ -406,7 +428,7 @@ fn watch_loss(s: &ClientSession, current: Current, rec: Recorder) {
 /// time, until the session is lost.
 fn record_renewals(s: &ClientSession, rec: Recorder) {
     let s = s.clone();
-    let session = LeaseId::from_hex(s.id()).map_or(-1, LeaseId::get);
+    let (session, _) = session_of(&s);
     let ttl_ms = u64::try_from(s.ttl().as_millis()).unwrap_or(u64::MAX);
     tokio::spawn(async move {
         let mut last = s.renewed_at();

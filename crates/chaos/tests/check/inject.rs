@@ -371,6 +371,7 @@ fn token_from_old_epoch_granted_after_the_advance() {
             token: old,
             session: 77,
             grant_rev,
+            tier: None,
         },
     );
     assert_only(
@@ -399,6 +400,7 @@ fn token_not_increasing_after_an_earlier_grant() {
             token: stale,
             session: 77,
             grant_rev,
+            tier: None,
         },
     );
     assert_only(
@@ -774,7 +776,7 @@ fn restored_hold_not_older_than_the_holds_granted_after_the_restore() {
     let new_epoch = h
         .iter()
         .filter_map(|e| match e.event {
-            Event::EpochAdvanced { epoch } => Some(epoch),
+            Event::EpochAdvanced { epoch, .. } => Some(epoch),
             _ => None,
         })
         .max()
@@ -965,6 +967,7 @@ fn refused_hold(h: &mut Vec<Entry>) -> (usize, u64) {
         end: HoldEnd::Released,
         space,
         session: Some(0x5e),
+        tier: None,
     };
     let index = append(h, RUNNER, event);
     (index, (u64::from(epoch) << 48) | grant_rev as u64)
@@ -1003,6 +1006,7 @@ fn restored_space_hold_of_the_old_epoch_handed_to_a_worker_is_older_epoch() {
             token,
             session: 0x5e,
             grant_rev,
+            tier: None,
         },
     );
     h.sort_by_key(|e| e.at_ns);
@@ -1062,6 +1066,7 @@ fn holds_of_one_epoch_in_two_revision_spaces_are_not_compared_by_revision() {
         end: HoldEnd::Released,
         space,
         session: Some(0x5e),
+        tier: None,
     };
     let mut other_space = h.clone();
     append(&mut other_space, RUNNER, twin(1));

@@ -4,6 +4,7 @@
 mod inject;
 mod inject_edges;
 mod inject_loss;
+mod inject_tiers;
 mod model;
 mod props;
 mod reader;

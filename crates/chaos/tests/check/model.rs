@@ -117,7 +117,13 @@ impl Sim {
             space_from: 0,
             cuts: HashMap::new(),
         };
-        sim.record(RUNNER, Event::EpochAdvanced { epoch: 1 });
+        sim.record(
+            RUNNER,
+            Event::EpochAdvanced {
+                epoch: 1,
+                tier: None,
+            },
+        );
         sim
     }
 
@@ -174,6 +180,7 @@ impl Sim {
                 token,
                 session,
                 grant_rev: self.rev,
+                tier: None,
             },
         );
         self.holds.push(HoldRecord {
@@ -417,7 +424,13 @@ impl Sim {
         self.space = next;
         self.space_from = snapshot;
         self.epoch += 1;
-        self.record(RUNNER, Event::EpochAdvanced { epoch: self.epoch });
+        self.record(
+            RUNNER,
+            Event::EpochAdvanced {
+                epoch: self.epoch,
+                tier: None,
+            },
+        );
         self.fault(FaultKind::RestoreEtcdAndAdvanceEpoch, Phase::End);
         restored
     }
@@ -530,6 +543,7 @@ impl Sim {
                     end: h.end,
                     space: h.space,
                     session: h.session,
+                    tier: None,
                 },
                 Some(restored_rev) => Event::RestoredHold {
                     lock: h.lock.clone(),

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::gateway::{self, MemberStatus};
 use super::member::{free_ports, Member, State};
+use crate::Placement;
 
 /// How long members get to answer `/health` after a start, restart or restore. Generous:
 /// the machine may be busy compiling.
@@ -44,7 +45,8 @@ pub(super) enum Failure {
 }
 
 /// One etcd member or a cluster of several, each an `etcd` process with its own temp dir
-/// (`data/` and `etcd.log`), listening on `127.0.0.1` client and peer ports picked free.
+/// (`data/` and `etcd.log`), listening on `127.0.0.1` client and peer ports picked free
+/// (or on addresses of the caller's network hosts: [`EtcdCluster::start_placed`]).
 ///
 /// Members are addressed by index, `0..member_count()`, named `m0`, `m1`, ... Most
 /// methods panic with a message that quotes the member's log tail instead of returning
@@ -109,17 +111,37 @@ impl EtcdCluster {
     /// If `members` is 0; if `etcd` is not installed (the message names `scripts/test`);
     /// if a member exits or is not healthy within 30 s (the message quotes its log).
     pub async fn start(members: usize) -> EtcdCluster {
-        EtcdCluster::launch(members, None).await
+        EtcdCluster::launch(&vec![Placement::loopback(); members], None).await
     }
 
-    /// Starts a new cluster of `members` members; with `seed`, each data dir is first
-    /// restored from that snapshot.
-    pub(super) async fn launch(members: usize, seed: Option<&super::Snapshot>) -> EtcdCluster {
+    /// Starts one member per placement, member `i` listening on `placements[i]`'s address
+    /// and run through its prefix (say, on a network host of the caller's), as one new
+    /// cluster; otherwise as [`EtcdCluster::start`]. The caller must reach those
+    /// addresses. Restarts, restores and snapshots keep each member's placement.
+    ///
+    /// # Panics
+    ///
+    /// As [`EtcdCluster::start`].
+    pub async fn start_placed(placements: &[Placement]) -> EtcdCluster {
+        EtcdCluster::launch(placements, None).await
+    }
+
+    /// Starts a new cluster of one member per placement; with `seed`, each data dir is
+    /// first restored from that snapshot.
+    pub(super) async fn launch(
+        placements: &[Placement],
+        seed: Option<&super::Snapshot>,
+    ) -> EtcdCluster {
+        let members = placements.len();
         assert!(members > 0, "an etcd cluster needs at least one member");
         for attempt in 1..=PORT_ATTEMPTS {
             let ports = free_ports(2 * members);
-            let members = (0..members)
-                .map(|i| Member::new(format!("m{i}"), ports[2 * i], ports[2 * i + 1]))
+            let members = placements
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    Member::new(format!("m{i}"), ports[2 * i], ports[2 * i + 1], p.clone())
+                })
                 .collect();
             let mut cluster = EtcdCluster {
                 members,
@@ -172,7 +194,7 @@ impl EtcdCluster {
                         Failure::Exited(i, status)
                     });
                 }
-                if !gateway::healthy(member.client_port).await {
+                if !gateway::healthy(member.client_addr()).await {
                     still.push(i);
                 }
             }
@@ -211,8 +233,8 @@ impl EtcdCluster {
 
     /// Reads member ids from the cluster's member list.
     pub(super) async fn learn_ids(&mut self) {
-        let port = self.members[self.any_running()].client_port;
-        let ids = gateway::member_ids(port)
+        let addr = self.members[self.any_running()].client_addr();
+        let ids = gateway::member_ids(addr)
             .await
             .unwrap_or_else(|e| panic!("listing etcd members: {e}"));
         for member in &mut self.members {
@@ -352,7 +374,7 @@ impl EtcdCluster {
     /// If member `i` does not answer within 2 s (stopped, paused, or failing).
     pub async fn status(&self, i: usize) -> MemberStatus {
         let member = self.member(i);
-        gateway::status(member.client_port)
+        gateway::status(member.client_addr())
             .await
             .unwrap_or_else(|e| panic!("status of etcd member {i}: {e}\n{}", member.describe()))
     }
@@ -363,8 +385,8 @@ impl EtcdCluster {
     ///
     /// If no running member answers within 15 s.
     pub async fn cluster_id(&self) -> u64 {
-        self.retry("cluster id", |port| async move {
-            gateway::status(port).await.map(|s| s.cluster_id)
+        self.retry("cluster id", |addr| async move {
+            gateway::status(addr).await.map(|s| s.cluster_id)
         })
         .await
     }
@@ -382,7 +404,7 @@ impl EtcdCluster {
             let mut best: Option<(u64, usize)> = None;
             let mut seen = Vec::new();
             for i in self.running() {
-                match gateway::status(self.members[i].client_port).await {
+                match gateway::status(self.members[i].client_addr()).await {
                     Ok(s) => {
                         if s.leader == s.member_id
                             && s.leader != 0
@@ -513,8 +535,8 @@ impl EtcdCluster {
     ///
     /// If no put succeeds within 15 s.
     pub async fn put(&self, key: &str, value: &str) -> i64 {
-        self.retry(&format!("put {key:?}"), |port| async move {
-            gateway::put(port, key, value).await
+        self.retry(&format!("put {key:?}"), |addr| async move {
+            gateway::put(addr, key, value).await
         })
         .await
     }
@@ -526,8 +548,8 @@ impl EtcdCluster {
     ///
     /// If no read succeeds within 15 s.
     pub async fn get(&self, key: &str) -> Option<String> {
-        self.retry(&format!("get {key:?}"), |port| async move {
-            gateway::get(port, key).await
+        self.retry(&format!("get {key:?}"), |addr| async move {
+            gateway::get(addr, key).await
         })
         .await
     }
@@ -535,14 +557,14 @@ impl EtcdCluster {
     /// Runs `call` against running members in turn until one succeeds or 15 s pass.
     async fn retry<T, F, Fut>(&self, what: &str, call: F) -> T
     where
-        F: Fn(u16) -> Fut,
+        F: Fn(std::net::SocketAddr) -> Fut,
         Fut: std::future::Future<Output = Result<T, gateway::CallError>>,
     {
         let deadline = Instant::now() + SETTLE_TIMEOUT;
         let mut last = String::from("no running member");
         loop {
             for i in self.running() {
-                match call(self.members[i].client_port).await {
+                match call(self.members[i].client_addr()).await {
                     Ok(value) => return value,
                     Err(e) => last = e.to_string(),
                 }

@@ -1,9 +1,10 @@
 //! A minimal HTTP/1.0 client for etcd's `/health` and JSON gateway (`/v3/...`).
 //!
 //! It keeps the test kit free of an HTTP or gRPC client: every call is one short-lived
-//! loopback connection, `Connection: close`, the body read to its end.
+//! connection, `Connection: close`, the body read to its end.
 
 use std::io;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -39,10 +40,10 @@ impl std::fmt::Display for CallError {
     }
 }
 
-async fn raw(port: u16, method: &str, path: &str, body: &str) -> io::Result<(u16, String)> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).await?;
+async fn raw(addr: SocketAddr, method: &str, path: &str, body: &str) -> io::Result<(u16, String)> {
+    let mut stream = TcpStream::connect(addr).await?;
     let request = format!(
-        "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n\
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
          Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
@@ -63,39 +64,39 @@ async fn raw(port: u16, method: &str, path: &str, body: &str) -> io::Result<(u16
 
 /// Sends one request and parses a 200 response's JSON body.
 pub(crate) async fn call(
-    port: u16,
+    addr: SocketAddr,
     method: &str,
     path: &str,
     body: &str,
 ) -> Result<Value, CallError> {
-    let (code, text) = match tokio::time::timeout(CALL_TIMEOUT, raw(port, method, path, body)).await
+    let (code, text) = match tokio::time::timeout(CALL_TIMEOUT, raw(addr, method, path, body)).await
     {
         Ok(Ok(answer)) => answer,
-        Ok(Err(e)) => return Err(CallError(format!("{method} 127.0.0.1:{port}{path}: {e}"))),
+        Ok(Err(e)) => return Err(CallError(format!("{method} {addr}{path}: {e}"))),
         Err(_) => {
             return Err(CallError(format!(
-                "{method} 127.0.0.1:{port}{path}: no answer in {CALL_TIMEOUT:?}"
+                "{method} {addr}{path}: no answer in {CALL_TIMEOUT:?}"
             )))
         }
     };
     if code != 200 {
         return Err(CallError(format!(
-            "{method} 127.0.0.1:{port}{path}: HTTP {code}: {}",
+            "{method} {addr}{path}: HTTP {code}: {}",
             text.trim()
         )));
     }
     serde_json::from_str(&text)
-        .map_err(|e| CallError(format!("{method} 127.0.0.1:{port}{path}: {e}: {text}")))
+        .map_err(|e| CallError(format!("{method} {addr}{path}: {e}: {text}")))
 }
 
 /// `GET /health`: true when the member has a leader, no alarm, and serves a read.
-pub(crate) async fn healthy(port: u16) -> bool {
-    matches!(call(port, "GET", "/health", "").await, Ok(v) if v["health"] == "true")
+pub(crate) async fn healthy(addr: SocketAddr) -> bool {
+    matches!(call(addr, "GET", "/health", "").await, Ok(v) if v["health"] == "true")
 }
 
 /// `POST /v3/maintenance/status` on one member.
-pub(crate) async fn status(port: u16) -> Result<MemberStatus, CallError> {
-    let v = call(port, "POST", "/v3/maintenance/status", "{}").await?;
+pub(crate) async fn status(addr: SocketAddr) -> Result<MemberStatus, CallError> {
+    let v = call(addr, "POST", "/v3/maintenance/status", "{}").await?;
     let header = &v["header"];
     let parsed = (|| {
         Some(MemberStatus {
@@ -106,16 +107,12 @@ pub(crate) async fn status(port: u16) -> Result<MemberStatus, CallError> {
             raft_term: num(&header["raft_term"])?,
         })
     })();
-    parsed.ok_or_else(|| {
-        CallError(format!(
-            "unexpected status answer from 127.0.0.1:{port}: {v}"
-        ))
-    })
+    parsed.ok_or_else(|| CallError(format!("unexpected status answer from {addr}: {v}")))
 }
 
 /// `POST /v3/cluster/member/list`: (name, id) of every member.
-pub(crate) async fn member_ids(port: u16) -> Result<Vec<(String, u64)>, CallError> {
-    let v = call(port, "POST", "/v3/cluster/member/list", "{}").await?;
+pub(crate) async fn member_ids(addr: SocketAddr) -> Result<Vec<(String, u64)>, CallError> {
+    let v = call(addr, "POST", "/v3/cluster/member/list", "{}").await?;
     let members = v["members"]
         .as_array()
         .ok_or_else(|| CallError(format!("no members in {v}")))?;
@@ -129,17 +126,17 @@ pub(crate) async fn member_ids(port: u16) -> Result<Vec<(String, u64)>, CallErro
 }
 
 /// `POST /v3/kv/put`; the revision of the put.
-pub(crate) async fn put(port: u16, key: &str, value: &str) -> Result<i64, CallError> {
+pub(crate) async fn put(addr: SocketAddr, key: &str, value: &str) -> Result<i64, CallError> {
     let body =
         serde_json::json!({ "key": encode(key.as_bytes()), "value": encode(value.as_bytes()) });
-    let v = call(port, "POST", "/v3/kv/put", &body.to_string()).await?;
+    let v = call(addr, "POST", "/v3/kv/put", &body.to_string()).await?;
     num(&v["header"]["revision"]).ok_or_else(|| CallError(format!("no revision in {v}")))
 }
 
 /// `POST /v3/kv/range` (linearizable) for one key; its value, if any.
-pub(crate) async fn get(port: u16, key: &str) -> Result<Option<String>, CallError> {
+pub(crate) async fn get(addr: SocketAddr, key: &str) -> Result<Option<String>, CallError> {
     let body = serde_json::json!({ "key": encode(key.as_bytes()) });
-    let v = call(port, "POST", "/v3/kv/range", &body.to_string()).await?;
+    let v = call(addr, "POST", "/v3/kv/range", &body.to_string()).await?;
     let Some(kv) = v["kvs"].as_array().and_then(|kvs| kvs.first()) else {
         return Ok(None);
     };

@@ -2,7 +2,7 @@
 
 use std::fs::OpenOptions;
 use std::io::{self, Write};
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
 use super::{binary_missing, EtcdBinaries};
+use crate::Placement;
 
 /// util-linux's `setpriv`, used to tie a member's life to the test process when present.
 const SETPRIV: &str = "setpriv";
@@ -22,14 +23,15 @@ pub(crate) enum State {
     Stopped,
 }
 
-/// One member: a temp dir holding `data/` and `etcd.log`, a client and a peer port on
-/// 127.0.0.1, and the process while it runs. Dropping it kills and reaps the process
-/// before the directory is removed.
+/// One member: a temp dir holding `data/` and `etcd.log`, a client and a peer port on its
+/// placement's address (127.0.0.1 by default), and the process while it runs. Dropping it
+/// kills and reaps the process before the directory is removed.
 #[derive(Debug)]
 pub(crate) struct Member {
     pub(crate) name: String,
     pub(crate) client_port: u16,
     pub(crate) peer_port: u16,
+    placement: Placement,
     /// Learned from the cluster once it is up; changes only on a restore with a new id.
     pub(crate) id: u64,
     dir: TempDir,
@@ -40,7 +42,12 @@ pub(crate) struct Member {
 }
 
 impl Member {
-    pub(crate) fn new(name: String, client_port: u16, peer_port: u16) -> Member {
+    pub(crate) fn new(
+        name: String,
+        client_port: u16,
+        peer_port: u16,
+        placement: Placement,
+    ) -> Member {
         let dir = tempfile::Builder::new()
             .prefix(&format!("palisade-etcd-{name}-"))
             .tempdir_in(temp_root())
@@ -49,6 +56,7 @@ impl Member {
             name,
             client_port,
             peer_port,
+            placement,
             id: 0,
             dir,
             process: None,
@@ -57,12 +65,19 @@ impl Member {
         }
     }
 
+    pub(crate) fn client_addr(&self) -> SocketAddr {
+        SocketAddr::new(self.placement.addr(), self.client_port)
+    }
+
     pub(crate) fn client_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        format!("http://{}", self.client_addr())
     }
 
     pub(crate) fn peer_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.peer_port)
+        format!(
+            "http://{}",
+            SocketAddr::new(self.placement.addr(), self.peer_port)
+        )
     }
 
     pub(crate) fn dir(&self) -> &Path {
@@ -123,13 +138,15 @@ impl Member {
         // set: if the test process dies without unwinding (SIGKILL, a test timeout), the
         // kernel kills the member too. The signal fires when the *thread* that spawned
         // the member exits; a tokio test's runtime threads live as long as the test.
+        // A placement's prefix (`ip netns exec NETNS`) runs it in place, so it keeps
+        // the pid and the parent-death signal.
         let mut command = match find_on_path(SETPRIV) {
             Some(setpriv) => {
-                let mut command = Command::new(setpriv);
+                let mut command = self.placement.command(setpriv);
                 command.args(["--pdeathsig", "KILL", "--"]).arg(etcd);
                 command
             }
-            None => Command::new(etcd),
+            None => self.placement.command(etcd),
         };
         let child = command
             .args(self.args(initial_cluster, token))
@@ -332,6 +349,7 @@ mod tests {
             "m0".to_owned(),
             taken.local_addr().unwrap().port(),
             ports[0],
+            Placement::loopback(),
         );
         member.spawn(&format!("m0={}", member.peer_url()), "port-race");
         let deadline = Instant::now() + Duration::from_secs(20);
