@@ -5,6 +5,10 @@ use std::net::SocketAddr;
 
 use clap::{Args, Subcommand};
 
+use palisade_lock::EtcdTls;
+
+use crate::cli::etcd::{self, EtcdTarget, EtcdTlsArgs, TierTlsArgs};
+
 /// Audit subcommands.
 #[derive(Debug, Subcommand)]
 pub(crate) enum AuditCommand {
@@ -22,14 +26,19 @@ pub(crate) enum AuditCommand {
 /// Arguments of `palisade audit tail`.
 #[derive(Debug, Args)]
 pub(crate) struct TailArgs {
-    /// etcd client endpoint (`http://host:port`); repeat for several members.
+    /// etcd client endpoint (`http://host:port`, or `https://host:port` with --etcd-ca);
+    /// repeat for several members.
     #[arg(long = "etcd", required = true)]
     etcd: Vec<String>,
+    #[command(flatten)]
+    etcd_tls: EtcdTlsArgs,
     /// Another etcd cluster tier to tail as well, `NAME=http://HOST:PORT[,...]`; repeat
-    /// for more (as `palisade serve --tier`). Each cluster is tailed on its own, its rows
-    /// keyed by its cluster id.
+    /// for more (as `palisade serve --tier`, TLS with --tier-ca). Each cluster is tailed
+    /// on its own, its rows keyed by its cluster id.
     #[arg(long = "tier", value_name = "NAME=ENDPOINTS")]
     tiers: Vec<String>,
+    #[command(flatten)]
+    tier_tls: TierTlsArgs,
     /// The root prefix of the lock key space.
     #[arg(long, default_value = "/palisade/")]
     root: String,
@@ -48,11 +57,14 @@ pub(crate) struct ServeArgs {
     /// The audit database: a libpq connection string, key/value or URL form.
     #[arg(long)]
     database: String,
-    /// etcd client endpoint (`http://host:port`), repeat for several members: the
-    /// overview then shows holds and waiters now, and the timeline each namespace's tier.
-    /// Read only. Without it those show as unknown.
+    /// etcd client endpoint (`http://host:port`, or `https://host:port` with
+    /// --etcd-ca), repeat for several members: the overview then shows holds and waiters
+    /// now, and the timeline each namespace's tier. Read only. Without it those show as
+    /// unknown.
     #[arg(long = "etcd")]
     etcd: Vec<String>,
+    #[command(flatten)]
+    etcd_tls: EtcdTlsArgs,
     /// The root prefix of the lock key space (with `--etcd`).
     #[arg(long, default_value = "/palisade/")]
     root: String,
@@ -81,7 +93,13 @@ async fn serve(args: ServeArgs) -> Result<String, Box<dyn Error>> {
     let app = if args.etcd.is_empty() {
         palisade_audit::dashboard::router(pool)
     } else {
-        let live = palisade_audit::dashboard::Live::connect(&args.etcd, &args.root).await?;
+        let etcd = etcd::home(&args.etcd, &args.etcd_tls)?;
+        let live = palisade_audit::dashboard::Live::connect(
+            &etcd.endpoints,
+            etcd.tls.as_ref().map(EtcdTls::tls_options),
+            &args.root,
+        )
+        .await?;
         palisade_audit::dashboard::router_with_live(pool, live)
     };
     axum::serve(listener, app)
@@ -91,23 +109,25 @@ async fn serve(args: ServeArgs) -> Result<String, Box<dyn Error>> {
 }
 
 async fn tail(args: TailArgs) -> Result<String, Box<dyn Error>> {
-    let mut clusters = vec![args.etcd.clone()];
-    for spec in &args.tiers {
-        let (_, endpoints) = spec
-            .split_once('=')
-            .ok_or_else(|| format!("--tier {spec:?} is not NAME=http://HOST:PORT[,...]"))?;
-        clusters.push(endpoints.split(',').map(str::to_owned).collect());
-    }
+    let mut clusters = vec![etcd::home(&args.etcd, &args.etcd_tls)?];
+    // The tier names only pair the TLS flags with their tier: the tailer keys rows by
+    // cluster id, and `palisade serve`'s --home-tier is not known here.
+    let tiers = etcd::tiers("", &args.tiers, &args.tier_tls)?;
+    clusters.extend(tiers.into_iter().map(|(_, target)| target));
     let pool = palisade_audit::pool(&args.database, 2 * clusters.len())?;
     palisade_audit::migrate(&pool).await?;
     let mut tailers = tokio::task::JoinSet::new();
-    for endpoints in &clusters {
-        let tailer = palisade_audit::Tailer::connect(endpoints, pool.clone())
-            .await?
-            .with_root(args.root.clone());
+    for cluster in &clusters {
+        let tailer = palisade_audit::Tailer::connect(
+            &cluster.endpoints,
+            cluster.tls.as_ref().map(EtcdTls::tls_options),
+            pool.clone(),
+        )
+        .await?
+        .with_root(args.root.clone());
         tailers.spawn(tailer.run());
     }
-    let all: Vec<String> = clusters.iter().map(|c| c.join(",")).collect();
+    let all: Vec<String> = clusters.iter().map(EtcdTarget::joined).collect();
     let _ = crate::cli::output::emit(&format!("palisade audit tailer on {}", all.join(" and ")));
     interrupted().await;
     tailers.abort_all();

@@ -1,5 +1,5 @@
 //! Handlers of the subcommands that talk to etcd or to the lock service, one module per
-//! command group; `connect` (the connection flags), `exit` (the exit codes), `args` (shared
+//! command group; `connect` (the connection flags), `etcd` (the etcd clusters and TLS to them), `exit` (the exit codes), `args` (shared
 //! value parsers) and `output` (stdout and stderr without panics) are shared.
 
 pub(crate) mod args;
@@ -7,6 +7,7 @@ pub(crate) mod chaos;
 pub(crate) mod config;
 pub(crate) mod connect;
 pub(crate) mod epoch;
+pub(crate) mod etcd;
 pub(crate) mod exit;
 pub(crate) mod fence;
 pub(crate) mod force;

@@ -24,6 +24,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::signal::unix::{signal, SignalKind};
 
+use super::etcd::{self, EtcdTarget, EtcdTlsArgs, TierTlsArgs};
 use super::exit::{with_causes, CliError, Exit, Result};
 
 /// The authorization config's format, as `serve --help` shows it.
@@ -48,9 +49,12 @@ examples/authz.toml is a copy to start from.";
 #[derive(Debug, clap::Args)]
 #[command(after_help = CONFIG_HELP)]
 pub(crate) struct ServeArgs {
-    /// etcd client endpoints (`http://host:port`), comma-separated or repeated.
+    /// etcd client endpoints (`http://host:port`, or `https://host:port` with
+    /// --etcd-ca), comma-separated or repeated.
     #[arg(long, required = true, value_delimiter = ',')]
     etcd: Vec<String>,
+    #[command(flatten)]
+    etcd_tls: EtcdTlsArgs,
     /// Address to listen on (the audit dashboard's default is 127.0.0.1:8090).
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
@@ -68,10 +72,13 @@ pub(crate) struct ServeArgs {
     /// (which namespace lives on which tier) and serves namespaces of no other tier.
     #[arg(long, default_value = palisade_lock::DEFAULT_TIER)]
     home_tier: String,
-    /// Another etcd cluster tier, `NAME=http://HOST:PORT[,http://HOST:PORT...]`;
-    /// repeated for more. Its durable epoch record is `<--epoch-file>.<NAME>`.
+    /// Another etcd cluster tier, `NAME=http://HOST:PORT[,http://HOST:PORT...]`
+    /// (`https://` with --tier-ca NAME=FILE); repeated for more. Its durable epoch record
+    /// is `<--epoch-file>.<NAME>`.
     #[arg(long = "tier", value_name = "NAME=ENDPOINTS")]
     tiers: Vec<String>,
+    #[command(flatten)]
+    tier_tls: TierTlsArgs,
     /// Server certificate chain (PEM), for mTLS.
     #[arg(long, requires_all = ["tls_key", "client_ca"], conflicts_with = "insecure_dev_identity")]
     tls_cert: Option<PathBuf>,
@@ -129,27 +136,6 @@ fn failed(what: String) -> impl FnOnce(&dyn std::error::Error) -> CliError {
     move |e| CliError::new(Exit::Failure, format!("{what}: {}", with_causes(e)))
 }
 
-/// Refuses an endpoint etcd-client would only fail on after its timeout.
-fn check_endpoint(endpoint: &str) -> std::result::Result<(), CliError> {
-    let rest = endpoint
-        .strip_prefix("http://")
-        .or_else(|| endpoint.strip_prefix("https://"))
-        .unwrap_or(endpoint);
-    let ok = match rest.trim_end_matches('/').rsplit_once(':') {
-        Some((host, port)) => {
-            !host.is_empty() && !host.contains('/') && port.parse::<u16>().is_ok()
-        }
-        None => false,
-    };
-    if ok {
-        Ok(())
-    } else {
-        Err(CliError::bad_input(format!(
-            "--etcd {endpoint:?} is not an etcd endpoint of the form http://HOST:PORT"
-        )))
-    }
-}
-
 /// Resolves on SIGTERM or SIGINT, naming it.
 async fn stop_signal() -> &'static str {
     let (Ok(mut term), Ok(mut int)) = (
@@ -164,43 +150,6 @@ async fn stop_signal() -> &'static str {
     }
 }
 
-/// One `--tier NAME=ENDPOINTS`.
-fn parse_tier(spec: &str) -> std::result::Result<(String, Vec<String>), CliError> {
-    let Some((name, endpoints)) = spec.split_once('=') else {
-        return Err(CliError::bad_input(format!(
-            "--tier {spec:?} is not NAME=http://HOST:PORT[,http://HOST:PORT...]"
-        )));
-    };
-    palisade_api::validate_name(name)
-        .map_err(|e| CliError::bad_input(format!("--tier {spec:?}: {e}")))?;
-    let endpoints: Vec<String> = endpoints.split(',').map(str::to_owned).collect();
-    for e in &endpoints {
-        check_endpoint(e)?;
-    }
-    Ok((name.to_owned(), endpoints))
-}
-
-/// Checks every `--tier` before anything connects: well formed, and each name once,
-/// none of them the home tier's (`--home-tier`, the `--etcd` cluster).
-fn check_tier_names(home: &str, specs: &[String]) -> std::result::Result<(), CliError> {
-    let mut seen = std::collections::BTreeSet::new();
-    for spec in specs {
-        let (name, _) = parse_tier(spec)?;
-        if name == home {
-            return Err(CliError::bad_input(format!(
-                "--tier {name}=...: {name} is the home tier's name (--home-tier {home}, the \
-                 --etcd cluster); give this tier another name, or --home-tier another"
-            )));
-        }
-        if !seen.insert(name.clone()) {
-            return Err(CliError::bad_input(format!(
-                "--tier {name}=... is given twice: each tier needs a name of its own"
-            )));
-        }
-    }
-    Ok(())
-}
-
 /// The durable epoch record of tier `name`: `<epoch_file>.<name>`.
 fn tier_epoch_file(epoch_file: &std::path::Path, name: &str) -> PathBuf {
     let mut path = epoch_file.as_os_str().to_owned();
@@ -209,18 +158,29 @@ fn tier_epoch_file(epoch_file: &std::path::Path, name: &str) -> PathBuf {
 }
 
 pub(crate) fn run(args: ServeArgs) -> Result<String> {
-    for e in &args.etcd {
-        check_endpoint(e)?;
-    }
+    let home = etcd::home(&args.etcd, &args.etcd_tls)?;
     palisade_api::validate_name(&args.home_tier)
         .map_err(|e| CliError::bad_input(format!("--home-tier: {e}")))?;
-    check_tier_names(&args.home_tier, &args.tiers)?;
+    let tiers = etcd::tiers(&args.home_tier, &args.tiers, &args.tier_tls)?;
     init_logging(args.log_format);
     let rt = tokio::runtime::Runtime::new()?;
-    rt.block_on(serve(args))
+    rt.block_on(serve(args, home, tiers))
 }
 
-async fn serve(args: ServeArgs) -> Result<String> {
+/// A tier's locker options: its endpoints, TLS, and the service's root.
+fn locker_options(target: &EtcdTarget, root: &str) -> LockerOptions {
+    let options = LockerOptions::new(target.endpoints.clone()).with_root(root);
+    match &target.tls {
+        Some(tls) => options.with_tls(tls.clone()),
+        None => options,
+    }
+}
+
+async fn serve(
+    args: ServeArgs,
+    home: EtcdTarget,
+    other_tiers: Vec<(String, EtcdTarget)>,
+) -> Result<String> {
     let authz = Authz::load(&args.config).map_err(|e| CliError::bad_input(with_causes(&e)))?;
     // Signals are taken from here on: a SIGTERM during the start still stops cleanly.
     let stop = tokio::spawn(stop_signal());
@@ -235,9 +195,9 @@ async fn serve(args: ServeArgs) -> Result<String> {
             }
         }
     });
-    let endpoints = args.etcd.join(",");
+    let endpoints = home.joined();
     let locker = Locker::connect(
-        LockerOptions::new(args.etcd).with_root(args.root.clone()),
+        locker_options(&home, &args.root),
         FileEpochStore::new(&args.epoch_file),
     )
     .await
@@ -259,12 +219,11 @@ async fn serve(args: ServeArgs) -> Result<String> {
         );
     }
     let mut tiers = vec![(args.home_tier.clone(), locker.clone())];
-    for spec in &args.tiers {
-        let (name, endpoints) = parse_tier(spec)?;
+    for (name, target) in other_tiers {
         let file = tier_epoch_file(&args.epoch_file, &name);
-        let joined = endpoints.join(",");
+        let joined = target.joined();
         let tier = Locker::connect(
-            LockerOptions::new(endpoints).with_root(args.root.clone()),
+            locker_options(&target, &args.root),
             FileEpochStore::new(&file),
         )
         .await

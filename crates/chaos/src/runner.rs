@@ -376,7 +376,7 @@ async fn drive(
     // The audit tailer of each tier, in this process, into the private PostgreSQL.
     let mut tailers = Vec::new();
     for endpoints in [run.etcd.endpoints(), run.spare.endpoints()] {
-        let tailer = palisade_audit::Tailer::connect(&endpoints, pool.clone())
+        let tailer = palisade_audit::Tailer::connect(&endpoints, None, pool.clone())
             .await?
             .with_root(ROOT);
         tailers.push(tokio::spawn(async move {

@@ -76,6 +76,7 @@ mod config_store;
 mod detached;
 mod epoch;
 mod error;
+mod etcd_tls;
 mod force;
 mod handover;
 mod hold;
@@ -99,6 +100,7 @@ pub use epoch::{
 #[cfg(feature = "postgres")]
 pub use epoch::{PostgresEpochStore, MIGRATION as EPOCH_MIGRATION};
 pub use error::{EpochMismatch, Error, ErrorKind, Result};
+pub use etcd_tls::{EtcdTls, EtcdTlsError};
 pub use hold::Hold;
 pub use inspect::{Holder, LockState, Waiter};
 pub use locker::{Locker, LockerOptions, DEFAULT_ROOT};

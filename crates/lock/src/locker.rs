@@ -12,6 +12,7 @@ use crate::epoch::{
     advance, start, EpochState, EpochStore, DEFAULT_EPOCH_WINDOW, MAX_EPOCH_WINDOW,
 };
 use crate::error::{EpochMismatch, Error, ErrorKind, InvalidInput, Result};
+use crate::etcd_tls::EtcdTls;
 use crate::handover::Successors;
 use crate::hold::Hold;
 use crate::inner::LockerInner;
@@ -36,10 +37,12 @@ pub struct LockerOptions {
     root: String,
     request_timeout: Duration,
     epoch_window: u64,
+    tls: Option<EtcdTls>,
 }
 
 impl LockerOptions {
-    /// etcd client endpoints (`http://host:port`), root [`DEFAULT_ROOT`], request
+    /// etcd client endpoints (`http://host:port`, or `https://host:port` with
+    /// [`LockerOptions::with_tls`]), root [`DEFAULT_ROOT`], request
     /// timeout 1 s, epoch reservation window [`DEFAULT_EPOCH_WINDOW`].
     pub fn new<S: Into<String>>(endpoints: impl IntoIterator<Item = S>) -> Self {
         LockerOptions {
@@ -47,7 +50,15 @@ impl LockerOptions {
             root: DEFAULT_ROOT.to_owned(),
             request_timeout: Duration::from_secs(1),
             epoch_window: DEFAULT_EPOCH_WINDOW,
+            tls: None,
         }
+    }
+
+    /// TLS to etcd (the endpoints must then be `https://`): the CA the members'
+    /// certificates chain to, and the client certificate if etcd asks for one.
+    pub fn with_tls(mut self, tls: EtcdTls) -> Self {
+        self.tls = Some(tls);
+        self
     }
 
     /// The epoch reservation window W, in etcd revisions (default
@@ -125,6 +136,7 @@ impl Locker {
             .with_require_leader(true)
             .with_connect_timeout(options.request_timeout)
             .with_keep_alive(Duration::from_secs(2), options.request_timeout);
+        let connect = crate::etcd_tls::apply(options.tls.as_ref(), connect);
         let client = Client::connect(&options.endpoints, Some(connect))
             .await
             .map_err(|e| Error::with_source(ErrorKind::QuorumLost, e))?;

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, GetOptions, SortOrder, SortTarget};
+use etcd_client::{Client, ConnectOptions, GetOptions, SortOrder, SortTarget, TlsOptions};
 use palisade_api::keys::{LockEntry, RootKeys};
 
 use crate::{tailer_position, AuditError, ClusterId};
@@ -53,16 +53,23 @@ impl Live {
         }
     }
 
-    /// Connects to the etcd members at `endpoints` (`http://host:port`) for the key
-    /// space under `root`.
+    /// Connects to the etcd members at `endpoints` (`http://host:port`, or
+    /// `https://host:port` with `tls`) for the key space under `root`.
     ///
     /// # Errors
     ///
     /// [`AuditError::Etcd`] when the endpoints do not parse or no connection can be made.
-    pub async fn connect(endpoints: &[String], root: &str) -> Result<Self, AuditError> {
-        let options = ConnectOptions::new()
+    pub async fn connect(
+        endpoints: &[String],
+        tls: Option<TlsOptions>,
+        root: &str,
+    ) -> Result<Self, AuditError> {
+        let mut options = ConnectOptions::new()
             .with_connect_timeout(ETCD_TIMEOUT)
             .with_timeout(ETCD_TIMEOUT);
+        if let Some(tls) = tls {
+            options = options.with_tls(tls);
+        }
         let client = Client::connect(endpoints, Some(options)).await?;
         Ok(Live::new(client, root))
     }

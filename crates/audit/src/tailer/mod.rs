@@ -78,7 +78,7 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use etcd_client::{Client, ConnectOptions, Event, EventType, GetOptions, WatchOptions};
+use etcd_client::{Client, ConnectOptions, Event, EventType, GetOptions, TlsOptions, WatchOptions};
 use palisade_api::keys::{ForcedGrant, HoldValue, LockEntry, LockEntryKey, RootKeys};
 use palisade_api::{LeaseId, Mode};
 use palisade_fence::{Epoch, FencingToken, Revision};
@@ -133,7 +133,7 @@ pub async fn tailer_position<C: GenericClient>(
 ///
 /// ```no_run
 /// # async fn demo(pool: deadpool_postgres::Pool) -> Result<(), palisade_audit::AuditError> {
-/// let tailer = palisade_audit::Tailer::connect(&["http://127.0.0.1:2379".to_owned()], pool).await?;
+/// let tailer = palisade_audit::Tailer::connect(&["http://127.0.0.1:2379".to_owned()], None, pool).await?;
 /// tokio::spawn(tailer.run());
 /// # Ok(()) }
 /// ```
@@ -167,16 +167,25 @@ impl Tailer {
         }
     }
 
-    /// Connects to etcd (`http://host:port` endpoints) and makes a tailer as [`Tailer::new`].
+    /// Connects to etcd (`http://host:port` endpoints, or `https://host:port` with `tls`, as
+    /// `palisade_lock::EtcdTls::tls_options` makes it)
+    /// and makes a tailer as [`Tailer::new`].
     ///
     /// # Errors
     ///
     /// [`AuditError::Etcd`] when no connection can be made.
-    pub async fn connect(endpoints: &[String], pool: Pool) -> Result<Self, AuditError> {
-        let options = ConnectOptions::new()
+    pub async fn connect(
+        endpoints: &[String],
+        tls: Option<TlsOptions>,
+        pool: Pool,
+    ) -> Result<Self, AuditError> {
+        let mut options = ConnectOptions::new()
             .with_require_leader(true)
             .with_connect_timeout(ETCD_TIMEOUT)
             .with_keep_alive(Duration::from_secs(2), ETCD_TIMEOUT);
+        if let Some(tls) = tls {
+            options = options.with_tls(tls);
+        }
         let client = Client::connect(endpoints, Some(options)).await?;
         Ok(Tailer::new(client, pool))
     }

@@ -52,7 +52,9 @@ async fn etcd_timeline_by_full_name_shows_times_tier_and_the_gap_that_hides_a_ke
     fx.wait_caught_up().await;
     tailer.abort();
 
-    let live = Live::connect(&fx.etcd.endpoints(), ROOT).await.unwrap();
+    let live = Live::connect(&fx.etcd.endpoints(), None, ROOT)
+        .await
+        .unwrap();
     let app = router_with_live(fx.pool.clone(), live);
     let full = json(
         &get(&app, "/api/locks?key=orders%2Frows%2Finv%2F42")
@@ -104,7 +106,9 @@ async fn etcd_timeline_by_full_name_shows_times_tier_and_the_gap_that_hides_a_ke
 #[tokio::test]
 async fn etcd_overview_counts_the_holds_and_waiters_in_etcd_now() {
     let fx = fixture().await;
-    let live = Live::connect(&fx.etcd.endpoints(), ROOT).await.unwrap();
+    let live = Live::connect(&fx.etcd.endpoints(), None, ROOT)
+        .await
+        .unwrap();
     let app = router_with_live(fx.pool.clone(), live);
     let counts = |v: &Value| (v["holds_now"].as_u64(), v["waiters_now"].as_u64());
     assert_eq!(

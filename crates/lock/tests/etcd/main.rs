@@ -22,4 +22,5 @@ mod shared_mode;
 mod stray_keys;
 mod support;
 mod tiers;
+mod tls;
 mod tokens_and_fifo;

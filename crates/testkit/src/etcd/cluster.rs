@@ -3,10 +3,12 @@
 use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::gateway::{self, MemberStatus};
 use super::member::{free_ports, Member, State};
+use super::EtcdTlsFiles;
 use crate::Placement;
 
 /// How long members get to answer `/health` after a start, restart or restore. Generous:
@@ -90,6 +92,8 @@ pub struct EtcdCluster {
     pub(super) members: Vec<Member>,
     /// `--initial-cluster-token` the members were bootstrapped with.
     pub(super) token: String,
+    /// The TLS files, for a cluster started with [`EtcdCluster::start_tls`].
+    pub(super) tls: Option<Arc<EtcdTlsFiles>>,
 }
 
 impl EtcdCluster {
@@ -111,7 +115,21 @@ impl EtcdCluster {
     /// If `members` is 0; if `etcd` is not installed (the message names `scripts/test`);
     /// if a member exits or is not healthy within 30 s (the message quotes its log).
     pub async fn start(members: usize) -> EtcdCluster {
-        EtcdCluster::launch(&vec![Placement::loopback(); members], None).await
+        EtcdCluster::launch(&vec![Placement::loopback(); members], None, false).await
+    }
+
+    /// Starts `members` members as [`EtcdCluster::start`] does, each also serving
+    /// clients over TLS on a port of its own ([`EtcdCluster::tls_endpoints`]): a
+    /// certificate from a CA made for this cluster, and every TLS client must show a
+    /// certificate chained to that CA (`--client-cert-auth`). The files are at
+    /// [`EtcdCluster::tls_files`]. The plain [`EtcdCluster::endpoints`] stay for the
+    /// kit's own calls; a test of TLS uses only the TLS ones.
+    ///
+    /// # Panics
+    ///
+    /// As [`EtcdCluster::start`].
+    pub async fn start_tls(members: usize) -> EtcdCluster {
+        EtcdCluster::launch(&vec![Placement::loopback(); members], None, true).await
     }
 
     /// Starts one member per placement, member `i` listening on `placements[i]`'s address
@@ -123,7 +141,7 @@ impl EtcdCluster {
     ///
     /// As [`EtcdCluster::start`].
     pub async fn start_placed(placements: &[Placement]) -> EtcdCluster {
-        EtcdCluster::launch(placements, None).await
+        EtcdCluster::launch(placements, None, false).await
     }
 
     /// Starts a new cluster of one member per placement; with `seed`, each data dir is
@@ -131,21 +149,32 @@ impl EtcdCluster {
     pub(super) async fn launch(
         placements: &[Placement],
         seed: Option<&super::Snapshot>,
+        tls: bool,
     ) -> EtcdCluster {
         let members = placements.len();
         assert!(members > 0, "an etcd cluster needs at least one member");
+        let files = tls.then(|| {
+            let addrs: Vec<_> = placements.iter().map(Placement::addr).collect();
+            Arc::new(EtcdTlsFiles::new(&addrs))
+        });
         for attempt in 1..=PORT_ATTEMPTS {
-            let ports = free_ports(2 * members);
+            let ports = free_ports(3 * members);
             let members = placements
                 .iter()
                 .enumerate()
                 .map(|(i, p)| {
-                    Member::new(format!("m{i}"), ports[2 * i], ports[2 * i + 1], p.clone())
+                    let member =
+                        Member::new(format!("m{i}"), ports[3 * i], ports[3 * i + 1], p.clone());
+                    match &files {
+                        Some(files) => member.with_tls(ports[3 * i + 2], files.clone()),
+                        None => member,
+                    }
                 })
                 .collect();
             let mut cluster = EtcdCluster {
                 members,
                 token: new_token(),
+                tls: files.clone(),
             };
             if let Some(snapshot) = seed {
                 snapshot.restore_into(&cluster, None).await;
@@ -284,6 +313,34 @@ impl EtcdCluster {
     /// stopped and paused members included.
     pub fn endpoints(&self) -> Vec<String> {
         self.members.iter().map(Member::client_url).collect()
+    }
+
+    /// TLS client URLs of all members, by index, e.g. `["https://127.0.0.1:41236", ...]`,
+    /// for a cluster started with [`EtcdCluster::start_tls`].
+    ///
+    /// # Panics
+    ///
+    /// If the cluster serves no TLS.
+    pub fn tls_endpoints(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .map(|m| {
+                m.tls_url()
+                    .unwrap_or_else(|| panic!("this etcd cluster was not started with TLS"))
+            })
+            .collect()
+    }
+
+    /// The CA, client certificate and key of a cluster started with
+    /// [`EtcdCluster::start_tls`].
+    ///
+    /// # Panics
+    ///
+    /// If the cluster serves no TLS.
+    pub fn tls_files(&self) -> &EtcdTlsFiles {
+        self.tls
+            .as_deref()
+            .unwrap_or_else(|| panic!("this etcd cluster was not started with TLS"))
     }
 
     /// Client URL of member `i`, e.g. `http://127.0.0.1:41234`.

@@ -5,11 +5,12 @@ use std::io::{self, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use super::{binary_missing, EtcdBinaries};
+use super::{binary_missing, EtcdBinaries, EtcdTlsFiles};
 use crate::Placement;
 
 /// util-linux's `setpriv`, used to tie a member's life to the test process when present.
@@ -39,6 +40,8 @@ pub(crate) struct Member {
     paused: bool,
     /// Length of the log when the current process started.
     log_start: u64,
+    /// TLS: a second client URL, `https://` on this port, with the cluster's files.
+    tls: Option<(u16, Arc<EtcdTlsFiles>)>,
 }
 
 impl Member {
@@ -62,7 +65,22 @@ impl Member {
             process: None,
             paused: false,
             log_start: 0,
+            tls: None,
         }
+    }
+
+    /// Also serves clients over TLS on `port` (`https://`), with the server certificate
+    /// of `files`, asking each TLS client for a certificate chained to its CA.
+    pub(crate) fn with_tls(mut self, port: u16, files: Arc<EtcdTlsFiles>) -> Member {
+        self.tls = Some((port, files));
+        self
+    }
+
+    /// The TLS client URL, if the member serves one.
+    pub(crate) fn tls_url(&self) -> Option<String> {
+        self.tls
+            .as_ref()
+            .map(|(port, _)| format!("https://{}", SocketAddr::new(self.placement.addr(), *port)))
     }
 
     pub(crate) fn client_addr(&self) -> SocketAddr {
@@ -160,8 +178,19 @@ impl Member {
     }
 
     fn args(&self, initial_cluster: &str, token: &str) -> Vec<String> {
-        let (client, peer) = (self.client_url(), self.peer_url());
-        vec![
+        let (mut client, peer) = (self.client_url(), self.peer_url());
+        let mut tls = Vec::new();
+        if let (Some(url), Some((_, files))) = (self.tls_url(), &self.tls) {
+            // The plain URL stays for the kit's own health checks and JSON calls.
+            client = format!("{client},{url}");
+            tls = vec![
+                format!("--cert-file={}", files.server_cert().display()),
+                format!("--key-file={}", files.server_key().display()),
+                format!("--trusted-ca-file={}", files.ca().display()),
+                "--client-cert-auth=true".to_owned(),
+            ];
+        }
+        let mut args = vec![
             format!("--name={}", self.name),
             format!("--data-dir={}", self.data_dir().display()),
             format!("--listen-client-urls={client}"),
@@ -181,7 +210,9 @@ impl Member {
             "--logger=zap".to_owned(),
             "--log-outputs=stderr".to_owned(),
             "--log-level=info".to_owned(),
-        ]
+        ];
+        args.extend(tls);
+        args
     }
 
     /// `Some(status)` once the process has exited (it is then reaped and forgotten).
@@ -312,7 +343,7 @@ fn find_on_path(name: &str) -> Option<PathBuf> {
 
 /// Data dirs go to `/dev/shm` when it exists: etcd fsyncs every commit, and on tmpfs
 /// that costs nothing. Otherwise the usual temp dir.
-fn temp_root() -> PathBuf {
+pub(crate) fn temp_root() -> PathBuf {
     let shm = Path::new("/dev/shm");
     if shm.is_dir() {
         shm.to_owned()

@@ -8,6 +8,8 @@
 //! - [`EtcdCluster`] starts members and waits until each answers `GET /health`; it kills,
 //!   restarts, pauses (SIGSTOP) and resumes members by index, finds the leader, and takes
 //!   and restores snapshots ([`Snapshot`], [`RestoreMode`]).
+//! - [`EtcdCluster::start_tls`] starts members that also serve clients over TLS with
+//!   client-certificate auth ([`EtcdCluster::tls_endpoints`], [`EtcdTlsFiles`]).
 //! - Every process is killed (SIGKILL) and reaped when the cluster is dropped, also while
 //!   a test panics; the temp dirs are removed afterwards.
 //! - Small helpers talk to etcd's JSON gateway (`/v3/...`), so the kit needs no etcd
@@ -27,11 +29,13 @@ mod cluster;
 mod gateway;
 mod member;
 mod snapshot;
+mod tls;
 
 pub use binary::{EtcdBinaries, EtcdVersion, ETCD_VARIABLE};
 pub use cluster::EtcdCluster;
 pub use gateway::MemberStatus;
 pub use snapshot::{BumpUnsupported, RestoreMode, Snapshot};
+pub use tls::EtcdTlsFiles;
 
 /// Panics for a binary that could not be spawned, naming `scripts/test` when it is missing.
 fn binary_missing(binary: &std::path::Path, error: &std::io::Error) -> ! {

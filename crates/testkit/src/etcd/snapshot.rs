@@ -122,7 +122,12 @@ impl EtcdCluster {
     ///
     /// As [`EtcdCluster::start`]; or if `etcdctl snapshot restore` fails.
     pub async fn restore(snapshot: &Snapshot, members: usize) -> EtcdCluster {
-        EtcdCluster::launch(&vec![crate::Placement::loopback(); members], Some(snapshot)).await
+        EtcdCluster::launch(
+            &vec![crate::Placement::loopback(); members],
+            Some(snapshot),
+            false,
+        )
+        .await
     }
 
     /// Replaces this cluster's data with `snapshot` on the same ports: kills every member,
