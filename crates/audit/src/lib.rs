@@ -6,6 +6,9 @@
 //!   expiries, forced releases and compaction gaps, keyed by `(cluster_id, revision, seq)`),
 //!   `force_release` (who, who approved, why), `write_event` (one row per checked write),
 //!   `write_event_hourly` (unprotected writes per hour, kept by triggers with the rows),
+//!   `write_event_daily`, `write_event_daily_resource` and `write_event_hourly_finding`
+//!   (the overview's counts per day, per day and resource, per hour and finding; kept
+//!   the same way),
 //!   `audit_cursor` (how far the tailer has read each etcd cluster's history),
 //!   `audit_history` (a digest per revision read, to recognise restored history),
 //!   `fence_reset` (resets of a resource's high-water mark, [`insert_fence_reset`]),

@@ -49,6 +49,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "epoch_event",
         include_str!("../migrations/0009_epoch_event.sql"),
     ),
+    (
+        10,
+        "overview_rollups",
+        include_str!("../migrations/0010_overview_rollups.sql"),
+    ),
 ];
 
 /// The advisory lock key that serializes migrations across processes ("paud").

@@ -23,10 +23,11 @@ use crate::error::{BenchError, Result};
 use crate::report::{f, histogram, record, Table};
 
 /// The URLs measured, in the order they take turns.
-pub(crate) const URLS: [&str; 9] = [
+pub(crate) const URLS: [&str; 10] = [
     "/",
     "/?range=7d",
     "/api/overview",
+    "/api/overview?range=7d",
     "/refused",
     "/unprotected",
     "/api/unprotected",

@@ -238,6 +238,7 @@ fn audit_bench_times_every_dashboard_url_and_each_answers_rows() {
             "`/`",
             "`/?range=7d`",
             "`/api/overview`",
+            "`/api/overview?range=7d`",
             "`/refused`",
             "`/unprotected`",
             "`/api/unprotected`",

@@ -68,8 +68,8 @@ async fn load(
 > {
     let (filter, _, _) = params.parse()?;
     let (from, to) = chart_window(&filter);
-    let client = dash.pool.get().await?;
-    let (data, now) = tokio::join!(overview::overview(&**client, from, to), dash.now());
+    let mut client = dash.pool.get().await?;
+    let (data, now) = tokio::join!(overview::overview(&mut client, from, to), dash.now());
     Ok((data?, now, from, to))
 }
 

@@ -2,12 +2,12 @@
 //! writes by reason, dropped events, audit gaps, the top writers without tokens, and the
 //! hours stacked by finding.
 
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::GenericClient;
+use tokio_postgres::{GenericClient, IsolationLevel};
 
-use super::query::{hour_floor, FINDINGS, UNPROTECTED};
+use super::query::{FINDINGS, REFUSED, UNPROTECTED};
 use crate::AuditError;
 
 /// Rows of each top list.
@@ -45,67 +45,307 @@ pub(crate) struct Overview {
     pub(crate) hours: Vec<StackedHour>,
 }
 
-/// The first hour start at or after `t`.
-fn hour_ceil(t: SystemTime) -> SystemTime {
-    let floor = hour_floor(t);
-    if floor == t {
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// The start of the UTC `unit` (an hour or a day) holding `t`.
+fn floor(t: SystemTime, unit: Duration) -> SystemTime {
+    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    UNIX_EPOCH + Duration::from_secs(secs - secs % unit.as_secs())
+}
+
+/// The first start of a UTC `unit` at or after `t`.
+fn ceil(t: SystemTime, unit: Duration) -> SystemTime {
+    let f = floor(t, unit);
+    if f == t {
         t
     } else {
-        floor + Duration::from_secs(3600)
+        f + unit
     }
 }
 
-/// Unprotected writes in `[from, to)` summed by the SQL expression `by` (a column of
-/// both `write_event_hourly` and `write_event`, or `hour`): the counters of
-/// `write_event_hourly` for the whole hours, `write_event` rows for the partial hours at
-/// the two ends. Returns `(key, count)` rows, biggest first, at most `limit`.
-async fn rolled_up<C: GenericClient>(
-    client: &C,
-    by: &str,
+/// Where the counts of one span of time are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// Counters per UTC day.
+    Day,
+    /// Counters per hour.
+    Hour,
+    /// `write_event` rows.
+    Row,
+}
+
+/// `[from, to)` of one source.
+type Span = (Source, SystemTime, SystemTime);
+
+/// `[from, to)` cut into spans, each read from the coarsest counters that hold it
+/// exactly: its whole UTC days from daily counters (when `days`), the whole hours of the
+/// rest from hourly counters (when `hours`), the rest from the rows. Empty spans are left
+/// out, and neighbours read from the same source are one span.
+fn spans(from: SystemTime, to: SystemTime, days: bool, hours: bool) -> Vec<Span> {
+    let by_hour = |a: SystemTime, b: SystemTime, cut: &mut Vec<Span>| {
+        if hours {
+            let whole_from = ceil(a, HOUR).min(b);
+            let whole_to = floor(b, HOUR).max(whole_from);
+            cut.extend([
+                (Source::Row, a, whole_from),
+                (Source::Hour, whole_from, whole_to),
+                (Source::Row, whole_to, b),
+            ]);
+        } else {
+            cut.push((Source::Row, a, b));
+        }
+    };
+    let mut cut = Vec::new();
+    if from < to {
+        if days {
+            let whole_from = ceil(from, DAY).min(to);
+            let whole_to = floor(to, DAY).max(whole_from);
+            by_hour(from, whole_from, &mut cut);
+            cut.push((Source::Day, whole_from, whole_to));
+            by_hour(whole_to, to, &mut cut);
+        } else {
+            by_hour(from, to, &mut cut);
+        }
+    }
+    let mut out: Vec<Span> = Vec::new();
+    for (source, a, b) in cut.into_iter().filter(|(_, a, b)| a < b) {
+        match out.last_mut() {
+            Some(last) if last.0 == source && last.2 == a => last.2 = b,
+            _ => out.push((source, a, b)),
+        }
+    }
+    out
+}
+
+/// `[from, to)` as whole UTC days of daily counters, set right at each end by rows: an
+/// end either adds the rows between it and the next day bound inward, or takes its whole
+/// day and subtracts the rows of that day outside the range, whichever spans less time
+/// before `now` (no rows are written ahead of time); rows alone when that is least.
+/// Returns `(source, from, to, sign)`.
+fn day_spans(
     from: SystemTime,
     to: SystemTime,
-    limit: i64,
-) -> Result<Vec<tokio_postgres::Row>, AuditError> {
-    let (raw, rolled) = match by {
-        "hour" => (
-            "date_trunc('hour', at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC', finding",
-            "hour, finding",
-        ),
-        "" => ("NULL::text", "NULL::text"),
-        col => (col, col),
-    };
-    // A constant is no GROUP BY key: the total is one aggregate row.
-    let group = if by.is_empty() {
-        String::new()
-    } else {
-        format!(" GROUP BY {raw}")
-    };
-    let keys = if by == "hour" { "k, f" } else { "k" };
-    let whole_from = hour_ceil(from).min(to);
-    let whole_to = hour_floor(to).max(whole_from);
-    let params: [(&(dyn ToSql + Sync), Type); 5] = [
-        (&from, Type::TIMESTAMPTZ),
-        (&whole_from, Type::TIMESTAMPTZ),
-        (&whole_to, Type::TIMESTAMPTZ),
-        (&to, Type::TIMESTAMPTZ),
-        (&limit, Type::INT8),
-    ];
-    let edge = |lo: usize, hi: usize| {
-        format!(
-            "SELECT {raw}, count(*) FROM write_event WHERE outcome = '{UNPROTECTED}' \
-             AND at >= ${lo} AND at < ${hi}{group}"
-        )
-    };
-    let order = if by == "hour" { "k" } else { "n DESC, k" };
-    let sql = format!(
-        "SELECT {keys}, sum(n)::bigint AS n FROM ( \
-            SELECT {rolled}, n FROM write_event_hourly WHERE hour >= $2 AND hour < $3 \
-            UNION ALL {} UNION ALL {} \
-         ) c ({keys}, n) GROUP BY {keys} ORDER BY {order} LIMIT $5",
-        edge(1, 2),
-        edge(3, 4)
-    );
-    Ok(client.query_typed(&sql, &params).await?)
+    now: SystemTime,
+) -> Vec<(Source, SystemTime, SystemTime, i64)> {
+    if from >= to {
+        return Vec::new();
+    }
+    let cost = |a: SystemTime, b: SystemTime| b.min(now).duration_since(a).unwrap_or_default();
+    let mut best = (cost(from, to), vec![(Source::Row, from, to, 1)]);
+    for subtract_from in [false, true] {
+        for subtract_to in [false, true] {
+            let whole_from = if subtract_from {
+                floor(from, DAY)
+            } else {
+                ceil(from, DAY)
+            };
+            let whole_to = if subtract_to {
+                ceil(to, DAY)
+            } else {
+                floor(to, DAY)
+            };
+            if whole_from >= whole_to {
+                continue;
+            }
+            let low = if subtract_from {
+                (Source::Row, whole_from, from, -1)
+            } else {
+                (Source::Row, from, whole_from, 1)
+            };
+            let high = if subtract_to {
+                (Source::Row, to, whole_to, -1)
+            } else {
+                (Source::Row, whole_to, to, 1)
+            };
+            let c = cost(low.1, low.2) + cost(high.1, high.2);
+            if c < best.0 {
+                best = (c, vec![low, (Source::Day, whole_from, whole_to, 1), high]);
+            }
+        }
+    }
+    best.1.retain(|(_, a, b, _)| a < b);
+    best.1
+}
+
+/// A table of counters: its name, a condition on its rows (empty, or ending in `AND`),
+/// and its time column.
+type Counters = (&'static str, &'static str, &'static str);
+
+/// One of the overview's sums of `write_event` rows of one outcome, by a key.
+struct Sum {
+    /// The rows' `outcome`.
+    outcome: &'static str,
+    /// The key over `write_event` rows; `None` for a total.
+    raw: Option<&'static str>,
+    /// The key over the counters (`NULL::text` for a total).
+    rolled: &'static str,
+    /// The daily and the hourly counters holding the key, if any.
+    daily: Option<Counters>,
+    hourly: Option<Counters>,
+    /// The result's key columns (`k` or `k, f`), its order, its most rows.
+    keys: &'static str,
+    order: &'static str,
+    limit: Option<i64>,
+}
+
+const HOURLY_FINDING_UNPROTECTED: Counters = (
+    "write_event_hourly_finding",
+    "outcome = 'unprotected' AND ",
+    "hour",
+);
+
+/// Unprotected writes in all.
+const TOTAL: Sum = Sum {
+    outcome: UNPROTECTED,
+    raw: None,
+    rolled: "NULL::text",
+    daily: None,
+    hourly: Some(HOURLY_FINDING_UNPROTECTED),
+    keys: "k",
+    order: "k",
+    limit: None,
+};
+
+/// Unprotected writes by hour and finding.
+const STACKED: Sum = Sum {
+    outcome: UNPROTECTED,
+    raw: Some("date_trunc('hour', at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC', finding"),
+    rolled: "hour, finding",
+    daily: None,
+    hourly: Some(HOURLY_FINDING_UNPROTECTED),
+    keys: "k, f",
+    order: "k, f",
+    limit: None,
+};
+
+/// Refused writes by finding.
+const REFUSED_BY_FINDING: Sum = Sum {
+    outcome: REFUSED,
+    raw: Some("finding"),
+    rolled: "finding",
+    daily: None,
+    hourly: Some((
+        "write_event_hourly_finding",
+        "outcome = 'rejected' AND ",
+        "hour",
+    )),
+    keys: "k",
+    order: "k",
+    limit: None,
+};
+
+/// The top unprotected writers by `column` (`caller` or `service`).
+const fn top_by(column: &'static str) -> Sum {
+    Sum {
+        outcome: UNPROTECTED,
+        raw: Some(column),
+        rolled: column,
+        daily: Some(("write_event_daily", "", "day")),
+        hourly: Some(("write_event_hourly", "", "hour")),
+        keys: "k",
+        order: "n DESC, k",
+        limit: Some(TOP),
+    }
+}
+
+const TOP_CALLERS: Sum = top_by("caller");
+const TOP_SERVICES: Sum = top_by("service");
+
+/// The top resources written unprotected (no hourly counters: an hour holds about as
+/// many resources as rows).
+const TOP_RESOURCES: Sum = Sum {
+    outcome: UNPROTECTED,
+    raw: Some("resource"),
+    rolled: "resource",
+    daily: Some(("write_event_daily_resource", "", "day")),
+    hourly: None,
+    keys: "k",
+    order: "n DESC, k",
+    limit: Some(TOP),
+};
+
+impl Sum {
+    /// The statement summing `[from, to)` as of `now` and its parameters (the spans'
+    /// bounds): `(key..., n)` rows, keys with no writes left out.
+    fn sql(&self, from: SystemTime, to: SystemTime, now: SystemTime) -> (String, Vec<SystemTime>) {
+        let mut params = Vec::new();
+        let mut branches = Vec::new();
+        // Without hourly counters, an end of the range may be cheaper subtracted.
+        let spans = if self.hourly.is_none() && self.daily.is_some() {
+            day_spans(from, to, now)
+        } else {
+            spans(from, to, self.daily.is_some(), self.hourly.is_some())
+                .into_iter()
+                .map(|(source, a, b)| (source, a, b, 1))
+                .collect()
+        };
+        for (source, a, b, sign) in spans {
+            params.extend([a, b]);
+            let (lo, hi) = (params.len() - 1, params.len());
+            let counters = match source {
+                Source::Day => self.daily,
+                Source::Hour => self.hourly,
+                Source::Row => None,
+            };
+            branches.push(match counters {
+                Some((table, cond, time)) => format!(
+                    "SELECT {}, n FROM {table} WHERE {cond}{time} >= ${lo} AND {time} < ${hi}",
+                    self.rolled
+                ),
+                None => format!(
+                    "SELECT {}, {}count(*) FROM write_event WHERE outcome = '{}' \
+                     AND at >= ${lo} AND at < ${hi}{}",
+                    self.raw.unwrap_or("NULL::text"),
+                    if sign < 0 { "-" } else { "" },
+                    self.outcome,
+                    self.raw
+                        .map(|k| format!(" GROUP BY {k}"))
+                        .unwrap_or_default()
+                ),
+            });
+        }
+        let limit = self
+            .limit
+            .map(|l| format!(" LIMIT {l}"))
+            .unwrap_or_default();
+        let keys = self.keys;
+        let sql = format!(
+            "SELECT {keys}, sum(n)::bigint AS n FROM ({}) c ({keys}, n) GROUP BY {keys} \
+             HAVING sum(n) > 0 ORDER BY {}{limit}",
+            branches.join(" UNION ALL "),
+            self.order
+        );
+        (sql, params)
+    }
+
+    /// The rows of [`Sum::sql`] over `[from, to)`; none for an empty range.
+    async fn rows<C: GenericClient>(
+        &self,
+        client: &C,
+        from: SystemTime,
+        to: SystemTime,
+    ) -> Result<Vec<tokio_postgres::Row>, AuditError> {
+        if from >= to {
+            return Ok(Vec::new());
+        }
+        let (sql, times) = self.sql(from, to, SystemTime::now());
+        let params: Vec<(&(dyn ToSql + Sync), Type)> = times
+            .iter()
+            .map(|t| (t as &(dyn ToSql + Sync), Type::TIMESTAMPTZ))
+            .collect();
+        Ok(client.query_typed(&sql, &params).await?)
+    }
+
+    /// `(key, count)` rows of a one-key sum.
+    async fn pairs<C: GenericClient>(
+        &self,
+        client: &C,
+        from: SystemTime,
+        to: SystemTime,
+    ) -> Result<Vec<(Option<String>, i64)>, AuditError> {
+        let rows = self.rows(client, from, to).await?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
 }
 
 async fn count<C: GenericClient>(
@@ -113,63 +353,45 @@ async fn count<C: GenericClient>(
     from: SystemTime,
     to: SystemTime,
 ) -> Result<i64, AuditError> {
-    let rows = rolled_up(client, "", from, to, 1).await?;
+    let rows = TOTAL.rows(client, from, to).await?;
     Ok(rows.first().map_or(0, |r| r.get::<_, i64>(1)))
 }
 
-async fn top<C: GenericClient>(
-    client: &C,
-    column: &str,
-    from: SystemTime,
-    to: SystemTime,
-) -> Result<Vec<(Option<String>, i64)>, AuditError> {
-    let rows = rolled_up(client, column, from, to, TOP).await?;
-    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+/// Where `finding` is in `FINDINGS` (an unknown one counts as the last).
+fn finding_index(finding: Option<&str>) -> usize {
+    FINDINGS
+        .iter()
+        .position(|x| Some(*x) == finding)
+        .unwrap_or(FINDINGS.len() - 1)
 }
 
-/// The top resources: `write_event` rows (a resource has too many values to roll up).
-async fn top_resources<C: GenericClient>(
-    client: &C,
-    from: SystemTime,
-    to: SystemTime,
-) -> Result<Vec<(Option<String>, i64)>, AuditError> {
-    let rows = client
-        .query_typed(
-            "SELECT resource, count(*) FROM write_event WHERE outcome = 'unprotected' \
-             AND at >= $1 AND at < $2 GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT $3",
-            &[
-                (&from, Type::TIMESTAMPTZ),
-                (&to, Type::TIMESTAMPTZ),
-                (&TOP, Type::INT8),
-            ],
-        )
-        .await?;
-    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
-}
-
+/// Every hour of `[from, to)` stacked by finding, and their total.
 async fn stacked<C: GenericClient>(
     client: &C,
     from: SystemTime,
     to: SystemTime,
-) -> Result<Vec<StackedHour>, AuditError> {
-    let rows = rolled_up(client, "hour", from, to, i64::MAX).await?;
+) -> Result<(Vec<StackedHour>, i64), AuditError> {
+    let rows = STACKED.rows(client, from, to).await?;
+    let first = floor(from, HOUR);
     let mut hours: Vec<StackedHour> = Vec::new();
-    let mut hour = hour_floor(from);
+    let mut hour = first;
     while hour < to {
         hours.push((hour, [0; 4]));
-        hour += Duration::from_secs(3600);
+        hour += HOUR;
     }
+    let mut total = 0;
     for r in &rows {
         let (h, f, n): (SystemTime, Option<String>, i64) = (r.get(0), r.get(1), r.get(2));
-        let i = FINDINGS
-            .iter()
-            .position(|x| Some(*x) == f.as_deref())
-            .unwrap_or(3);
-        if let Some(slot) = hours.iter_mut().find(|(start, _)| *start == h) {
-            slot.1[i] += n;
+        total += n;
+        let slot = h
+            .duration_since(first)
+            .ok()
+            .and_then(|d| hours.get_mut((d.as_secs() / HOUR.as_secs()) as usize));
+        if let Some(slot) = slot {
+            slot.1[finding_index(f.as_deref())] += n;
         }
     }
-    Ok(hours)
+    Ok((hours, total))
 }
 
 async fn refused<C: GenericClient>(
@@ -177,18 +399,10 @@ async fn refused<C: GenericClient>(
     from: SystemTime,
     to: SystemTime,
 ) -> Result<[i64; 4], AuditError> {
-    let rows = client
-        .query_typed(
-            "SELECT finding, count(*) FROM write_event WHERE outcome = 'rejected' \
-             AND at >= $1 AND at < $2 GROUP BY 1",
-            &[(&from, Type::TIMESTAMPTZ), (&to, Type::TIMESTAMPTZ)],
-        )
-        .await?;
     let mut out = [0; 4];
-    for r in &rows {
-        let f: Option<&str> = r.get(0);
-        if let Some(i) = FINDINGS.iter().position(|x| Some(*x) == f) {
-            out[i] += r.get::<_, i64>(1);
+    for (f, n) in REFUSED_BY_FINDING.pairs(client, from, to).await? {
+        if let Some(i) = FINDINGS.iter().position(|x| Some(*x) == f.as_deref()) {
+            out[i] += n;
         }
     }
     Ok(out)
@@ -221,29 +435,47 @@ async fn gaps<C: GenericClient>(client: &C) -> Result<(i64, i64), AuditError> {
 }
 
 /// The overview of `[from, to)` (at most two weeks; the 24-hour and 7-day tiles end at
-/// `to`). Every query goes out pipelined on the one connection.
-pub(crate) async fn overview<C: GenericClient>(
-    client: &C,
+/// `to`). Its statements read one snapshot (a read-only transaction) and go out together,
+/// pipelined on the one connection, without parallel workers: each reads a few thousand
+/// counters or index entries, less work than starting a worker process.
+pub(crate) async fn overview(
+    client: &mut tokio_postgres::Client,
     from: SystemTime,
     to: SystemTime,
 ) -> Result<Overview, AuditError> {
-    let (day, week, prev, window) = tokio::try_join!(
-        count(client, to - DAY, to),
-        count(client, to - WEEK, to),
-        count(client, to - 2 * WEEK, to - WEEK),
-        count(client, from, to),
+    let tx = client
+        .build_transaction()
+        .isolation_level(IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await?;
+    tx.batch_execute("SET LOCAL max_parallel_workers_per_gather = 0")
+        .await?;
+    let c = &tx;
+    let (
+        day,
+        week,
+        prev,
+        (hours, window),
+        refused,
+        dropped,
+        (gaps, gap_revisions),
+        callers,
+        services,
+        resources,
+    ) = tokio::try_join!(
+        count(c, to - DAY, to),
+        count(c, to - WEEK, to),
+        count(c, to - 2 * WEEK, to - WEEK),
+        stacked(c, from, to),
+        refused(c, from, to),
+        dropped(c, from, to),
+        gaps(c),
+        TOP_CALLERS.pairs(c, from, to),
+        TOP_SERVICES.pairs(c, from, to),
+        TOP_RESOURCES.pairs(c, from, to),
     )?;
-    let (refused, dropped, (gaps, gap_revisions)) = tokio::try_join!(
-        refused(client, from, to),
-        dropped(client, from, to),
-        gaps(client)
-    )?;
-    let (callers, services, resources, hours) = tokio::try_join!(
-        top(client, "caller", from, to),
-        top(client, "service", from, to),
-        top_resources(client, from, to),
-        stacked(client, from, to),
-    )?;
+    tx.commit().await?;
     Ok(Overview {
         unprotected_24h: day,
         unprotected_7d: week,
@@ -267,7 +499,135 @@ pub(crate) fn trend(now: i64, before: i64) -> Option<i64> {
 
 #[cfg(test)]
 mod tests {
-    use super::trend;
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    use super::{day_spans, spans, trend, Source::*, TOP_RESOURCES, TOTAL};
+
+    /// A UTC midnight, plus `h` hours, `m` minutes.
+    fn t(h: u64, m: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(1_800_000_000 / 86_400 * 86_400 + h * 3600 + m * 60)
+    }
+
+    #[test]
+    fn a_range_is_cut_into_whole_days_whole_hours_and_rows() {
+        // 7 days from 18:31 to 18:31: rows to 19:00, hours to midnight, 6 whole days,
+        // hours to 18:00, rows to 18:31.
+        assert_eq!(
+            spans(t(18, 31), t(7 * 24 + 18, 31), true, true),
+            [
+                (Row, t(18, 31), t(19, 0)),
+                (Hour, t(19, 0), t(24, 0)),
+                (Day, t(24, 0), t(7 * 24, 0)),
+                (Hour, t(7 * 24, 0), t(7 * 24 + 18, 0)),
+                (Row, t(7 * 24 + 18, 0), t(7 * 24 + 18, 31)),
+            ]
+        );
+        // 24 hours hold no whole day: the hours on either side of midnight are one span.
+        assert_eq!(
+            spans(t(18, 31), t(24 + 18, 31), true, true),
+            [
+                (Row, t(18, 31), t(19, 0)),
+                (Hour, t(19, 0), t(24 + 18, 0)),
+                (Row, t(24 + 18, 0), t(24 + 18, 31)),
+            ]
+        );
+        // Without hourly counters the partial days are rows.
+        assert_eq!(
+            spans(t(18, 31), t(3 * 24 + 2, 5), true, false),
+            [
+                (Row, t(18, 31), t(24, 0)),
+                (Day, t(24, 0), t(3 * 24, 0)),
+                (Row, t(3 * 24, 0), t(3 * 24 + 2, 5)),
+            ]
+        );
+        assert_eq!(
+            spans(t(18, 31), t(24 + 18, 31), true, false),
+            [(Row, t(18, 31), t(24 + 18, 31))]
+        );
+        // Bounds on the units need no rows; a range inside one hour is rows alone.
+        assert_eq!(
+            spans(t(0, 0), t(48, 0), true, true),
+            [(Day, t(0, 0), t(48, 0))]
+        );
+        assert_eq!(
+            spans(t(1, 0), t(5, 0), false, true),
+            [(Hour, t(1, 0), t(5, 0))]
+        );
+        assert_eq!(
+            spans(t(1, 10), t(1, 50), true, true),
+            [(Row, t(1, 10), t(1, 50))]
+        );
+        assert_eq!(spans(t(2, 0), t(1, 0), true, true), []);
+    }
+
+    #[test]
+    fn an_end_is_subtracted_from_its_whole_day_when_fewer_rows_are_read() {
+        // 24 hours to 18:31 now: 5 h 29 min of rows from the start to midnight, then
+        // today's counters less today's rows after now (none yet).
+        let now = t(24 + 18, 31);
+        assert_eq!(
+            day_spans(t(18, 31), now, now),
+            [
+                (Row, t(18, 31), t(24, 0), 1),
+                (Day, t(24, 0), t(48, 0), 1),
+                (Row, now, t(48, 0), -1),
+            ]
+        );
+        // A start at 03:00: its day less the 3 hours before it.
+        assert_eq!(
+            day_spans(t(3, 0), t(3 * 24 + 1, 0), t(9 * 24, 0)),
+            [
+                (Row, t(0, 0), t(3, 0), -1),
+                (Day, t(0, 0), t(3 * 24, 0), 1),
+                (Row, t(3 * 24, 0), t(3 * 24 + 1, 0), 1),
+            ]
+        );
+        // Inside one day, in the past: the rows alone.
+        assert_eq!(
+            day_spans(t(9, 0), t(15, 0), t(9 * 24, 0)),
+            [(Row, t(9, 0), t(15, 0), 1)]
+        );
+        assert_eq!(
+            day_spans(t(0, 0), t(48, 0), t(48, 0)),
+            [(Day, t(0, 0), t(48, 0), 1)]
+        );
+        assert_eq!(day_spans(t(5, 0), t(5, 0), t(48, 0)), []);
+    }
+
+    #[test]
+    fn each_span_reads_its_source_with_its_own_bounds() {
+        let now = t(9 * 24, 0);
+        let (sql, params) = TOP_RESOURCES.sql(t(18, 31), t(3 * 24 + 2, 5), now);
+        assert_eq!(
+            params,
+            [
+                t(18, 31),
+                t(24, 0),
+                t(24, 0),
+                t(3 * 24, 0),
+                t(3 * 24, 0),
+                t(3 * 24 + 2, 5)
+            ]
+        );
+        assert!(sql.contains("FROM write_event_daily_resource WHERE day >= $3 AND day < $4"));
+        assert!(sql.contains("AND at >= $5 AND at < $6 GROUP BY resource"));
+        assert!(
+            sql.ends_with("HAVING sum(n) > 0 ORDER BY n DESC, k LIMIT 10"),
+            "{sql}"
+        );
+        // Ending now, the last day is read whole less the rows after now.
+        let (sql, params) = TOP_RESOURCES.sql(t(18, 31), t(3 * 24 + 2, 5), t(3 * 24 + 2, 5));
+        assert_eq!(params[4..], [t(3 * 24 + 2, 5), t(4 * 24, 0)]);
+        assert!(
+            sql.contains("SELECT resource, -count(*) FROM write_event"),
+            "{sql}"
+        );
+        assert!(sql.contains("WHERE day >= $3 AND day < $4"), "{sql}");
+        let (sql, params) = TOTAL.sql(t(1, 10), t(1, 50), now);
+        assert_eq!(params.len(), 2);
+        assert!(!sql.contains("GROUP BY NULL"), "{sql}");
+        assert!(!sql.contains("hourly"), "{sql}");
+    }
 
     #[test]
     fn trend_is_the_rounded_percent_change_and_none_without_a_base() {

@@ -6,6 +6,7 @@ mod dashboard;
 mod dashboard_etcd;
 mod epoch_etcd;
 mod overview;
+mod rollups;
 mod schema;
 mod sink;
 mod tailer_etcd;
