@@ -12,13 +12,10 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::service::run;
+use common::service::{audit_grants, run, wait_listening, ADMIN, JOB};
 use palisade_client::Client;
 use palisade_testkit::{EtcdCluster, TestDb};
 use serde_json::json;
-
-const JOB: &str = "spiffe://test/jobs/a";
-const ADMIN: &str = "spiffe://test/admin";
 
 fn free_addr() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -85,18 +82,11 @@ async fn etcd_serve_and_audit_tail_reach_a_tier_over_tls_with_a_client_certifica
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while tokio::net::TcpStream::connect(addr).await.is_err() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "palisade serve did not start"
-        );
-        assert!(
-            server.try_wait().unwrap().is_none(),
-            "palisade serve exited"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_listening(addr).await;
+    assert!(
+        server.try_wait().unwrap().is_none(),
+        "palisade serve exited"
+    );
     let url = format!("http://{addr}");
     let admin = |args: &[&str]| {
         let mut all: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
@@ -169,27 +159,9 @@ async fn etcd_serve_and_audit_tail_reach_a_tier_over_tls_with_a_client_certifica
 
     // The tailer, also over TLS, records the grant under the TLS cluster's id.
     let pg = db.connect().await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        let rows = pg
-            .query(
-                "SELECT cluster_id, token FROM audit_event WHERE type = 'grant' AND namespace = 'ns'",
-                &[],
-            )
-            .await
-            .unwrap_or_default();
-        let seen: Vec<(i64, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-        let token: i64 = hold["token"].as_str().unwrap().parse().unwrap();
-        if seen.contains(&(secure_id as i64, token)) {
-            assert_eq!(seen.len(), 1, "{seen:?}");
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "audit grants {seen:?}, want {token}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let token: i64 = hold["token"].as_str().unwrap().parse().unwrap();
+    let grants = audit_grants(&pg, "ns", |g| !g.is_empty()).await;
+    assert_eq!(grants, [(secure_id as i64, token)]);
 }
 
 /// Runs `palisade serve` that must exit on its own with `code`; its stderr.

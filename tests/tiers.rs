@@ -71,14 +71,7 @@ impl Tiered {
             .kill_on_drop(true)
             .spawn()
             .unwrap();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while tokio::net::TcpStream::connect(self.addr).await.is_err() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "palisade serve did not start"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        common::service::wait_listening(self.addr).await;
         child
     }
 
@@ -372,34 +365,13 @@ async fn etcd_serve_on_two_tiers_rehomes_a_namespace_and_resources_refuse_the_ol
 
     // The audit trail has the namespace's grants of both clusters, with their tokens.
     let (a_id, b_id) = (t.a.cluster_id().await as i64, t.b.cluster_id().await as i64);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        let rows = pg
-            .query(
-                "SELECT cluster_id, token FROM audit_event WHERE type = 'grant' AND namespace = 'ns'",
-                &[],
-            )
-            .await
-            .unwrap_or_default();
-        let tokens = |id: i64| -> Vec<i64> {
-            rows.iter()
-                .filter(|r| r.get::<_, i64>(0) == id)
-                .map(|r| r.get::<_, i64>(1))
-                .collect()
-        };
-        let (on_a, on_b) = (tokens(a_id), tokens(b_id));
-        if on_a.contains(&(old_token.get() as i64))
-            && on_a.contains(&(token(&last).get() as i64))
-            && on_b.contains(&(new_token.get() as i64))
-        {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "audit grants: a {on_a:?}, b {on_b:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let want = [
+        (a_id, old_token.get() as i64),
+        (a_id, token(&last).get() as i64),
+        (b_id, new_token.get() as i64),
+    ];
+    common::service::audit_grants(&pg, "ns", |grants| want.iter().all(|w| grants.contains(w)))
+        .await;
 }
 
 #[tokio::test]

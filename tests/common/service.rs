@@ -132,14 +132,7 @@ impl Service {
             .kill_on_drop(true)
             .spawn()
             .unwrap();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while tokio::net::TcpStream::connect(addr).await.is_err() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "palisade serve did not start"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_listening(addr).await;
         Service {
             cluster,
             locker,
@@ -193,6 +186,48 @@ impl Service {
         all.extend([OsStr::new("--ca"), ca.as_os_str()]);
         all.extend(args[at..].iter().map(OsStr::new));
         run(all, &[]).await
+    }
+}
+
+/// Waits up to 20 s until something accepts connections at `addr` (a `palisade serve`
+/// just started).
+pub async fn wait_listening(addr: SocketAddr) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "palisade serve did not start listening on {addr}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits up to 15 s until the audit trail's grants in namespace `ns`, as
+/// `(cluster_id, token)`, satisfy `done`; returns them. Panics with them otherwise.
+pub async fn audit_grants(
+    pg: &tokio_postgres::Client,
+    ns: &str,
+    done: impl Fn(&[(i64, i64)]) -> bool,
+) -> Vec<(i64, i64)> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let rows = pg
+            .query(
+                "SELECT cluster_id, token FROM audit_event WHERE type = 'grant' \
+                 AND namespace = $1 ORDER BY token",
+                &[&ns],
+            )
+            .await
+            .unwrap_or_default();
+        let grants: Vec<(i64, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        if done(&grants) {
+            return grants;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "audit grants (cluster id, token) in {ns}: {grants:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 

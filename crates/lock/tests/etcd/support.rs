@@ -51,6 +51,18 @@ pub(crate) async fn connect_window(
     Locker::connect(options, FileEpochStore::new(dir.path().join("epoch.json"))).await
 }
 
+/// Namespaces [`NS`] and [`NS2`], and class `c` of [`NS`] (empty prefix).
+pub(crate) async fn configure(locker: &Locker) {
+    let config = locker.config();
+    for ns in [NS, NS2] {
+        config
+            .put_namespace(&Namespace::new(ns, "tenant"))
+            .await
+            .unwrap();
+    }
+    config.put_class(&class(NS, "c", "")).await.unwrap();
+}
+
 pub(crate) async fn fixture(members: usize) -> Fixture {
     fixture_window(members, palisade_lock::DEFAULT_EPOCH_WINDOW).await
 }
@@ -61,21 +73,7 @@ pub(crate) async fn fixture_window(members: usize, window: u64) -> Fixture {
     let locker = connect_window(cluster.endpoints(), &dir, window)
         .await
         .unwrap();
-    locker
-        .config()
-        .put_namespace(&Namespace::new(NS, "tenant"))
-        .await
-        .unwrap();
-    locker
-        .config()
-        .put_namespace(&Namespace::new(NS2, "tenant"))
-        .await
-        .unwrap();
-    locker
-        .config()
-        .put_class(&class(NS, "c", ""))
-        .await
-        .unwrap();
+    configure(&locker).await;
     Fixture {
         cluster,
         locker,

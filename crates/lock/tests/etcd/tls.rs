@@ -6,10 +6,10 @@
 
 use std::time::Duration;
 
-use palisade_lock::{ErrorKind, EtcdTls, FileEpochStore, Locker, LockerOptions, Mode, Namespace};
+use palisade_lock::{ErrorKind, EtcdTls, FileEpochStore, Locker, LockerOptions, Mode};
 use palisade_testkit::{EtcdCluster, EtcdTlsFiles};
 
-use crate::support::{class, lock, secs, session, NS};
+use crate::support::{configure, lock, secs, session};
 
 fn tls(files: &EtcdTlsFiles, identity: bool) -> EtcdTls {
     let tls = EtcdTls::new(EtcdTlsFiles::read(&files.ca())).unwrap();
@@ -47,16 +47,7 @@ async fn etcd_a_locker_over_tls_grants_tokens_of_that_cluster() {
     .await
     .unwrap();
     assert_eq!(locker.epoch().0.cluster_id, cluster.cluster_id().await);
-    locker
-        .config()
-        .put_namespace(&Namespace::new(NS, "tenant"))
-        .await
-        .unwrap();
-    locker
-        .config()
-        .put_class(&class(NS, "c", ""))
-        .await
-        .unwrap();
+    configure(&locker).await;
     let s = session(&locker, 10).await;
     let first = locker
         .acquire(&s, &lock("k"), Mode::Exclusive, secs(5))
