@@ -111,24 +111,39 @@ impl ConfigStore {
         resp.kvs().first().map(|kv| decode(kv.value())).transpose()
     }
 
-    /// Creates or replaces a class.
+    /// Creates or replaces a class. Refused while the namespace is fenced on this cluster
+    /// (`tier/fence/<ns>`: a rehome is moving it, or it lives on another tier), so that
+    /// an edit made while a rehome copies the classes is not lost: the caller retries
+    /// once the move is over, on the namespace's tier.
     ///
     /// # Errors
     ///
     /// [`InvalidInput`] (bad names, `ttl_min > ttl_max`, a bad prefix,
     /// [`InvalidInput::UnknownNamespace`], [`InvalidInput::PrefixOverlap`]);
-    /// [`ErrorKind::QuorumLost`] if etcd cannot commit.
+    /// [`ErrorKind::NamespaceFenced`]; [`ErrorKind::QuorumLost`] if etcd cannot commit.
     pub async fn put_class(&self, class: &LockClass) -> Result<()> {
+        self.store_class(class, true).await
+    }
+
+    /// [`ConfigStore::put_class`] whether or not the namespace is fenced here: a rehome's
+    /// copy of the classes to the new tier, which it fenced itself.
+    pub(crate) async fn copy_class(&self, class: &LockClass) -> Result<()> {
+        self.store_class(class, false).await
+    }
+
+    async fn store_class(&self, class: &LockClass, refuse_fenced: bool) -> Result<()> {
         class.validate()?;
         let value = serde_json::to_vec(class)
             .map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
         let ns_key = self.keys.namespace(&class.ns_id);
         let classes = self.keys.classes(&class.ns_id);
+        let fence = self.keys.ns_fence(&class.ns_id);
         for _ in 0..8 {
             let resp = self
                 .txn(Txn::new().and_then([
                     TxnOp::get(ns_key.clone(), None),
                     TxnOp::get(classes.clone(), Some(GetOptions::new().with_prefix())),
+                    TxnOp::get(fence.clone(), Some(GetOptions::new().with_keys_only())),
                 ]))
                 .await?;
             let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
@@ -136,11 +151,16 @@ impl ConfigStore {
                 etcd_client::TxnOpResponse::Get(g) => Some(g),
                 _ => None,
             });
-            let (ns_get, class_get) = (ranges.next(), ranges.next());
+            let (ns_get, class_get, fence_get) = (ranges.next(), ranges.next(), ranges.next());
             if ns_get.is_none_or(|g| g.kvs().is_empty()) {
                 return Err(Error::invalid(InvalidInput::UnknownNamespace(
                     class.ns_id.clone(),
                 )));
+            }
+            if refuse_fenced && fence_get.is_some_and(|g| !g.kvs().is_empty()) {
+                return Err(Error::new(ErrorKind::NamespaceFenced {
+                    ns: class.ns_id.clone(),
+                }));
             }
             for kv in class_get.iter().flat_map(|g| g.kvs()) {
                 let other: LockClass = decode(kv.value())?;
@@ -150,19 +170,21 @@ impl ConfigStore {
                     }));
                 }
             }
-            let txn = Txn::new()
-                .when([
-                    Compare::version(ns_key.clone(), CompareOp::Greater, 0),
-                    // Every class of the namespace unchanged since the read (an empty
-                    // range compares as mod_revision 0, which passes).
-                    Compare::mod_revision(classes.clone(), CompareOp::Less, rev + 1)
-                        .with_range(prefix_end(&classes)),
-                ])
-                .and_then([TxnOp::put(
-                    self.keys.class(&class.ns_id, &class.id),
-                    value.clone(),
-                    None,
-                )]);
+            let mut when = vec![
+                Compare::version(ns_key.clone(), CompareOp::Greater, 0),
+                // Every class of the namespace unchanged since the read (an empty
+                // range compares as mod_revision 0, which passes).
+                Compare::mod_revision(classes.clone(), CompareOp::Less, rev + 1)
+                    .with_range(prefix_end(&classes)),
+            ];
+            if refuse_fenced {
+                when.push(Compare::version(fence.clone(), CompareOp::Equal, 0));
+            }
+            let txn = Txn::new().when(when).and_then([TxnOp::put(
+                self.keys.class(&class.ns_id, &class.id),
+                value.clone(),
+                None,
+            )]);
             if self.txn(txn).await?.succeeded() {
                 return Ok(());
             }

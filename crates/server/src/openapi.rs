@@ -115,8 +115,9 @@ problems! {
     ListClassesProblems { body: false, kinds: [InvalidInput, Unauthenticated, Forbidden,
         QuorumLost, Upstream, Internal] }
     /// `PUT /v1/namespaces/{ns}/classes/{class}`.
+    /// `namespace-moving`: a rehome is moving the namespace (its classes are copied).
     PutClassProblems { body: true, kinds: [InvalidInput, Unauthenticated, Forbidden, NotFound,
-        QuorumLost, Upstream, Internal] }
+        NamespaceMoving, QuorumLost, Upstream, Internal] }
     /// `GET /v1/epoch`.
     ShowEpochProblems { body: false, kinds: [InvalidInput, Unauthenticated, Forbidden] }
     /// `POST /v1/epoch/advance`.

@@ -7,7 +7,8 @@
 //!    phase `draining`) with a Txn that compares its absence: one rehome per namespace.
 //! 2. **Fence the old tier** (`tier/fence/<ns>` there): its acquires of the namespace
 //!    fail from now on ([`ErrorKind::NamespaceFenced`], the service's 503
-//!    `namespace-moving`), before writing anything.
+//!    `namespace-moving`), before writing anything; so do its class edits, so that
+//!    none is lost between the copy (step 4) and the switch.
 //! 3. **Drain.** Wait until the old tier has no hold and no waiter key in the namespace
 //!    (read at one revision after the fence), up to the drain deadline. Waiters queued
 //!    before the fence may still be granted while it drains; a grant needs the waiter's
@@ -178,7 +179,7 @@ async fn prepare(
     namespace.cluster_tier = record.to.clone();
     target.config().put_namespace(&namespace).await?;
     for class in from.config().classes(ns).await? {
-        target.config().put_class(&class).await?;
+        target.config().copy_class(&class).await?;
     }
     tiers.advance_epoch(&record.to, EpochReason::Rehome).await
 }

@@ -425,3 +425,49 @@ async fn etcd_rehome_stopped_part_way_refuses_on_both_tiers_then_completes_on_re
         ("b", done.epoch.epoch)
     );
 }
+
+#[tokio::test]
+async fn etcd_a_class_edit_is_refused_while_a_rehome_fences_the_namespace() {
+    let t = two_tiers().await;
+    let (la, lb) = (tier(&t, "a").clone(), tier(&t, "b").clone());
+    let s = session(&la, 10).await;
+    let held = la
+        .acquire(&s, &moving("k"), Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
+    // The rehome fences tier a and waits for the hold to end.
+    let tiers = t.tiers.clone();
+    let rehome =
+        tokio::spawn(async move { tiers.rehome(MOVING, "b", Duration::from_secs(10)).await });
+    let fence = format!("{ROOT}tier/fence/{MOVING}");
+    let deadline = within(Duration::from_secs(5));
+    while keys_under(la.client(), &fence).await.is_empty() {
+        assert!(Instant::now() < deadline, "the rehome did not fence tier a");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut edited = class(MOVING, "c", "");
+    edited.ttl_max = Duration::from_secs(20);
+    let err = la.config().put_class(&edited).await.unwrap_err();
+    assert_eq!(
+        err.kind(),
+        &ErrorKind::NamespaceFenced { ns: MOVING.into() }
+    );
+    held.release().await.unwrap();
+    rehome.await.unwrap().unwrap();
+    // The copy on b is the class as it was; the old tier stays fenced for edits.
+    assert_eq!(
+        lb.config().class(MOVING, "c").await.unwrap().ttl_max,
+        Duration::from_secs(30)
+    );
+    let err = la.config().put_class(&edited).await.unwrap_err();
+    assert_eq!(
+        err.kind(),
+        &ErrorKind::NamespaceFenced { ns: MOVING.into() }
+    );
+    // On the namespace's tier the edit is taken.
+    lb.config().put_class(&edited).await.unwrap();
+    assert_eq!(
+        lb.config().class(MOVING, "c").await.unwrap().ttl_max,
+        Duration::from_secs(20)
+    );
+}
