@@ -7,7 +7,7 @@ use clap::{Args, Subcommand};
 
 use palisade_lock::EtcdTls;
 
-use crate::cli::etcd::{self, EtcdTarget, EtcdTlsArgs, TierTlsArgs};
+use crate::cli::etcd::{self, EtcdTlsArgs, TierTlsArgs};
 
 /// Audit subcommands.
 #[derive(Debug, Subcommand)]
@@ -72,6 +72,9 @@ pub(crate) struct ServeArgs {
 
 /// Runs an audit subcommand; returns what to print when it ends.
 pub(crate) fn run(command: AuditCommand) -> Result<String, Box<dyn Error>> {
+    // The tailer's and the dashboard's warnings (an etcd or database failure they retry)
+    // go to stderr, as `palisade serve`'s.
+    crate::cli::serve::init_logging(crate::cli::serve::LogFormat::Text);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -99,7 +102,8 @@ async fn serve(args: ServeArgs) -> Result<String, Box<dyn Error>> {
             etcd.tls.as_ref().map(EtcdTls::tls_options),
             &args.root,
         )
-        .await?;
+        .await
+        .map_err(|e| etcd.unreachable(None, &e))?;
         palisade_audit::dashboard::router_with_live(pool, live)
     };
     axum::serve(listener, app)
@@ -109,25 +113,26 @@ async fn serve(args: ServeArgs) -> Result<String, Box<dyn Error>> {
 }
 
 async fn tail(args: TailArgs) -> Result<String, Box<dyn Error>> {
-    let mut clusters = vec![etcd::home(&args.etcd, &args.etcd_tls)?];
-    // The tier names only pair the TLS flags with their tier: the tailer keys rows by
-    // cluster id, and `palisade serve`'s --home-tier is not known here.
+    let mut clusters = vec![(None, etcd::home(&args.etcd, &args.etcd_tls)?)];
+    // The tier names pair the TLS flags with their tier and name it in errors: the
+    // tailer keys rows by cluster id, and `palisade serve`'s --home-tier is not known here.
     let tiers = etcd::tiers("", &args.tiers, &args.tier_tls)?;
-    clusters.extend(tiers.into_iter().map(|(_, target)| target));
+    clusters.extend(tiers.into_iter().map(|(name, target)| (Some(name), target)));
     let pool = palisade_audit::pool(&args.database, 2 * clusters.len())?;
     palisade_audit::migrate(&pool).await?;
     let mut tailers = tokio::task::JoinSet::new();
-    for cluster in &clusters {
+    for (name, cluster) in &clusters {
         let tailer = palisade_audit::Tailer::connect(
             &cluster.endpoints,
             cluster.tls.as_ref().map(EtcdTls::tls_options),
             pool.clone(),
         )
-        .await?
+        .await
+        .map_err(|e| cluster.unreachable(name.as_deref(), &e))?
         .with_root(args.root.clone());
         tailers.spawn(tailer.run());
     }
-    let all: Vec<String> = clusters.iter().map(EtcdTarget::joined).collect();
+    let all: Vec<String> = clusters.iter().map(|(_, c)| c.joined()).collect();
     let _ = crate::cli::output::emit(&format!("palisade audit tailer on {}", all.join(" and ")));
     interrupted().await;
     tailers.abort_all();

@@ -164,7 +164,7 @@ async fn etcd_serve_and_audit_tail_reach_a_tier_over_tls_with_a_client_certifica
     assert_eq!(grants, [(secure_id as i64, token)]);
 }
 
-/// Runs `palisade serve` that must exit on its own with `code`; its stderr.
+/// Runs `palisade serve` (or `audit tail`) that must exit on its own with `code`; its stderr.
 async fn refused(mut command: tokio::process::Command, code: i32) -> String {
     let out = tokio::time::timeout(Duration::from_secs(30), command.output())
         .await
@@ -179,6 +179,7 @@ async fn refused(mut command: tokio::process::Command, code: i32) -> String {
 async fn etcd_serve_does_not_start_a_tls_tier_without_its_ca_or_client_certificate() {
     let (home, secure) = (EtcdCluster::start(1).await, EtcdCluster::start_tls(1).await);
     let other = EtcdCluster::start_tls(1).await;
+    let db = TestDb::create().await;
     let dir = tempfile::tempdir().unwrap();
     authz(dir.path());
     let files = secure.tls_files();
@@ -192,6 +193,24 @@ async fn etcd_serve_does_not_start_a_tls_tier_without_its_ca_or_client_certifica
     // Another cluster's CA: the members' certificate is not trusted.
     let wrong_ca = tier_tls(&other.tls_files().ca(), identity);
     let stderr = refused(serve(&home, &secure, dir.path(), free_addr(), &wrong_ca), 1).await;
+    assert!(
+        stderr.contains("cannot start tier secure on etcd https://"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("invalid peer certificate"), "{stderr}");
+    assert!(
+        stderr.contains("(TLS: the members' certificates must chain to --tier-ca secure=FILE"),
+        "{stderr}"
+    );
+    // `palisade audit tail` with the same flags does not start either, naming the tier.
+    let mut tail = tokio::process::Command::new(env!("CARGO_BIN_EXE_palisade"));
+    tail.args(["audit", "tail", "--etcd", &home.endpoints().join(",")])
+        .arg("--tier")
+        .arg(format!("secure={}", secure.tls_endpoints().join(",")))
+        .args(&wrong_ca)
+        .args(["--database", &db.connection_string()])
+        .kill_on_drop(true);
+    let stderr = refused(tail, 1).await;
     assert!(
         stderr.contains("cannot start tier secure on etcd https://"),
         "{stderr}"
@@ -233,5 +252,9 @@ async fn etcd_serve_does_not_start_a_tls_tier_without_its_ca_or_client_certifica
         2,
     )
     .await;
-    assert!(stderr.contains("junk.pem holds no certificate"), "{stderr}");
+    assert!(
+        stderr.contains("--tier-ca secure=...: the etcd CA file ")
+            && stderr.contains("junk.pem holds no certificate"),
+        "{stderr}"
+    );
 }

@@ -11,16 +11,16 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use palisade_lock::EtcdTls;
+use palisade_lock::{EtcdTls, EtcdTlsError, TlsPart};
 
-use super::exit::CliError;
+use super::exit::{with_causes, CliError, Exit};
 
 /// TLS to the `--etcd` cluster.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub(crate) struct EtcdTlsArgs {
     /// CA certificates (PEM) that the --etcd members' certificates chain to: TLS to etcd,
     /// whose endpoints are then https://HOST:PORT.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", requires = "etcd")]
     etcd_ca: Option<PathBuf>,
     /// Client certificate chain (PEM) shown to the --etcd members, for etcd's
     /// --client-cert-auth; with --etcd-key and --etcd-ca.
@@ -58,6 +58,28 @@ impl EtcdTarget {
     /// The endpoints, comma-separated, for messages.
     pub(crate) fn joined(&self) -> String {
         self.endpoints.join(",")
+    }
+
+    /// The start error for this cluster (tier `tier`, or the `--etcd` one) that did not
+    /// answer: its endpoints, the cause, and with TLS what to check.
+    pub(crate) fn unreachable(&self, tier: Option<&str>, e: &dyn std::error::Error) -> CliError {
+        let what = match tier {
+            Some(name) => format!("cannot start tier {name} on etcd {}", self.joined()),
+            None => format!("cannot start on etcd {}", self.joined()),
+        };
+        let hint = match (&self.tls, tier) {
+            (None, _) => String::new(),
+            (Some(_), None) => "\n(TLS: the members' certificates must chain to --etcd-ca and \
+                name the endpoint's host or IP; with --client-cert-auth etcd needs \
+                --etcd-cert/--etcd-key from its --trusted-ca-file's CA)"
+                .to_owned(),
+            (Some(_), Some(name)) => format!(
+                "\n(TLS: the members' certificates must chain to --tier-ca {name}=FILE and \
+                 name the endpoint's host or IP; with --client-cert-auth etcd needs \
+                 --tier-cert/--tier-key {name}=FILE from its --trusted-ca-file's CA)"
+            ),
+        };
+        CliError::new(Exit::Failure, format!("{what}: {}{hint}", with_causes(e)))
     }
 }
 
@@ -203,7 +225,7 @@ fn target(
     let tls = match ca {
         Some(ca) => Some(
             EtcdTls::from_files(ca, identity)
-                .map_err(|e| CliError::bad_input(format!("{flag}: {e}")))?,
+                .map_err(|e| CliError::bad_input(format!("{}: {e}", file_flag(flag, &e))))?,
         ),
         None => None,
     };
@@ -211,6 +233,20 @@ fn target(
         endpoints: endpoints.to_vec(),
         tls,
     })
+}
+
+/// The flag that named the file `e` is about, for the cluster of `flag` (`--etcd` or
+/// `--tier NAME`).
+fn file_flag(flag: &str, e: &EtcdTlsError) -> String {
+    let suffix = match e.part() {
+        TlsPart::Ca => "ca",
+        TlsPart::ClientCert => "cert",
+        TlsPart::ClientKey => "key",
+    };
+    match flag.strip_prefix("--tier ") {
+        Some(name) => format!("--tier-{suffix} {name}=..."),
+        None => format!("--etcd-{suffix}"),
+    }
 }
 
 /// Refuses an endpoint etcd-client would only fail on after its timeout.
@@ -309,7 +345,7 @@ mod tests {
             .to_string();
         assert!(e.contains("/nonexistent/etcd-ca.pem"), "{e}");
         assert!(
-            e.starts_with("--etcd: cannot read the etcd CA certificates"),
+            e.starts_with("--etcd-ca: cannot read the etcd CA file"),
             "{e}"
         );
     }

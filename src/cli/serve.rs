@@ -114,12 +114,13 @@ pub(crate) struct ServeArgs {
 
 /// `--log-format`.
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
-enum LogFormat {
+pub(crate) enum LogFormat {
     Text,
     Json,
 }
 
-fn init_logging(format: LogFormat) {
+/// Logs to stderr in `format`, filtered by `RUST_LOG` (default `info`).
+pub(crate) fn init_logging(format: LogFormat) {
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     let builder = tracing_subscriber::fmt()
@@ -195,19 +196,20 @@ async fn serve(
             }
         }
     });
-    let endpoints = home.joined();
     let locker = Locker::connect(
         locker_options(&home, &args.root),
         FileEpochStore::new(&args.epoch_file),
     )
     .await
     .map_err(|e| {
-        let what = if e.kind() == &palisade_lock::ErrorKind::EpochStore {
-            format!("cannot use the epoch file {}", args.epoch_file.display())
+        if e.kind() == &palisade_lock::ErrorKind::EpochStore {
+            failed(format!(
+                "cannot use the epoch file {}",
+                args.epoch_file.display()
+            ))(&e)
         } else {
-            format!("cannot start on etcd {endpoints}")
-        };
-        failed(what)(&e)
+            home.unreachable(None, &e)
+        }
     })?;
     if let (_, Some(mismatch)) = locker.epoch() {
         tracing::error!(
@@ -221,17 +223,20 @@ async fn serve(
     let mut tiers = vec![(args.home_tier.clone(), locker.clone())];
     for (name, target) in other_tiers {
         let file = tier_epoch_file(&args.epoch_file, &name);
-        let joined = target.joined();
         let tier = Locker::connect(
             locker_options(&target, &args.root),
             FileEpochStore::new(&file),
         )
         .await
         .map_err(|e| {
-            failed(format!(
-                "cannot start tier {name} on etcd {joined} (epoch file {})",
-                file.display()
-            ))(&e)
+            if e.kind() == &palisade_lock::ErrorKind::EpochStore {
+                failed(format!(
+                    "cannot start tier {name}: cannot use its epoch file {}",
+                    file.display()
+                ))(&e)
+            } else {
+                target.unreachable(Some(&name), &e)
+            }
         })?;
         if let (_, Some(mismatch)) = tier.epoch() {
             tracing::error!(

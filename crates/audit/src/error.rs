@@ -24,6 +24,9 @@ pub enum AuditError {
     /// etcd could not be reached, or a request or watch failed.
     #[error("etcd: {0}")]
     Etcd(#[from] etcd_client::Error),
+    /// etcd did not answer within the time allowed (at connect: no member answered).
+    #[error("etcd did not answer within {0:?}")]
+    EtcdTimeout(std::time::Duration),
     /// Reading or writing the spool file failed.
     #[error("audit spool {path}: {source}")]
     Spool {
@@ -40,7 +43,7 @@ impl AuditError {
     pub fn is_unavailable(&self) -> bool {
         match self {
             AuditError::Pool(_) | AuditError::Timeout(_) => true,
-            AuditError::Etcd(_) => true,
+            AuditError::Etcd(_) | AuditError::EtcdTimeout(_) => true,
             AuditError::Database(e) => e.is_closed() || e.code().is_none(),
             _ => false,
         }

@@ -37,6 +37,27 @@ impl std::fmt::Debug for EtcdTls {
     }
 }
 
+/// One of the files of an [`EtcdTls`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsPart {
+    /// The CA certificates the members' certificates chain to.
+    Ca,
+    /// The client certificate chain.
+    ClientCert,
+    /// The client certificate's private key.
+    ClientKey,
+}
+
+impl std::fmt::Display for TlsPart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TlsPart::Ca => "CA file",
+            TlsPart::ClientCert => "client certificate",
+            TlsPart::ClientKey => "client key",
+        })
+    }
+}
+
 /// Why TLS material for etcd was refused: which part, and what is wrong with it.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -44,8 +65,8 @@ pub enum EtcdTlsError {
     /// A file could not be read.
     #[error("cannot read the etcd {part} {path}: {source}")]
     Read {
-        /// `CA certificates`, `client certificate` or `client key`.
-        part: &'static str,
+        /// Which file.
+        part: TlsPart,
         /// The file.
         path: String,
         /// The I/O error.
@@ -55,8 +76,8 @@ pub enum EtcdTlsError {
     /// The PEM holds no certificate (or no private key, for the key) or does not parse.
     #[error("the etcd {part} {origin} holds no {wanted} in PEM form{detail}")]
     BadPem {
-        /// `CA certificates`, `client certificate` or `client key`.
-        part: &'static str,
+        /// Which file.
+        part: TlsPart,
         /// The file, or `(given in memory)`.
         origin: String,
         /// What it should hold: `certificate` or `private key`.
@@ -64,6 +85,35 @@ pub enum EtcdTlsError {
         /// The parser's complaint, if any, starting with `: `.
         detail: String,
     },
+    /// The key is encrypted (`ENCRYPTED PRIVATE KEY`), which is not supported.
+    #[error(
+        "the etcd client key {origin} is encrypted, which is not supported: decrypt it \
+         (`openssl pkey -in KEY -out PLAIN`) and keep the plain file readable only by the service"
+    )]
+    EncryptedKey {
+        /// The file, or `(given in memory)`.
+        origin: String,
+    },
+    /// The key is not the client certificate's, or of a kind that cannot sign.
+    #[error("the etcd client key {origin} does not fit the client certificate: {reason}")]
+    KeyMismatch {
+        /// The key file, or `(given in memory)`.
+        origin: String,
+        /// What TLS said.
+        reason: String,
+    },
+}
+
+impl EtcdTlsError {
+    /// The file the error is about.
+    pub fn part(&self) -> TlsPart {
+        match self {
+            EtcdTlsError::Read { part, .. } | EtcdTlsError::BadPem { part, .. } => *part,
+            EtcdTlsError::EncryptedKey { .. } | EtcdTlsError::KeyMismatch { .. } => {
+                TlsPart::ClientKey
+            }
+        }
+    }
 }
 
 const IN_MEMORY: &str = "(given in memory)";
@@ -77,7 +127,7 @@ impl EtcdTls {
     /// [`EtcdTlsError::BadPem`] if `ca_pem` holds no certificate.
     pub fn new(ca_pem: impl Into<Vec<u8>>) -> Result<EtcdTls, EtcdTlsError> {
         let ca_pem = ca_pem.into();
-        check_certs("CA certificates", IN_MEMORY, &ca_pem)?;
+        check_certs(TlsPart::Ca, IN_MEMORY, &ca_pem)?;
         Ok(EtcdTls {
             ca_pem: ca_pem.into(),
             identity: None,
@@ -98,8 +148,8 @@ impl EtcdTls {
         key_pem: impl Into<Vec<u8>>,
     ) -> Result<EtcdTls, EtcdTlsError> {
         let (cert, key) = (cert_pem.into(), key_pem.into());
-        check_certs("client certificate", IN_MEMORY, &cert)?;
-        check_key(IN_MEMORY, &key)?;
+        check_certs(TlsPart::ClientCert, IN_MEMORY, &cert)?;
+        check_key(IN_MEMORY, &cert, &key)?;
         Ok(self.identity_unchecked(cert, key))
     }
 
@@ -114,8 +164,8 @@ impl EtcdTls {
         ca: &Path,
         identity: Option<(&Path, &Path)>,
     ) -> Result<EtcdTls, EtcdTlsError> {
-        let ca_pem = read("CA certificates", ca)?;
-        check_certs("CA certificates", &ca.display().to_string(), &ca_pem)?;
+        let ca_pem = read(TlsPart::Ca, ca)?;
+        check_certs(TlsPart::Ca, &ca.display().to_string(), &ca_pem)?;
         let tls = EtcdTls {
             ca_pem: ca_pem.into(),
             identity: None,
@@ -124,10 +174,10 @@ impl EtcdTls {
         let Some((cert, key)) = identity else {
             return Ok(tls);
         };
-        let cert_pem = read("client certificate", cert)?;
-        check_certs("client certificate", &cert.display().to_string(), &cert_pem)?;
-        let key_pem = read("client key", key)?;
-        check_key(&key.display().to_string(), &key_pem)?;
+        let cert_pem = read(TlsPart::ClientCert, cert)?;
+        check_certs(TlsPart::ClientCert, &cert.display().to_string(), &cert_pem)?;
+        let key_pem = read(TlsPart::ClientKey, key)?;
+        check_key(&key.display().to_string(), &cert_pem, &key_pem)?;
         Ok(tls.identity_unchecked(cert_pem, key_pem))
     }
 
@@ -176,7 +226,7 @@ pub(crate) fn apply(tls: Option<&EtcdTls>, options: ConnectOptions) -> ConnectOp
     }
 }
 
-fn read(part: &'static str, path: &Path) -> Result<Vec<u8>, EtcdTlsError> {
+fn read(part: TlsPart, path: &Path) -> Result<Vec<u8>, EtcdTlsError> {
     std::fs::read(path).map_err(|source| EtcdTlsError::Read {
         part,
         path: path.display().to_string(),
@@ -184,7 +234,7 @@ fn read(part: &'static str, path: &Path) -> Result<Vec<u8>, EtcdTlsError> {
     })
 }
 
-fn check_certs(part: &'static str, origin: &str, pem: &[u8]) -> Result<(), EtcdTlsError> {
+fn check_certs(part: TlsPart, origin: &str, pem: &[u8]) -> Result<(), EtcdTlsError> {
     let bad = |detail: String| EtcdTlsError::BadPem {
         part,
         origin: origin.to_owned(),
@@ -202,14 +252,31 @@ fn check_certs(part: &'static str, origin: &str, pem: &[u8]) -> Result<(), EtcdT
     Ok(())
 }
 
-fn check_key(origin: &str, pem: &[u8]) -> Result<(), EtcdTlsError> {
-    PrivateKeyDer::from_pem_slice(pem)
-        .map(drop)
-        .map_err(|e| EtcdTlsError::BadPem {
-            part: "client key",
+/// The key parses, is not encrypted, and is the first certificate's of `cert_pem`.
+fn check_key(origin: &str, cert_pem: &[u8], pem: &[u8]) -> Result<(), EtcdTlsError> {
+    if pem
+        .windows(b"ENCRYPTED PRIVATE KEY".len())
+        .any(|w| w == b"ENCRYPTED PRIVATE KEY")
+    {
+        return Err(EtcdTlsError::EncryptedKey {
             origin: origin.to_owned(),
-            wanted: "private key",
-            detail: format!(": {e}"),
+        });
+    }
+    let key = PrivateKeyDer::from_pem_slice(pem).map_err(|e| EtcdTlsError::BadPem {
+        part: TlsPart::ClientKey,
+        origin: origin.to_owned(),
+        wanted: "private key",
+        detail: format!(": {e}"),
+    })?;
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
+        .filter_map(std::result::Result::ok)
+        .collect();
+    let provider = rustls::crypto::ring::default_provider();
+    rustls::sign::CertifiedKey::from_der(chain, key, &provider)
+        .map(drop)
+        .map_err(|e| EtcdTlsError::KeyMismatch {
+            origin: origin.to_owned(),
+            reason: e.to_string(),
         })
 }
 
@@ -229,7 +296,7 @@ mod tests {
         assert!(matches!(
             e,
             EtcdTlsError::BadPem {
-                part: "CA certificates",
+                part: TlsPart::Ca,
                 ..
             }
         ));
@@ -249,7 +316,7 @@ mod tests {
             matches!(
                 e,
                 EtcdTlsError::Read {
-                    part: "client key",
+                    part: TlsPart::ClientKey,
                     ..
                 }
             ),
@@ -270,13 +337,31 @@ mod tests {
             matches!(
                 e,
                 EtcdTlsError::BadPem {
-                    part: "client key",
+                    part: TlsPart::ClientKey,
                     wanted: "private key",
                     ..
                 }
             ),
             "{e}"
         );
+    }
+
+    #[test]
+    fn another_certificates_key_or_an_encrypted_key_is_refused() {
+        let ours = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let theirs = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let ca = EtcdTls::new(ours.cert.pem()).unwrap();
+        let e = ca
+            .clone()
+            .with_identity(ours.cert.pem(), theirs.key_pair.serialize_pem())
+            .unwrap_err();
+        assert!(matches!(e, EtcdTlsError::KeyMismatch { .. }), "{e}");
+        assert_eq!(e.part(), TlsPart::ClientKey);
+        let encrypted =
+            "-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIB\n-----END ENCRYPTED PRIVATE KEY-----\n";
+        let e = ca.with_identity(ours.cert.pem(), encrypted).unwrap_err();
+        assert!(matches!(e, EtcdTlsError::EncryptedKey { .. }), "{e}");
+        assert!(e.to_string().contains("openssl pkey"), "{e}");
     }
 
     #[test]

@@ -100,7 +100,7 @@ pub use epoch::{
 #[cfg(feature = "postgres")]
 pub use epoch::{PostgresEpochStore, MIGRATION as EPOCH_MIGRATION};
 pub use error::{EpochMismatch, Error, ErrorKind, Result};
-pub use etcd_tls::{EtcdTls, EtcdTlsError};
+pub use etcd_tls::{EtcdTls, EtcdTlsError, TlsPart};
 pub use hold::Hold;
 pub use inspect::{Holder, LockState, Waiter};
 pub use locker::{Locker, LockerOptions, DEFAULT_ROOT};

@@ -58,7 +58,8 @@ impl Live {
     ///
     /// # Errors
     ///
-    /// [`AuditError::Etcd`] when the endpoints do not parse or no connection can be made.
+    /// [`AuditError::Etcd`] when the endpoints do not parse, no connection can be made or
+    /// the first read fails; [`AuditError::EtcdTimeout`] when no member answers it.
     pub async fn connect(
         endpoints: &[String],
         tls: Option<TlsOptions>,
@@ -71,6 +72,7 @@ impl Live {
             options = options.with_tls(tls);
         }
         let client = Client::connect(endpoints, Some(options)).await?;
+        crate::tailer::probe(&client).await?;
         Ok(Live::new(client, root))
     }
 
@@ -82,7 +84,7 @@ impl Live {
         let mut kv = self.client.kv_client();
         match tokio::time::timeout(ETCD_TIMEOUT, kv.get(prefix, Some(options))).await {
             Ok(r) => Ok(r?),
-            Err(_) => Err(AuditError::Timeout(ETCD_TIMEOUT)),
+            Err(_) => Err(AuditError::EtcdTimeout(ETCD_TIMEOUT)),
         }
     }
 

@@ -154,6 +154,18 @@ impl std::fmt::Debug for Tailer {
     }
 }
 
+/// One read (a key's count) through `client`, so that a client that cannot reach etcd
+/// (no member answers, TLS refused) fails at connect, naming why, instead of retrying
+/// quietly.
+pub(crate) async fn probe(client: &Client) -> Result<(), AuditError> {
+    let mut kv = client.kv_client();
+    let read = kv.get("health", Some(GetOptions::new().with_count_only()));
+    match tokio::time::timeout(ETCD_TIMEOUT, read).await {
+        Ok(r) => r.map(drop).map_err(AuditError::from),
+        Err(_) => Err(AuditError::EtcdTimeout(ETCD_TIMEOUT)),
+    }
+}
+
 impl Tailer {
     /// A tailer of the key space under [`palisade_api::keys::DEFAULT_ROOT`], retrying after
     /// failures with a backoff from 100 ms to 5 s.
@@ -173,7 +185,9 @@ impl Tailer {
     ///
     /// # Errors
     ///
-    /// [`AuditError::Etcd`] when no connection can be made.
+    /// [`AuditError::Etcd`] when no connection can be made or the first read fails (a
+    /// TLS handshake refused, say); [`AuditError::EtcdTimeout`] when no member answers
+    /// it within 5 s.
     pub async fn connect(
         endpoints: &[String],
         tls: Option<TlsOptions>,
@@ -187,6 +201,7 @@ impl Tailer {
             options = options.with_tls(tls);
         }
         let client = Client::connect(endpoints, Some(options)).await?;
+        probe(&client).await?;
         Ok(Tailer::new(client, pool))
     }
 
@@ -245,7 +260,7 @@ impl Tailer {
             ),
         )
         .await
-        .map_err(|_| AuditError::Timeout(ETCD_TIMEOUT))??;
+        .map_err(|_| AuditError::EtcdTimeout(ETCD_TIMEOUT))??;
         let cluster = ClusterId(resp.header().map_or(0, |h| h.cluster_id()));
         let (position, mut repeats) = db(async {
             let client = self.pool.get().await?;
