@@ -283,10 +283,17 @@ impl Attempt {
     /// session behind its own hold, or, after the release, grant it the lock again: a
     /// hold nobody knows of, blocking the lock until the session ends.
     ///
+    /// Nothing falls back on this write (without it the acquire fails), so it has the
+    /// budget of the acquire's other calls ([`Attempt::call_deadline`]): the caller's
+    /// deadline, at least [`CALL_TIMEOUTS`] request timeouts. A member that stopped
+    /// answering while its connection stays up costs each attempt sent to it a whole
+    /// request timeout (an unanswered send is what leaves an attempt unsettled), and a
+    /// retry may reach a member that answers.
+    ///
     /// # Errors
     ///
-    /// [`ErrorKind::QuorumLost`] when etcd does not answer in [`CALL_TIMEOUTS`] request
-    /// timeouts; the drop guard then cleans up, marker included.
+    /// [`ErrorKind::QuorumLost`] when etcd does not answer within that budget; the drop
+    /// guard then cleans up, marker included.
     async fn settle(&self) -> Result<()> {
         let Some(marker) = self.marker() else {
             return Ok(());
@@ -309,10 +316,9 @@ impl Attempt {
                     .and_then([TxnOp::delete(waiter, None)]),
             ),
         ]);
-        let deadline = Instant::now() + self.locker.request_timeout * CALL_TIMEOUTS;
         retry::call(
             "acquire.settle",
-            deadline,
+            self.call_deadline(),
             self.locker.request_timeout,
             || {
                 let (mut c, txn) = (self.locker.kv.clone(), txn.clone());

@@ -10,7 +10,7 @@ use palisade_lock::{ErrorKind, FencingToken, LockName, Mode, QuorumPolicy};
 use tokio::time::Instant;
 
 use crate::support::{
-    base, class, fixture, keys_under, lock, revision, secs, session, token, within, NS2,
+    base, class, connect, fixture, keys_under, lock, revision, secs, session, token, within, NS2,
 };
 
 /// Per acquire: the token and how its release went, or why the acquire failed.
@@ -339,5 +339,71 @@ async fn etcd_a_paused_follower_fails_no_first_acquire_of_a_class() {
     f.cluster.resume(follower);
     for h in holds {
         h.release().await.unwrap();
+    }
+}
+
+/// An acquire whose first Txn got no answer from a paused member and was sent again
+/// (so a copy of it may still arrive) is granted only after its cancel marker is
+/// written; nothing falls back on that write, so it too retries on the members that
+/// answer up to the caller's deadline, and a paused member of three fails none of these
+/// acquires. The locker knows two members, one of them paused, and the client sends
+/// each request to one of them at random: about half of the acquires send their first
+/// Txn again, and one in eight of those sends its marker to the paused member three
+/// times in a row (all the attempts that three request timeouts allow).
+#[tokio::test]
+async fn etcd_a_paused_follower_fails_no_acquire_whose_first_txn_was_sent_twice() {
+    let mut f = fixture(3).await;
+    let follower = f.cluster.follower().await;
+    let other = (0..3).find(|&i| i != follower).unwrap();
+    let locker = connect(
+        vec![f.cluster.endpoint(follower), f.cluster.endpoint(other)],
+        &f.dir,
+    )
+    .await
+    .unwrap();
+    let s = session(&locker, 30).await;
+    f.cluster.pause(follower);
+    let tasks: Vec<_> = (0..128)
+        .map(|i| {
+            let (l, s) = (locker.clone(), s.clone());
+            tokio::spawn(async move {
+                let name = lock(&format!("twice{i}"));
+                l.acquire(&s, &name, Mode::Exclusive, secs(20))
+                    .await
+                    .map_err(|e| format!("acquire of twice{i}: {e}"))
+            })
+        })
+        .collect();
+    let mut holds = Vec::new();
+    let mut failed = Vec::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(h) => holds.push(h),
+            Err(e) => failed.push(e),
+        }
+    }
+    f.cluster.resume(follower);
+    assert!(
+        failed.is_empty(),
+        "{} of 128 failed: {failed:?}",
+        failed.len()
+    );
+    let mut tokens: Vec<FencingToken> = holds.iter().map(token).collect();
+    tokens.sort();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 128, "tokens are unique");
+    for h in holds {
+        h.release().await.unwrap();
+    }
+    // Released: no hold, waiter or grant record left (only the session's cancel markers,
+    // `c/`, which end with its lease).
+    for i in 0..128 {
+        let b = base(&format!("twice{i}"));
+        let left: Vec<String> = keys_under(locker.client(), &b)
+            .await
+            .into_iter()
+            .filter(|k| !k[b.len()..].starts_with("c/"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
     }
 }
