@@ -4,17 +4,19 @@
 //! snapshot restore made, the hold keys present at its start (the snapshot's revision)
 //! are read too, and become [`Event::RestoredHold`] entries.
 //!
-//! How a hold ended is read the way the audit tailer reads it (the lock core's key
-//! layout): the hold key and its grant record deleted in one revision is a release; the
-//! grant record rewritten to `{"forced": …}` is a force; the hold key deleted alone is an
-//! expiry. A forced hold also gives an [`Event::EtcdForced`] naming the request of its
-//! marker.
+//! How a hold ended is read by the rule the audit tailer applies,
+//! `palisade_api::keys::HoldEnd::classify`: its grant record deleted with it is a
+//! release; the record put as `{"forced": …}` is a force; the hold key deleted with its
+//! lease's marker (`leases/<lease>` or `sessions/<lease>`), or with a grant record left
+//! behind, is an expiry; a hold without a record deleted alone is a release. So the read
+//! covers the whole root prefix, not only `locks/`. A forced hold also gives an
+//! [`Event::EtcdForced`] naming the request of its marker.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use etcd_client::{Client, EventType, GetOptions, WatchOptions};
-use palisade_api::keys::{ForcedGrant, HoldValue, LockEntry, RootKeys};
+use palisade_api::keys::{self, ForcedGrant, HoldValue, LockEntry, RecordChange, RootKeys};
 use palisade_api::{LeaseId, Mode};
 
 use crate::error::ChaosError;
@@ -48,6 +50,11 @@ impl Change {
     /// The revision of the change.
     pub(crate) fn revision(&self) -> i64 {
         self.revision
+    }
+
+    /// The key changed.
+    pub(crate) fn key(&self) -> &str {
+        &self.key
     }
 }
 
@@ -262,11 +269,16 @@ pub(crate) fn holds(
     let out = &mut result.holds;
     let mut open: BTreeMap<String, (LockName, i64, bool, u16, Option<i64>)> = BTreeMap::new();
     let mut restored: BTreeMap<String, (LockName, i64, bool, u16)> = BTreeMap::new();
+    // Whether each open or restored hold's grant wrote a grant record (its stored meta).
+    let mut had_record: HashMap<String, bool> = HashMap::new();
     for c in &read.initial {
         let Some(path) = parse(keys, &c.key).filter(|p| p.hold) else {
             continue;
         };
         let e = hold_epoch(&c.value).unwrap_or(epoch);
+        if let Some(v) = HoldValue::parse(&c.value) {
+            had_record.insert(c.key.clone(), v.grant_record);
+        }
         restored.insert(
             c.key.clone(),
             (
@@ -297,6 +309,11 @@ pub(crate) fn holds(
             .filter(|c| parse(keys, &c.key).is_some_and(|p| !p.hold))
             .map(|c| (c.key.as_str(), c))
             .collect();
+        let ended: HashSet<LeaseId> = group
+            .iter()
+            .filter(|c| c.delete)
+            .filter_map(|c| keys.ended_lease(c.key.as_bytes()))
+            .collect();
         for c in group {
             let Some(path) = parse(keys, &c.key).filter(|p| p.hold) else {
                 continue;
@@ -306,6 +323,9 @@ pub(crate) fn holds(
                 if c.version == 1 {
                     let e = hold_epoch(&c.value).unwrap_or(epoch);
                     let session = Some(path.lease.get());
+                    if let Some(v) = HoldValue::parse(&c.value) {
+                        had_record.insert(c.key.clone(), v.grant_record);
+                    }
                     open.insert(
                         c.key.clone(),
                         (path.lock, c.create_revision, exclusive, e, session),
@@ -318,10 +338,19 @@ pub(crate) fn holds(
                 .get(record.as_str())
                 .filter(|g| !g.delete)
                 .and_then(|g| serde_json::from_slice::<ForcedGrant<'_>>(&g.value).ok());
-            let end = match grant_records.get(record.as_str()) {
-                Some(g) if g.delete => HoldEnd::Released,
-                Some(_) if marker.is_some() => HoldEnd::Forced,
-                _ => HoldEnd::Expired,
+            let change = match grant_records.get(record.as_str()) {
+                Some(g) if g.delete => RecordChange::Deleted,
+                Some(g) => RecordChange::Put(&g.value),
+                None => RecordChange::Untouched,
+            };
+            let end = match keys::HoldEnd::classify(
+                had_record.remove(&c.key),
+                change,
+                ended.contains(&path.lease),
+            ) {
+                keys::HoldEnd::Released => HoldEnd::Released,
+                keys::HoldEnd::Expired => HoldEnd::Expired,
+                keys::HoldEnd::Forced => HoldEnd::Forced,
             };
             let Some((lock, grant_rev, exclusive, hold_epoch, session)) = open.remove(&c.key)
             else {
@@ -518,5 +547,56 @@ mod tests {
         );
         // The delete of a key the space neither created nor began with.
         assert_eq!(found.unmatched_ends, 1);
+    }
+
+    #[test]
+    fn holds_without_a_grant_record_end_by_their_lease_marker() {
+        let p = "/palisade/";
+        let h = |lease: &str| format!("{p}locks/chaos/cells/key-1/h/x/{lease}");
+        let bare = r#"{"spiffe_id":"spiffe://chaos/w","class":"cells","mode":"exclusive","epoch":0,"attempt":1,"grant_record":false}"#;
+        let read = Read {
+            cluster_id: 1,
+            initial: vec![change(1, false, &h("00000000000000c0"), bare, 1)],
+            changes: vec![
+                change(2, false, &h("00000000000000c1"), bare, 2),
+                // Released: the hold key alone.
+                change(3, true, &h("00000000000000c1"), "", 2),
+                change(4, false, &h("00000000000000c2"), bare, 4),
+                // Its detached session's record goes with it: expired.
+                change(5, true, &h("00000000000000c2"), "", 4),
+                change(5, true, &format!("{p}sessions/00000000000000c2"), "", 4),
+                // A restored hold whose lease's marker goes with it: expired.
+                change(6, true, &format!("{p}leases/00000000000000c0"), "", 1),
+                change(6, true, &h("00000000000000c0"), "", 1),
+            ],
+        };
+        let found = holds(
+            &RootKeys::new(p),
+            &read,
+            RevisionSpace {
+                epoch: 0,
+                from: 2,
+                number: 0,
+            },
+            None,
+        );
+        let ends: Vec<(i64, HoldEnd)> = found
+            .holds
+            .iter()
+            .map(|e| match e {
+                Event::EtcdHold { grant_rev, end, .. } => (*grant_rev, *end),
+                Event::RestoredHold { grant_rev, end, .. } => (*grant_rev, *end),
+                other => panic!("not a hold: {other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            ends,
+            [
+                (2, HoldEnd::Released),
+                (4, HoldEnd::Expired),
+                (1, HoldEnd::Expired)
+            ]
+        );
+        assert_eq!(found.unmatched_ends, 0);
     }
 }

@@ -466,7 +466,8 @@ async fn drive(
     let sink_dropped = service.stop().await;
 
     // etcd's history of the last revision space.
-    let prefix = RootKeys::new(ROOT).locks();
+    // The whole root: a hold's end is told by its lease's marker too.
+    let prefix = RootKeys::new(ROOT).root().to_owned();
     let read = etcd_history::read(
         &run.etcd.endpoints(),
         &prefix,

@@ -62,9 +62,9 @@ impl Locker {
     /// Deletes the hold of `holder` on `lock` (in `mode`) that was granted at
     /// `grant_rev`, in one Txn that also:
     ///
-    /// - rewrites its grant record to a [`ForcedGrant`] (audit tells a force from an
-    ///   expiry by it; the lock is granted again only after the class's lock-delay, as
-    ///   after an expiry);
+    /// - puts (or rewrites) its grant record as a [`ForcedGrant`] (audit tells a force
+    ///   from an expiry by it; the lock is granted again only after the class's
+    ///   lock-delay, as after an expiry);
     /// - puts a [`ForcedNotice`] at `sessions/<lease>/forced/<grant_rev>` on the holder's
     ///   lease, so the holder's session learns of it ([`Locker::session_record`] reads
     ///   it with the record);

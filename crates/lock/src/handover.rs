@@ -3,8 +3,9 @@
 //! Without it, a contended lock changes hands in two writes in series: the holder's
 //! release Txn, then (once the waiter's watch has told it) the waiter's grant Txn. With
 //! it, the release Txn itself deletes the oldest waiter's waiter key and puts its hold
-//! key and grant record, with the waiter's own stored meta and lease, in the same
-//! revision as the release: one write per hand-over, and that revision is the new
+//! key, with the waiter's own stored meta and lease, in the same revision as the release
+//! (and its grant record only where the waiter's meta asks for one):
+//! one write per hand-over, and that revision is the new
 //! holder's grant revision (its token is `epoch · 2^48 + revision`, as for any grant).
 //!
 //! The holder learns who is next when it is granted on the contended path: the grant Txn
@@ -83,6 +84,8 @@ pub(crate) struct Successor {
     lease: LeaseId,
     /// The waiter key's value: the waiter's stored meta, which becomes its hold's.
     meta: Vec<u8>,
+    /// Whether that meta asks for a grant record (its class has a lock-delay).
+    grant_record: bool,
     /// The mod revision of the epoch key in the holder's epoch.
     epoch_mod_rev: i64,
 }
@@ -116,7 +119,8 @@ impl Successor {
         if kv.lease() == 0 || kv.key() != keys.waiter(Mode::Exclusive, lease).as_bytes() {
             return None;
         }
-        if HoldValue::parse(kv.value())?.epoch != epoch {
+        let value = HoldValue::parse(kv.value())?;
+        if value.epoch != epoch {
             return None;
         }
         Some(Successor {
@@ -124,6 +128,7 @@ impl Successor {
             create_rev: kv.create_revision(),
             lease,
             meta: kv.value().to_vec(),
+            grant_record: value.grant_record,
             epoch_mod_rev,
         })
     }
@@ -132,6 +137,21 @@ impl Successor {
     /// runs in the release Txn's success branch, after the holder's keys are deleted.
     pub(crate) fn txn(&self, keys: &LockKeys, epoch_key: String) -> Txn {
         let opts = || Some(PutOptions::new().with_lease(self.lease.get()));
+        let mut ops = vec![
+            TxnOp::delete(self.waiter_key.clone(), None),
+            TxnOp::put(
+                keys.hold(Mode::Exclusive, self.lease),
+                self.meta.clone(),
+                opts(),
+            ),
+        ];
+        if self.grant_record {
+            ops.push(TxnOp::put(
+                keys.grant(Mode::Exclusive, self.lease),
+                self.meta.clone(),
+                None,
+            ));
+        }
         Txn::new()
             .when([
                 Compare::create_revision(
@@ -141,18 +161,6 @@ impl Successor {
                 ),
                 Compare::mod_revision(epoch_key, CompareOp::Equal, self.epoch_mod_rev),
             ])
-            .and_then([
-                TxnOp::delete(self.waiter_key.clone(), None),
-                TxnOp::put(
-                    keys.hold(Mode::Exclusive, self.lease),
-                    self.meta.clone(),
-                    opts(),
-                ),
-                TxnOp::put(
-                    keys.grant(Mode::Exclusive, self.lease),
-                    self.meta.clone(),
-                    None,
-                ),
-            ])
+            .and_then(ops)
     }
 }

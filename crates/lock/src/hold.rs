@@ -94,7 +94,8 @@ impl Hold {
         self.session.lost().await
     }
 
-    /// Releases the hold: one Txn that deletes the hold key and its grant record, only if
+    /// Releases the hold: one Txn that deletes the hold key and its grant record (if it
+    /// has one), only if
     /// the hold key still has this grant's create revision and this session's lease. An
     /// exclusive hold granted while others waited also hands the lock to the oldest of
     /// them in the same Txn, when that waiter still waits (the lock crate's docs, "Hand-over at release").
@@ -229,7 +230,8 @@ pub(crate) struct ReleaseExtras {
     pub(crate) ops: Vec<TxnOp>,
 }
 
-/// The release Txn by lease: deletes `h/<mode>/<lease>` and its grant record only if the
+/// The release Txn by lease: deletes `h/<mode>/<lease>` and its grant record (a no-op
+/// for a hold without one) only if the
 /// hold key has create revision `rev` and is attached to `lease`; with `to` (exclusive
 /// holds only), hands the lock over to that waiter in the same Txn if it still waits.
 /// With `extras`, its compares must hold too and its ops (such as freeing the hold's

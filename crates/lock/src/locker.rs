@@ -201,7 +201,8 @@ impl Locker {
     }
 
     /// Opens a session: grants an etcd lease of `ttl` (whole seconds, from one to etcd's
-    /// maximum lease TTL of 9,000,000,000 s) and starts its keepalive. etcd may grant
+    /// maximum lease TTL of 9,000,000,000 s), puts the lease's marker `leases/<lease>`
+    /// on it (two etcd calls) and starts its keepalive. etcd may grant
     /// more than asked (its minimum lease TTL, 2 s on etcd 3.4/3.5 by default):
     /// [`Session::ttl`] reports the granted TTL, and class TTL bounds are checked
     /// against it at acquire.
@@ -216,6 +217,7 @@ impl Locker {
             spiffe_id,
             ttl,
             self.inner.request_timeout,
+            |lease| self.inner.keys.lease_marker(lease),
         )
         .await
     }

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::Client;
+use etcd_client::{Client, PutOptions};
 use palisade_fence::Revision;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -97,12 +97,16 @@ impl std::fmt::Debug for Session {
 }
 
 impl Session {
-    /// Grants a lease of `ttl` and starts its keepalive.
+    /// Grants a lease of `ttl`, puts its lease marker (`marker`, the key layout's
+    /// `leases/<lease>`, on the lease) and starts its keepalive. A lease whose marker
+    /// could not be put is revoked (best effort) and the open fails: every session's
+    /// lease carries a marker, whose deletion tells an expiry from a release.
     pub(crate) async fn open(
         client: Client,
         spiffe_id: SpiffeId,
         ttl: Duration,
         request_timeout: Duration,
+        marker: impl Fn(LeaseId) -> String,
     ) -> Result<Session> {
         if ttl < Duration::from_secs(1)
             || ttl.subsec_nanos() != 0
@@ -118,6 +122,19 @@ impl Session {
         })
         .await
         .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
+        let lease = LeaseId::new(resp.id());
+        let key = marker(lease);
+        let put = retry::call("session.marker", deadline, request_timeout, || {
+            let (mut c, key) = (client.clone(), key.clone());
+            let opts = PutOptions::new().with_lease(lease.get());
+            async move { c.put(key, Vec::new(), Some(opts)).await }
+        })
+        .await;
+        if let Err(e) = put {
+            let mut c = client.clone();
+            let _ = tokio::time::timeout(request_timeout, c.lease_revoke(lease.get())).await;
+            return Err(e.into_error(ErrorKind::QuorumLost));
+        }
         let opened_rev = resp.header().map(|h| h.revision()).unwrap_or_default();
         // etcd may grant more than asked (its minimum lease TTL, 2 s on etcd 3.4 and 3.5
         // with default settings): the session runs on what was granted.
@@ -126,7 +143,7 @@ impl Session {
         let (renewing, _) = watch::channel(true);
         let inner = Arc::new(SessionInner {
             client,
-            lease: LeaseId::new(resp.id()),
+            lease,
             spiffe_id,
             ttl,
             opened_rev: Revision::from_i64(opened_rev).unwrap_or_default(),

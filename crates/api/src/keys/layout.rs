@@ -166,6 +166,26 @@ impl RootKeys {
         (start, end)
     }
 
+    /// A session's lease marker: `leases/<lease>`, empty, on the lease, put by the lock
+    /// core when it opens a session (a detached session's record,
+    /// [`RootKeys::session`], plays the same part). etcd deletes it with the lease's
+    /// other keys, in one revision, when the lease expires or is revoked: that is how a
+    /// hold that ends with its lease is told from a release (see [`crate::keys`]).
+    pub fn lease_marker(&self, lease: LeaseId) -> String {
+        format!("{}leases/{lease}", self.root)
+    }
+
+    /// The lease whose end a key's deletion shows: `Some` for a lease marker
+    /// (`leases/<lease>`) and for a detached session's record (`sessions/<lease>`,
+    /// exactly: not its force notices), `None` for every other key.
+    pub fn ended_lease(&self, key: &[u8]) -> Option<LeaseId> {
+        let rest = key.strip_prefix(self.root.as_bytes())?;
+        let hex = rest
+            .strip_prefix(b"leases/")
+            .or_else(|| rest.strip_prefix(b"sessions/"))?;
+        LeaseId::from_hex(std::str::from_utf8(hex).ok()?)
+    }
+
     /// `<root>owners/<escaped spiffe id>/`: one key per open session of that identity,
     /// each on its session's lease (the per-identity session limit).
     pub fn owner_sessions(&self, spiffe_id: &str) -> String {
@@ -495,6 +515,26 @@ mod tests {
         assert!(k
             .hold(Mode::Shared, l)
             .starts_with(&k.holds_of(Mode::Shared)));
+    }
+
+    #[test]
+    fn a_lease_ends_with_its_marker_or_its_session_record_only() {
+        let k = RootKeys::new("/p/");
+        let l = LeaseId::new(0x3211a22c6da3b70c);
+        assert_eq!(k.lease_marker(l), "/p/leases/3211a22c6da3b70c");
+        assert_eq!(k.ended_lease(k.lease_marker(l).as_bytes()), Some(l));
+        assert_eq!(k.ended_lease(k.session(l).as_bytes()), Some(l));
+        for other in [
+            k.session_forced(l, 7),
+            k.owner_session("spiffe://t/a", l),
+            k.lock("n", "c", "k").hold(Mode::Exclusive, l),
+            "/q/leases/3211a22c6da3b70c".to_owned(),
+            "/p/leases/3211A22C6DA3B70C".to_owned(),
+            "/p/leases/3211a22c6da3b70".to_owned(),
+            "/p/leases/".to_owned(),
+        ] {
+            assert_eq!(k.ended_lease(other.as_bytes()), None, "{other}");
+        }
     }
 
     #[test]

@@ -13,13 +13,14 @@
 //! | `tier/fence/<ns>` | empty | none | a rehome: while it exists the cluster grants nothing in `<ns>` (every acquire's first Txn compares it absent) |
 //! | `tier/rehome/<ns>` | [`RehomeRecord`](crate::RehomeRecord) JSON | none | a rehome in progress, on the home tier only |
 //! | `epoch-bump` | empty | none | a starting locker moving etcd's revision past the epoch reservation (the lock core's epoch rules) |
+//! | `leases/<lease>` | empty | session | the lock core's session open (lease marker) |
 //! | `sessions/<lease>` | `SessionRecord` JSON | session | `Locker::open_detached_session` |
 //! | `sessions/<lease>/forced/<grant_rev>` | [`ForcedNotice`] JSON | session | a force release of that session's hold (`Locker::force_release_grant`) |
 //! | `owners/<esc-spiffe-id>/<lease>` | empty | session | `Locker::open_detached_session`, per open session of an identity (the service's per-identity limit) |
 //! | `quota/<ns>/slot/<i>` | `<lease>/<m>/<class>/<esc-key>#<take>` (a hold or wait) or `<lease>/session#<take>` | session | the service: slot `i` (10 digits, below `held_lease_quota`) taken in the acquire's first Txn, or by a session opened with the namespace |
 //! | `locks/<ns>/<class>/<k>/q/<x\|s>/<lease>` | holder meta | session | a waiter |
 //! | `locks/<ns>/<class>/<k>/h/<x\|s>/<lease>` | holder meta | session | a grant |
-//! | `locks/<ns>/<class>/<k>/g/<x\|s>/<lease>` | holder meta | none | a grant (grant record) |
+//! | `locks/<ns>/<class>/<k>/g/<x\|s>/<lease>` | holder meta | none | a grant whose meta says `grant_record` (grant record), or a force release |
 //! | `locks/<ns>/<class>/<k>/c/<lease>/<attempt>` | empty | session | cleanup of a dropped acquire (cancel marker) |
 //!
 //! - `<k>` is the lock key with `%`, `/` and space percent-encoded (`%25`, `%2F`,
@@ -51,28 +52,45 @@
 //!   granted one puts it before handing out the hold (deleting, in the same Txn, a
 //!   waiter key of its own that a copy wrote). Markers are rare and end with the lease.
 //!
+//! # Which grants write a grant record
+//!
+//! A grant record outlives an expired or forced hold, so that the next grant waits the
+//! class's lock-delay after it. A grant writes one only where that is needed: for a
+//! class with a non-zero lock-delay, and for a session whose lease carries no marker
+//! (a detached session is marked by its record `sessions/<lease>`; a session the lock
+//! core opens puts `leases/<lease>` when it opens). Its holder meta says which
+//! (`grant_record`, absent meaning yes). A class whose lock-delay is raised applies it
+//! to holds granted after the change.
+//!
 //! # How audit tells the events apart (all in one revision each)
 //!
-//! - **grant**: `h/<m>/<lease>` and `g/<m>/<lease>` created (and, for a waiter, its
-//!   `q/` key deleted, and orphaned grant records of other leases deleted) in one
-//!   revision.
-//! - **release**: `h/<m>/<lease>` and `g/<m>/<lease>` deleted in one revision. A release
-//!   that could not commit at the time (quorum lost) is finished later, in the same
-//!   shape, by a background retry or by the session's next acquire of the lock. A
-//!   release that hands the lock over (see the granting rules) is a release and a grant
-//!   in one revision: one lease's `h/` and `g/` deleted, the next one's created, and its
-//!   `q/` key deleted.
-//! - **expiry**: `h/<m>/<lease>` deleted (with the lease's other keys) while
-//!   `g/<m>/<lease>` stays: an orphaned grant record. The next grant of the lock deletes
-//!   it, after the class's lock-delay.
+//! The rule is [`HoldEnd::classify`], which the audit tailer and the chaos checker
+//! both call.
+//!
+//! - **grant**: `h/<m>/<lease>` created (with `g/<m>/<lease>` where the grant writes a
+//!   record; for a waiter, its `q/` key deleted; orphaned grant records of other
+//!   leases deleted) in one revision.
+//! - **release**: `h/<m>/<lease>` deleted, with `g/<m>/<lease>` if the hold had one,
+//!   while the lease's marker stays. A release that could not commit at the time
+//!   (quorum lost) is finished later, in the same shape, by a background retry or by
+//!   the session's next acquire of the lock. A release that hands the lock over (see
+//!   the granting rules) is a release and a grant in one revision: one lease's hold
+//!   (and record) deleted, the next one's created, and its `q/` key deleted.
+//! - **expiry**: `h/<m>/<lease>` deleted with the lease's other keys, its marker among
+//!   them, when the lease expires or is revoked; a grant record, if the hold had one,
+//!   stays as an orphan, and the next grant of the lock deletes it after the class's
+//!   lock-delay.
 //! - **force** (`Locker::force_release`): `h/<m>/<lease>` deleted and `g/<m>/<lease>`
-//!   rewritten to `{"forced": <ForceMarker>}` ([`ForcedGrant`]) in one revision; it also leaves an orphaned
-//!   grant record, so lock-delay applies as after an expiry.
+//!   put (or rewritten) as `{"forced": <ForceMarker>}` ([`ForcedGrant`]) in one
+//!   revision; it leaves an orphaned grant record, so lock-delay applies as after an
+//!   expiry.
 
+mod ends;
 mod layout;
 mod parse;
 mod values;
 
+pub use ends::{HoldEnd, RecordChange};
 pub use layout::{escape_key, prefix_end, LockKeys, RootKeys, DEFAULT_ROOT};
 pub use parse::{unescape_key, LockEntry, LockEntryKey};
 pub use values::{ForceMarker, ForcedGrant, ForcedNotice, HoldValue};

@@ -32,6 +32,20 @@ pub struct HoldValue<'a> {
     /// What the holder attached, if anything.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder_meta: Option<Cow<'a, HolderMeta>>,
+    /// Whether the grant also writes a grant record (`g/<m>/<lease>`): only for a class
+    /// with a lock-delay, or a session with no lease marker (see [`crate::keys`]).
+    /// Stored only when `false`; absent reads as `true`, so a hold written without the
+    /// field keeps the rule it was granted under.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub grant_record: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(v: &bool) -> bool {
+    *v
 }
 
 impl<'a> HoldValue<'a> {
@@ -103,13 +117,26 @@ mod tests {
             epoch: 3,
             attempt: 9,
             holder_meta: Some(Cow::Borrowed(&meta)),
+            grant_record: true,
         };
         let bytes = serde_json::to_vec(&v).unwrap();
         assert_eq!(
             std::str::from_utf8(&bytes).unwrap(),
             r#"{"spiffe_id":"spiffe://t/a","class":"c","mode":"shared","epoch":3,"attempt":9,"holder_meta":{"host":"a"}}"#
         );
-        assert_eq!(HoldValue::parse(&bytes), Some(v));
+        assert_eq!(HoldValue::parse(&bytes), Some(v.clone()));
+        // Without a grant record the flag is stored; absent reads as a hold with one.
+        let bare = HoldValue {
+            grant_record: false,
+            holder_meta: None,
+            ..v
+        };
+        let bytes = serde_json::to_vec(&bare).unwrap();
+        assert_eq!(
+            std::str::from_utf8(&bytes).unwrap(),
+            r#"{"spiffe_id":"spiffe://t/a","class":"c","mode":"shared","epoch":3,"attempt":9,"grant_record":false}"#
+        );
+        assert_eq!(HoldValue::parse(&bytes), Some(bare));
         assert_eq!(HoldValue::parse(br#"{"forced":{}}"#), None);
         assert_eq!(HoldValue::parse(b""), None);
     }

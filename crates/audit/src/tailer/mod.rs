@@ -10,11 +10,14 @@
 //! |---|---|
 //! | `h/<m>/<lease>` created | `grant`, token `epoch · 2^48 + create_revision` |
 //! | `h/<m>/<lease>` and `g/<m>/<lease>` deleted | `release` |
-//! | `h/<m>/<lease>` deleted, `g/<m>/<lease>` rewritten to `{"forced": …}` | `force` |
-//! | `h/<m>/<lease>` deleted, `g/<m>/<lease>` neither deleted nor forced | `expire` |
+//! | `h/<m>/<lease>` deleted, `g/<m>/<lease>` put as `{"forced": …}` | `force` |
+//! | `h/<m>/<lease>` deleted with the lease's marker (`leases/<lease>` or `sessions/<lease>`) | `expire` |
+//! | `h/<m>/<lease>` of a hold without a grant record deleted alone | `release` |
+//! | `h/<m>/<lease>` of a hold with a grant record deleted, the record untouched | `expire` |
 //!
-//! A release that hands the lock over to the oldest waiter (the lock core's hand-over at
-//! release) deletes one lease's hold and grant record and creates another's in one
+//! The rule is `palisade_api::keys::HoldEnd::classify`, which the chaos checker applies
+//! too. A release that hands the lock over to the oldest waiter (the lock core's
+//! hand-over at release) deletes one lease's hold and creates another's in one
 //! revision: a `release` and a `grant` row, in etcd's order (the release first).
 //!
 //! Spiffe ID and token of a release, expiry or force come from the deleted hold's value
@@ -73,13 +76,13 @@
 //! the tailer waits until etcd's revision passes its position; revisions reused by the
 //! restored cluster in between are not audited (advance the lock epoch on every restore).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use etcd_client::{Client, ConnectOptions, Event, EventType, GetOptions, TlsOptions, WatchOptions};
-use palisade_api::keys::{ForcedGrant, HoldValue, LockEntry, LockEntryKey, RootKeys};
+use palisade_api::keys::{HoldEnd, HoldValue, LockEntry, LockEntryKey, RecordChange, RootKeys};
 use palisade_api::{LeaseId, Mode};
 use palisade_fence::{Epoch, FencingToken, Revision};
 use tokio_postgres::GenericClient;
@@ -468,6 +471,8 @@ impl Change {
 struct Meta {
     spiffe_id: String,
     epoch: u16,
+    /// Whether the grant wrote a grant record.
+    grant_record: bool,
 }
 
 impl Meta {
@@ -476,6 +481,7 @@ impl Meta {
         Some(Meta {
             spiffe_id: v.spiffe_id.into_owned(),
             epoch: v.epoch,
+            grant_record: v.grant_record,
         })
     }
 
@@ -518,6 +524,11 @@ pub(crate) fn classify(cluster: ClusterId, keys: &RootKeys, changes: &[Change]) 
                 _ => None,
             })
             .collect();
+        let ended: HashSet<LeaseId> = group
+            .iter()
+            .filter(|c| c.delete)
+            .filter_map(|c| keys.ended_lease(&c.key))
+            .collect();
         let mut seq = 0;
         for c in group {
             let Some((true, path)) = hold_or_grant(keys, &c.key) else {
@@ -542,10 +553,17 @@ pub(crate) fn classify(cluster: ClusterId, keys: &RootKeys, changes: &[Change]) 
                     // History without the previous value: the event, without identity.
                     None => None,
                 };
-                let kind = match grant_of(&path).and_then(|g| grant_records.get(&g)) {
-                    Some(g) if g.delete => LockEventKind::Release,
-                    Some(g) if ForcedGrant::is_forced(&g.value) => LockEventKind::Force,
-                    _ => LockEventKind::Expire,
+                let record = match grant_of(&path).and_then(|g| grant_records.get(&g)) {
+                    Some(g) if g.delete => RecordChange::Deleted,
+                    Some(g) => RecordChange::Put(&g.value),
+                    None => RecordChange::Untouched,
+                };
+                let lease_ended = grant_of(&path).is_some_and(|g| ended.contains(&g.4));
+                let had_record = meta.as_ref().map(|(m, _)| m.grant_record);
+                let kind = match HoldEnd::classify(had_record, record, lease_ended) {
+                    HoldEnd::Released => LockEventKind::Release,
+                    HoldEnd::Expired => LockEventKind::Expire,
+                    HoldEnd::Forced => LockEventKind::Force,
                 };
                 (kind, meta)
             };

@@ -82,6 +82,64 @@ fn grant_release_expire_force() {
     assert_eq!(events[3].spiffe_id.as_deref(), Some("spiffe://t/a"));
 }
 
+/// Holder meta of a hold granted without a grant record (a class with no lock-delay).
+fn bare_meta(epoch: u16) -> Vec<u8> {
+    format!(r#"{{"spiffe_id":"spiffe://t/a","class":"c","mode":"exclusive","epoch":{epoch},"attempt":3,"grant_record":false}}"#)
+        .into_bytes()
+}
+
+#[test]
+fn holds_without_a_grant_record_end_by_their_lease_marker() {
+    const OTHER: &str = "0000000000000100";
+    let h = format!("{P}ns/c/k/h/x/{LEASE}");
+    let g = format!("{P}ns/c/k/g/x/{LEASE}");
+    let forced = br#"{"forced":{"request_id":"r1","requester":"alice","reason":"stuck"}}"#.to_vec();
+    let changes = vec![
+        put(5, &h, bare_meta(1), 1, 5),
+        // Released: the hold key alone.
+        del(6, &h, Some((bare_meta(1), 5))),
+        put(7, &h, bare_meta(1), 1, 7),
+        // Another lease's marker ends in the same revision: still a release.
+        del(8, &h, Some((bare_meta(1), 7))),
+        del(8, &format!("/p/leases/{OTHER}"), None),
+        put(9, &h, bare_meta(1), 1, 9),
+        // The lease expires: its marker goes with the hold.
+        del(10, &format!("/p/leases/{LEASE}"), None),
+        del(10, &h, Some((bare_meta(1), 9))),
+        put(11, &h, bare_meta(1), 1, 11),
+        // A detached session's record is its lease's marker.
+        del(12, &h, Some((bare_meta(1), 11))),
+        del(12, &format!("/p/sessions/{LEASE}"), None),
+        put(13, &h, bare_meta(1), 1, 13),
+        // A force release puts a record where there was none.
+        del(14, &h, Some((bare_meta(1), 13))),
+        put(14, &g, forced, 1, 14),
+        put(15, &h, meta(1), 1, 15),
+        // A hold with a record whose lease ends with no marker (a lease from before
+        // markers): the record left behind says expiry.
+        del(16, &h, Some((meta(1), 15))),
+    ];
+    let events = classify(ClusterId(1), &RootKeys::new("/p/"), &changes);
+    use LockEventKind::{Expire, Force, Grant, Release};
+    assert_eq!(
+        kinds(&events),
+        [
+            (5, 0, Grant),
+            (6, 0, Release),
+            (7, 0, Grant),
+            (8, 0, Release),
+            (9, 0, Grant),
+            (10, 0, Expire),
+            (11, 0, Grant),
+            (12, 0, Expire),
+            (13, 0, Grant),
+            (14, 0, Force),
+            (15, 0, Grant),
+            (16, 0, Expire),
+        ]
+    );
+}
+
 #[test]
 fn a_hand_over_at_release_is_a_release_then_a_grant_in_one_revision() {
     const NEXT: &str = "0000000000000100";

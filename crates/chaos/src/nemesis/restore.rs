@@ -38,7 +38,10 @@ impl Run {
         // stopped nothing commits at all (not even a lease expiry), so what the leader
         // has applied is final.
         self.replicas.signal_all(Signal::SIGSTOP);
-        let prefix = RootKeys::new(ROOT).locks();
+        // The whole root: a hold's end is told by its lease's marker too.
+        let keys = RootKeys::new(ROOT);
+        let prefix = keys.root().to_owned();
+        let locks = keys.locks();
         // Let the audit tailer read the space first, while etcd still has quorum (after a
         // restore its backoff can leave it seconds behind).
         if let Ok(read) = etcd_history::read(
@@ -50,9 +53,12 @@ impl Run {
         )
         .await
         {
+            // The tailer's position moves with lock-key events only.
             let last = read
                 .changes
-                .last()
+                .iter()
+                .rev()
+                .find(|c| c.key().starts_with(&locks))
                 .map_or(0, etcd_history::Change::revision);
             let _ = audit_rows::wait_for_tailer(
                 &self.audit_pool,

@@ -8,7 +8,8 @@
 //!
 //! - Uncontended exclusive acquire, one Txn: if `h/`, `q/` and `g/` are empty (etcd
 //!   compares a create revision over an empty range as 0) and the epoch key is unchanged,
-//!   put `h/x/<lease>` (on the lease) and `g/x/<lease>`; else put the waiter key and read
+//!   put `h/x/<lease>` (on the lease), and `g/x/<lease>` for a class with a lock-delay
+//!   (the grant record: see [`needs_grant_record`]); else put the waiter key and read
 //!   queue, holds and grant records in the same Txn. Shared: the same with `h/x/`,
 //!   `q/x/`, `g/x/`, and no leftover `h/s/<lease>` of its own.
 //! - A waiter decides on queue, holds and grant records read at one revision. Exclusive:
@@ -41,7 +42,7 @@
 //!   granted; a put on a dead lease also fails the Txn), the epoch key, no grant record
 //!   changed since the read, and: exclusive, no holds and every waiter created at or after
 //!   its own; shared, no exclusive hold and every exclusive waiter created after its own.
-//!   Then it deletes its waiter key and puts the hold and grant record. Only a
+//!   Then it deletes its waiter key and puts the hold (and grant record). Only a
 //!   *succeeded* grant Txn's header revision is a grant revision (on the else branch it
 //!   is just the current revision).
 //! - Hand-over at release: an exclusive holder granted on the contended path read the
@@ -49,7 +50,8 @@
 //!   exclusive and of the holder's epoch, the release Txn also grants it, in a nested
 //!   Txn that compares the waiter key's create revision (it still waits; any waiter
 //!   created since is younger) and the epoch key: it deletes the waiter key and puts its
-//!   hold key (on its lease) and grant record, with the waiter's stored meta. One write
+//!   hold key (on its lease) and grant record if its meta asks for one, with the
+//!   waiter's stored meta. One write
 //!   per hand-over instead of two in series; the release's revision is the new grant
 //!   revision. The waiter sees its hold key's put (newer than the state it waited on),
 //!   confirms it with a read checked against the epoch (its hold key as handed over, the
@@ -59,7 +61,9 @@
 //!   seen, and sent again linearizable when a lagging member answers. If the nested
 //!   compares fail, the release is a plain one and the waiter grants itself.
 //! - Lock-delay: if grant records of ended holds are found (expiry or force), the waiter
-//!   grants no sooner than `lock_delay` after it first observed them. That instant is
+//!   grants no sooner than `lock_delay` after it first observed them. Holds of a class
+//!   without a lock-delay leave no record when they expire (they write none); a force
+//!   release always leaves one, deleted by the next grant. That instant is
 //!   after the hold actually ended, so the delay is measured conservatively.
 //! - A wait that times out or whose future is dropped deletes its waiter key, and a
 //!   hold whose grant it never saw (inline on error, from a spawned task on drop); the
@@ -144,6 +148,14 @@ struct Attempt {
     guard: Option<Arc<TxnGuard>>,
 }
 
+/// Whether a grant in `class` writes a grant record (`g/<m>/<lease>`, no lease): only
+/// with a lock-delay, which the record outliving an expired hold times. Every session's
+/// lease carries a marker (`leases/<lease>`, or a detached session's record), so an
+/// expiry is told from a release without one (see `palisade_api::keys`).
+fn needs_grant_record(class: &LockClass) -> bool {
+    !class.lock_delay.is_zero()
+}
+
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn acquire(
     locker: Arc<LockerInner>,
@@ -171,6 +183,7 @@ pub(crate) async fn acquire(
         epoch: epoch.record.epoch.get(),
         attempt: id,
         holder_meta: holder_meta.map(Cow::Borrowed),
+        grant_record: needs_grant_record(&class),
     })
     .map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
     let mut attempt = Attempt {
@@ -456,16 +469,24 @@ impl Attempt {
         )
     }
 
+    /// The grant's writes: the hold key on the session's lease, and the grant record
+    /// where the class needs one ([`needs_grant_record`]).
     fn grant_ops(&self) -> Vec<TxnOp> {
         let lease = self.session.lease();
-        vec![
-            TxnOp::put(
-                self.keys.hold(self.mode, lease),
+        let mut ops = Vec::with_capacity(2);
+        ops.push(TxnOp::put(
+            self.keys.hold(self.mode, lease),
+            self.meta.clone(),
+            Some(PutOptions::new().with_lease(lease.get())),
+        ));
+        if needs_grant_record(&self.class) {
+            ops.push(TxnOp::put(
+                self.keys.grant(self.mode, lease),
                 self.meta.clone(),
-                Some(PutOptions::new().with_lease(lease.get())),
-            ),
-            TxnOp::put(self.keys.grant(self.mode, lease), self.meta.clone(), None),
-        ]
+                None,
+            ));
+        }
+        ops
     }
 
     /// The first Txn (inside the cancel marker's guard). Fast path: no conflicting

@@ -10,6 +10,7 @@ mod bad_input;
 mod cancellation;
 mod epoch_store;
 mod epochs;
+mod grant_records;
 mod lease_loss;
 mod lock_delay;
 #[cfg(feature = "postgres")]
