@@ -46,18 +46,6 @@ pub(crate) struct Change {
     create_revision: i64,
 }
 
-impl Change {
-    /// The revision of the change.
-    pub(crate) fn revision(&self) -> i64 {
-        self.revision
-    }
-
-    /// The key changed.
-    pub(crate) fn key(&self) -> &str {
-        &self.key
-    }
-}
-
 /// What one read returned.
 #[derive(Debug)]
 pub(crate) struct Read {
@@ -67,6 +55,20 @@ pub(crate) struct Read {
     /// space: what the snapshot held), when asked for.
     pub(crate) initial: Vec<Change>,
     pub(crate) changes: Vec<Change>,
+}
+
+impl Read {
+    /// The revision of the last change to a key under `<root>locks/`: how far the audit
+    /// tailer's position must move for it to have read everything this read shows (the
+    /// position moves with lock-key changes only). 0 without one.
+    pub(crate) fn last_lock_revision(&self, keys: &RootKeys) -> i64 {
+        let locks = keys.locks();
+        self.changes
+            .iter()
+            .rev()
+            .find(|c| c.key.starts_with(&locks))
+            .map_or(0, |c| c.revision)
+    }
 }
 
 /// How the read learns the revision to read up to.

@@ -504,7 +504,7 @@ async fn drive(
     unmatched_ends += found.unmatched_ends;
     let mut caught_up = true;
     for r in [&read, &spare_read] {
-        let last_lock_rev = r.changes.last().map_or(0, etcd_history::Change::revision);
+        let last_lock_rev = r.last_lock_revision(&RootKeys::new(ROOT));
         if last_lock_rev > 0 {
             let limit = Duration::from_secs(60);
             caught_up &=

@@ -16,7 +16,8 @@
 //! | `h/<m>/<lease>` of a hold with a grant record deleted, the record untouched | `expire` |
 //!
 //! The rule is `palisade_api::keys::HoldEnd::classify`, which the chaos checker applies
-//! too. A release that hands the lock over to the oldest waiter (the lock core's
+//! too; the deletes of lease markers outside `<root>locks/` in the same watch response
+//! tell which leases ended in which revision. A release that hands the lock over to the oldest waiter (the lock core's
 //! hand-over at release) deletes one lease's hold and creates another's in one
 //! revision: a `release` and a `grant` row, in etcd's order (the release first).
 //!
@@ -336,7 +337,8 @@ impl Tailer {
                     continue;
                 }
                 let through = last.unwrap_or(position);
-                let events = classify(cluster, &keys, &changes);
+                let ends = lease_ends(&keys, &others);
+                let events = classify(cluster, &keys, &changes, &ends);
                 let digests = restored::digests(&changes);
                 let batch = Batch {
                     events: &events,
@@ -513,8 +515,24 @@ fn grant_of<'a>(p: &LockEntryKey<'a>) -> Option<(&'a str, &'a str, &'a str, Mode
     }
 }
 
-/// Turns changes (in etcd's order, complete revisions) into rows.
-pub(crate) fn classify(cluster: ClusterId, keys: &RootKeys, changes: &[Change]) -> Vec<LockEvent> {
+/// The leases whose marker (`leases/<lease>`, or a detached session's record) `others`
+/// delete, by revision: in that revision the lease ended.
+pub(crate) fn lease_ends(keys: &RootKeys, others: &[Change]) -> HashSet<(i64, LeaseId)> {
+    others
+        .iter()
+        .filter(|c| c.delete)
+        .filter_map(|c| Some((c.revision, keys.ended_lease(&c.key)?)))
+        .collect()
+}
+
+/// Turns lock-key changes (in etcd's order, complete revisions) into rows; `ends` are
+/// the leases that ended, by revision ([`lease_ends`] of the same response's other keys).
+pub(crate) fn classify(
+    cluster: ClusterId,
+    keys: &RootKeys,
+    changes: &[Change],
+    ends: &HashSet<(i64, LeaseId)>,
+) -> Vec<LockEvent> {
     let mut out = Vec::new();
     for group in changes.chunk_by(|a, b| a.revision == b.revision) {
         let grant_records: HashMap<_, &Change> = group
@@ -523,11 +541,6 @@ pub(crate) fn classify(cluster: ClusterId, keys: &RootKeys, changes: &[Change]) 
                 Some((false, p)) => Some((grant_of(&p)?, c)),
                 _ => None,
             })
-            .collect();
-        let ended: HashSet<LeaseId> = group
-            .iter()
-            .filter(|c| c.delete)
-            .filter_map(|c| keys.ended_lease(&c.key))
             .collect();
         let mut seq = 0;
         for c in group {
@@ -558,7 +571,8 @@ pub(crate) fn classify(cluster: ClusterId, keys: &RootKeys, changes: &[Change]) 
                     Some(g) => RecordChange::Put(&g.value),
                     None => RecordChange::Untouched,
                 };
-                let lease_ended = grant_of(&path).is_some_and(|g| ended.contains(&g.4));
+                let lease_ended =
+                    grant_of(&path).is_some_and(|g| ends.contains(&(c.revision, g.4)));
                 let had_record = meta.as_ref().map(|(m, _)| m.grant_record);
                 let kind = match HoldEnd::classify(had_record, record, lease_ended) {
                     HoldEnd::Released => LockEventKind::Release,

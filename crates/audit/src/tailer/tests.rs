@@ -34,6 +34,17 @@ fn del(rev: i64, key: &str, prev: Option<(Vec<u8>, i64)>) -> Change {
     }
 }
 
+/// Classifies `changes` as the tailer does: lock keys as events, the rest for the
+/// leases that ended.
+fn classify_all(changes: &[Change]) -> Vec<LockEvent> {
+    let keys = RootKeys::new("/p/");
+    let (locks, others): (Vec<Change>, Vec<Change>) = changes
+        .iter()
+        .cloned()
+        .partition(|c| c.key.starts_with(keys.locks().as_bytes()));
+    classify(ClusterId(1), &keys, &locks, &lease_ends(&keys, &others))
+}
+
 fn kinds(events: &[LockEvent]) -> Vec<(u64, u32, LockEventKind)> {
     events
         .iter()
@@ -60,7 +71,7 @@ fn grant_release_expire_force() {
         put(10, &g, forced, 2, 9),
         del(11, &g, Some((meta(1), 9))),
     ];
-    let events = classify(ClusterId(1), &RootKeys::new("/p/"), &changes);
+    let events = classify_all(&changes);
     use LockEventKind::{Expire, Force, Grant, Release};
     assert_eq!(
         kinds(&events),
@@ -119,7 +130,7 @@ fn holds_without_a_grant_record_end_by_their_lease_marker() {
         // markers): the record left behind says expiry.
         del(16, &h, Some((meta(1), 15))),
     ];
-    let events = classify(ClusterId(1), &RootKeys::new("/p/"), &changes);
+    let events = classify_all(&changes);
     use LockEventKind::{Expire, Force, Grant, Release};
     assert_eq!(
         kinds(&events),
@@ -155,7 +166,7 @@ fn a_hand_over_at_release_is_a_release_then_a_grant_in_one_revision() {
         put(12, &format!("{lock}/h/x/{NEXT}"), next_meta(), 1, 12),
         put(12, &format!("{lock}/g/x/{NEXT}"), next_meta(), 1, 12),
     ];
-    let events = classify(ClusterId(1), &RootKeys::new("/p/"), &changes);
+    let events = classify_all(&changes);
     assert_eq!(
         kinds(&events),
         [
@@ -186,7 +197,7 @@ fn one_revision_with_several_expiries_numbers_them() {
         del(4, &cancel, None),
         del(4, &b, Some((meta(0), 3))),
     ];
-    let events = classify(ClusterId(1), &RootKeys::new("/p/"), &changes);
+    let events = classify_all(&changes);
     assert_eq!(
         kinds(&events),
         [(4, 0, LockEventKind::Expire), (4, 1, LockEventKind::Expire)]
@@ -218,7 +229,7 @@ fn stray_keys_make_no_rows() {
     changes.push(del(101, &h, Some((b"junk".to_vec(), 100))));
     // A rewrite is not a grant.
     changes.push(put(102, &h, meta(0), 2, 100));
-    assert!(classify(ClusterId(1), &RootKeys::new("/p/"), &changes).is_empty());
+    assert!(classify_all(&changes).is_empty());
 }
 
 #[test]

@@ -41,7 +41,6 @@ impl Run {
         // The whole root: a hold's end is told by its lease's marker too.
         let keys = RootKeys::new(ROOT);
         let prefix = keys.root().to_owned();
-        let locks = keys.locks();
         // Let the audit tailer read the space first, while etcd still has quorum (after a
         // restore its backoff can leave it seconds behind).
         if let Ok(read) = etcd_history::read(
@@ -53,13 +52,7 @@ impl Run {
         )
         .await
         {
-            // The tailer's position moves with lock-key events only.
-            let last = read
-                .changes
-                .iter()
-                .rev()
-                .find(|c| c.key().starts_with(&locks))
-                .map_or(0, etcd_history::Change::revision);
+            let last = read.last_lock_revision(&keys);
             let _ = audit_rows::wait_for_tailer(
                 &self.audit_pool,
                 read.cluster_id,
@@ -102,10 +95,7 @@ impl Run {
         // be watching a stopped follower, and then they are lost with the cluster, as in
         // any restore. The history says how far it got, so that the checker expects rows
         // only of what it could read.
-        let last = read
-            .changes
-            .last()
-            .map_or(0, etcd_history::Change::revision);
+        let last = read.last_lock_revision(&keys);
         let _ = audit_rows::wait_for_tailer(
             &self.audit_pool,
             read.cluster_id,
