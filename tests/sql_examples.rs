@@ -46,7 +46,7 @@ async fn migrated_db() -> TestDb {
         .filter(|p| p.extension().is_some_and(|x| x == "sql"))
         .collect();
     files.sort();
-    assert_eq!(files.len(), 4, "{files:?}");
+    assert_eq!(files.len(), 5, "{files:?}");
     for file in &files {
         psql(&db.connection_string(), file);
     }

@@ -9,9 +9,10 @@
 //! - for a token equal to the mark (a holder writing again under one hold) takes the
 //!   resource's lock *shared* and reads the mark again: no write and no WAL, and several
 //!   transactions with that token may hold the lock at once;
-//! - for a newer token (or a resource's first) takes the lock *exclusive*, then upserts
-//!   the row (`INSERT … ON CONFLICT (resource) DO UPDATE … WHERE fence_high_water.token
-//!   <= EXCLUDED.token`).
+//! - for a newer token (or a resource's first) takes the lock *exclusive*, then writes
+//!   the row only if its token is still not above this one (`UPDATE … WHERE token <=
+//!   $token` on the existing row; `INSERT … ON CONFLICT (resource) DO UPDATE … WHERE
+//!   fence_high_water.token <= EXCLUDED.token` when there is none).
 //!
 //! The resource's lock is a transaction-scoped advisory lock keyed by a hash of its name
 //! (`pg_advisory_xact_lock(1885432937, hashtext(resource))`; a hash collision between two
@@ -31,11 +32,12 @@
 //! (token b > a) both commit, and R be the transaction that raised the mark to b (B
 //! itself, or an earlier raiser whose committed mark B read). After its lock was granted
 //! A found the mark no higher than a: on the shared path by a read with a snapshot taken
-//! after the grant, on the exclusive path by the upsert's `WHERE`, which checks the
-//! latest committed row; R held the lock exclusive, so the two spans do not overlap. Had R's come first, R would have
-//! committed before A's lock was granted (Postgres releases a transaction's locks after
-//! its commit is visible) and A would have read b and been refused. So A's came first: A
-//! committed before R was granted the lock, hence before R committed, hence before B.
+//! after the grant, on the exclusive path by the `WHERE` of its write (the `UPDATE`'s or
+//! the upsert's), which checks the latest committed row; R held the lock exclusive, so
+//! the two spans do not overlap. Had R's come first, R would have committed before A's
+//! lock was granted (Postgres releases a transaction's locks after its commit is visible)
+//! and A would have read b and been refused. So A's came first: A committed before R was
+//! granted the lock, hence before R committed, hence before B.
 //! Writers with one token run side by side and commit in any order; their tokens are
 //! equal. The rule needs every writer of marks to raise through `fence_raise`:
 //! [`PostgresStore`](crate::PostgresStore) does; an earlier version of this crate (which
@@ -141,9 +143,10 @@ use crate::FencingToken;
 
 /// The SQL of this crate's migrations, in order: `fence_high_water` (`0001`), the raise
 /// functions `fence_raise` and `fence_raise_or_abort` (`0002`), the set-based
-/// `fence_raise_many` (`0003`), `fence_reset` and its log `fence_reset_log` (`0004`). Every step is
-/// idempotent (`CREATE TABLE IF NOT EXISTS`, `CREATE OR REPLACE FUNCTION`), so running all
-/// of it again brings a database from any earlier version up to date.
+/// `fence_raise_many` (`0003`), `fence_reset` and its log `fence_reset_log` (`0004`), the
+/// raise functions again with every name schema-qualified and no `SET` clause (`0005`).
+/// Every step is idempotent (`CREATE TABLE IF NOT EXISTS`, `CREATE OR REPLACE FUNCTION`),
+/// so running all of it again brings a database from any earlier version up to date.
 pub const MIGRATION: &str = concat!(
     include_str!("../../migrations/0001_fence_high_water.sql"),
     "\n",
@@ -152,6 +155,8 @@ pub const MIGRATION: &str = concat!(
     include_str!("../../migrations/0003_fence_raise_many.sql"),
     "\n",
     include_str!("../../migrations/0004_fence_reset.sql"),
+    "\n",
+    include_str!("../../migrations/0005_fence_raise_by_schema.sql"),
 );
 
 /// The raise: returns the mark as the transaction leaves it (the token when admitted).

@@ -8,7 +8,7 @@
 //! | store | scope | durability | where the atomicity comes from |
 //! |---|---|---|---|
 //! | [`MemoryStore`] (feature `memory`) | one process | lost on restart | the resource's shard lock, plus an eviction floor |
-//! | [`PostgresStore`] (feature `postgres`) | all replicas sharing a database | durable | `fence_raise`: the resource's advisory lock, then `INSERT … ON CONFLICT … DO UPDATE … WHERE` only for a newer token; concurrent raises batched into one statement |
+//! | [`PostgresStore`] (feature `postgres`) | all replicas sharing a database | durable | `fence_raise`: the resource's advisory lock, then `UPDATE … WHERE token <= $token` (or, for a resource's first, `INSERT … ON CONFLICT … DO UPDATE … WHERE`) only for a newer token; concurrent raises batched into one statement |
 
 use std::error::Error as StdError;
 use std::future::Future;

@@ -428,3 +428,167 @@ async fn a_temporary_table_named_like_the_mark_table_does_not_stand_in_for_it() 
     assert!(err.is_stale(), "{err:?}");
     assert_eq!(err.highest(), Some(tok(25)));
 }
+
+/// The `SET` clauses of `fence_raise` and `fence_raise_or_abort` (`proconfig`), by name.
+async fn raise_configs(client: &tokio_postgres::Client) -> Vec<(String, Option<Vec<String>>)> {
+    client
+        .query(
+            "SELECT proname::text, proconfig FROM pg_proc \
+             WHERE proname IN ('fence_raise', 'fence_raise_or_abort') ORDER BY proname",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+/// A database that ran migrations 0001 to 0004 (functions that set their search_path on
+/// every call) gets 0005's functions from `migrate`: no `SET` clause, the same answers on
+/// the marks it already has.
+#[tokio::test]
+async fn migrate_replaces_the_raise_functions_of_migration_0002() {
+    let db = TestDb::create().await;
+    let mut client = db.connect().await;
+    for sql in [
+        include_str!("../../migrations/0001_fence_high_water.sql"),
+        include_str!("../../migrations/0002_fence_raise.sql"),
+        include_str!("../../migrations/0003_fence_raise_many.sql"),
+        include_str!("../../migrations/0004_fence_reset.sql"),
+    ] {
+        client.batch_execute(sql).await.unwrap();
+    }
+    begin_fenced(&mut client, "r", tok(5))
+        .await
+        .unwrap()
+        .commit()
+        .await
+        .unwrap();
+    let old = raise_configs(&client).await;
+    assert_eq!(old.len(), 2, "{old:?}");
+    assert!(
+        old.iter().all(|(_, c)| c.is_some()),
+        "0002's functions set their search_path: {old:?}"
+    );
+
+    migrate(&mut client).await.unwrap();
+    assert_eq!(
+        raise_configs(&client).await,
+        vec![
+            ("fence_raise".to_owned(), None),
+            ("fence_raise_or_abort".to_owned(), None)
+        ]
+    );
+    assert_eq!(mark(&client, "r").await, Some(tok(5)));
+    let stale = begin_fenced(&mut client, "r", tok(4))
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(
+        (stale.kind(), stale.highest()),
+        (FenceErrorKind::Stale, Some(tok(5)))
+    );
+    let err = client
+        .batch_execute(&format!(
+            "BEGIN; SELECT fence_raise_or_abort('r', {}); COMMIT",
+            tok(4).get()
+        ))
+        .await
+        .unwrap_err();
+    client.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(err.code().map(|c| c.code()), Some("PF001"), "{err}");
+    let message = err.as_db_error().map(|e| e.message().to_owned());
+    assert_eq!(
+        message.as_deref(),
+        Some(
+            format!(
+                "stale fencing token {} for resource r: the mark is {}",
+                tok(4).get(),
+                tok(5).get()
+            )
+            .as_str()
+        )
+    );
+    begin_fenced(&mut client, "r", tok(6))
+        .await
+        .unwrap()
+        .commit()
+        .await
+        .unwrap();
+    assert_eq!(mark(&client, "r").await, Some(tok(6)));
+}
+
+/// The functions name their table, functions and operators by schema: a caller whose
+/// search_path puts first a schema with its own `fence_high_water` (holding a higher
+/// mark) and an `=` on text that never matches, before `pg_catalog`, still raises the
+/// marks of the schema the functions were created in.
+#[tokio::test]
+async fn a_callers_search_path_does_not_point_the_raise_at_another_table_or_operator() {
+    let (_db, client) = fresh_db().await;
+    client
+        .batch_execute(&format!(
+            "CREATE SCHEMA decoy; \
+             CREATE TABLE decoy.fence_high_water (resource text PRIMARY KEY, token bigint NOT NULL, \
+                 updated_at timestamptz NOT NULL DEFAULT now()); \
+             INSERT INTO decoy.fence_high_water (resource, token) VALUES ('d/1', {high}), ('d/2', {high}); \
+             CREATE FUNCTION decoy.never(text, text) RETURNS boolean LANGUAGE sql IMMUTABLE AS 'SELECT false'; \
+             CREATE OPERATOR decoy.= (LEFTARG = text, RIGHTARG = text, FUNCTION = decoy.never); \
+             SET search_path = decoy, pg_catalog, public",
+            high = tok(100).get()
+        ))
+        .await
+        .unwrap();
+    let raise = |sql: &'static str, t: FencingToken| {
+        let client = &client;
+        async move {
+            let row = client
+                .query_one(sql, &[&t])
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+            row.get::<_, i64>(0)
+        }
+    };
+    let t = tok(7).get() as i64;
+    // A new token, then an equal one, then an older one, through each function.
+    assert_eq!(
+        raise("SELECT public.fence_raise('d/1', $1)", tok(7)).await,
+        t
+    );
+    assert_eq!(
+        raise("SELECT public.fence_raise('d/1', $1)", tok(7)).await,
+        t
+    );
+    assert_eq!(
+        raise("SELECT public.fence_raise('d/1', $1)", tok(6)).await,
+        t
+    );
+    assert_eq!(
+        raise("SELECT public.fence_raise_or_abort('d/2', $1)", tok(7)).await,
+        t
+    );
+    assert_eq!(
+        raise("SELECT public.fence_raise_or_abort('d/2', $1)", tok(7)).await,
+        t
+    );
+    let marks = client
+        .query(
+            "SELECT resource, token FROM public.fence_high_water ORDER BY resource",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1)))
+        .collect::<Vec<_>>();
+    assert_eq!(marks, vec![("d/1".to_owned(), t), ("d/2".to_owned(), t)]);
+    let decoy: i64 = client
+        .query_one(
+            "SELECT count(*) FROM decoy.fence_high_water WHERE token = $1",
+            &[&tok(100)],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(decoy, 2, "the decoy table was left alone");
+}
