@@ -4,12 +4,9 @@
 
 use std::time::Duration;
 
-use etcd_client::EventType;
 use palisade_lock::{LockName, Mode};
 
-use crate::support::{
-    class, fixture, keys_under, secs, session, spawn_waiter, PrefixWatch, NS2, ROOT,
-};
+use crate::support::{class, fixture, hand_over, keys_under, secs, session, HandedOver, NS2, ROOT};
 
 fn lock_base(ns: &str, class: &str, key: &str) -> String {
     format!("{ROOT}locks/{ns}/{class}/{key}/")
@@ -69,30 +66,11 @@ async fn etcd_a_hand_over_writes_the_waiters_grant_record_only_with_a_lock_delay
     f.locker.config().put_class(&delayed).await.unwrap();
     let name = LockName::new(NS2, "delayed", "d/h");
     let base = lock_base(NS2, "delayed", "d%2Fh");
-    let (a, b, c) = (
-        session(&f.locker, 10).await,
-        session(&f.locker, 10).await,
-        session(&f.locker, 10).await,
-    );
-    let ha = f
-        .locker
-        .acquire(&a, &name, Mode::Exclusive, secs(5))
-        .await
-        .unwrap();
-    let wb = spawn_waiter(&f.locker, &b, &name, Mode::Exclusive, secs(30)).await;
-    let wc = spawn_waiter(&f.locker, &c, &name, Mode::Exclusive, secs(30)).await;
-    ha.release().await.unwrap();
-    let hb = wb.await.unwrap().unwrap();
-    // B was granted while C waited: B's release hands over to C in one revision, with
-    // C's grant record, since the class has a lock-delay.
-    let mut holds = PrefixWatch::start(f.locker.client(), &format!("{base}h/")).await;
-    hb.release().await.unwrap();
-    let (_, released_at) = holds.next(EventType::Delete).await;
-    let hc = tokio::time::timeout(Duration::from_secs(5), wc)
-        .await
-        .expect("C granted after B's release")
-        .unwrap()
-        .unwrap();
+    // B's release hands over to C in one revision, with C's grant record, since the
+    // class has a lock-delay.
+    let HandedOver {
+        c, hc, released_at, ..
+    } = hand_over(&f.locker, &name, &base).await;
     assert_eq!(hc.grant_rev().unwrap().as_i64(), released_at);
     let lease = c.lease().to_string();
     assert_eq!(

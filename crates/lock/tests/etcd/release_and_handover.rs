@@ -8,8 +8,8 @@ use etcd_client::EventType;
 use palisade_lock::{Error, ErrorKind, ForceMarker, Hold, Mode, Revision, Session};
 
 use crate::support::{
-    base, fixture, keys_under, lock, revision, secs, session, spawn_waiter, token, within, Fixture,
-    PrefixWatch, ROOT,
+    base, fixture, hand_over, keys_under, lock, secs, session, spawn_waiter, token, within,
+    Fixture, HandedOver, PrefixWatch, ROOT,
 };
 
 #[tokio::test]
@@ -123,38 +123,12 @@ async fn etcd_grant_release_force_and_expiry_are_told_apart_by_revision() {
 async fn etcd_a_contended_release_hands_the_lock_to_the_oldest_waiter_in_its_own_revision() {
     let f = fixture(1).await;
     let name = lock("handover");
-    let (a, b, c) = (
-        session(&f.locker, 10).await,
-        session(&f.locker, 10).await,
-        session(&f.locker, 10).await,
-    );
-    let ha = f
-        .locker
-        .acquire(&a, &name, Mode::Exclusive, secs(5))
-        .await
-        .unwrap();
-    let wb = spawn_waiter(&f.locker, &b, &name, Mode::Exclusive, secs(30)).await;
-    let wc = spawn_waiter(&f.locker, &c, &name, Mode::Exclusive, secs(30)).await;
-    // A was granted with nobody waiting: a plain release, and B grants itself.
-    ha.release().await.unwrap();
-    let hb = wb.await.unwrap().unwrap();
-    // B was granted while C waited: B's release puts C's hold in the same revision.
-    let mut holds = PrefixWatch::start(f.locker.client(), &format!("{}h/", base("handover"))).await;
-    let before = revision(f.locker.client()).await;
-    let tb = token(&hb);
-    hb.release().await.unwrap();
-    let (gone, released_at) = holds.next(EventType::Delete).await;
-    assert!(gone.ends_with(&b.lease().to_string()), "{gone}");
-    let hc = tokio::time::timeout(Duration::from_secs(5), wc)
-        .await
-        .expect("C granted after B's release")
-        .unwrap()
-        .unwrap();
-    assert_eq!(
+    let HandedOver {
+        c,
+        hc,
+        tb,
         released_at,
-        before + 1,
-        "the release is the one write after `before`"
-    );
+    } = hand_over(&f.locker, &name, &base("handover")).await;
     assert_eq!(
         hc.grant_rev().unwrap().as_i64(),
         released_at,

@@ -258,3 +258,54 @@ pub(crate) async fn spawn_waiter(
     );
     task
 }
+
+/// What [`hand_over`] leaves: C's session and the hold B's release handed it, B's token,
+/// and the revision of B's release.
+pub(crate) struct HandedOver {
+    pub(crate) c: Session,
+    pub(crate) hc: Hold,
+    pub(crate) tb: FencingToken,
+    pub(crate) released_at: i64,
+}
+
+/// Three sessions on `name` (hold keys under `base`): A holds while B and C queue; A's
+/// release is a plain one (nobody waited when A was granted) and B grants itself; B was
+/// granted while C waited, so B's release hands the lock to C, and is the one write
+/// after B's grant was seen.
+pub(crate) async fn hand_over(locker: &Locker, name: &LockName, base: &str) -> HandedOver {
+    let (a, b, c) = (
+        session(locker, 10).await,
+        session(locker, 10).await,
+        session(locker, 10).await,
+    );
+    let ha = locker
+        .acquire(&a, name, Mode::Exclusive, secs(5))
+        .await
+        .unwrap();
+    let wb = spawn_waiter(locker, &b, name, Mode::Exclusive, secs(30)).await;
+    let wc = spawn_waiter(locker, &c, name, Mode::Exclusive, secs(30)).await;
+    ha.release().await.unwrap();
+    let hb = wb.await.unwrap().unwrap();
+    let mut holds = PrefixWatch::start(locker.client(), &format!("{base}h/")).await;
+    let before = revision(locker.client()).await;
+    let tb = token(&hb);
+    hb.release().await.unwrap();
+    let (gone, released_at) = holds.next(EventType::Delete).await;
+    assert!(gone.ends_with(&b.lease().to_string()), "{gone}");
+    let hc = tokio::time::timeout(Duration::from_secs(5), wc)
+        .await
+        .expect("C granted after B's release")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        released_at,
+        before + 1,
+        "the release is the one write after `before`"
+    );
+    HandedOver {
+        c,
+        hc,
+        tb,
+        released_at,
+    }
+}
