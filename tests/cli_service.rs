@@ -310,6 +310,44 @@ async fn etcd_cli_acquired_hold_lives_by_keepalive_and_lapses_without() {
 }
 
 #[tokio::test]
+async fn etcd_cli_acquire_keeps_the_session_it_opened_alive_while_it_waits() {
+    let s = Service::start(Mode::Dev, None).await;
+    let first = s
+        .dev(JOB, &["lock", "acquire", "ns/c/wait", "--ttl", "30"])
+        .await
+        .ok();
+    let hold_path = s.dir.path().join("first-hold.json");
+    std::fs::write(&hold_path, &first.stdout).unwrap();
+    let waiting = s.dev(
+        JOB2,
+        &[
+            "lock",
+            "acquire",
+            "ns/c/wait",
+            "--ttl",
+            "2",
+            "--wait-ms",
+            "15000",
+        ],
+    );
+    let release = async {
+        // Well past the waiter's 2 s TTL: its session lives only if the waiting
+        // command renews it.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        s.dev(
+            JOB,
+            &["lock", "release", "--hold", hold_path.to_str().unwrap()],
+        )
+        .await
+        .ok();
+    };
+    let (granted, ()) = tokio::join!(waiting, release);
+    let granted = granted.ok().json();
+    assert!(token(&granted) > token(&first.json()));
+    assert_eq!(granted["ttl_ms"], 2000);
+}
+
+#[tokio::test]
 async fn etcd_cli_admin_namespaces_classes_and_epochs() {
     let s = Service::start(Mode::Dev, None).await;
     // Namespaces: create, refuse to create twice, update only what is given, list.

@@ -147,8 +147,9 @@ struct ClassFields {
     /// without a token.
     #[arg(long, value_enum)]
     on_quorum_loss: Option<QuorumArg>,
-    /// After a hold ends by expiry or force, no grant of its key for this long, in
-    /// milliseconds (at most 3600000).
+    /// After a hold ends by expiry (its session's TTL lapsed, or the session was closed
+    /// while it held) or force, no grant of its key for this long, in milliseconds (at
+    /// most 3600000).
     #[arg(long, value_parser = super::args::lock_delay_ms)]
     lock_delay_ms: Option<u64>,
 }

@@ -1,7 +1,8 @@
 //! `palisade lock ...`: acquire, release, status, and run a command under a lock.
 //!
 //! `lock acquire` keeps nothing running: it opens a session (an etcd lease of `--ttl`
-//! seconds), takes the lock on it, prints the hold as JSON and exits. The hold lasts
+//! seconds), takes the lock on it (renewing the session while it waits, so a wait may
+//! outlast the TTL), prints the hold as JSON and exits. The hold lasts
 //! until `lock release`, `session close`, or the session's lease lapses: renew it with
 //! `session keepalive` more often than once per TTL to keep the lock longer.
 
@@ -38,7 +39,8 @@ enum LockCommand {
     /// and `own_session`: the handle that `lock release --hold` takes. Without `session keepalive SESSION` (more often than the TTL) the hold
     /// ends when its session's TTL lapses. Exits 75 if others held the lock for the
     /// whole wait, 130 if interrupted (Ctrl-C) while waiting; either way the session
-    /// opened for it is closed again.
+    /// opened for it is closed again. While it waits it renews the session it opened
+    /// (every third of the TTL), so `--wait-ms` may be longer than `--ttl`.
     Acquire {
         /// The lock: namespace/class/key (the key may contain `/`).
         lock: String,
@@ -225,6 +227,35 @@ pub(crate) fn call(
     Ok(serde_json::to_string_pretty(&value)?)
 }
 
+/// Renews the session `lock acquire` opened for itself (`ttl_ms`: its granted TTL;
+/// `None` for a session the caller passed, which the caller renews) every third of its
+/// TTL while the acquire waits, so a wait longer than the TTL does not end it. Ends
+/// only when the service says the session is gone: the wait cannot succeed then.
+/// Once granted, renewing is the caller's (`session keepalive`).
+async fn keep_alive_while_waiting(
+    client: &palisade_client::Client,
+    session: &str,
+    ttl_ms: Option<u64>,
+) -> Box<dyn std::error::Error> {
+    let Some(ttl_ms) = ttl_ms else {
+        return std::future::pending().await;
+    };
+    let every = Duration::from_millis((ttl_ms / 3).max(100));
+    let path = format!("/v1/sessions/{}/keepalive", enc(session));
+    loop {
+        tokio::time::sleep(every).await;
+        if let Err(e) = client.call_json("POST", &path, None).await {
+            if e.is_session_lost() {
+                return CliError::new(
+                    Exit::Lost,
+                    format!("the session opened for this acquire ended while it waited ({e})"),
+                )
+                .into();
+            }
+        }
+    }
+}
+
 /// Parses `--holder-meta`: a JSON object of at most 1024 bytes.
 pub(crate) fn parse_meta(text: &str) -> std::result::Result<HolderMeta, CliError> {
     let value: serde_json::Value = serde_json::from_str(text)
@@ -278,9 +309,11 @@ fn acquire(
         // SIGINT and SIGTERM (a supervisor's stop) end the wait the same way: the
         // session opened for it is closed below, so nothing is left held or counted.
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let renewing = keep_alive_while_waiting(&client, &session, ttl_ms.filter(|_| own));
         let granted = tokio::select! {
             // A 503 `quorum-lost` is sent again within the wait (the client's policy).
             r = client.acquire(&body) => r.map_err(Into::into),
+            e = renewing => Err(e),
             _ = tokio::signal::ctrl_c() => Err(CliError::new(
                 Exit::Interrupted,
                 "interrupted (SIGINT) while waiting for the lock",
