@@ -11,10 +11,18 @@
 //! Flags: `--keep-running` leaves everything up until Ctrl-C; `--summary FILE` writes the
 //! outcome as JSON (for the end-to-end test). Every process it started is stopped before
 //! it exits, also on Ctrl-C or a failed step.
+//!
+//! etcd is the `etcd` that `PALISADE_ETCD` names, else the one on `PATH`; its three
+//! members are started as the tests start theirs (every member healthy before the demo
+//! goes on, ports another process took replaced). Every wait is bounded: a step that does
+//! not finish in its time fails the demo with the step named and each process's log tail
+//! (`PALISADE_DEMO_SHOW_LOGS=1`), and the whole scenario gets [`SCENARIO_LIMIT`].
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -23,6 +31,7 @@ use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::rt::TokioExecutor;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use palisade_testkit::EtcdCluster;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
@@ -33,11 +42,36 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 const LOCK: &str = "orders/invoices/invoice-42";
 const RESOURCE: &str = "/orders/invoice-42";
 
-/// Every process the demo started, stopped in reverse order at the end.
+/// The whole scenario's limit, start-up included (it takes 5 to 15 s).
+const SCENARIO_LIMIT: Duration = Duration::from_secs(180);
+/// A database statement's, an HTTP request's or an admin command's limit.
+const CALL_LIMIT: Duration = Duration::from_secs(30);
+
+/// The step the scenario is at (0 while starting), for a timeout's message.
+static STEP: AtomicU32 = AtomicU32::new(0);
+
+/// `fut`, or an error naming `what` if it takes longer than `limit`.
+async fn bounded<T, E>(
+    what: &str,
+    limit: Duration,
+    fut: impl Future<Output = Result<T, E>>,
+) -> Result<T, Error>
+where
+    E: Into<Error>,
+{
+    match tokio::time::timeout(limit, fut).await {
+        Ok(r) => r.map_err(Into::into),
+        Err(_) => Err(format!("{what}: no answer in {} s", limit.as_secs()).into()),
+    }
+}
+
+/// Every process the demo started, stopped in reverse order at the end, etcd last.
 #[derive(Default)]
 struct Procs {
     children: Vec<(String, Child)>,
     stopped: Vec<u32>,
+    etcd: Option<EtcdCluster>,
+    etcd_pids: Vec<u32>,
 }
 
 impl Procs {
@@ -49,8 +83,13 @@ impl Procs {
         Ok(&mut self.children.last_mut().expect("just pushed").1)
     }
 
+    /// Every process id, the etcd members' as they were started included.
     fn pids(&self) -> Vec<u32> {
-        self.children.iter().filter_map(|(_, c)| c.id()).collect()
+        self.children
+            .iter()
+            .filter_map(|(_, c)| c.id())
+            .chain(self.etcd_pids.iter().copied())
+            .collect()
     }
 
     async fn stop_all(&mut self) {
@@ -69,6 +108,50 @@ impl Procs {
                 let _ = child.kill().await;
             }
         }
+        // Dropping the cluster kills and reaps its members.
+        self.etcd.take();
+    }
+
+    /// The etcd cluster, once started.
+    fn etcd(&mut self) -> Result<&mut EtcdCluster, Error> {
+        self.etcd
+            .as_mut()
+            .ok_or_else(|| "etcd is not running".into())
+    }
+
+    /// Starts three etcd members and waits until each is healthy.
+    async fn start_etcd(&mut self) -> Result<&mut EtcdCluster, Error> {
+        // The kit panics when etcd cannot start; the task turns that into an error.
+        let cluster = tokio::spawn(EtcdCluster::start(3))
+            .await
+            .map_err(|e| format!("starting etcd: {e}"))?;
+        self.etcd_pids = (0..cluster.member_count())
+            .filter_map(|i| cluster.pid(i))
+            .collect();
+        Ok(self.etcd.insert(cluster))
+    }
+
+    /// The etcd leader's member index, once there is one (up to 15 s).
+    async fn etcd_leader(&mut self) -> Result<usize, Error> {
+        let cluster = self.etcd.take().ok_or("etcd is not running")?;
+        let (cluster, leader) = tokio::spawn(async move {
+            let leader = cluster.leader().await;
+            (cluster, leader)
+        })
+        .await
+        .map_err(|e| format!("waiting for an etcd leader: {e}"))?;
+        self.etcd = Some(cluster);
+        Ok(leader)
+    }
+
+    /// The last lines of each etcd member's log.
+    fn etcd_logs(&self) -> Vec<(String, String)> {
+        let Some(cluster) = &self.etcd else {
+            return Vec::new();
+        };
+        (0..cluster.member_count())
+            .map(|i| (format!("etcd member m{i}"), cluster.log_tail(i, 20)))
+            .collect()
     }
 }
 
@@ -215,6 +298,7 @@ impl Tally {
 }
 
 fn step(n: u32, text: &str) {
+    STEP.store(n, Ordering::Relaxed);
     println!("\n[{n}] {text}");
 }
 
@@ -238,15 +322,24 @@ async fn main() {
             std::process::exit(1);
         }
     };
+    let scenario = tokio::time::timeout(
+        SCENARIO_LIMIT,
+        run(&mut procs, dir.path(), &admin, &dbname, keep_running),
+    );
     let result = tokio::select! {
-        r = run(&mut procs, dir.path(), &admin, &dbname, keep_running) => r,
+        r = scenario => r.unwrap_or_else(|_| Err(format!(
+            "the scenario did not finish in {} s (it was at step {})",
+            SCENARIO_LIMIT.as_secs(),
+            STEP.load(Ordering::Relaxed)
+        ).into())),
         () = interrupted() => Err("interrupted".into()),
     };
     if keep_running && result.is_ok() {
         interrupted().await;
     }
     let pids = procs.pids();
-    println!("\nstopping {} processes", pids.len());
+    let etcd_logs = procs.etcd_logs();
+    println!("\nstopping {} processes and etcd", pids.len());
     procs.stop_all().await;
     if let Err(e) = drop_database(&admin, &dbname).await {
         eprintln!("demo: could not drop database {dbname}: {e}");
@@ -281,6 +374,9 @@ async fn main() {
                         }
                     }
                 }
+                for (member, tail) in etcd_logs {
+                    eprintln!("--- {member} ---\n{tail}");
+                }
             }
             std::process::exit(1);
         }
@@ -288,17 +384,27 @@ async fn main() {
 }
 
 async fn pg(conn: &str) -> Result<tokio_postgres::Client, Error> {
-    let (client, connection) = tokio_postgres::connect(conn, tokio_postgres::NoTls).await?;
+    let (client, connection) = bounded(
+        "connecting to PostgreSQL",
+        CALL_LIMIT,
+        tokio_postgres::connect(conn, tokio_postgres::NoTls),
+    )
+    .await?;
     tokio::spawn(connection);
     Ok(client)
 }
 
+/// Runs `sql` on a new connection to `conn`, within [`CALL_LIMIT`].
+async fn pg_batch(conn: &str, sql: &str) -> Result<(), Error> {
+    bounded(sql, CALL_LIMIT, pg(conn).await?.batch_execute(sql)).await
+}
+
 async fn drop_database(admin: &str, dbname: &str) -> Result<(), Error> {
-    pg(admin)
-        .await?
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {dbname} WITH (FORCE)"))
-        .await?;
-    Ok(())
+    pg_batch(
+        admin,
+        &format!("DROP DATABASE IF EXISTS {dbname} WITH (FORCE)"),
+    )
+    .await
 }
 
 async fn run(
@@ -324,56 +430,18 @@ async fn run(
             .into());
         }
     }
-    let etcd = which("etcd").ok_or("etcd is not on PATH")?;
-    let etcdctl = which("etcdctl").ok_or("etcdctl is not on PATH")?;
+    let etcd_version = palisade_testkit::EtcdBinaries::find()?.version();
 
     step(0, "starting everything on loopback");
     // Postgres: a fresh database.
-    pg(admin)
-        .await?
-        .batch_execute(&format!("CREATE DATABASE {dbname}"))
-        .await?;
+    pg_batch(admin, &format!("CREATE DATABASE {dbname}")).await?;
     let database = format!("{admin} dbname={dbname}");
     println!("    postgres database {dbname}");
 
     // etcd: three members.
-    let ports: Vec<(u16, u16)> = (0..3)
-        .map(|_| Ok((free_port()?, free_port()?)))
-        .collect::<Result<_, Error>>()?;
-    let initial: Vec<String> = ports
-        .iter()
-        .enumerate()
-        .map(|(i, (_, p))| format!("m{i}=http://127.0.0.1:{p}"))
-        .collect();
-    let endpoints: Vec<String> = ports
-        .iter()
-        .map(|(c, _)| format!("http://127.0.0.1:{c}"))
-        .collect();
-    let mut etcd_pids = Vec::new();
-    for (i, (client, peer)) in ports.iter().enumerate() {
-        let mut cmd = command(&etcd);
-        cmd.args([
-            format!("--name=m{i}"),
-            format!("--data-dir={}", dir.join(format!("etcd-m{i}")).display()),
-            format!("--listen-client-urls=http://127.0.0.1:{client}"),
-            format!("--advertise-client-urls=http://127.0.0.1:{client}"),
-            format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
-            format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
-            format!("--initial-cluster={}", initial.join(",")),
-            format!(
-                "--initial-cluster-token=palisade-demo-{}",
-                std::process::id()
-            ),
-            "--initial-cluster-state=new".into(),
-            "--pre-vote=true".into(),
-        ])
-        .stdout(Stdio::null());
-        let child = procs.spawn(&format!("etcd-m{i}"), cmd, dir)?;
-        etcd_pids.push(child.id().ok_or("etcd exited")?);
-    }
+    let endpoints = procs.start_etcd().await?.endpoints();
     let etcd_list = endpoints.join(",");
-    leader(&etcdctl, &etcd_list).await?;
-    println!("    etcd members {}", endpoints.join(" "));
+    println!("    etcd {etcd_version} members {}", endpoints.join(" "));
 
     // The lock service.
     let authz = dir.join("authz.toml");
@@ -412,16 +480,21 @@ async fn run(
             "60000",
         ],
     ] {
-        let out = tokio::process::Command::new(&palisade)
-            .args(&admin_cmd)
-            .args([
-                "--service",
-                &lock_url,
-                "--dev-identity",
-                "spiffe://acme/admin",
-            ])
-            .output()
-            .await?;
+        let out = bounded(
+            &format!("palisade {}", admin_cmd.join(" ")),
+            CALL_LIMIT,
+            tokio::process::Command::new(&palisade)
+                .args(&admin_cmd)
+                .args([
+                    "--service",
+                    &lock_url,
+                    "--dev-identity",
+                    "spiffe://acme/admin",
+                ])
+                .kill_on_drop(true)
+                .output(),
+        )
+        .await?;
         if !out.status.success() {
             return Err(format!(
                 "palisade {admin_cmd:?}: {}",
@@ -593,9 +666,9 @@ async fn run(
     let req = http::Request::put(&legacy_url)
         .header("x-caller", "spiffe://acme/legacy-export")
         .body(Full::new(Bytes::from_static(b"total=12")))?;
-    let resp = http.request(req).await?;
+    let resp = bounded(&format!("PUT {legacy_url}"), CALL_LIMIT, http.request(req)).await?;
     let status = resp.status().as_u16();
-    let _ = resp.into_body().collect().await?;
+    let _ = bounded("its body", CALL_LIMIT, resp.into_body().collect()).await?;
     println!("      PUT {legacy_url} (no Fencing-Token) -> {status}");
     if status != 200 {
         return Err(format!("the advisory write got {status}").into());
@@ -603,13 +676,16 @@ async fn run(
     let db = pg(&database).await?;
     let mut unprotected = Value::Null;
     for _ in 0..100 {
-        let rows = db
-            .query(
+        let rows = bounded(
+            "reading write_event",
+            CALL_LIMIT,
+            db.query(
                 "SELECT service, outcome, resource, method, finding, enforcement, caller, namespace, class, token \
                  FROM write_event WHERE outcome = 'unprotected'",
                 &[],
-            )
-            .await?;
+            ),
+        )
+        .await?;
         if let Some(r) = rows.first() {
             unprotected = json!({
                 "count": rows.len(), "service": r.get::<_, String>(0), "outcome": r.get::<_, String>(1),
@@ -628,22 +704,18 @@ async fn run(
     println!("      admitted, and recorded in the audit trail as unprotected: {unprotected}");
 
     step(6, "the etcd leader is killed; the workers go on");
-    let (leader_idx, _) = leader(&etcdctl, &etcd_list).await?;
-    let leader_pid = etcd_pids[leader_idx];
-    kill(Pid::from_raw(leader_pid as i32), Signal::SIGKILL)?;
-    println!("      killed etcd member m{leader_idx} (pid {leader_pid}), the leader");
+    let leader = procs.etcd_leader().await?;
+    let etcd = procs.etcd()?;
+    let leader_pid = etcd.pid(leader).unwrap_or_default();
+    etcd.kill(leader);
+    println!("      killed etcd member m{leader} (pid {leader_pid}), the leader");
     let answers = b.send("write", 2).await?;
     tally.count("worker B", &answers);
     expect(&answers, 200, true)?;
     // The lock service needs etcd again from here: wait until the two members left have
     // elected a leader (about a second; several when the machine is busy and a vote is
     // split), rather than race the election with the service's request timeouts.
-    let survivors: Vec<&str> = etcd_list
-        .split(',')
-        .enumerate()
-        .filter_map(|(i, e)| (i != leader_idx).then_some(e))
-        .collect();
-    leader(&etcdctl, &survivors.join(",")).await?;
+    procs.etcd_leader().await?;
     let released = b.send("release", 1).await?;
     println!("      worker B released token {}", released[0]["token"]);
     let token_a2 = a.send("acquire", 1).await?[0]["token"]
@@ -718,32 +790,4 @@ fn expect(answers: &[Value], status: u64, committed: bool) -> Result<(), Error> 
                 .into(),
         )
     }
-}
-
-/// Waits for the cluster to have a leader; returns its member index and endpoint.
-async fn leader(etcdctl: &Path, endpoints: &str) -> Result<(usize, String), Error> {
-    let list: Vec<&str> = endpoints.split(',').collect();
-    for _ in 0..300 {
-        let out = Command::new(etcdctl)
-            .env("ETCDCTL_API", "3")
-            .args(["--endpoints", endpoints, "endpoint", "status", "-w", "json"])
-            .stderr(Stdio::null())
-            .output()
-            .await?;
-        if let Ok(Value::Array(status)) = serde_json::from_slice::<Value>(&out.stdout) {
-            let found = status.iter().find(|s| {
-                let id = &s["Status"]["header"]["member_id"];
-                let leader = &s["Status"]["leader"];
-                !id.is_null() && id == leader
-            });
-            if let Some(s) = found {
-                let ep = s["Endpoint"].as_str().unwrap_or_default().to_owned();
-                if let Some(i) = list.iter().position(|e| *e == ep) {
-                    return Ok((i, ep));
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    Err("etcd elected no leader in 60 s".into())
 }

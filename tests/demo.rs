@@ -187,3 +187,63 @@ async fn etcd_worker_reports_no_loss_after_a_release_or_quit() {
     // Released and closed on purpose: nothing was lost.
     assert_eq!(events, vec!["acquired", "released"], "{events:?}");
 }
+
+/// An etcd member that cannot start ends the demo at once with an error naming it, the
+/// database it made dropped. (A cluster started without it lost quorum when the demo
+/// killed the leader, and the demo waited for a leader that could not be elected.)
+#[tokio::test]
+async fn etcd_demo_whose_etcd_member_cannot_start_fails_naming_it_and_drops_its_database() {
+    use std::os::unix::fs::PermissionsExt;
+
+    let demo = demo_binary();
+    let dir = tempfile::tempdir().unwrap();
+    let real = palisade_testkit::EtcdBinaries::get().etcd().to_owned();
+    let wrapper = dir.path().join("etcd");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\ncase \" $* \" in *\" --name=m2 \"*) \
+             echo 'simulated start failure of member m2' >&2; exit 1;; esac\n\
+             exec '{}' \"$@\"\n",
+            real.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+    let started = std::time::Instant::now();
+    let child = Command::new(&demo)
+        .env(palisade_testkit::ETCD_VARIABLE, &wrapper)
+        .env("PALISADE_DEMO_SHOW_LOGS", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run the demo");
+    let dbname = format!("palisade_demo_{}", child.id());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(60),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(
+        stderr.contains("starting etcd") && stderr.contains("simulated start failure of member m2"),
+        "{stderr}"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!stdout.contains("[1]"), "no step ran:\n{stdout}");
+
+    let admin = std::env::var("PALISADE_PG_ADMIN")
+        .unwrap_or_else(|_| "host=127.0.0.1 port=5432 user=postgres".into());
+    let (pg, connection) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let left = pg
+        .query("SELECT 1 FROM pg_database WHERE datname = $1", &[&dbname])
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "database {dbname} was left behind");
+}

@@ -24,8 +24,8 @@ mod postgres;
 mod proxy;
 
 pub use etcd::{
-    BumpUnsupported, EtcdBinaries, EtcdCluster, EtcdTlsFiles, EtcdVersion, MemberStatus,
-    RestoreMode, Snapshot, ETCD_VARIABLE,
+    BumpUnsupported, EtcdBinaries, EtcdCluster, EtcdTlsFiles, EtcdVersion, LocateError,
+    MemberStatus, RestoreMode, Snapshot, ETCD_VARIABLE,
 };
 pub use pg_server::{PgServer, PgServerError, StopMode};
 pub use pgbouncer::PgBouncer;

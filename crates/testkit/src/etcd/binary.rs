@@ -65,12 +65,20 @@ impl EtcdBinaries {
     /// message names `scripts/test`), or if `etcd --version` fails or prints no version.
     pub fn get() -> &'static EtcdBinaries {
         static BINARIES: OnceLock<EtcdBinaries> = OnceLock::new();
-        BINARIES.get_or_init(|| {
-            let etcd = locate(std::env::var_os(ETCD_VARIABLE), std::env::var_os("PATH"))
-                .unwrap_or_else(|e| panic!("{e}"));
-            let version = version_of(&etcd).unwrap_or_else(|e| panic!("{e}"));
-            EtcdBinaries { etcd, version }
-        })
+        BINARIES.get_or_init(|| Self::find().unwrap_or_else(|e| panic!("{e}")))
+    }
+
+    /// The binaries [`ETCD_VARIABLE`] or `PATH` selects, looked up now (for a program
+    /// that reports the error rather than panic, such as the demo).
+    ///
+    /// # Errors
+    ///
+    /// [`LocateError`] naming what is missing: the variable names no executable file,
+    /// no `etcd` is on `PATH`, or `etcd --version` failed or printed no version.
+    pub fn find() -> Result<EtcdBinaries, LocateError> {
+        let etcd = locate(std::env::var_os(ETCD_VARIABLE), std::env::var_os("PATH"))?;
+        let version = version_of(&etcd)?;
+        Ok(EtcdBinaries { etcd, version })
     }
 
     /// The `etcd` server binary.
@@ -101,14 +109,19 @@ impl EtcdBinaries {
 
 /// Why the kit found no `etcd` to run.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum LocateError {
+pub enum LocateError {
     /// `PALISADE_ETCD` names something that is not an executable file.
     #[error(
         "{ETCD_VARIABLE}={} is not an executable file ({cause}): point it at an `etcd` \
          binary (scripts/test fetches etcd 3.5 and sets it)",
         .path.display()
     )]
-    NotExecutable { path: PathBuf, cause: String },
+    NotExecutable {
+        /// What the variable names.
+        path: PathBuf,
+        /// Why it cannot run (missing, not a regular file, not executable).
+        cause: String,
+    },
     /// No `etcd` in any `PATH` directory.
     #[error(
         "`etcd` was not found on PATH and {ETCD_VARIABLE} is unset: run scripts/test, which \
@@ -117,7 +130,12 @@ pub(crate) enum LocateError {
     NotOnPath,
     /// `etcd --version` failed or printed no version line.
     #[error("`{} --version` {cause}", .path.display())]
-    Version { path: PathBuf, cause: String },
+    Version {
+        /// The `etcd` that was run.
+        path: PathBuf,
+        /// How it failed, with its stderr or stdout.
+        cause: String,
+    },
 }
 
 /// The `etcd` to run: `variable` (the value of `PALISADE_ETCD`) when set and not empty,

@@ -31,7 +31,7 @@ mod member;
 mod snapshot;
 mod tls;
 
-pub use binary::{EtcdBinaries, EtcdVersion, ETCD_VARIABLE};
+pub use binary::{EtcdBinaries, EtcdVersion, LocateError, ETCD_VARIABLE};
 pub use cluster::EtcdCluster;
 pub use gateway::MemberStatus;
 pub use snapshot::{BumpUnsupported, RestoreMode, Snapshot};
