@@ -144,7 +144,8 @@ use crate::FencingToken;
 /// The SQL of this crate's migrations, in order: `fence_high_water` (`0001`), the raise
 /// functions `fence_raise` and `fence_raise_or_abort` (`0002`), the set-based
 /// `fence_raise_many` (`0003`), `fence_reset` and its log `fence_reset_log` (`0004`), the
-/// raise functions again with every name schema-qualified and no `SET` clause (`0005`).
+/// raise functions again with every name schema-qualified and no `SET` clause (`0005`),
+/// the store's autocommit decisions `fence_decide` and `fence_decide_many` (`0006`).
 /// Every step is idempotent (`CREATE TABLE IF NOT EXISTS`, `CREATE OR REPLACE FUNCTION`),
 /// so running all of it again brings a database from any earlier version up to date.
 pub const MIGRATION: &str = concat!(
@@ -157,6 +158,8 @@ pub const MIGRATION: &str = concat!(
     include_str!("../../migrations/0004_fence_reset.sql"),
     "\n",
     include_str!("../../migrations/0005_fence_raise_by_schema.sql"),
+    "\n",
+    include_str!("../../migrations/0006_fence_decide.sql"),
 );
 
 /// The raise: returns the mark as the transaction leaves it (the token when admitted).

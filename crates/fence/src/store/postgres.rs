@@ -12,21 +12,17 @@ use super::{HighWaterStore, Raise, RaiseFuture, StoreError};
 use crate::postgres::{is_retryable, read_mark, reset_mark, FenceError, Mark};
 use crate::FencingToken;
 
-/// One raise, in a transaction of its own: a token not above the committed mark is
-/// decided by the read alone (no lock, no write); a newer one, or a resource's first,
-/// goes through the helper's `fence_raise` (see [`crate::postgres`]), which takes the
-/// resource's lock exclusive and upserts the row.
-const RAISE_ONE: &str = "SELECT CASE WHEN m.token >= $2 THEN m.token ELSE fence_raise($1, $2) END \
-     FROM (SELECT (SELECT token FROM fence_high_water WHERE resource = $1) AS token) m";
-/// Many raises in one statement: [`RAISE_ONE`] for each element, the `fence_raise` calls
-/// in the order of the resources' lock keys (volatile functions in a select list run
-/// after its `ORDER BY`), so two batches never take two locks in opposite orders.
-/// Element `i` of the answer is the mark element `i` leaves.
-const RAISE_MANY: &str = "SELECT array_agg(d.mark ORDER BY d.i) FROM ( \
-       SELECT r.i, CASE WHEN h.token >= r.token THEN h.token ELSE fence_raise(r.resource, r.token) END AS mark \
-       FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS r(resource, token, i) \
-       LEFT JOIN fence_high_water h ON h.resource = r.resource \
-       ORDER BY hashtext(r.resource), r.resource) d";
+/// One raise, in a transaction of its own: the helper's `fence_decide` (migration
+/// `0006`): a token not above the committed mark is decided by the read alone (no lock,
+/// no write); a newer one, or a resource's first, goes through `fence_raise` (see
+/// [`crate::postgres`]), which takes the resource's lock exclusive and upserts the row.
+const RAISE_ONE: &str = "SELECT fence_decide($1, $2)";
+/// Many raises in one statement: `fence_decide_many`, [`RAISE_ONE`] for each element, the
+/// marks read in one join and the `fence_raise` calls made in the order of the resources'
+/// lock keys, so two batches never take two locks in opposite orders. Element `i` of the
+/// answer is the mark element `i` leaves. The functions keep their statements' plans on
+/// the connection: the server parses and plans a short call, not the join, per batch.
+const RAISE_MANY: &str = "SELECT fence_decide_many($1, $2)";
 
 /// How many raises one round trip carries at most, by default.
 const DEFAULT_MAX_BATCH: usize = 256;
@@ -51,8 +47,9 @@ const DEFAULT_MAX_BATCH: usize = 256;
 /// Raises are queued to one task per store, which sends them in batches: while every
 /// connection is busy, the raises that arrive wait, and the next free connection takes
 /// all of them (up to [`with_max_batch`](Self::with_max_batch)) in **one round trip**:
-/// one statement over arrays that reads every mark in one join and calls `fence_raise`
-/// for the newer tokens in the order of their lock keys, so two batches never deadlock.
+/// one call of `fence_decide_many` (migration `0006`) over arrays, which reads every mark
+/// in one join and calls `fence_raise` for the newer tokens in the order of their lock
+/// keys, so two batches never deadlock.
 /// Each request gets its own verdict. Raises of one
 /// resource in one batch are decided together: the highest token is raised, an equal
 /// token gets its verdict, and a lower one is refused with the mark that raise left (as
@@ -63,6 +60,8 @@ const DEFAULT_MAX_BATCH: usize = 256;
 /// Every statement is unnamed (parse, bind and execute in one message) and is its own
 /// transaction, so the store keeps no session state on the server: it runs behind a
 /// transaction-mode pooler (PgBouncer's `pool_mode = transaction`) as it does directly.
+/// (The plans `fence_decide_many` keeps belong to whichever server connection runs it;
+/// each one plans on its first call.)
 ///
 /// # Connections
 ///

@@ -113,3 +113,100 @@ async fn fence_raise_many_answers_each_element_like_fence_raise() {
         assert_eq!(e.code(), Some(&SqlState::NULL_VALUE_NOT_ALLOWED), "{bad}");
     }
 }
+
+/// `fence_decide_many` (what the store sends) answers each element as the store decides:
+/// a token at or below the committed mark gets that mark from the read alone, without
+/// waiting for a raise in flight; a newer token, or a resource's first, is raised. It
+/// reads the schema's mark table whatever the caller's search_path holds, and refuses
+/// arrays it cannot pair.
+#[tokio::test]
+async fn fence_decide_many_answers_as_the_store_decides_without_waiting_on_equal_tokens() {
+    let (db, client) = fresh_db().await;
+    client
+        .batch_execute("SELECT fence_raise('b', 20)")
+        .await
+        .unwrap();
+    // A raise of `b` in flight: it holds b's lock exclusive until it commits.
+    let other = db.connect().await;
+    other
+        .batch_execute("BEGIN; SELECT fence_raise('b', 30)")
+        .await
+        .unwrap();
+    client
+        .batch_execute("SET statement_timeout = '3s'")
+        .await
+        .unwrap();
+    let marks: Vec<Option<i64>> = client
+        .query_one(
+            "SELECT fence_decide_many(ARRAY['a', 'b', 'c'], ARRAY[5, 20, 0]::bigint[])",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(marks, vec![Some(5), Some(20), Some(0)]);
+    let below: i64 = client
+        .query_one("SELECT fence_decide('b', 19)", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(below, 20);
+    // fence_raise, for use inside a transaction, waits for the raise in flight instead.
+    let waits = client
+        .query_one("SELECT fence_raise('b', 20)", &[])
+        .await
+        .unwrap_err();
+    assert_eq!(waits.code(), Some(&SqlState::QUERY_CANCELED), "{waits}");
+    other.batch_execute("COMMIT").await.unwrap();
+    let after: Vec<Option<i64>> = client
+        .query_one(
+            "SELECT fence_decide_many(ARRAY['b', 'a'], ARRAY[20, 6]::bigint[])",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(after, vec![Some(30), Some(6)]);
+
+    // A temporary table of the same name, searched first, is not read.
+    client
+        .batch_execute(
+            "CREATE TEMP TABLE fence_high_water (resource text PRIMARY KEY, token bigint); \
+             INSERT INTO pg_temp.fence_high_water VALUES ('a', 1000)",
+        )
+        .await
+        .unwrap();
+    let raised: i64 = client
+        .query_one("SELECT fence_decide('a', 7)", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(raised, 7);
+    let stored: i64 = client
+        .query_one(
+            "SELECT token FROM public.fence_high_water WHERE resource = 'a'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(stored, 7);
+
+    let empty: Vec<Option<i64>> = client
+        .query_one(
+            "SELECT fence_decide_many('{}'::text[], '{}'::bigint[])",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(empty.is_empty());
+    for bad in [
+        "SELECT fence_decide_many(ARRAY['a', 'b'], ARRAY[1]::bigint[])",
+        "SELECT fence_decide_many(ARRAY['a', NULL], ARRAY[1, 2]::bigint[])",
+        "SELECT fence_decide_many(ARRAY['a'], NULL::bigint[])",
+    ] {
+        let e = client.query_one(bad, &[]).await.unwrap_err();
+        assert_eq!(e.code(), Some(&SqlState::NULL_VALUE_NOT_ALLOWED), "{bad}");
+    }
+}
