@@ -10,7 +10,7 @@
 -- transaction that writes under a token calls fence_raise or fence_raise_or_abort.
 --
 -- fence_decide_many(resources text[], tokens bigint[]) returns bigint[]: element i is what
--- fence_decide(resources[i], tokens[i]) returns, the marks read in one join and the
+-- fence_decide(resources[i], tokens[i]) returns, each mark read by an index lookup and the
 -- fence_raise calls made in the order of the resources' advisory-lock keys (hashtext, then
 -- the name; volatile functions in a select list run after its ORDER BY), so two calls
 -- that share resources cannot deadlock. Pass each resource once. Arrays of different
@@ -18,7 +18,7 @@
 --
 -- Both are what PostgresStore sends, one short statement per batch: PL/pgSQL keeps the
 -- plans of the statements inside on the connection, so the server parses and plans the
--- join once per connection instead of once per batch, and no prepared statement (session
+-- statement once per connection instead of once per batch, and no prepared statement (session
 -- state a transaction-mode pooler cannot keep) is needed.
 DO $migration$
 BEGIN
@@ -60,14 +60,19 @@ BEGIN
         RAISE EXCEPTION 'fence_decide_many: two arrays of one length, without NULLs'
             USING ERRCODE = '22004';
     END IF;
+    -- Each mark by its own index lookup (a subquery per element, kept apart by OFFSET 0):
+    -- a join's cached generic plan hashes the whole mark table when it is small.
     SELECT pg_catalog.array_agg(d.mark ORDER BY d.i) INTO marks FROM (
-        SELECT r.i,
-               CASE WHEN h.token OPERATOR(pg_catalog.>=) r.token THEN h.token
-                    ELSE %1$I.fence_raise(r.resource, r.token) END AS mark
-        FROM ROWS FROM (pg_catalog.unnest(p_resources), pg_catalog.unnest(p_tokens))
-            WITH ORDINALITY AS r(resource, token, i)
-        LEFT JOIN %1$I.fence_high_water h ON h.resource OPERATOR(pg_catalog.=) r.resource
-        ORDER BY pg_catalog.hashtext(r.resource), r.resource) d;
+        SELECT u.i,
+               CASE WHEN u.mark OPERATOR(pg_catalog.>=) u.token THEN u.mark
+                    ELSE %1$I.fence_raise(u.resource, u.token) END AS mark
+        FROM (SELECT r.i, r.resource, r.token,
+                     (SELECT h.token FROM %1$I.fence_high_water h
+                        WHERE h.resource OPERATOR(pg_catalog.=) r.resource) AS mark
+              FROM ROWS FROM (pg_catalog.unnest(p_resources), pg_catalog.unnest(p_tokens))
+                  WITH ORDINALITY AS r(resource, token, i)
+              OFFSET 0) u
+        ORDER BY pg_catalog.hashtext(u.resource), u.resource) d;
     RETURN COALESCE(marks, '{}');
 END
 $body$

@@ -17,11 +17,11 @@ use crate::FencingToken;
 /// no write); a newer one, or a resource's first, goes through `fence_raise` (see
 /// [`crate::postgres`]), which takes the resource's lock exclusive and upserts the row.
 const RAISE_ONE: &str = "SELECT fence_decide($1, $2)";
-/// Many raises in one statement: `fence_decide_many`, [`RAISE_ONE`] for each element, the
-/// marks read in one join and the `fence_raise` calls made in the order of the resources'
-/// lock keys, so two batches never take two locks in opposite orders. Element `i` of the
-/// answer is the mark element `i` leaves. The functions keep their statements' plans on
-/// the connection: the server parses and plans a short call, not the join, per batch.
+/// Many raises in one statement: `fence_decide_many`, [`RAISE_ONE`] for each element (each
+/// mark read by an index lookup), the `fence_raise` calls made in the order of the
+/// resources' lock keys, so two batches never take two locks in opposite orders. Element
+/// `i` of the answer is the mark element `i` leaves. The functions keep their statements'
+/// plans on the connection: the server parses and plans a short call per batch.
 const RAISE_MANY: &str = "SELECT fence_decide_many($1, $2)";
 
 /// How many raises one round trip carries at most, by default.
@@ -48,8 +48,8 @@ const DEFAULT_MAX_BATCH: usize = 256;
 /// connection is busy, the raises that arrive wait, and the next free connection takes
 /// all of them (up to [`with_max_batch`](Self::with_max_batch)) in **one round trip**:
 /// one call of `fence_decide_many` (migration `0006`) over arrays, which reads every mark
-/// in one join and calls `fence_raise` for the newer tokens in the order of their lock
-/// keys, so two batches never deadlock.
+/// and calls `fence_raise` for the newer tokens in the order of their lock keys, so two
+/// batches never deadlock.
 /// Each request gets its own verdict. Raises of one
 /// resource in one batch are decided together: the highest token is raised, an equal
 /// token gets its verdict, and a lower one is refused with the mark that raise left (as
