@@ -1,4 +1,4 @@
-//! The demo's scenario, headless: `examples/demo.rs` on its own three-member etcd and a
+//! The demo's scenario, headless: `examples/demo/` on its own three-member etcd and a
 //! fresh database on the local PostgreSQL, with its outcome checked (every test here starts
 //! etcd: `etcd` in each name).
 
@@ -234,6 +234,68 @@ async fn etcd_demo_whose_etcd_member_cannot_start_fails_naming_it_and_drops_its_
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(!stdout.contains("[1]"), "no step ran:\n{stdout}");
+
+    let admin = std::env::var("PALISADE_PG_ADMIN")
+        .unwrap_or_else(|_| "host=127.0.0.1 port=5432 user=postgres".into());
+    let (pg, connection) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let left = pg
+        .query("SELECT 1 FROM pg_database WHERE datname = $1", &[&dbname])
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "database {dbname} was left behind");
+}
+
+/// A demo whose terminal closes (SIGHUP) mid-scenario stops everything it started and
+/// drops its database, as on SIGTERM or Ctrl-C.
+#[tokio::test]
+async fn etcd_demo_hung_up_mid_scenario_stops_everything_and_drops_its_database() {
+    use std::io::BufRead;
+
+    let demo = demo_binary();
+    let mut child = Command::new(&demo)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run the demo");
+    let dbname = format!("palisade_demo_{}", child.id());
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut seen = String::new();
+    let mut line = String::new();
+    while stdout.read_line(&mut line).unwrap() > 0 {
+        seen.push_str(&line);
+        if line.starts_with("[1]") {
+            break;
+        }
+        line.clear();
+    }
+    assert!(
+        seen.contains("[1]"),
+        "the demo never reached step 1:\n{seen}"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{seen}{rest}\n{stderr}");
+    assert!(stderr.contains("demo failed: interrupted"), "{stderr}");
+    let stopped: usize = rest
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("stopping ")?
+                .strip_suffix(" processes")?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no stopping line:\n{rest}"));
+    assert_eq!(stopped, 10, "{rest}");
 
     let admin = std::env::var("PALISADE_PG_ADMIN")
         .unwrap_or_else(|_| "host=127.0.0.1 port=5432 user=postgres".into());

@@ -13,8 +13,9 @@
 -- fence_decide(resources[i], tokens[i]) returns, each mark read by an index lookup and the
 -- fence_raise calls made in the order of the resources' advisory-lock keys (hashtext, then
 -- the name; volatile functions in a select list run after its ORDER BY), so two calls
--- that share resources cannot deadlock. Pass each resource once. Arrays of different
--- lengths, or with NULLs, raise 22004.
+-- that share resources cannot deadlock. Pass each resource once (a repeated resource's
+-- elements are each decided against the mark committed before the call). Arrays of
+-- different lengths, or with NULLs, raise 22004.
 --
 -- Both are what PostgresStore sends, one short statement per batch: PL/pgSQL keeps the
 -- plans of the statements inside on the connection, so the server parses and plans the

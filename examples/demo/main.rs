@@ -10,7 +10,7 @@
 //!
 //! Flags: `--keep-running` leaves everything up until Ctrl-C; `--summary FILE` writes the
 //! outcome as JSON (for the end-to-end test). Every process it started is stopped before
-//! it exits, also on Ctrl-C or a failed step.
+//! it exits, also on Ctrl-C, SIGTERM, SIGHUP or a failed step.
 //!
 //! etcd is the `etcd` that `PALISADE_ETCD` names, else the one on `PATH`; its three
 //! members are started as the tests start theirs (every member healthy before the demo
@@ -18,8 +18,10 @@
 //! not finish in its time fails the demo with the step named and each process's log tail
 //! (`PALISADE_DEMO_SHOW_LOGS=1`), and the whole scenario gets [`SCENARIO_LIMIT`].
 
+mod procs;
+mod workers;
+
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -31,11 +33,14 @@ use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::rt::TokioExecutor;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use palisade_testkit::EtcdCluster;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
+
+use procs::{
+    announced, bounded, command, drop_database, free_port, pg, pg_batch, wait_port, Procs,
+};
+use workers::{Tally, Worker};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -49,253 +54,6 @@ const CALL_LIMIT: Duration = Duration::from_secs(30);
 
 /// The step the scenario is at (0 while starting), for a timeout's message.
 static STEP: AtomicU32 = AtomicU32::new(0);
-
-/// `fut`, or an error naming `what` if it takes longer than `limit`.
-async fn bounded<T, E>(
-    what: &str,
-    limit: Duration,
-    fut: impl Future<Output = Result<T, E>>,
-) -> Result<T, Error>
-where
-    E: Into<Error>,
-{
-    match tokio::time::timeout(limit, fut).await {
-        Ok(r) => r.map_err(Into::into),
-        Err(_) => Err(format!("{what}: no answer in {} s", limit.as_secs()).into()),
-    }
-}
-
-/// Every process the demo started, stopped in reverse order at the end, etcd last.
-#[derive(Default)]
-struct Procs {
-    children: Vec<(String, Child)>,
-    stopped: Vec<u32>,
-    etcd: Option<EtcdCluster>,
-    etcd_pids: Vec<u32>,
-}
-
-impl Procs {
-    fn spawn(&mut self, name: &str, mut cmd: Command, logs: &Path) -> Result<&mut Child, Error> {
-        let log = std::fs::File::create(logs.join(format!("{name}.log")))?;
-        cmd.stderr(Stdio::from(log)).kill_on_drop(true);
-        let child = cmd.spawn().map_err(|e| format!("starting {name}: {e}"))?;
-        self.children.push((name.to_owned(), child));
-        Ok(&mut self.children.last_mut().expect("just pushed").1)
-    }
-
-    /// Every process id, the etcd members' as they were started included.
-    fn pids(&self) -> Vec<u32> {
-        self.children
-            .iter()
-            .filter_map(|(_, c)| c.id())
-            .chain(self.etcd_pids.iter().copied())
-            .collect()
-    }
-
-    async fn stop_all(&mut self) {
-        for pid in self.stopped.drain(..) {
-            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGCONT);
-        }
-        while let Some((name, mut child)) = self.children.pop() {
-            if let Some(pid) = child.id() {
-                let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
-            }
-            if tokio::time::timeout(Duration::from_secs(5), child.wait())
-                .await
-                .is_err()
-            {
-                eprintln!("{name} did not stop on SIGTERM; killing it");
-                let _ = child.kill().await;
-            }
-        }
-        // Dropping the cluster kills and reaps its members.
-        self.etcd.take();
-    }
-
-    /// The etcd cluster, once started.
-    fn etcd(&mut self) -> Result<&mut EtcdCluster, Error> {
-        self.etcd
-            .as_mut()
-            .ok_or_else(|| "etcd is not running".into())
-    }
-
-    /// Starts three etcd members and waits until each is healthy.
-    async fn start_etcd(&mut self) -> Result<&mut EtcdCluster, Error> {
-        // The kit panics when etcd cannot start; the task turns that into an error.
-        let cluster = tokio::spawn(EtcdCluster::start(3))
-            .await
-            .map_err(|e| format!("starting etcd: {e}"))?;
-        self.etcd_pids = (0..cluster.member_count())
-            .filter_map(|i| cluster.pid(i))
-            .collect();
-        Ok(self.etcd.insert(cluster))
-    }
-
-    /// The etcd leader's member index, once there is one (up to 15 s).
-    async fn etcd_leader(&mut self) -> Result<usize, Error> {
-        let cluster = self.etcd.take().ok_or("etcd is not running")?;
-        let (cluster, leader) = tokio::spawn(async move {
-            let leader = cluster.leader().await;
-            (cluster, leader)
-        })
-        .await
-        .map_err(|e| format!("waiting for an etcd leader: {e}"))?;
-        self.etcd = Some(cluster);
-        Ok(leader)
-    }
-
-    /// The last lines of each etcd member's log.
-    fn etcd_logs(&self) -> Vec<(String, String)> {
-        let Some(cluster) = &self.etcd else {
-            return Vec::new();
-        };
-        (0..cluster.member_count())
-            .map(|i| (format!("etcd member m{i}"), cluster.log_tail(i, 20)))
-            .collect()
-    }
-}
-
-/// Parent-death signal, so that nothing outlives a demo killed with SIGKILL.
-fn command(program: &Path) -> Command {
-    let mut c = match which("setpriv") {
-        Some(setpriv) => {
-            let mut c = Command::new(setpriv);
-            c.args(["--pdeathsig", "KILL", "--"]).arg(program);
-            c
-        }
-        None => Command::new(program),
-    };
-    c.stdin(Stdio::null());
-    c
-}
-
-fn which(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|p| p.join(name))
-            .find(|p| p.is_file())
-    })
-}
-
-fn free_port() -> Result<u16, Error> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-/// Reads the child's stdout until a line starting with `prefix`; returns the rest of it.
-async fn announced(child: &mut Child, prefix: &str) -> Result<String, Error> {
-    let stdout = child.stdout.take().ok_or("stdout not piped")?;
-    let mut lines = BufReader::new(stdout).lines();
-    let found = tokio::time::timeout(Duration::from_secs(60), async {
-        while let Some(line) = lines.next_line().await? {
-            if let Some(rest) = line.strip_prefix(prefix) {
-                return Ok::<_, Error>(rest.trim().to_owned());
-            }
-        }
-        Err("exited before it was ready (see its log)".into())
-    })
-    .await
-    .map_err(|_| "not ready after 60 s")??;
-    // Keep reading, so the child never writes to a closed pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Ok(found)
-}
-
-async fn wait_port(port: u16) -> Result<(), Error> {
-    for _ in 0..600 {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-        {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Err(format!("nothing listens on port {port} after 60 s").into())
-}
-
-/// A worker process driven over stdin/stdout (one JSON line per answer).
-struct Worker {
-    name: &'static str,
-    pid: u32,
-    stdin: ChildStdin,
-    events: mpsc::UnboundedReceiver<Value>,
-}
-
-impl Worker {
-    /// Sends `cmd` and returns its `n` answers (`lost` notices are printed, not counted).
-    async fn send(&mut self, cmd: &str, n: usize) -> Result<Vec<Value>, Error> {
-        self.stdin.write_all(format!("{cmd}\n").as_bytes()).await?;
-        self.stdin.flush().await?;
-        self.answers(n).await
-    }
-
-    async fn answers(&mut self, n: usize) -> Result<Vec<Value>, Error> {
-        let mut out = Vec::new();
-        while out.len() < n {
-            let v = tokio::time::timeout(Duration::from_secs(60), self.events.recv())
-                .await
-                .map_err(|_| format!("worker {} did not answer in 60 s", self.name))?
-                .ok_or_else(|| format!("worker {} exited", self.name))?;
-            if v["event"] == "lost" {
-                println!(
-                    "      worker {}: its hold is lost (the lost signal fired)",
-                    self.name.to_uppercase()
-                );
-            } else if v["event"] == "error" {
-                return Err(format!("worker {}: {}", self.name, v["error"]).into());
-            } else {
-                out.push(v);
-            }
-        }
-        Ok(out)
-    }
-}
-
-struct Tally {
-    admitted: u64,
-    rejected: u64,
-}
-
-impl Tally {
-    fn count(&mut self, who: &str, answers: &[Value]) {
-        for a in answers {
-            match (
-                a["via"].as_str(),
-                a["status"].as_u64(),
-                a["committed"].as_bool(),
-            ) {
-                (Some("http"), Some(200), _) => {
-                    self.admitted += 1;
-                    println!(
-                        "      {who} PUT {RESOURCE} with token {} -> 200 admitted",
-                        a["token"]
-                    );
-                }
-                (Some("http"), Some(status), _) => {
-                    self.rejected += 1;
-                    println!("      {who} PUT {RESOURCE} with token {} -> {status} REFUSED by the fence layer", a["token"]);
-                }
-                (Some("postgres"), _, Some(true)) => {
-                    self.admitted += 1;
-                    println!(
-                        "      {who} fenced_transaction with token {} -> committed",
-                        a["token"]
-                    );
-                }
-                (Some("postgres"), _, Some(false)) => {
-                    self.rejected += 1;
-                    println!(
-                        "      {who} fenced_transaction with token {} -> REFUSED by the database (highest {})",
-                        a["token"], a["highest"]
-                    );
-                }
-                _ => println!("      {who}: {a}"),
-            }
-        }
-    }
-}
 
 fn step(n: u32, text: &str) {
     STEP.store(n, Ordering::Relaxed);
@@ -339,7 +97,7 @@ async fn main() {
     }
     let pids = procs.pids();
     let etcd_logs = procs.etcd_logs();
-    println!("\nstopping {} processes and etcd", pids.len());
+    println!("\nstopping {} processes", pids.len());
     procs.stop_all().await;
     if let Err(e) = drop_database(&admin, &dbname).await {
         eprintln!("demo: could not drop database {dbname}: {e}");
@@ -355,10 +113,7 @@ async fn main() {
             }
         }
         Err(e) => {
-            eprintln!(
-                "\ndemo failed: {e}\n(logs were in {})",
-                dir.path().display()
-            );
+            eprintln!("\ndemo failed: {e}\n(logs are in {})", dir.path().display());
             if std::env::var_os("PALISADE_DEMO_SHOW_LOGS").is_some() {
                 for entry in std::fs::read_dir(dir.path())
                     .into_iter()
@@ -381,30 +136,6 @@ async fn main() {
             std::process::exit(1);
         }
     }
-}
-
-async fn pg(conn: &str) -> Result<tokio_postgres::Client, Error> {
-    let (client, connection) = bounded(
-        "connecting to PostgreSQL",
-        CALL_LIMIT,
-        tokio_postgres::connect(conn, tokio_postgres::NoTls),
-    )
-    .await?;
-    tokio::spawn(connection);
-    Ok(client)
-}
-
-/// Runs `sql` on a new connection to `conn`, within [`CALL_LIMIT`].
-async fn pg_batch(conn: &str, sql: &str) -> Result<(), Error> {
-    bounded(sql, CALL_LIMIT, pg(conn).await?.batch_execute(sql)).await
-}
-
-async fn drop_database(admin: &str, dbname: &str) -> Result<(), Error> {
-    pg_batch(
-        admin,
-        &format!("DROP DATABASE IF EXISTS {dbname} WITH (FORCE)"),
-    )
-    .await
 }
 
 async fn run(
@@ -761,14 +492,20 @@ async fn run(
     Ok(outcome)
 }
 
-/// Resolves on Ctrl-C or SIGTERM.
+/// Resolves on Ctrl-C, SIGTERM or SIGHUP (a closed terminal): each ends the demo the same
+/// way, everything it started stopped and its database dropped.
 async fn interrupted() {
-    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(mut term) => tokio::select! {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+    ) {
+        (Ok(mut term), Ok(mut hup)) => tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
+            _ = hup.recv() => {}
         },
-        Err(_) => {
+        _ => {
             let _ = tokio::signal::ctrl_c().await;
         }
     }
