@@ -235,17 +235,7 @@ async fn etcd_demo_whose_etcd_member_cannot_start_fails_naming_it_and_drops_its_
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(!stdout.contains("[1]"), "no step ran:\n{stdout}");
 
-    let admin = std::env::var("PALISADE_PG_ADMIN")
-        .unwrap_or_else(|_| "host=127.0.0.1 port=5432 user=postgres".into());
-    let (pg, connection) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    let left = pg
-        .query("SELECT 1 FROM pg_database WHERE datname = $1", &[&dbname])
-        .await
-        .unwrap();
-    assert!(left.is_empty(), "database {dbname} was left behind");
+    assert_no_database(&dbname).await;
 }
 
 /// A demo whose terminal closes (SIGHUP) mid-scenario stops everything it started and
@@ -297,6 +287,11 @@ async fn etcd_demo_hung_up_mid_scenario_stops_everything_and_drops_its_database(
         .unwrap_or_else(|| panic!("no stopping line:\n{rest}"));
     assert_eq!(stopped, 10, "{rest}");
 
+    assert_no_database(&dbname).await;
+}
+
+/// Asserts that the local PostgreSQL has no database `dbname` (the demo drops its own).
+async fn assert_no_database(dbname: &str) {
     let admin = std::env::var("PALISADE_PG_ADMIN")
         .unwrap_or_else(|_| "host=127.0.0.1 port=5432 user=postgres".into());
     let (pg, connection) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)

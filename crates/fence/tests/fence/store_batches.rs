@@ -98,20 +98,7 @@ async fn fence_raise_many_answers_each_element_like_fence_raise() {
         mark(&client, "b").await,
         Some(FencingToken::from_u64(20).unwrap())
     );
-    let empty: Vec<Option<i64>> = client
-        .query_one("SELECT fence_raise_many('{}'::text[], '{}'::bigint[])", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert!(empty.is_empty());
-    for bad in [
-        "SELECT fence_raise_many(ARRAY['a', 'b'], ARRAY[1]::bigint[])",
-        "SELECT fence_raise_many(ARRAY['a', NULL], ARRAY[1, 2]::bigint[])",
-        "SELECT fence_raise_many(ARRAY['a'], NULL::bigint[])",
-    ] {
-        let e = client.query_one(bad, &[]).await.unwrap_err();
-        assert_eq!(e.code(), Some(&SqlState::NULL_VALUE_NOT_ALLOWED), "{bad}");
-    }
+    empty_and_unpaired_arrays(&client, "fence_raise_many").await;
 }
 
 /// `fence_decide_many` (what the store sends) answers each element as the store decides:
@@ -192,21 +179,28 @@ async fn fence_decide_many_answers_as_the_store_decides_without_waiting_on_equal
         .get(0);
     assert_eq!(stored, 7);
 
+    empty_and_unpaired_arrays(&client, "fence_decide_many").await;
+}
+
+/// `function` (of two arrays) answers empty arrays with an empty one, and refuses arrays of
+/// different lengths, with a NULL element, or NULL, with SQLSTATE 22004.
+async fn empty_and_unpaired_arrays(client: &tokio_postgres::Client, function: &str) {
     let empty: Vec<Option<i64>> = client
         .query_one(
-            "SELECT fence_decide_many('{}'::text[], '{}'::bigint[])",
+            &format!("SELECT {function}('{{}}'::text[], '{{}}'::bigint[])"),
             &[],
         )
         .await
         .unwrap()
         .get(0);
-    assert!(empty.is_empty());
-    for bad in [
-        "SELECT fence_decide_many(ARRAY['a', 'b'], ARRAY[1]::bigint[])",
-        "SELECT fence_decide_many(ARRAY['a', NULL], ARRAY[1, 2]::bigint[])",
-        "SELECT fence_decide_many(ARRAY['a'], NULL::bigint[])",
+    assert!(empty.is_empty(), "{function}");
+    for args in [
+        "ARRAY['a', 'b'], ARRAY[1]::bigint[]",
+        "ARRAY['a', NULL], ARRAY[1, 2]::bigint[]",
+        "ARRAY['a'], NULL::bigint[]",
     ] {
-        let e = client.query_one(bad, &[]).await.unwrap_err();
+        let bad = format!("SELECT {function}({args})");
+        let e = client.query_one(&bad, &[]).await.unwrap_err();
         assert_eq!(e.code(), Some(&SqlState::NULL_VALUE_NOT_ALLOWED), "{bad}");
     }
 }
