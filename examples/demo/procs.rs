@@ -30,7 +30,6 @@ where
 }
 
 /// Every process the demo started, stopped in reverse order at the end, etcd last.
-
 #[derive(Default)]
 pub(crate) struct Procs {
     pub(crate) children: Vec<(String, Child)>,
