@@ -66,14 +66,14 @@ pub(crate) async fn run(args: &HttpArgs) -> Result<Table> {
     let memory = Router::new()
         .route("/r/{id}", handler())
         .route_layer(FenceLayer::new(MemoryStore::new(1_000_000)));
+    let pooled_store = PostgresStore::from_pool(pool);
+    let single_store = PostgresStore::new(Arc::clone(&store_client));
     let pooled = Router::new()
         .route("/r/{id}", handler())
-        .route_layer(FenceLayer::new(PostgresStore::from_pool(pool)));
+        .route_layer(FenceLayer::new(pooled_store.clone()));
     let single = Router::new()
         .route("/r/{id}", handler())
-        .route_layer(FenceLayer::new(PostgresStore::new(Arc::clone(
-            &store_client,
-        ))));
+        .route_layer(FenceLayer::new(single_store.clone()));
     let mut addrs = Vec::new();
     for app in [bare, memory, pooled, single] {
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
@@ -110,8 +110,26 @@ pub(crate) async fn run(args: &HttpArgs) -> Result<Table> {
             args.secs.as_secs_f64(),
             args.rounds
         ),
-        &["variant", "req/s", "p50 ms", "p99 ms", "vs bare", "target"],
+        &[
+            "variant",
+            "req/s",
+            "p50 ms",
+            "p99 ms",
+            "vs bare",
+            "target",
+            "raises per batch",
+        ],
     );
+    let per_batch = |store: &PostgresStore| {
+        let counts = store.batch_counts();
+        f(counts.raises as f64 / counts.batches.max(1) as f64, 1)
+    };
+    let batches = [
+        String::new(),
+        String::new(),
+        per_batch(&pooled_store),
+        per_batch(&single_store),
+    ];
     for (v, s) in run.merged.iter().enumerate() {
         table.row(vec![
             VARIANTS[v].to_owned(),
@@ -120,6 +138,7 @@ pub(crate) async fn run(args: &HttpArgs) -> Result<Table> {
             f(s.ms(0.99), 2),
             ratio(run.ratio(v, 0)),
             TARGETS[v].to_owned(),
+            batches[v].clone(),
         ]);
     }
     server_rt.shutdown_background();

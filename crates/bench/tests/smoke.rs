@@ -135,6 +135,11 @@ fn fence_layer_bench_prints_bare_memory_and_postgres_pooled_and_single() {
         assert!(num(&r[1]) > 0.0, "no requests answered 200: {r:?}");
     }
     assert_eq!(rows[0][4], "1.00x");
+    // The Postgres stores' mean batch: at least one raise per batch sent.
+    assert_eq!((rows[0][6].as_str(), rows[1][6].as_str()), ("", ""));
+    for r in &rows[2..] {
+        assert!(num(&r[6]) >= 1.0, "raises per batch: {r:?}");
+    }
 }
 
 #[test]

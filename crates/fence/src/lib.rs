@@ -67,6 +67,6 @@ pub use postgres::{
 #[cfg(feature = "memory")]
 pub use store::MemoryStore;
 #[cfg(feature = "postgres")]
-pub use store::PostgresStore;
+pub use store::{BatchCounts, PostgresStore};
 pub use store::{HighWaterStore, Raise, RaiseFuture, StoreError};
 pub use token::{Epoch, FencingToken, ParseTokenError, Revision, TokenRangeError};

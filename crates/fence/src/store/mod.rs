@@ -24,7 +24,7 @@ mod postgres;
 #[cfg(feature = "memory")]
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
-pub use postgres::PostgresStore;
+pub use postgres::{BatchCounts, PostgresStore};
 
 /// The future returned by [`HighWaterStore::raise`].
 pub type RaiseFuture = Pin<Box<dyn Future<Output = Result<Raise, StoreError>> + Send + 'static>>;

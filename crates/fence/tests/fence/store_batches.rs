@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use palisade_fence::{FencingToken, HighWaterStore, PostgresStore, Raise};
+use palisade_fence::{BatchCounts, FencingToken, HighWaterStore, PostgresStore, Raise};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::NoTls;
 
@@ -70,6 +70,61 @@ async fn a_store_on_a_pool_decides_concurrent_raises_in_batches() {
         .build()
         .unwrap();
     check_concurrent_raises(&PostgresStore::from_pool(pool), &client).await;
+}
+
+/// Raises queued by tasks that run one after another on one worker (as a server's
+/// requests do) go in one batch, not one each: the queue task, woken by the first raise,
+/// lets the other runnable tasks queue theirs before it cuts the batch. Before it did,
+/// each of the pool's free connections took a batch of one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn raises_queued_by_tasks_runnable_together_share_one_round_trip() {
+    let (db, client) = fresh_db().await;
+    let manager = deadpool_postgres::Manager::new(db.config(), NoTls);
+    let pool = deadpool_postgres::Pool::builder(manager)
+        .max_size(4)
+        .build()
+        .unwrap();
+    let store = PostgresStore::from_pool(pool);
+    // The queue task and a first connection, started.
+    assert_eq!(store.raise("warm", tok(1)).await.unwrap(), Raise::Admitted);
+    assert_eq!(
+        store.batch_counts(),
+        BatchCounts {
+            batches: 1,
+            raises: 1
+        }
+    );
+
+    // One task on the worker spawns the 32 raisers, which run after it, one at a time.
+    let spawner = store.clone();
+    let verdicts = tokio::spawn(async move {
+        let raisers: Vec<_> = (0..32)
+            .map(|r| {
+                let store = spawner.clone();
+                tokio::spawn(async move { store.raise(&format!("together/{r}"), tok(5)).await })
+            })
+            .collect();
+        let mut verdicts = Vec::new();
+        for raiser in raisers {
+            verdicts.push(raiser.await.unwrap().unwrap());
+        }
+        verdicts
+    })
+    .await
+    .unwrap();
+    assert_eq!(verdicts, vec![Raise::Admitted; 32]);
+    let counts = store.batch_counts();
+    assert_eq!(counts.raises, 33, "{counts:?}");
+    // One batch; two when the runtime's periodic maintenance wakes the queue task
+    // midway through the raisers (it looks at its I/O and timers every 61 tasks polled).
+    assert!(
+        counts.batches <= 3,
+        "32 raises in {} batches",
+        counts.batches - 1
+    );
+    for r in 0..32 {
+        assert_eq!(mark(&client, &format!("together/{r}")).await, Some(tok(5)));
+    }
 }
 
 /// `fence_raise_many` answers what `fence_raise` would for each element, in the order
