@@ -76,8 +76,21 @@ impl EtcdBinaries {
     /// [`LocateError`] naming what is missing: the variable names no executable file,
     /// no `etcd` is on `PATH`, or `etcd --version` failed or printed no version.
     pub fn find() -> Result<EtcdBinaries, LocateError> {
-        let etcd = locate(std::env::var_os(ETCD_VARIABLE), std::env::var_os("PATH"))?;
-        let version = version_of(&etcd)?;
+        Self::find_in(std::env::var_os(ETCD_VARIABLE), std::env::var_os("PATH"))
+    }
+
+    /// [`find`](Self::find) with the values of [`ETCD_VARIABLE`] and `PATH` given.
+    fn find_in(
+        variable: Option<OsString>,
+        path: Option<OsString>,
+    ) -> Result<EtcdBinaries, LocateError> {
+        let chosen = if variable.as_ref().is_some_and(|v| !v.is_empty()) {
+            CHOSEN_BY_VARIABLE
+        } else {
+            "the etcd on PATH"
+        };
+        let etcd = locate(variable, path)?;
+        let version = version_of(&etcd, chosen)?;
         Ok(EtcdBinaries { etcd, version })
     }
 
@@ -107,6 +120,9 @@ impl EtcdBinaries {
     }
 }
 
+/// How [`LocateError::Version`] names an `etcd` chosen by [`ETCD_VARIABLE`].
+const CHOSEN_BY_VARIABLE: &str = "the etcd PALISADE_ETCD names";
+
 /// Why the kit found no `etcd` to run.
 #[derive(Debug, thiserror::Error)]
 pub enum LocateError {
@@ -129,10 +145,12 @@ pub enum LocateError {
     )]
     NotOnPath,
     /// `etcd --version` failed or printed no version line.
-    #[error("`{} --version` {cause}", .path.display())]
+    #[error("`{} --version` ({chosen}) {cause}", .path.display())]
     Version {
         /// The `etcd` that was run.
         path: PathBuf,
+        /// How it was chosen: `the etcd PALISADE_ETCD names` or `the etcd on PATH`.
+        chosen: &'static str,
         /// How it failed, with its stderr or stdout.
         cause: String,
     },
@@ -174,9 +192,10 @@ fn executable(file: &Path) -> Result<(), String> {
     Ok(())
 }
 
-fn version_of(etcd: &Path) -> Result<EtcdVersion, LocateError> {
+fn version_of(etcd: &Path, chosen: &'static str) -> Result<EtcdVersion, LocateError> {
     let fail = |cause: String| LocateError::Version {
         path: etcd.to_owned(),
+        chosen,
         cause,
     };
     let out = Command::new(etcd)
@@ -256,6 +275,36 @@ mod tests {
 
         let e = locate(None, Some(OsString::from(dir.path()))).unwrap_err();
         assert!(e.to_string().contains("scripts/test"), "{e}");
+    }
+
+    #[test]
+    fn an_etcd_that_prints_no_version_is_named_with_how_it_was_chosen() {
+        let dir = tempfile::tempdir().unwrap();
+        let etcd = dir.path().join("etcd");
+        std::fs::write(&etcd, "#!/bin/sh\necho not etcd >&2\nexit 3\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&etcd, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+        let by_variable = EtcdBinaries::find_in(Some(etcd.clone().into()), None).unwrap_err();
+        assert_eq!(
+            by_variable.to_string(),
+            format!(
+                "`{} --version` (the etcd PALISADE_ETCD names) failed (exit status: 3): not etcd",
+                etcd.display()
+            )
+        );
+        let on_path = EtcdBinaries::find_in(None, Some(OsString::from(dir.path()))).unwrap_err();
+        assert!(
+            on_path.to_string().contains("(the etcd on PATH) failed"),
+            "{on_path}"
+        );
+        std::fs::write(&etcd, "#!/bin/sh\necho etcd 9\n").unwrap();
+        let e = EtcdBinaries::find_in(Some(etcd.into()), None).unwrap_err();
+        assert!(
+            e.to_string()
+                .ends_with("(the etcd PALISADE_ETCD names) printed no version: \"etcd 9\\n\""),
+            "{e}"
+        );
     }
 
     #[test]
