@@ -238,6 +238,62 @@ async fn etcd_demo_whose_etcd_member_cannot_start_fails_naming_it_and_drops_its_
     assert_no_database(&dbname).await;
 }
 
+/// A demo drops the databases that killed demos left (their processes gone), keeps the
+/// one of a demo still running, and names the etcd it cannot run with how it was chosen.
+#[tokio::test]
+async fn demo_sweeps_killed_demos_databases_and_names_the_etcd_it_cannot_run() {
+    use std::os::unix::fs::PermissionsExt;
+
+    let demo = demo_binary();
+    let dead = {
+        let mut gone = Command::new("true").spawn().unwrap();
+        let pid = gone.id();
+        gone.wait().unwrap();
+        pid
+    };
+    let left = format!("palisade_demo_{dead}");
+    let running = format!("palisade_demo_{}", std::process::id());
+    let admin = admin_client().await;
+    for name in [&left, &running] {
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .unwrap();
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = dir.path().join("etcd");
+    std::fs::write(&etcd, "#!/bin/sh\necho 'no etcd here' >&2\nexit 3\n").unwrap();
+    std::fs::set_permissions(&etcd, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = Command::new(&demo)
+        .env(palisade_testkit::ETCD_VARIABLE, &etcd)
+        .output()
+        .expect("run the demo");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(&format!(
+            "dropped database {left}, left by a demo that is no longer running"
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("(the etcd PALISADE_ETCD names) failed (exit status: 3): no etcd here"),
+        "{stderr}"
+    );
+    assert_no_database(&left).await;
+    let kept = admin
+        .query("SELECT 1 FROM pg_database WHERE datname = $1", &[&running])
+        .await
+        .unwrap();
+    admin
+        .batch_execute(&format!("DROP DATABASE {running}"))
+        .await
+        .unwrap();
+    assert_eq!(kept.len(), 1, "the running demo's database was dropped");
+}
+
 /// A demo whose terminal closes (SIGHUP) mid-scenario stops everything it started and
 /// drops its database, as on SIGTERM or Ctrl-C.
 #[tokio::test]
@@ -291,14 +347,19 @@ async fn etcd_demo_hung_up_mid_scenario_stops_everything_and_drops_its_database(
 }
 
 /// Asserts that the local PostgreSQL has no database `dbname` (the demo drops its own).
-async fn assert_no_database(dbname: &str) {
+async fn admin_client() -> tokio_postgres::Client {
     let admin = std::env::var("PALISADE_PG_ADMIN")
         .unwrap_or_else(|_| "host=127.0.0.1 port=5432 user=postgres".into());
     let (pg, connection) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
         .await
         .unwrap();
     tokio::spawn(connection);
-    let left = pg
+    pg
+}
+
+async fn assert_no_database(dbname: &str) {
+    let left = admin_client()
+        .await
         .query("SELECT 1 FROM pg_database WHERE datname = $1", &[&dbname])
         .await
         .unwrap();

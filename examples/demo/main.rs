@@ -6,7 +6,9 @@
 //! service and an advisory one (`examples/protected_service.rs`), and two workers
 //! (`examples/worker.rs`, separate processes). It uses a fresh database on the local
 //! PostgreSQL (`PALISADE_PG_ADMIN`, default `host=127.0.0.1 port=5432 user=postgres`),
-//! dropped at the end. Then it plays the scenario over real HTTP, step by step.
+//! `palisade_demo_<pid>`, dropped at the end; first it drops those a killed demo left
+//! behind (see [`procs::sweep_databases`]). Then it plays the scenario over real HTTP,
+//! step by step.
 //!
 //! Flags: `--keep-running` leaves everything up until Ctrl-C; `--summary FILE` writes the
 //! outcome as JSON (for the end-to-end test). Every process it started is stopped before
@@ -146,6 +148,9 @@ async fn run(
     keep_running: bool,
 ) -> Result<Value, Error> {
     let started = Instant::now();
+    for name in procs::sweep_databases(admin, dbname).await? {
+        println!("dropped database {name}, left by a demo that is no longer running");
+    }
     let bin_dir = std::env::current_exe()?
         .parent()
         .ok_or("no exe dir")?

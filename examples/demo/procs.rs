@@ -200,6 +200,41 @@ pub(crate) async fn pg_batch(conn: &str, sql: &str) -> Result<(), Error> {
     bounded(sql, CALL_LIMIT, pg(conn).await?.batch_execute(sql)).await
 }
 
+/// Drops the databases that demos killed before their cleanup left behind: each
+/// `palisade_demo_<pid>` but `own` whose process is gone from this host. Without
+/// `FORCE`, so a database still in use (say a demo of another host sharing this server)
+/// is kept. Returns the names dropped.
+pub(crate) async fn sweep_databases(admin: &str, own: &str) -> Result<Vec<String>, Error> {
+    let client = pg(admin).await?;
+    let rows = bounded(
+        "listing demo databases",
+        CALL_LIMIT,
+        client.query(
+            "SELECT datname FROM pg_database WHERE datname ~ '^palisade_demo_[0-9]+$'",
+            &[],
+        ),
+    )
+    .await?;
+    let mut dropped = Vec::new();
+    for row in rows {
+        let name: String = row.get(0);
+        let Some(pid) = name.strip_prefix("palisade_demo_") else {
+            continue;
+        };
+        if name == own || Path::new("/proc").join(pid).exists() {
+            continue;
+        }
+        let drop = format!("DROP DATABASE IF EXISTS {name}");
+        if bounded(&drop, CALL_LIMIT, client.batch_execute(&drop))
+            .await
+            .is_ok()
+        {
+            dropped.push(name);
+        }
+    }
+    Ok(dropped)
+}
+
 pub(crate) async fn drop_database(admin: &str, dbname: &str) -> Result<(), Error> {
     pg_batch(
         admin,
