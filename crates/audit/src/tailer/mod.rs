@@ -566,13 +566,14 @@ pub(crate) fn classify(
                     // History without the previous value: the event, without identity.
                     None => None,
                 };
-                let record = match grant_of(&path).and_then(|g| grant_records.get(&g)) {
+                let grant = grant_of(&path);
+                let record = match grant.and_then(|g| grant_records.get(&g)) {
                     Some(g) if g.delete => RecordChange::Deleted,
                     Some(g) => RecordChange::Put(&g.value),
                     None => RecordChange::Untouched,
                 };
                 let lease_ended =
-                    grant_of(&path).is_some_and(|g| ends.contains(&(c.revision, g.4)));
+                    grant.is_some_and(|(.., lease)| ends.contains(&(c.revision, lease)));
                 let had_record = meta.as_ref().map(|(m, _)| m.grant_record);
                 let kind = match HoldEnd::classify(had_record, record, lease_ended) {
                     HoldEnd::Released => LockEventKind::Release,
