@@ -39,6 +39,43 @@ fn call(addr: SocketAddr, method: &str, path: &str, id: &str, body: &Value) -> (
     (status, serde_json::from_str(body).unwrap_or(Value::Null))
 }
 
+/// `palisade audit tail` keeps its one watch on an idle cluster: its connection's
+/// keepalive pings respect etcd's minimum interval (5 s by default). (It pinged every
+/// 2 s; etcd closed the connection with `too_many_pings` about every 8 s and the tailer
+/// logged a restart each time.)
+#[tokio::test]
+async fn etcd_audit_tail_keeps_its_watch_through_twenty_idle_seconds() {
+    let cluster = EtcdCluster::start(1).await;
+    let db = TestDb::create().await;
+    let tail = tokio::process::Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args(["audit", "tail", "--etcd", &cluster.endpoints().join(",")])
+        .args(["--database", &db.connection_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let pid = nix::unistd::Pid::from_raw(tail.id().unwrap() as i32);
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(10), tail.wait_with_output())
+        .await
+        .expect("audit tail stops on SIGTERM")
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        stdout.contains("palisade audit tailer on"),
+        "the tailer never started:\n{stdout}\n{stderr}"
+    );
+    assert!(
+        !stderr.contains("starting again"),
+        "the tailer restarted on an idle cluster:\n{stderr}"
+    );
+}
+
 #[tokio::test]
 async fn etcd_serve_records_an_approved_force_release_in_the_audit_trail() {
     let cluster = EtcdCluster::start(1).await;

@@ -9,7 +9,7 @@
 //! | [`routes`] | every route's path, and builders for concrete paths |
 //! | [`wire`] | the JSON request and response bodies of the service |
 //! | [`problem`] | problem kinds: slugs, `type` URIs and status codes |
-//! | [`limits`] | the bounds of session TTLs and of a class's TTLs and lock-delay |
+//! | [`limits`] | the bounds of session TTLs and of a class's TTLs and lock-delay; the etcd keepalive |
 //! | crate root | names and keys ([`validate_name`], [`validate_key`]), free text ([`validate_text`]), ids ([`LeaseId`], [`SpiffeId`]), configuration records ([`Namespace`], [`LockClass`], [`EpochRecord`], [`RehomeRecord`]), [`TieredSessionId`], [`HolderMeta`], and [`InvalidInput`], why input was refused |
 //!
 //! # Features

@@ -1,5 +1,6 @@
 //! The service's bounds on session TTLs and on a class's TTL range and lock-delay: the
-//! one home of these numbers, for the service, its OpenAPI document and the CLI's flags.
+//! one home of these numbers, for the service, its OpenAPI document and the CLI's flags;
+//! and the keepalive every etcd client of Palisade uses.
 
 use std::time::Duration;
 
@@ -20,6 +21,15 @@ pub const MAX_CLASS_TTL: Duration = MAX_SESSION_TTL;
 /// for up to one TTL after its lease ended, so it need not be longer than the longest
 /// TTL.
 pub const MAX_LOCK_DELAY: Duration = MAX_SESSION_TTL;
+
+/// How long an etcd connection of the lock core or the audit tailer may go without
+/// receiving anything before the client pings it (HTTP/2 PING; a ping unanswered within
+/// the client's request timeout closes the connection). Above etcd's
+/// `--grpc-keepalive-min-time` (5 s by default): etcd counts a ping that comes sooner
+/// after the last one, with no response sent between (an idle watch), as a strike, and
+/// at the third closes the connection (GOAWAY `too_many_pings`), ending every watch on it.
+/// A cluster run with a larger minimum makes its clients reconnect that way.
+pub const ETCD_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(6);
 
 /// `d` as people write it here: whole seconds as `N s`, else `N ms`.
 pub(crate) fn shown(d: Duration) -> String {

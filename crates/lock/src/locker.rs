@@ -21,6 +21,7 @@ use crate::name::LockName;
 use crate::session::Session;
 use crate::watches::Watches;
 use palisade_api::keys::RootKeys;
+use palisade_api::limits::ETCD_KEEPALIVE_INTERVAL;
 use palisade_api::validate_key;
 use palisade_api::HolderMeta;
 use palisade_api::Namespace;
@@ -135,7 +136,7 @@ impl Locker {
         let connect = ConnectOptions::new()
             .with_require_leader(true)
             .with_connect_timeout(options.request_timeout)
-            .with_keep_alive(Duration::from_secs(2), options.request_timeout);
+            .with_keep_alive(ETCD_KEEPALIVE_INTERVAL, options.request_timeout);
         let connect = crate::etcd_tls::apply(options.tls.as_ref(), connect);
         let client = Client::connect(&options.endpoints, Some(connect))
             .await

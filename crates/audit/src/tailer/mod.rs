@@ -84,6 +84,7 @@ use std::time::Duration;
 use deadpool_postgres::Pool;
 use etcd_client::{Client, ConnectOptions, Event, EventType, GetOptions, TlsOptions, WatchOptions};
 use palisade_api::keys::{HoldEnd, HoldValue, LockEntry, LockEntryKey, RecordChange, RootKeys};
+use palisade_api::limits::ETCD_KEEPALIVE_INTERVAL;
 use palisade_api::{LeaseId, Mode};
 use palisade_fence::{Epoch, FencingToken, Revision};
 use tokio_postgres::GenericClient;
@@ -200,7 +201,7 @@ impl Tailer {
         let mut options = ConnectOptions::new()
             .with_require_leader(true)
             .with_connect_timeout(ETCD_TIMEOUT)
-            .with_keep_alive(Duration::from_secs(2), ETCD_TIMEOUT);
+            .with_keep_alive(ETCD_KEEPALIVE_INTERVAL, ETCD_TIMEOUT);
         if let Some(tls) = tls {
             options = options.with_tls(tls);
         }
