@@ -1,5 +1,6 @@
 //! A durable high-water store on PostgreSQL, shared by every replica of a service.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -55,6 +56,9 @@ const DEFAULT_MAX_BATCH: usize = 256;
 /// resource in one batch are decided together: the highest token is raised, an equal
 /// token gets its verdict, and a lower one is refused with the mark that raise left (as
 /// if it had arrived just after it; they were in flight at the same time).
+///
+/// A resource name with a NUL byte, which Postgres `text` cannot hold, is kept with
+/// U+FFFD in its place (it shares a mark with the name spelled so).
 ///
 /// # Behind a connection pooler
 ///
@@ -223,7 +227,7 @@ impl PostgresStore {
         }
         let (reply, answer) = oneshot::channel();
         let pending = Pending {
-            resource: resource.to_owned(),
+            resource: stored(resource).into_owned(),
             token,
             reply,
         };
@@ -253,13 +257,13 @@ impl PostgresStore {
     /// connection could be had.
     pub async fn mark(&self, resource: &str) -> Result<Option<Mark>, FenceError> {
         match &self.shared.source {
-            Source::Client(client) => read_mark(&**client, resource).await,
+            Source::Client(client) => read_mark(&**client, &stored(resource)).await,
             Source::Pool(pool) => {
                 let client = pool
                     .get()
                     .await
                     .map_err(|e| FenceError::no_connection(e.to_string().into()))?;
-                read_mark(&**client, resource).await
+                read_mark(&**client, &stored(resource)).await
             }
         }
     }
@@ -278,14 +282,15 @@ impl PostgresStore {
         to: FencingToken,
         reason: &str,
     ) -> Result<FencingToken, FenceError> {
+        let resource_text = stored(resource);
         let old = match &self.shared.source {
-            Source::Client(client) => reset_mark(&**client, resource, to, reason).await?,
+            Source::Client(client) => reset_mark(&**client, &resource_text, to, reason).await?,
             Source::Pool(pool) => {
                 let client = pool
                     .get()
                     .await
                     .map_err(|e| FenceError::no_connection(e.to_string().into()))?;
-                reset_mark(&**client, resource, to, reason).await?
+                reset_mark(&**client, &resource_text, to, reason).await?
             }
         };
         if let Some(seen) = &self.seen {
@@ -321,6 +326,17 @@ impl HighWaterStore for PostgresStore {
         let store = self.clone();
         let resource = resource.to_owned();
         Box::pin(async move { store.raise_async(&resource, token).await })
+    }
+}
+
+/// `resource` as the store keeps it: Postgres `text` holds no NUL byte, so each becomes
+/// U+FFFD (as [`decoded_path`](crate::decoded_path) turns invalid UTF-8). Names that
+/// differ only there share one mark, which refuses more, never less.
+fn stored(resource: &str) -> Cow<'_, str> {
+    if resource.contains('\0') {
+        Cow::Owned(resource.replace('\0', "\u{FFFD}"))
+    } else {
+        Cow::Borrowed(resource)
     }
 }
 

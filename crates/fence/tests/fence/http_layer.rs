@@ -174,6 +174,63 @@ async fn the_store_being_down_is_a_503_when_fenced() {
     );
 }
 
+/// A path with a NUL byte (`%00`), which Postgres `text` cannot hold, is fenced like any
+/// other: its mark is kept under U+FFFD, shared with the name spelled so. (It was a 503
+/// "retry" for every such request: the database refused the name.)
+#[tokio::test]
+async fn a_nul_in_the_path_is_fenced_through_postgres_not_a_503() {
+    let (db, _admin) = fresh_db().await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let store = PostgresStore::new(Arc::new(db.connect().await));
+    let layer = FenceLayer::new(store.clone());
+    let addr = serve(echo_app(Arc::clone(&calls)).layer(layer)).await;
+    let c = client();
+    let r = send(
+        &c,
+        Method::PUT,
+        addr,
+        "/orders/a%00b",
+        &[&tok(5).to_string()],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let r = send(
+        &c,
+        Method::PUT,
+        addr,
+        "/orders/a%00b",
+        &[&tok(4).to_string()],
+    )
+    .await;
+    assert_problem(
+        &r,
+        409,
+        "stale-token",
+        "/orders/a\0b",
+        Some(tok(4)),
+        Some(tok(5)),
+    );
+    let r = send(
+        &c,
+        Method::PUT,
+        addr,
+        "/orders/a%EF%BF%BDb",
+        &[&tok(4).to_string()],
+    )
+    .await;
+    assert_problem(
+        &r,
+        409,
+        "stale-token",
+        "/orders/a\u{FFFD}b",
+        Some(tok(4)),
+        Some(tok(5)),
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let mark = store.mark("/orders/a\0b").await.unwrap().unwrap();
+    assert_eq!(mark.token, tok(5));
+}
+
 /// An empty `Fencing-Token` value (or one of only whitespace, which HTTP trims) carries
 /// no token: a missing token, not a malformed one.
 #[tokio::test]
