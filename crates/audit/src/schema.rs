@@ -84,8 +84,11 @@ pub async fn migrate_client(client: &mut tokio_postgres::Client) -> Result<Vec<i
         let tx = client.transaction().await?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY])
             .await?;
+        // The notices of a schema already in place ("already exists, skipping") are not
+        // news; warnings still reach the log.
         tx.batch_execute(
-            "CREATE TABLE IF NOT EXISTS audit_schema_migrations (\
+            "SET LOCAL client_min_messages = warning; \
+             CREATE TABLE IF NOT EXISTS audit_schema_migrations (\
                 version integer PRIMARY KEY, name text NOT NULL, \
                 applied_at timestamptz NOT NULL DEFAULT now())",
         )
