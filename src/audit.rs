@@ -87,7 +87,9 @@ pub(crate) fn run(command: AuditCommand) -> Result<String, Box<dyn Error>> {
 async fn serve(args: ServeArgs) -> Result<String, Box<dyn Error>> {
     let pool = palisade_audit::pool(&args.database, 8)?;
     palisade_audit::migrate(&pool).await?;
-    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     // A closed stdout does not stop the dashboard.
     let _ = crate::cli::output::emit(&format!(
         "palisade audit dashboard on http://{}/",

@@ -172,6 +172,33 @@ fn audit_serve_with_an_unreachable_database_exits_with_the_reason() {
     assert!(err.starts_with("palisade: audit database"), "{err}");
 }
 
+/// A dashboard address already taken is named in the error.
+#[test]
+fn audit_serve_on_a_taken_address_names_it() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let db = rt.block_on(palisade_testkit::TestDb::create());
+    let (code, out, err) = palisade(&[
+        "audit",
+        "serve",
+        "--listen",
+        &addr,
+        "--database",
+        &db.connection_string(),
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(out.is_empty(), "{out}");
+    assert!(
+        err.starts_with(&format!("palisade: cannot listen on {addr}: ")),
+        "{err}"
+    );
+    assert!(err.contains("in use"), "{err}");
+}
+
 #[test]
 fn serve_help_shows_the_config_format_and_the_sample_config_loads() {
     let (code, out, _) = palisade(&["serve", "--help"]);
