@@ -564,3 +564,79 @@ async fn serve_refuses_a_tier_named_as_the_home_tier_before_connecting() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--tier east=... is given twice"), "{err}");
 }
+
+/// The listening mode is checked before anything connects (etcd is not even reachable
+/// here): certificate files that cannot be used, and dev mode on an address that is not
+/// loopback, are bad input (exit 2) naming the flag and the file or address.
+#[tokio::test]
+async fn serve_refuses_unusable_tls_files_and_dev_mode_off_loopback_before_connecting() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("authz.toml");
+    std::fs::write(&config, "admins = [\"spiffe://acme/ops/\"]\n").unwrap();
+    let epoch = dir.path().join("epoch.json");
+    let not_pem = dir.path().join("notpem.pem");
+    std::fs::write(&not_pem, "hello\n").unwrap();
+    let missing = dir.path().join("missing.pem");
+    let base = |extra: Vec<&'static std::ffi::OsStr>| {
+        let mut args = vec![
+            os("--etcd"),
+            os("http://127.0.0.1:1"),
+            os("--epoch-file"),
+            epoch.as_os_str().to_owned().leak(),
+            os("--config"),
+            config.as_os_str().to_owned().leak(),
+        ];
+        args.extend(extra);
+        args
+    };
+    let path =
+        |p: &std::path::Path| -> &'static std::ffi::OsStr { p.as_os_str().to_owned().leak() };
+
+    for listen in ["0.0.0.0:18081", "[::]:18081"] {
+        let (code, err) = serve_fails(&base(vec![
+            os("--insecure-dev-identity"),
+            os("--listen"),
+            os(listen),
+        ]))
+        .await;
+        assert_eq!(code, 2, "{err}");
+        assert!(
+            err.contains(&format!(
+                "--listen {listen}: dev mode (--insecure-dev-identity) binds to loopback only"
+            )),
+            "{err}"
+        );
+        assert!(!err.contains("etcd"), "refused before connecting: {err}");
+    }
+    assert!(!epoch.exists(), "no epoch file was written");
+
+    let tls = |cert: &std::path::Path, key: &std::path::Path| {
+        base(vec![
+            os("--tls-cert"),
+            path(cert),
+            os("--tls-key"),
+            path(key),
+            os("--client-ca"),
+            path(cert),
+        ])
+    };
+    let (code, err) = serve_fails(&tls(&missing, &not_pem)).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains(&format!(
+            "cannot read the --tls-cert {}: ",
+            missing.display()
+        )),
+        "{err}"
+    );
+    let (code, err) = serve_fails(&tls(&not_pem, &not_pem)).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains(&format!(
+            "cannot read the --tls-cert {}: it holds no PEM certificate",
+            not_pem.display()
+        )),
+        "{err}"
+    );
+    assert!(!epoch.exists(), "no epoch file was written");
+}

@@ -163,9 +163,42 @@ pub(crate) fn run(args: ServeArgs) -> Result<String> {
     palisade_api::validate_name(&args.home_tier)
         .map_err(|e| CliError::bad_input(format!("--home-tier: {e}")))?;
     let tiers = etcd::tiers(&args.home_tier, &args.tiers, &args.tier_tls)?;
+    let listening = listening(&args)?;
     init_logging(args.log_format);
     let rt = tokio::runtime::Runtime::new()?;
-    rt.block_on(serve(args, home, tiers))
+    rt.block_on(serve(args, home, tiers, listening))
+}
+
+/// How the service authenticates its callers.
+enum Listening {
+    /// mTLS with this server config.
+    Tls(Arc<rustls::ServerConfig>),
+    /// The insecure dev identity header, on a loopback address.
+    Dev,
+}
+
+/// The listening mode the flags ask for, checked before anything connects or is
+/// written: certificate files that cannot be used, or dev mode on an address that is
+/// not loopback, are bad input (exit 2).
+fn listening(args: &ServeArgs) -> Result<Listening> {
+    match (&args.tls_cert, &args.tls_key, &args.client_ca) {
+        (Some(cert), Some(key), Some(ca)) => Ok(Listening::Tls(tls_config(cert, key, ca)?)),
+        _ if args.insecure_dev_identity => {
+            if args.listen.ip().is_loopback() {
+                Ok(Listening::Dev)
+            } else {
+                Err(CliError::bad_input(format!(
+                    "--listen {}: dev mode (--insecure-dev-identity) binds to loopback only",
+                    args.listen
+                ))
+                .into())
+            }
+        }
+        _ => Err(CliError::bad_input(
+            "either --tls-cert/--tls-key/--client-ca or --insecure-dev-identity",
+        )
+        .into()),
+    }
 }
 
 /// A tier's locker options: its endpoints, TLS, and the service's root.
@@ -181,6 +214,7 @@ async fn serve(
     args: ServeArgs,
     home: EtcdTarget,
     other_tiers: Vec<(String, EtcdTarget)>,
+    listening: Listening,
 ) -> Result<String> {
     let authz = Authz::load(&args.config).map_err(|e| CliError::bad_input(with_causes(&e)))?;
     // Signals are taken from here on: a SIGTERM during the start still stops cleanly.
@@ -266,32 +300,24 @@ async fn serve(
         let _ = rx.await;
     };
     let addr = listener.local_addr()?;
-    let serving: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> =
-        match (args.tls_cert, args.tls_key, args.client_ca) {
-            (Some(cert), Some(key), Some(ca)) => {
-                let tls = tls_config(&cert, &key, &ca)?;
-                announce(&format!("https://{addr}"), "mTLS");
-                Box::pin(palisade_server::serve_tls_until(
-                    listener, tls, locker, options, shutdown,
-                ))
-            }
-            _ if args.insecure_dev_identity => {
-                let serving = palisade_server::serve_dev_until(
-                    listener,
-                    locker,
-                    options.insecure_dev_identity(),
-                    shutdown,
-                );
-                announce(&format!("http://{addr}"), "dev mode");
-                Box::pin(serving)
-            }
-            _ => {
-                return Err(CliError::bad_input(
-                    "either --tls-cert/--tls-key/--client-ca or --insecure-dev-identity",
-                )
-                .into())
-            }
-        };
+    let serving: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> = match listening {
+        Listening::Tls(tls) => {
+            announce(&format!("https://{addr}"), "mTLS");
+            Box::pin(palisade_server::serve_tls_until(
+                listener, tls, locker, options, shutdown,
+            ))
+        }
+        Listening::Dev => {
+            let serving = palisade_server::serve_dev_until(
+                listener,
+                locker,
+                options.insecure_dev_identity(),
+                shutdown,
+            );
+            announce(&format!("http://{addr}"), "dev mode");
+            Box::pin(serving)
+        }
+    };
     tokio::pin!(serving);
     tokio::select! {
         r = &mut serving => r?,
@@ -322,18 +348,39 @@ fn tls_config(
     key: &std::path::Path,
     ca: &std::path::Path,
 ) -> Result<Arc<rustls::ServerConfig>> {
-    let pem = |what: &str, path: &std::path::Path| {
-        failed(format!("cannot read the {what} {}", path.display()))
+    // What is wrong with a file, named with its flag: bad input (exit 2).
+    let unusable = |flag: &str, path: &std::path::Path, cause: String| {
+        CliError::bad_input(format!(
+            "cannot read the {flag} {}: {cause}",
+            path.display()
+        ))
     };
-    let chain = CertificateDer::pem_file_iter(cert)
-        .and_then(|i| i.collect::<std::result::Result<Vec<_>, _>>())
-        .map_err(|e| pem("--tls-cert", cert)(&e))?;
-    let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| pem("--tls-key", key)(&e))?;
-    let roots = CertificateDer::pem_file_iter(ca)
-        .and_then(|i| i.collect::<std::result::Result<Vec<_>, _>>())
-        .map_err(|e| pem("--client-ca", ca)(&e))?;
-    Ok(palisade_server::server_config(roots, chain, key_der)
-        .map_err(|e| failed("the TLS certificate, key or CA is refused".into())(&e))?)
+    let certificates = |flag: &str, path: &std::path::Path| {
+        let certs = CertificateDer::pem_file_iter(path)
+            .and_then(|i| i.collect::<std::result::Result<Vec<_>, _>>())
+            .map_err(|e| unusable(flag, path, with_causes(&e)))?;
+        if certs.is_empty() {
+            return Err(unusable(flag, path, "it holds no PEM certificate".into()));
+        }
+        Ok(certs)
+    };
+    let chain = certificates("--tls-cert", cert)?;
+    let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+        let cause = match e {
+            rustls::pki_types::pem::Error::NoItemsFound => "it holds no PEM private key".into(),
+            e => with_causes(&e),
+        };
+        unusable("--tls-key", key, cause)
+    })?;
+    let roots = certificates("--client-ca", ca)?;
+    Ok(
+        palisade_server::server_config(roots, chain, key_der).map_err(|e| {
+            CliError::bad_input(format!(
+                "the TLS certificate, key or CA is refused: {}",
+                with_causes(&e)
+            ))
+        })?,
+    )
 }
 
 /// Force release over `database`: the lock service's request table and the audit
