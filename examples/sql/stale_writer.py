@@ -1,6 +1,9 @@
 """A fenced write from Python with psycopg 3: the check is SQL, so any language can run it.
 
-    python3 examples/sql/stale_writer.py "host=127.0.0.1 user=postgres dbname=mydb"
+    /usr/bin/python3 examples/sql/stale_writer.py "host=127.0.0.1 user=postgres dbname=mydb"
+
+(scripts/test installs psycopg 3 for Debian's /usr/bin/python3, package python3-psycopg;
+another Python needs `pip install "psycopg[binary]"`.)
 
 Needs the fence migrations applied to the database (docs/sql-api.md). Writer A holds
 token 1000 and writes; B is granted 2000 and writes; A, paused meanwhile, writes again
