@@ -124,7 +124,11 @@ pub enum EpochMismatch {
         actual: Revision,
     },
     /// The epoch record in etcd and the durable record disagree (or one is missing).
-    #[error("epoch record in etcd ({etcd:?}) and durable record ({durable:?}) disagree")]
+    #[error(
+        "the epoch record in etcd ({}) and the durable record ({}) disagree",
+        epoch_shown(*.etcd),
+        epoch_shown(*.durable)
+    )]
     Records {
         /// The epoch in etcd, if any.
         etcd: Option<Epoch>,
@@ -304,5 +308,36 @@ impl std::error::Error for Error {
         self.source
             .as_deref()
             .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// An epoch record's epoch as messages show it: `epoch N`, or `none` when missing.
+fn epoch_shown(epoch: Option<Epoch>) -> String {
+    epoch.map_or_else(|| "none".to_owned(), |e| format!("epoch {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_that_disagree_are_named_by_their_epochs() {
+        let epoch = |n| Some(Epoch::new(n).unwrap());
+        assert_eq!(
+            EpochMismatch::Records {
+                etcd: epoch(2),
+                durable: None
+            }
+            .to_string(),
+            "the epoch record in etcd (epoch 2) and the durable record (none) disagree"
+        );
+        assert_eq!(
+            EpochMismatch::Records {
+                etcd: None,
+                durable: epoch(0)
+            }
+            .to_string(),
+            "the epoch record in etcd (none) and the durable record (epoch 0) disagree"
+        );
     }
 }
