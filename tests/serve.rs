@@ -416,8 +416,11 @@ async fn etcd_serve_without_its_epoch_record_starts_not_ready_and_says_so() {
     assert!(!log.contains('\u{1b}'), "{log}");
 }
 
+/// JSON logs; SIGHUP with a broken config keeps the old one; SIGTERM answers a waiting
+/// acquire 503 `shutting-down` at once and withdraws its waiter key. (The wait used to
+/// run on until the grace period ended and the connection closed unanswered.)
 #[tokio::test]
-async fn etcd_serve_logs_json_reloads_and_finishes_in_flight_requests_on_sigterm() {
+async fn etcd_serve_logs_json_reloads_and_answers_a_waiting_acquire_on_sigterm() {
     use nix::sys::signal::{kill, Signal};
     let cluster = EtcdCluster::start(1).await;
     let dir = tempfile::tempdir().unwrap();
@@ -487,7 +490,7 @@ async fn etcd_serve_logs_json_reloads_and_finishes_in_flight_requests_on_sigterm
     };
     let (status, _) = call(addr, "POST", "/v1/locks/acquire", JOB, &acquire(&s1, 1000));
     assert_eq!(status, 200);
-    let body = acquire(&s2, 6000);
+    let body = acquire(&s2, 30_000);
     let in_flight = std::thread::spawn(move || call(addr, "POST", "/v1/locks/acquire", JOB, &body));
     let name = palisade_lock::LockName::new("ns", "c", "k");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -498,17 +501,36 @@ async fn etcd_serve_logs_json_reloads_and_finishes_in_flight_requests_on_sigterm
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let signalled = std::time::Instant::now();
     kill(pid, Signal::SIGTERM).unwrap();
-    // The waiting request gets its answer (its wait ends: deadline-exceeded), not a
-    // reset connection; then the process exits 0.
+    // The waiting request is answered at once, 503 shutting-down (not a reset connection,
+    // nor a wait for its 30 s), its waiter key withdrawn; then the process exits 0.
     let (status, problem) = tokio::task::spawn_blocking(move || in_flight.join().unwrap())
         .await
         .unwrap();
     assert_eq!(
         (status, problem["type"].as_str()),
-        (409, Some("urn:palisade:problem:deadline-exceeded")),
+        (503, Some("urn:palisade:problem:shutting-down")),
         "{problem:?}"
     );
+    assert!(
+        signalled.elapsed() < Duration::from_secs(5),
+        "answered after {:?}",
+        signalled.elapsed()
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let state = locker.lock_state(&name).await.unwrap();
+        if state.waiters.is_empty() {
+            assert_eq!(state.holders.len(), 1, "the first hold stays: {state:?}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the waiter key stayed: {state:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let exit = tokio::time::timeout(Duration::from_secs(20), server.wait())
         .await
         .expect("palisade serve did not stop on SIGTERM")

@@ -68,6 +68,7 @@ impl Exit {
             // The service cannot serve it now (etcd, a move, the epoch), or failed.
             ProblemKind::QuorumLost
             | ProblemKind::NamespaceMoving
+            | ProblemKind::ShuttingDown
             | ProblemKind::EpochMismatch
             | ProblemKind::Upstream
             | ProblemKind::Internal => Exit::Failure,

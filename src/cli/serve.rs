@@ -281,6 +281,8 @@ async fn serve(
         }
         tiers.push((name, tier));
     }
+    // Every tier's locker, to let the cleanups of the acquires that stopping ended finish.
+    let lockers: Vec<Locker> = tiers.iter().map(|(_, l)| l.clone()).collect();
     let tiers = palisade_lock::Tiers::new(args.home_tier.clone(), tiers)
         .map_err(|e| CliError::bad_input(format!("--tier: {e}")))?;
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -326,9 +328,20 @@ async fn serve(
             let grace = Duration::from_millis(args.shutdown_grace_ms);
             tracing::info!("{sig}: no new connections; finishing in-flight requests (at most {} ms)", grace.as_millis());
             let _ = tx.send(());
+            let started = tokio::time::Instant::now();
             match tokio::time::timeout(grace, serving).await {
                 Ok(r) => r?,
                 Err(_) => tracing::warn!("in-flight requests did not finish within {} ms; stopping anyway", grace.as_millis()),
+            }
+            // Acquires that stopped waiting withdraw their waiter keys in the background:
+            // let them, within what is left of the grace period.
+            let deadline = started + grace;
+            for locker in &lockers {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                if !locker.settle(left).await {
+                    tracing::warn!("waiter keys of stopped acquires were not all withdrawn within the grace period; they end with their sessions");
+                    break;
+                }
             }
             tracing::info!("stopped");
         }

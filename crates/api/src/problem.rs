@@ -55,11 +55,15 @@ pub enum ProblemKind {
     /// 503: the namespace is being rehomed to another tier and grants nothing until the
     /// move ends (or is rolled back); answers carry `Retry-After` (seconds).
     NamespaceMoving,
+    /// 503: this replica is stopping (SIGTERM): an acquire still waiting is answered so,
+    /// its waiter key withdrawn, instead of holding the shutdown for up to its
+    /// `wait_ms`; answers carry `Retry-After` (seconds). Another replica can serve it.
+    ShuttingDown,
 }
 
 impl ProblemKind {
     /// Every kind, in declaration order.
-    pub const ALL: [ProblemKind; 18] = [
+    pub const ALL: [ProblemKind; 19] = [
         ProblemKind::InvalidInput,
         ProblemKind::Unauthenticated,
         ProblemKind::Forbidden,
@@ -78,6 +82,7 @@ impl ProblemKind {
         ProblemKind::Internal,
         ProblemKind::WrongTier,
         ProblemKind::NamespaceMoving,
+        ProblemKind::ShuttingDown,
     ];
 
     /// The slug used in the `type` URI.
@@ -101,6 +106,7 @@ impl ProblemKind {
             ProblemKind::Internal => "internal",
             ProblemKind::WrongTier => "wrong-tier",
             ProblemKind::NamespaceMoving => "namespace-moving",
+            ProblemKind::ShuttingDown => "shutting-down",
         }
     }
 
@@ -136,9 +142,10 @@ impl ProblemKind {
             | ProblemKind::WrongTier => StatusCode::CONFLICT,
             ProblemKind::SessionLost => StatusCode::GONE,
             ProblemKind::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
-            ProblemKind::EpochMismatch | ProblemKind::QuorumLost | ProblemKind::NamespaceMoving => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ProblemKind::EpochMismatch
+            | ProblemKind::QuorumLost
+            | ProblemKind::NamespaceMoving
+            | ProblemKind::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             ProblemKind::Upstream => StatusCode::BAD_GATEWAY,
             ProblemKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }

@@ -1,6 +1,7 @@
 //! The retry of a request the service could not carry out for now: a 503 `quorum-lost`
 //! (etcd could not commit in time), a 503 `namespace-moving` (a rehome of the namespace
-//! to another tier is under way) or a 503 `unavailable`. One policy, used by
+//! to another tier is under way), a 503 `shutting-down` (the replica is stopping; behind
+//! a load balancer the retry reaches another) or a 503 `unavailable`. One policy, used by
 //! [`ClientSession::acquire`](crate::ClientSession::acquire) and
 //! [`Client::acquire`](crate::Client::acquire) (and so by the CLI): sent again after a
 //! pause of 50 ms, doubling up to 1 s, each pause shortened by up to half at random (so
@@ -25,7 +26,12 @@ pub(crate) fn is_unavailable(e: &ClientError) -> bool {
     e.status() == Some(503)
         && match e.kind() {
             ClientErrorKind::Problem(p) => {
-                matches!(p, ProblemKind::QuorumLost | ProblemKind::NamespaceMoving)
+                matches!(
+                    p,
+                    ProblemKind::QuorumLost
+                        | ProblemKind::NamespaceMoving
+                        | ProblemKind::ShuttingDown
+                )
             }
             ClientErrorKind::Other(slug) => slug == "unavailable",
             _ => false,
@@ -87,6 +93,7 @@ mod tests {
     fn only_a_503_that_passes_is_unavailable() {
         assert!(is_unavailable(&problem(ProblemKind::QuorumLost, 503)));
         assert!(is_unavailable(&problem(ProblemKind::NamespaceMoving, 503)));
+        assert!(is_unavailable(&problem(ProblemKind::ShuttingDown, 503)));
         assert!(!is_unavailable(&problem(ProblemKind::WrongTier, 409)));
         assert!(!is_unavailable(&problem(ProblemKind::EpochMismatch, 503)));
         assert!(!is_unavailable(&problem(

@@ -2,10 +2,12 @@
 //! Every module of the lock core that needs the etcd client, the key space or the
 //! epoch takes it from here, so none of them depends on [`crate::locker`].
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::Client;
+use tokio::sync::Notify;
 
 use crate::class_cache::{ClassCache, WatchGuard};
 use crate::epoch::{adopt_advanced, EpochState};
@@ -35,6 +37,49 @@ pub(crate) struct LockerInner {
     pub(crate) _class_watch: WatchGuard,
     /// Detached session records and the quota slots taken through this locker.
     pub(crate) sessions: Arc<SessionCache>,
+    /// The cleanups of dropped acquires still running.
+    pub(crate) cleanups: Arc<Cleanups>,
+}
+
+/// The cleanups that dropped acquires spawn (see `acquire::guard`), counted, so that a
+/// process that stops can let them finish ([`Locker::settle`](crate::Locker::settle))
+/// instead of leaving waiter keys until their sessions' leases end.
+#[derive(Default)]
+pub(crate) struct Cleanups {
+    running: AtomicUsize,
+    done: Notify,
+}
+
+impl Cleanups {
+    /// Counts one cleanup until the returned guard is dropped.
+    pub(crate) fn start(self: &Arc<Self>) -> CleanupRunning {
+        self.running.fetch_add(1, Ordering::SeqCst);
+        CleanupRunning(Arc::clone(self))
+    }
+
+    /// Completes when no cleanup is running.
+    pub(crate) async fn settled(&self) {
+        loop {
+            let done = self.done.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
+            if self.running.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            done.await;
+        }
+    }
+}
+
+/// One running cleanup, counted in [`Cleanups`] until dropped.
+pub(crate) struct CleanupRunning(Arc<Cleanups>);
+
+impl Drop for CleanupRunning {
+    fn drop(&mut self) {
+        if self.0.running.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.done.notify_waiters();
+        }
+    }
 }
 
 impl LockerInner {

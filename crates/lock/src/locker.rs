@@ -169,8 +169,19 @@ impl Locker {
                 classes,
                 _class_watch: class_watch,
                 sessions: Arc::default(),
+                cleanups: Arc::default(),
             }),
         })
+    }
+
+    /// Waits, at most `within`, for the cleanups of dropped acquires to finish (each
+    /// withdraws what its acquire wrote, such as a waiter key, in the background); returns
+    /// whether they all did. For a process about to exit: a cleanup cut short by the exit
+    /// leaves its waiter key until the session's lease ends.
+    pub async fn settle(&self, within: Duration) -> bool {
+        tokio::time::timeout(within, self.inner.cleanups.settled())
+            .await
+            .is_ok()
     }
 
     /// The etcd client (for tools and tests that look at the key space).

@@ -69,7 +69,7 @@ use palisade_lock::Locker;
 
 /// The `/v1` router over `locker`.
 pub fn router(locker: Locker, options: ServiceOptions) -> Router {
-    routes::router(locker, options)
+    routes::router(locker, options, serve::Stopping::never())
 }
 
 /// Every route the router serves, as `(method, path)` with path parameters in braces

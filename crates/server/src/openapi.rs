@@ -97,9 +97,10 @@ problems! {
     CloseProblems { body: false, kinds: [InvalidInput, Unauthenticated, Forbidden, NotFound,
         SessionLost, QuorumLost, Upstream, Internal] }
     /// `POST /v1/locks/acquire`.
+    /// `shutting-down`: the replica is stopping and ended the wait (`Retry-After`).
     AcquireProblems { body: true, kinds: [InvalidInput, Unauthenticated, Forbidden, NotFound,
         DeadlineExceeded, SessionLost, QuotaExceeded, EpochMismatch, QuorumLost, Upstream, Internal,
-        WrongTier, NamespaceMoving] }
+        WrongTier, NamespaceMoving, ShuttingDown] }
     /// `POST /v1/locks/release`.
     ReleaseProblems { body: true, kinds: [InvalidInput, Unauthenticated, Forbidden, NotFound,
         NotHeld, HoldForced, SessionLost, QuotaExceeded, QuorumLost, Upstream, Internal] }

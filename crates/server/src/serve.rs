@@ -1,8 +1,9 @@
 //! Serving over plain HTTP in dev mode ([`serve_dev`]); mTLS is in `tls`. Both serve the
 //! `/v1` router and the probes of `health`, and stop gracefully when their `shutdown`
-//! future completes: no new connection is accepted, idle connections close, and each
-//! in-flight request is answered before its connection closes. Bounding that wait is the
-//! caller's (`palisade serve --shutdown-grace-ms`).
+//! future completes: no new connection is accepted, idle connections close, an acquire
+//! still waiting ends at once with 503 `shutting-down` (its waiter key withdrawn), and
+//! each in-flight request is answered before its connection closes. Bounding that wait
+//! is the caller's (`palisade serve --shutdown-grace-ms`).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -10,9 +11,10 @@ use std::net::SocketAddr;
 use axum::Router;
 use palisade_lock::Locker;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 
 use crate::identity::DEV_IDENTITY_HEADER;
-use crate::{health, router, ServiceOptions};
+use crate::{health, ServiceOptions};
 
 /// Why [`serve_dev`] did not start.
 #[derive(Debug, thiserror::Error)]
@@ -29,9 +31,34 @@ pub enum ServeError {
     Io(#[from] std::io::Error),
 }
 
-/// The API and the probes.
-pub(crate) fn app(locker: Locker, options: ServiceOptions) -> Router {
-    router(locker.clone(), options).merge(health::router(locker))
+/// The API and the probes; the handlers learn from `stopping` that the replica stops.
+pub(crate) fn app(locker: Locker, options: ServiceOptions, stopping: Stopping) -> Router {
+    crate::routes::router(locker.clone(), options, stopping).merge(health::router(locker))
+}
+
+/// Whether the replica is stopping, as the handlers see it: set once, when serving's
+/// `shutdown` future completes.
+#[derive(Clone)]
+pub(crate) struct Stopping(watch::Receiver<bool>);
+
+impl Stopping {
+    /// A flag and its setter.
+    pub(crate) fn new() -> (watch::Sender<bool>, Stopping) {
+        let (set, flag) = watch::channel(false);
+        (set, Stopping(flag))
+    }
+
+    /// A flag that is never set (a router served by the caller's own server).
+    pub(crate) fn never() -> Stopping {
+        Stopping::new().1
+    }
+
+    /// Completes once the replica is stopping; never if the flag cannot be set any more.
+    pub(crate) async fn stopped(mut self) {
+        if self.0.wait_for(|s| *s).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 /// Serves the API over plain HTTP in dev mode: refused unless `options` has
@@ -69,7 +96,12 @@ pub async fn serve_dev_until(
         return Err(ServeError::NotLoopback(addr));
     }
     tracing::warn!(%addr, "INSECURE dev identity: callers are whoever the {DEV_IDENTITY_HEADER} header says; loopback only");
-    axum::serve(listener, app(locker, options))
+    let (stop, stopping) = Stopping::new();
+    let shutdown = async move {
+        shutdown.await;
+        stop.send_replace(true);
+    };
+    axum::serve(listener, app(locker, options, stopping))
         .with_graceful_shutdown(shutdown)
         .await?;
     Ok(())

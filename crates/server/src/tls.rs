@@ -26,7 +26,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_rustls::TlsAcceptor;
 
 use super::identity::PeerIdentity;
-use super::serve::app;
+use super::serve::{app, Stopping};
 use super::{health, ServeError, ServiceOptions};
 use crate::problem::Problem;
 use palisade_api::ProblemKind;
@@ -131,7 +131,8 @@ pub async fn serve_tls_until(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let acceptor = TlsAcceptor::from(tls);
-    let app = app(locker.clone(), options);
+    let (stop_handlers, handlers_stopping) = Stopping::new();
+    let app = app(locker.clone(), options, handlers_stopping);
     let anonymous = unauthenticated(locker);
     // Every connection task holds a clone of `open`; `closed` reports when all are gone.
     let (open, mut closed) = mpsc::channel::<()>(1);
@@ -184,6 +185,7 @@ pub async fn serve_tls_until(
             }
         });
     }
+    stop_handlers.send_replace(true);
     stop.send_replace(true);
     drop(open);
     let _ = closed.recv().await;

@@ -67,7 +67,9 @@ impl Drop for Attempt {
                 if owns_busy {
                     session.unmark_busy(keys.base());
                 }
+                let running = locker.cleanups.start();
                 rt.spawn(async move {
+                    let _running = running;
                     let mut backoff = retry::Backoff::new();
                     while let Err(CallError::Unavailable(_) | CallError::Cut) = cleanup(
                         &locker,

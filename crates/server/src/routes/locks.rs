@@ -45,7 +45,7 @@ pub(super) async fn acquire(
             "the authorization config does not grant it",
         ));
     }
-    let (mut record, on) =
+    let (record, on) =
         owned_session_cached(&state, &caller, &body.session, Expiry::Uncounted).await?;
     let name = LockName::new(body.namespace, body.class, body.key);
     palisade_api::validate_name(&name.ns)?;
@@ -64,27 +64,9 @@ pub(super) async fn acquire(
     let deadline = Instant::now() + wait;
     // The namespace's quota slot is taken in the acquire's first Txn, which also checks
     // that the session's record is the one read (or cached) above.
-    let mut hold = on
-        .locker
-        .acquire_in_quota(
-            &record,
-            &name,
-            body.mode,
-            deadline,
-            holder_meta.as_ref(),
-            namespace.held_lease_quota,
-        )
-        .await;
-    if hold
-        .as_ref()
-        .is_err_and(palisade_lock::Error::is_session_lost)
-    {
-        // The cached record is gone or replaced: read it (a 404 or 403 if so) and try
-        // once more on what was read.
-        record = owned_session(&state, &caller, &body.session, Expiry::Uncounted)
-            .await?
-            .0;
-        hold = on
+    let acquiring = async {
+        let mut record = record;
+        let mut hold = on
             .locker
             .acquire_in_quota(
                 &record,
@@ -95,7 +77,41 @@ pub(super) async fn acquire(
                 namespace.held_lease_quota,
             )
             .await;
-    }
+        if hold
+            .as_ref()
+            .is_err_and(palisade_lock::Error::is_session_lost)
+        {
+            // The cached record is gone or replaced: read it (a 404 or 403 if so) and try
+            // once more on what was read.
+            record = owned_session(&state, &caller, &body.session, Expiry::Uncounted)
+                .await?
+                .0;
+            hold = on
+                .locker
+                .acquire_in_quota(
+                    &record,
+                    &name,
+                    body.mode,
+                    deadline,
+                    holder_meta.as_ref(),
+                    namespace.held_lease_quota,
+                )
+                .await;
+        }
+        ApiResult::Ok((hold, record))
+    };
+    // A replica that is stopping ends the wait: the acquire is dropped, which withdraws
+    // its waiter key (see palisade_lock's acquire), and the caller is told to retry.
+    let (hold, record) = tokio::select! {
+        done = acquiring => done?,
+        () = state.stopping.clone().stopped() => {
+            return Err(Problem::new(
+                ProblemKind::ShuttingDown,
+                "this replica is stopping: the acquire stopped waiting and holds nothing",
+            )
+            .with_retry_after(Duration::from_secs(1)));
+        }
+    };
     state
         .metrics
         .wait_seconds

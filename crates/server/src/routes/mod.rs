@@ -116,6 +116,8 @@ pub(crate) struct AppState {
     rates: Arc<super::rate::RateLimits>,
     metrics: super::metrics::Metrics,
     openapi: Arc<String>,
+    /// Set when the replica stops: waiting acquires end with 503 `shutting-down`.
+    stopping: crate::serve::Stopping,
 }
 
 /// Every route, each declared once: its `#[utoipa::path]` attribute gives the method,
@@ -177,7 +179,11 @@ pub(crate) fn openapi() -> utoipa::openapi::OpenApi {
     api().split_for_parts().1
 }
 
-pub(super) fn router(locker: Locker, options: ServiceOptions) -> Router {
+pub(crate) fn router(
+    locker: Locker,
+    options: ServiceOptions,
+    stopping: crate::serve::Stopping,
+) -> Router {
     let (routes, doc) = api().split_for_parts();
     let openapi = doc.to_json().unwrap_or_default();
     let tiers = options
@@ -195,6 +201,7 @@ pub(super) fn router(locker: Locker, options: ServiceOptions) -> Router {
         rates: Arc::default(),
         metrics: super::metrics::Metrics::new(),
         openapi: Arc::new(openapi),
+        stopping,
     };
     let metrics = state.metrics.clone();
     routes
