@@ -66,27 +66,9 @@ pub(super) async fn acquire(
     // that the session's record is the one read (or cached) above.
     let acquiring = async {
         let mut record = record;
-        let mut hold = on
-            .locker
-            .acquire_in_quota(
-                &record,
-                &name,
-                body.mode,
-                deadline,
-                holder_meta.as_ref(),
-                namespace.held_lease_quota,
-            )
-            .await;
-        if hold
-            .as_ref()
-            .is_err_and(palisade_lock::Error::is_session_lost)
-        {
-            // The cached record is gone or replaced: read it (a 404 or 403 if so) and try
-            // once more on what was read.
-            record = owned_session(&state, &caller, &body.session, Expiry::Uncounted)
-                .await?
-                .0;
-            hold = on
+        let mut read_again = false;
+        loop {
+            let hold = on
                 .locker
                 .acquire_in_quota(
                     &record,
@@ -97,8 +79,20 @@ pub(super) async fn acquire(
                     namespace.held_lease_quota,
                 )
                 .await;
+            if read_again
+                || !hold
+                    .as_ref()
+                    .is_err_and(palisade_lock::Error::is_session_lost)
+            {
+                break ApiResult::Ok((hold, record));
+            }
+            // The cached record is gone or replaced: read it (a 404 or 403 if so) and try
+            // once more on what was read.
+            record = owned_session(&state, &caller, &body.session, Expiry::Uncounted)
+                .await?
+                .0;
+            read_again = true;
         }
-        ApiResult::Ok((hold, record))
     };
     // A replica that is stopping ends the wait: the acquire is dropped, which withdraws
     // its waiter key (see palisade_lock's acquire), and the caller is told to retry.
