@@ -172,6 +172,32 @@ fn audit_serve_with_an_unreachable_database_exits_with_the_reason() {
     assert!(err.starts_with("palisade: audit database"), "{err}");
 }
 
+/// A lock service that does not answer is named with the cause.
+#[test]
+fn an_unreachable_service_is_named_in_the_error() {
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", free.local_addr().unwrap());
+    drop(free);
+    let (code, out, err) = palisade(&[
+        "lock",
+        "status",
+        "orders/jobs/k",
+        "--service",
+        &url,
+        "--dev-identity",
+        "spiffe://acme/ops/alice",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(out.is_empty(), "{out}");
+    assert!(
+        err.starts_with(&format!(
+            "palisade: no answer from the lock service at {url}: "
+        )),
+        "{err}"
+    );
+    assert!(err.contains("refused"), "{err}");
+}
+
 /// A dashboard address already taken is named in the error.
 #[test]
 fn audit_serve_on_a_taken_address_names_it() {

@@ -73,9 +73,13 @@ pub struct ClientError {
 }
 
 impl ClientError {
-    /// A request that got no answer; a TLS alert from the service that refuses the
-    /// client's certificate (or its absence) is [`ProblemKind::Unauthenticated`].
-    pub(crate) fn transport(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+    /// A request to the service at `base` that got no answer; a TLS alert from the
+    /// service that refuses the client's certificate (or its absence) is
+    /// [`ProblemKind::Unauthenticated`].
+    pub(crate) fn transport(
+        base: &str,
+        e: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
         let e = e.into();
         let (kind, detail) = match refusal_alert(&*e) {
             Some(alert) => (
@@ -84,7 +88,7 @@ impl ClientError {
             ),
             None => (
                 ClientErrorKind::Transport,
-                format!("no answer from the lock service: {}", root_cause(&*e)),
+                format!("no answer from the lock service at {base}: {}", root_cause(&*e)),
             ),
         };
         ClientError {

@@ -37,6 +37,11 @@ struct ProblemBody {
 }
 
 impl Http {
+    /// The service's base URL, without a trailing `/`.
+    pub(crate) fn base(&self) -> &str {
+        &self.base
+    }
+
     /// Plain HTTP to `base` (`http://...`).
     pub(crate) fn new(base: String) -> Self {
         Http {
@@ -118,18 +123,18 @@ impl Http {
         }
         let req = req
             .body(Full::new(Bytes::from(bytes)))
-            .map_err(ClientError::transport)?;
+            .map_err(|e| ClientError::transport(&self.base, e))?;
         let resp = match &self.transport {
             Transport::Plain(c) => c.request(req).await,
             Transport::Tls(c) => c.request(req).await,
         }
-        .map_err(ClientError::transport)?;
+        .map_err(|e| ClientError::transport(&self.base, e))?;
         let status = resp.status().as_u16();
         let body = resp
             .into_body()
             .collect()
             .await
-            .map_err(ClientError::transport)?
+            .map_err(|e| ClientError::transport(&self.base, e))?
             .to_bytes();
         if (200..300).contains(&status) {
             return Ok((status, body));

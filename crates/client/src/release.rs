@@ -53,10 +53,10 @@ pub(crate) async fn send(
             Ok(Err(e)) if outcome_open(&e) => last = Some(e),
             Ok(Err(e)) => return Err(e),
             Err(_) => {
-                last = Some(ClientError::transport(format!(
-                    "no answer within {} ms",
-                    ATTEMPT_TIMEOUT.as_millis()
-                )));
+                last = Some(ClientError::transport(
+                    http.base(),
+                    format!("no answer within {} ms", ATTEMPT_TIMEOUT.as_millis()),
+                ));
             }
         }
         tokio::time::sleep_until((Instant::now() + pause).min(deadline)).await;
