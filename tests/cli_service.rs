@@ -125,7 +125,7 @@ async fn etcd_cli_over_mtls_acquires_releases_and_refuses_typed() {
         .fails(76, "the session is gone");
     s.tls(&job, &["lock", "release", "--hold", hold_path])
         .await
-        .fails(76, "the hold already ended");
+        .fails(76, "the hold already ended: its session is gone");
 
     // The other identity now gets it, with a higher token, on a session of its own,
     // and releases by the explicit form.
@@ -142,20 +142,31 @@ async fn etcd_cli_over_mtls_acquires_releases_and_refuses_typed() {
     assert!(token(&h2) > t1);
     assert_eq!(h2["own_session"], false);
     let rev = h2["grant_rev"].as_u64().unwrap().to_string();
-    s.tls(
-        &job2,
-        &[
+    let release = |rev: &str| {
+        [
             "lock",
             "release",
             "ns/c/jobs/nightly",
             "--session",
             &own,
             "--grant-rev",
-            &rev,
-        ],
-    )
-    .await
-    .ok();
+            rev,
+        ]
+        .map(str::to_owned)
+    };
+    // A grant revision that is not the hold's releases nothing, and says so.
+    let wrong = release("1");
+    s.tls(&job2, &wrong.each_ref().map(String::as_str))
+        .await
+        .fails(
+            76,
+            "the session holds no ns/c/jobs/nightly granted at revision 1: the hold already \
+             ended, or that is not its grant revision",
+        );
+    let right = release(&rev);
+    s.tls(&job2, &right.each_ref().map(String::as_str))
+        .await
+        .ok();
     // The session was not closed by that release; `session close` ends it.
     s.tls(&job2, &["session", "keepalive", &own]).await.ok();
     s.tls(&job2, &["session", "close", &own]).await.ok();

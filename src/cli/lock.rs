@@ -429,7 +429,14 @@ fn release(conn: &Connection, h: &HoldFile) -> Result<String> {
             {
                 Err(CliError::new(
                     Exit::Lost,
-                    format!("the hold already ended ({})", e.detail()),
+                    format!(
+                        "the session holds no {}/{}/{} granted at revision {grant_rev}: the \
+                         hold already ended, or that is not its grant revision ({})",
+                        h.namespace,
+                        h.class,
+                        h.key,
+                        e.detail()
+                    ),
                 )
                 .into())
             }
