@@ -289,8 +289,18 @@ pub(super) async fn rehome(
         }
     };
     let done = state.tiers.rehome(&ns, &body.to, drain).await?;
-    tracing::warn!(ns, from = done.from, to = done.to, epoch = %done.epoch.epoch,
-        caller = caller.0.as_str(), "namespace rehomed");
+    if done.from == done.to {
+        // Idempotent: nothing moved (also the answer to a retried rehome that finished).
+        tracing::info!(
+            ns,
+            tier = done.to,
+            caller = caller.0.as_str(),
+            "namespace already lives on the tier a rehome asked for"
+        );
+    } else {
+        tracing::warn!(ns, from = done.from, to = done.to, epoch = %done.epoch.epoch,
+            caller = caller.0.as_str(), "namespace rehomed");
+    }
     Ok(Json(RehomeView {
         namespace: ns,
         from: done.from,
