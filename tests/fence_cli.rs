@@ -151,4 +151,17 @@ async fn fence_show_names_a_database_that_does_not_exist_and_refuses_an_empty_re
     let (code, _, err) = palisade(&["fence", "--database", &db.connection_string(), "show", ""]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("RESOURCE is empty"), "{err}");
+    // A string that is no connection string is bad input, before anything connects.
+    for (garbage, says) in [
+        ("garbage===", "--database is not a connection string: "),
+        ("", "--database names no host"),
+        ("dbname=app", "--database names no host"),
+    ] {
+        let (code, _, err) = palisade(&["fence", "--database", garbage, "show", "orders/1"]);
+        assert_eq!(code, 2, "{garbage:?}: {err}");
+        assert!(
+            err.starts_with(&format!("palisade: {says}")),
+            "{garbage:?}: {err}"
+        );
+    }
 }

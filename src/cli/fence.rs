@@ -64,9 +64,22 @@ pub(crate) fn run(args: FenceArgs) -> Result<String> {
     if resource.is_empty() {
         return Err(CliError::bad_input("RESOURCE is empty: name the resource key").into());
     }
+    let config: tokio_postgres::Config = args.database.parse().map_err(|e| {
+        CliError::bad_input(format!(
+            "--database is not a connection string: {}",
+            super::exit::with_causes(&e)
+        ))
+    })?;
+    if config.get_hosts().is_empty() && config.get_hostaddrs().is_empty() {
+        return Err(CliError::bad_input(
+            "--database names no host: give one, as in host=127.0.0.1 user=postgres dbname=app",
+        )
+        .into());
+    }
     runtime.block_on(async move {
         // The server's own message ("database \"x\" does not exist") is a cause.
-        let (client, connection) = tokio_postgres::connect(&args.database, tokio_postgres::NoTls)
+        let (client, connection) = config
+            .connect(tokio_postgres::NoTls)
             .await
             .map_err(|e| {
                 CliError::new(
