@@ -198,6 +198,28 @@ fn an_unreachable_service_is_named_in_the_error() {
     assert!(err.contains("refused"), "{err}");
 }
 
+/// A dev identity that is no SPIFFE ID (an empty `PALISADE_DEV_IDENTITY`, say) is bad
+/// input, refused before anything is sent.
+#[test]
+fn an_empty_or_malformed_dev_identity_is_bad_input() {
+    for id in ["", "alice"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
+            .args(["lock", "status", "orders/jobs/k"])
+            .args(["--service", "http://127.0.0.1:1"])
+            .env("PALISADE_DEV_IDENTITY", id)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{id:?}: {err}");
+        assert!(
+            err.starts_with(&format!(
+                "palisade: --dev-identity {id:?} (or PALISADE_DEV_IDENTITY) is no SPIFFE ID: "
+            )),
+            "{id:?}: {err}"
+        );
+    }
+}
+
 /// A dashboard address already taken is named in the error.
 #[test]
 fn audit_serve_on_a_taken_address_names_it() {

@@ -50,7 +50,8 @@ impl Connection {
     /// # Errors
     ///
     /// Bad input (exit 2) if the service is missing, if neither or both of mTLS and dev
-    /// mode are given, if mTLS lacks one of its files, or if a file is unusable.
+    /// mode are given, if the dev identity is no SPIFFE ID, if mTLS lacks one of its
+    /// files, or if a file is unusable.
     pub(crate) fn client(&self) -> Result<Client> {
         let service = self.service.clone().ok_or_else(|| {
             CliError::bad_input("no lock service: pass --service URL (or set PALISADE_SERVICE)")
@@ -66,7 +67,14 @@ impl Connection {
                  PALISADE_KEY, PALISADE_CA), or --dev-identity for a service in dev mode",
             )
             .into()),
-            (Some(id), false) => Ok(Client::new(service)?.with_dev_identity(id.clone())),
+            (Some(id), false) => {
+                palisade_api::SpiffeId::new(id).map_err(|e| {
+                    CliError::bad_input(format!(
+                        "--dev-identity {id:?} (or PALISADE_DEV_IDENTITY) is no SPIFFE ID: {e}"
+                    ))
+                })?;
+                Ok(Client::new(service)?.with_dev_identity(id.clone()))
+            }
             (None, true) => {
                 let (Some(cert), Some(key), Some(ca)) = (&self.cert, &self.key, &self.ca) else {
                     return Err(
