@@ -120,6 +120,34 @@ async fn fence_show_reads_a_poisoned_mark_and_reset_lowers_it_with_an_audited_re
         )),
         "{out}"
     );
+
+    // Without --actor, $USER or $LOGNAME, the audit trail names the database role.
+    let lower = e0(100).to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args([
+            "fence",
+            "--database",
+            &conn,
+            "reset",
+            "orders/1",
+            "--to",
+            &lower,
+        ])
+        .args(["--reason", "lower again", "--audit-database", &conn])
+        .env_remove("USER")
+        .env_remove("LOGNAME")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let actor: String = client
+        .query_one(
+            "SELECT actor FROM fence_reset WHERE reason = 'lower again'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(actor, "postgres");
 }
 
 #[tokio::test]

@@ -48,7 +48,8 @@ enum FenceCommand {
         /// The audit database, where the reset is recorded.
         #[arg(long, env = "PALISADE_AUDIT_DATABASE")]
         audit_database: String,
-        /// Who resets (kept in the audit trail); defaults to $USER.
+        /// Who resets (kept in the audit trail); defaults to $USER, else $LOGNAME, else
+        /// the database role that ran the reset.
         #[arg(long)]
         actor: Option<String>,
     },
@@ -120,9 +121,15 @@ pub(crate) fn run(args: FenceArgs) -> Result<String> {
                         FenceErrorKind::NoMark => CliError::new(Exit::NotFound, e.to_string()),
                         _ => db_failure(&format!("resetting the mark of {resource}"), &e),
                     })?;
-                let actor = actor
-                    .or_else(|| std::env::var("USER").ok())
-                    .unwrap_or_else(|| "unknown".to_owned());
+                let from_env = |name| std::env::var(name).ok().filter(|v| !v.is_empty());
+                let actor = match actor.or_else(|| from_env("USER")).or_else(|| from_env("LOGNAME")) {
+                    Some(actor) => actor,
+                    // The role that ran the reset, as fence_reset_log records it.
+                    None => client
+                        .query_one("SELECT current_user::text", &[])
+                        .await
+                        .map_or_else(|_| "unknown".to_owned(), |row| row.get(0)),
+                };
                 let record = palisade_audit::FenceReset::new(&resource, old, to, &reason, actor);
                 palisade_audit::insert_fence_reset(&**audit, &record)
                     .await
