@@ -318,3 +318,29 @@ fn chaos_without_the_privilege_fails_at_once_naming_it_and_loopback() {
     assert!(!history.exists());
     assert_eq!(listing(dir.path().to_str().unwrap()), BTreeSet::new());
 }
+
+/// `chaos check` on a history with no entries (an empty file, or blank lines) says there
+/// is nothing to check, exit 2, rather than reporting no violations.
+#[test]
+fn chaos_check_refuses_a_history_without_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text) in [("empty.jsonl", ""), ("blank.jsonl", "\n\n")] {
+        let history = dir.path().join(name);
+        std::fs::write(&history, text).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
+            .args(["chaos", "check"])
+            .arg(&history)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {stderr}");
+        assert_eq!(
+            stderr,
+            format!(
+                "palisade: {} holds no history entries: nothing to check\n",
+                history.display()
+            )
+        );
+        assert!(out.stdout.is_empty(), "{name}");
+    }
+}

@@ -39,7 +39,7 @@ pub(crate) struct ChaosArgs {
 #[derive(Debug, clap::Subcommand)]
 enum ChaosCommand {
     /// Check a saved history (JSON lines) and print the checker's report; fails on any
-    /// violation.
+    /// violation, and on a history with no entries (exit 2).
     Check {
         /// The history file.
         history: PathBuf,
@@ -85,6 +85,13 @@ pub(crate) fn run(args: ChaosArgs) -> Result<String, Box<dyn std::error::Error>>
                 std::io::Error::new(e.kind(), format!("reading {}: {e}", history.display()))
             })?;
             let report = palisade_chaos::check::check_reader(std::io::BufReader::new(file))?;
+            if report.counts.entries == 0 {
+                return Err(CliError::bad_input(format!(
+                    "{} holds no history entries: nothing to check",
+                    history.display()
+                ))
+                .into());
+            }
             super::output::emit(&report.to_string())?;
             return match report.violations.len() {
                 0 => Ok(String::new()),
