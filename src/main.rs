@@ -92,7 +92,20 @@ enum TokenCommand {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // Help and version go to stdout, usage errors to stderr (exit 2); a stdout that
+        // cannot take the help is an error, as for every other command's output.
+        Err(e) => {
+            return match e.print() {
+                Ok(()) => ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2)),
+                Err(io) => {
+                    cli::output::warn(&format!("cannot write to stdout: {io}"));
+                    ExitCode::from(cli::exit::Exit::Failure.code())
+                }
+            };
+        }
+    };
     let done = run(cli).and_then(|out| {
         if out.is_empty() {
             return Ok(());

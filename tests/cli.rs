@@ -79,6 +79,13 @@ fn a_closed_stdout_is_an_error_not_a_panic() {
         "{err}"
     );
     assert!(!err.contains("panicked"), "{err}");
+    // Help too: clap's own output goes through the same check.
+    let (code, err) = palisade_into_closed_pipe(&["--help"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("cannot write to stdout") && err.contains("Broken pipe"),
+        "{err}"
+    );
 }
 
 #[test]
