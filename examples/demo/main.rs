@@ -91,11 +91,11 @@ async fn main() {
             "the scenario did not finish in {} s (it was at step {})",
             SCENARIO_LIMIT.as_secs(),
             STEP.load(Ordering::Relaxed)
-        ).into())),
-        () = interrupted() => Err("interrupted".into()),
+        ).into())).map_err(Stop::Failed),
+        signal = interrupted() => Err(Stop::Signal(signal)),
     };
     if keep_running && result.is_ok() {
-        interrupted().await;
+        let _ = interrupted().await;
     }
     let pids = procs.pids();
     let etcd_logs = procs.etcd_logs();
@@ -114,7 +114,13 @@ async fn main() {
                 }
             }
         }
-        Err(e) => {
+        Err(Stop::Signal((name, number))) => {
+            // Asked to stop: nothing failed, so the logs go with the rest.
+            eprintln!("\ndemo stopped by {name}");
+            drop(dir);
+            std::process::exit(128 + number);
+        }
+        Err(Stop::Failed(e)) => {
             eprintln!("\ndemo failed: {e}\n(logs are in {})", dir.path().display());
             if std::env::var_os("PALISADE_DEMO_SHOW_LOGS").is_some() {
                 for entry in std::fs::read_dir(dir.path())
@@ -497,21 +503,31 @@ async fn run(
     Ok(outcome)
 }
 
-/// Resolves on Ctrl-C, SIGTERM or SIGHUP (a closed terminal): each ends the demo the same
-/// way, everything it started stopped and its database dropped.
-async fn interrupted() {
+/// Why the scenario ended early.
+enum Stop {
+    /// A step failed or ran out of time.
+    Failed(Error),
+    /// A signal asked the demo to stop: its name and number.
+    Signal((&'static str, i32)),
+}
+
+/// Resolves on Ctrl-C, SIGTERM or SIGHUP (a closed terminal), with the signal's name and
+/// number: each ends the demo the same way, everything it started stopped, its database
+/// dropped and its directory removed, and the exit code 128 plus the number.
+async fn interrupted() -> (&'static str, i32) {
     use tokio::signal::unix::{signal, SignalKind};
     match (
         signal(SignalKind::terminate()),
         signal(SignalKind::hangup()),
     ) {
         (Ok(mut term), Ok(mut hup)) => tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-            _ = hup.recv() => {}
+            _ = tokio::signal::ctrl_c() => ("SIGINT", 2),
+            _ = term.recv() => ("SIGTERM", 15),
+            _ = hup.recv() => ("SIGHUP", 1),
         },
         _ => {
             let _ = tokio::signal::ctrl_c().await;
+            ("SIGINT", 2)
         }
     }
 }
