@@ -29,6 +29,8 @@ async fn fence_show_reads_a_poisoned_mark_and_reset_lowers_it_with_an_audited_re
     let db = TestDb::create().await;
     let mut client = db.connect().await;
     migrate(&mut client).await.unwrap();
+    // One database for both here: the resource's marks and the audit trail.
+    palisade_audit::migrate_client(&mut client).await.unwrap();
     let poison = FencingToken::from_parts(Epoch::new(1).unwrap(), Revision::new(7)).unwrap();
     client
         .execute(
@@ -71,7 +73,19 @@ async fn fence_show_reads_a_poisoned_mark_and_reset_lowers_it_with_an_audited_re
     };
     let (code, _, err) = reset(" ", &to);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("--reason must not be empty"), "{err}");
+    assert!(err.contains("--reason is blank"), "{err}");
+    let (code, _, err) = reset("line1\nline2\u{1b}[31mRED", &to);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--reason") && err.contains("control character"),
+        "{err}"
+    );
+    let (code, _, err) = reset(&"r".repeat(1025), &to);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--reason is 1025 bytes, more than 1024"),
+        "{err}"
+    );
     let (code, _, err) = reset("why", "12x");
     assert_eq!(code, 2, "{err}");
     let (code, _, err) = reset("raise it", &(poison.get() + 1).to_string());
@@ -192,4 +206,69 @@ async fn fence_show_names_a_database_that_does_not_exist_and_refuses_an_empty_re
             "{garbage:?}: {err}"
         );
     }
+}
+
+/// A reset whose --audit-database holds no audit trail is refused before the mark is
+/// touched, and nothing is created there; `show` prints a reason that SQL stored with
+/// control characters escaped, on one line.
+#[tokio::test]
+async fn fence_reset_refuses_an_audit_database_without_a_trail_and_show_escapes_stored_reasons() {
+    let db = TestDb::create().await;
+    let mut client = db.connect().await;
+    migrate(&mut client).await.unwrap();
+    let poison = FencingToken::from_parts(Epoch::new(1).unwrap(), Revision::new(7)).unwrap();
+    client
+        .execute(
+            "SELECT fence_raise('orders/1', $1)",
+            &[&(poison.get() as i64)],
+        )
+        .await
+        .unwrap();
+    let conn = db.connection_string();
+    let to = e0(120).to_string();
+    let (code, _, err) = palisade(&[
+        "fence",
+        "--database",
+        &conn,
+        "reset",
+        "orders/1",
+        "--to",
+        &to,
+        "--reason",
+        "why",
+        "--audit-database",
+        &conn,
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--audit-database has no audit trail"), "{err}");
+    let mark: i64 = client
+        .query_one("SELECT token FROM fence_high_water", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(mark, poison.get() as i64, "the mark is untouched");
+    let audit_tables: Option<String> = client
+        .query_one("SELECT to_regclass('audit_schema_migrations')::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(audit_tables, None, "no audit trail was created");
+
+    // A reset made in SQL, with a reason no CLI would take.
+    client
+        .execute(
+            "SELECT fence_reset('orders/1', $1, $2)",
+            &[&(e0(120).get() as i64), &"line1\nline2\u{1b}[31mRED"],
+        )
+        .await
+        .unwrap();
+    let (code, out, err) = palisade(&["fence", "--database", &conn, "show", "orders/1"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.lines().count(), 4, "{out}");
+    assert!(
+        out.ends_with(&format!(
+            "by postgres: {poison} -> {to} (line1\\nline2\\u{{1b}}[31mRED)\n"
+        )),
+        "{out}"
+    );
 }

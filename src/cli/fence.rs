@@ -4,7 +4,9 @@
 //! `show` reads `fence_high_water` and the resource's last resets (`fence_reset_log`).
 //! `reset` calls `fence_reset` (it only lowers, to a token you name, needs a reason, and
 //! logs itself in the resource's database) and then records the reset in the audit
-//! trail. Exit codes: 2 for a refused reset (empty reason, a token not below the mark),
+//! trail, which must exist already. Exit codes: 2 for a refused reset (a reason that is
+//! empty, blank, over 1024 bytes or holds a control character; a token not below the mark;
+//! an audit database without an audit trail),
 //! 3 when the resource has no mark.
 
 use palisade_fence::postgres::{read_resets, MarkReset};
@@ -42,7 +44,7 @@ enum FenceCommand {
         /// The new mark: a decimal token below the current mark.
         #[arg(long)]
         to: String,
-        /// Why (kept in both records); must not be empty.
+        /// Why (kept in both records): 1 to 1024 bytes, not blank, no control character.
         #[arg(long)]
         reason: String,
         /// The audit database, where the reset is recorded.
@@ -101,19 +103,27 @@ pub(crate) fn run(args: FenceArgs) -> Result<String> {
                 let to: FencingToken = to
                     .parse()
                     .map_err(|e| CliError::bad_input(format!("--to {to:?}: {e}")))?;
-                if reason.trim().is_empty() {
-                    return Err(CliError::bad_input("--reason must not be empty").into());
-                }
+                palisade_api::validate_text("--reason", &reason, palisade_api::MAX_REASON_LEN)
+                    .map_err(|e| CliError::bad_input(e.to_string()))?;
                 // Reach the audit trail before changing anything, so a reset is not left
                 // unrecorded for want of a connection.
-                let audit = palisade_audit::pool(&audit_database, 1)?;
-                palisade_audit::migrate(&audit).await?;
-                let audit = audit.get().await.map_err(|e| {
+                let pool = palisade_audit::pool(&audit_database, 1)?;
+                let mut audit = pool.get().await.map_err(|e| {
                     CliError::new(
                         Exit::Failure,
                         format!("audit database: {}", super::exit::with_causes(&e)),
                     )
                 })?;
+                // The record goes into an audit trail that exists: a mistyped
+                // --audit-database must not grow one of its own there, unread.
+                if !has_audit_trail(&audit).await? {
+                    return Err(CliError::bad_input(
+                        "--audit-database has no audit trail (no audit_schema_migrations table): \
+                         name the database that `palisade audit tail` writes to",
+                    )
+                    .into());
+                }
+                palisade_audit::migrate_client(&mut audit).await?;
                 let old = reset_mark(&client, &resource, to, &reason)
                     .await
                     .map_err(|e| match e.kind() {
@@ -178,11 +188,50 @@ async fn show(client: &tokio_postgres::Client, resource: &str, resets: i64) -> R
     } in log
     {
         out.push_str(&format!(
-            "\nreset {} by {reset_by}: {old} -> {new} ({reason})",
-            humantime::format_rfc3339_seconds(reset_at)
+            "\nreset {} by {}: {old} -> {new} ({})",
+            humantime::format_rfc3339_seconds(reset_at),
+            one_line(&reset_by),
+            one_line(&reason),
         ));
     }
     Ok(out)
+}
+
+/// `text` with its control characters escaped (`\n`, `\u{1b}`), so a stored reason or
+/// role, which SQL may have written, prints as one line and cannot drive the terminal.
+fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.chars().any(char::is_control) {
+        std::borrow::Cow::Owned(
+            text.chars()
+                .map(|c| {
+                    if c.is_control() {
+                        c.escape_default().to_string()
+                    } else {
+                        c.to_string()
+                    }
+                })
+                .collect(),
+        )
+    } else {
+        std::borrow::Cow::Borrowed(text)
+    }
+}
+
+/// Whether the database behind `client` holds an audit trail (its migrations table).
+async fn has_audit_trail(client: &tokio_postgres::Client) -> Result<bool> {
+    let row = client
+        .query_one(
+            "SELECT to_regclass('audit_schema_migrations') IS NOT NULL",
+            &[],
+        )
+        .await
+        .map_err(|e| {
+            CliError::new(
+                Exit::Failure,
+                format!("audit database: {}", super::exit::with_causes(&e)),
+            )
+        })?;
+    Ok(row.get(0))
 }
 
 /// A database failure with every cause (the server's own message included), and what to
