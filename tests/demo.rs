@@ -1,6 +1,6 @@
 //! The demo's scenario, headless: `examples/demo/` on its own three-member etcd and a
-//! fresh database on the local PostgreSQL, with its outcome checked (every test here starts
-//! etcd: `etcd` in each name).
+//! fresh database on the local PostgreSQL, with its outcome checked, and the examples it
+//! runs (the tests that start etcd have `etcd` in their names).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -367,4 +367,64 @@ async fn assert_no_database(dbname: &str) {
         .await
         .unwrap();
     assert!(left.is_empty(), "database {dbname} was left behind");
+}
+
+/// `examples/protected_service.rs` answers an id Postgres cannot store (a `%00` in the
+/// path) with 400 on its fenced and its advisory route, and still writes a good one.
+#[tokio::test]
+async fn protected_service_refuses_an_id_with_a_nul_as_the_clients_mistake() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let service = demo_binary().with_file_name("protected_service");
+    let db = palisade_testkit::TestDb::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(&service)
+        .arg("--database")
+        .arg(db.connection_string())
+        .arg("--spool")
+        .arg(dir.path().join("spool.jsonl"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start protected_service");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("listening on http://")
+        .unwrap_or_else(|| panic!("{line:?}"))
+        .to_owned();
+    let put = |path: &str| {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        write!(
+            s,
+            "PUT {path} HTTP/1.1\r\nHost: x\r\nFencing-Token: 5\r\nContent-Length: 1\r\n\
+             Connection: close\r\n\r\nx"
+        )
+        .unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).unwrap();
+        answer
+    };
+    let nul = put("/orders/a%00b");
+    let legacy = put("/legacy/a%00b");
+    let good = put("/orders/a-b");
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(nul.starts_with("HTTP/1.1 400"), "{nul}");
+    assert!(
+        nul.contains(r#"id "a\0b" holds a control character"#),
+        "{nul}"
+    );
+    assert!(legacy.starts_with("HTTP/1.1 400"), "{legacy}");
+    assert!(good.starts_with("HTTP/1.1 200"), "{good}");
+    let client = db.connect().await;
+    let ids: Vec<String> = client
+        .query("SELECT id FROM invoice", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(ids, vec!["a-b".to_owned()]);
 }
