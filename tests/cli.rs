@@ -254,6 +254,34 @@ fn audit_serve_on_a_taken_address_names_it() {
     assert!(err.contains("in use"), "{err}");
 }
 
+/// `serve` on a taken address says so before it contacts etcd (here an endpoint nothing
+/// answers on) or writes anything: no epoch file is created.
+#[test]
+fn serve_on_a_taken_address_names_it_before_contacting_etcd() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let epoch = dir.path().join("epoch.json");
+    let (code, _, err) = palisade(&[
+        "serve",
+        "--etcd",
+        "http://127.0.0.1:1",
+        "--insecure-dev-identity",
+        "--listen",
+        &addr,
+        "--config",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/examples/authz.toml"),
+        "--epoch-file",
+        epoch.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(&format!("cannot listen on {addr}: ")) && err.contains("in use"),
+        "{err}"
+    );
+    assert!(!epoch.exists(), "the epoch file was written");
+}
+
 #[test]
 fn serve_help_shows_the_config_format_and_the_sample_config_loads() {
     let (code, out, _) = palisade(&["serve", "--help"]);

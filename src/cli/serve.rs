@@ -217,6 +217,12 @@ async fn serve(
     listening: Listening,
 ) -> Result<String> {
     let authz = Authz::load(&args.config).map_err(|e| CliError::bad_input(with_causes(&e)))?;
+    // The address first: a start that cannot serve writes nothing to etcd (connecting a
+    // locker moves the epoch reservation). Connections that arrive before the service
+    // is up wait in the listen backlog.
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| failed(format!("cannot listen on {}", args.listen))(&e))?;
     // Signals are taken from here on: a SIGTERM during the start still stops cleanly.
     let stop = tokio::spawn(stop_signal());
     let reload = authz.clone();
@@ -285,9 +291,6 @@ async fn serve(
     let lockers: Vec<Locker> = tiers.iter().map(|(_, l)| l.clone()).collect();
     let tiers = palisade_lock::Tiers::new(args.home_tier.clone(), tiers)
         .map_err(|e| CliError::bad_input(format!("--tier: {e}")))?;
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .map_err(|e| failed(format!("cannot listen on {}", args.listen))(&e))?;
     let mut options = ServiceOptions::new(authz)
         .with_max_sessions_per_identity(args.max_sessions_per_identity)
         .with_tiers(tiers);
