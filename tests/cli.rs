@@ -205,6 +205,53 @@ fn an_unreachable_service_is_named_in_the_error() {
     assert!(err.contains("refused"), "{err}");
 }
 
+/// A `--service` that answers with something other than a problem document (here 404 with
+/// an empty body, then an HTML page) is named, with what it sent, instead of an empty
+/// "decode" detail.
+#[test]
+fn a_service_url_that_is_no_lock_service_is_named_with_what_it_sent() {
+    use std::io::{Read, Write};
+    let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", server.local_addr().unwrap());
+    let bodies = ["", "<html><body>Not Found</body></html>"];
+    let answering = std::thread::spawn(move || {
+        for body in bodies {
+            let (mut conn, _) = server.accept().unwrap();
+            let mut request = [0u8; 4096];
+            let _ = conn.read(&mut request).unwrap();
+            write!(
+                conn,
+                "HTTP/1.1 404 Not Found\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .unwrap();
+        }
+    });
+    let status = || {
+        Command::new(env!("CARGO_BIN_EXE_palisade"))
+            .args(["lock", "status", "orders/jobs/k", "--service", &url])
+            .env("PALISADE_DEV_IDENTITY", "spiffe://acme/ops/alice")
+            .output()
+            .unwrap()
+    };
+    let empty = status();
+    let html = status();
+    answering.join().unwrap();
+    let empty = String::from_utf8_lossy(&empty.stderr).into_owned();
+    let html = String::from_utf8_lossy(&html.stderr).into_owned();
+    assert!(
+        empty.contains(&format!(
+            "answered 404 decode: {url} sent no problem document (an empty body): \
+             is it a Palisade lock service?"
+        )),
+        "{empty}"
+    );
+    assert!(
+        html.contains(r#"It sent "<html><body>Not Found</body></html>""#),
+        "{html}"
+    );
+}
+
 /// A dev identity that is no SPIFFE ID (an empty `PALISADE_DEV_IDENTITY`, say) is bad
 /// input, refused before anything is sent.
 #[test]

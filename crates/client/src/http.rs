@@ -148,8 +148,28 @@ impl Http {
             }),
             Err(_) => Err(ClientError::decode(
                 status,
-                String::from_utf8_lossy(&body).into_owned(),
+                not_a_problem(&self.base, &body),
             )),
         }
     }
+}
+
+/// The detail of an error answer that is no problem document: most likely `base` is not
+/// a Palisade lock service (an audit dashboard, a proxy's page). Names the URL and shows
+/// the start of the body, escaped.
+fn not_a_problem(base: &str, body: &[u8]) -> String {
+    const SHOWN: usize = 200;
+    let text = String::from_utf8_lossy(body);
+    let text = text.trim();
+    if text.is_empty() {
+        return format!(
+            "{base} sent no problem document (an empty body): is it a Palisade lock service?"
+        );
+    }
+    let shown: String = text.chars().take(SHOWN).collect();
+    let more = if shown.len() < text.len() { "..." } else { "" };
+    format!(
+        "{base} sent no problem document: is it a Palisade lock service? It sent {:?}{more}",
+        shown
+    )
 }
