@@ -329,6 +329,36 @@ fn serve_on_a_taken_address_names_it_before_contacting_etcd() {
     assert!(!epoch.exists(), "the epoch file was written");
 }
 
+/// An epoch file in a directory that does not exist is bad input, named before etcd is
+/// contacted (here an endpoint nothing answers on).
+#[test]
+fn serve_with_an_epoch_file_in_a_missing_directory_names_the_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("gone");
+    let epoch = missing.join("epoch.json");
+    let (code, _, err) = palisade(&[
+        "serve",
+        "--etcd",
+        "http://127.0.0.1:1",
+        "--insecure-dev-identity",
+        "--listen",
+        "127.0.0.1:0",
+        "--config",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/examples/authz.toml"),
+        "--epoch-file",
+        epoch.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(
+        err.trim_end(),
+        format!(
+            "palisade: --epoch-file {}: its directory {} does not exist",
+            epoch.display(),
+            missing.display()
+        )
+    );
+}
+
 #[test]
 fn serve_help_shows_the_config_format_and_the_sample_config_loads() {
     let (code, out, _) = palisade(&["serve", "--help"]);

@@ -164,9 +164,24 @@ pub(crate) fn run(args: ServeArgs) -> Result<String> {
         .map_err(|e| CliError::bad_input(format!("--home-tier: {e}")))?;
     let tiers = etcd::tiers(&args.home_tier, &args.tiers, &args.tier_tls)?;
     let listening = listening(&args)?;
+    epoch_dir(&args.epoch_file, "--epoch-file")?;
     init_logging(args.log_format);
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(serve(args, home, tiers, listening))
+}
+
+/// Refuses an epoch file whose directory does not exist: the file could never be written
+/// there, and a start that cannot read it would say NOT READY and blame the record.
+fn epoch_dir(file: &std::path::Path, flag: &str) -> Result<()> {
+    match file.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(dir) if !dir.is_dir() => Err(CliError::bad_input(format!(
+            "{flag} {}: its directory {} does not exist",
+            file.display(),
+            dir.display()
+        ))
+        .into()),
+        _ => Ok(()),
+    }
 }
 
 /// How the service authenticates its callers.
