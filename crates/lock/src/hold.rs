@@ -37,6 +37,11 @@ pub struct Hold {
     /// The oldest waiter when the hold was granted, whom the release hands over to
     /// (see [`crate::handover`]); `None`: a plain release.
     pub(crate) successor: Option<Successor>,
+    /// Whether the acquire that granted this hold ended an earlier hold of the same
+    /// session on the lock, one whose release never got through (its handle let go, as
+    /// the service's holds are): what was kept with that hold, such as its quota slot,
+    /// is the caller's to free.
+    pub(crate) replaced_earlier: bool,
     pub(crate) done: bool,
 }
 

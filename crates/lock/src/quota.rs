@@ -298,10 +298,18 @@ impl Locker {
                         continue;
                     }
                 }
-                if result.is_ok() {
-                    self.inner
-                        .sessions
-                        .keep_slot(record.lease, take.taker.clone(), slot);
+                if let Ok(hold) = &result {
+                    let cached = self.inner.sessions.keep_slot(
+                        record.lease,
+                        take.taker.clone(),
+                        slot.clone(),
+                    );
+                    if hold.replaced_earlier || cached.is_some_and(|old| old != slot) {
+                        // The acquire ended an earlier hold of this session on the lock
+                        // (a retry after a lost answer, say): its slot goes with it.
+                        self.free_earlier_slots(&name.ns, record.lease, &take.taker, &slot)
+                            .await;
+                    }
                 } else if result.as_ref().is_err_and(Error::is_session_lost) {
                     self.inner.sessions.forget(record.lease);
                 }
@@ -420,6 +428,64 @@ impl Locker {
             }))
     }
 
+    /// Frees every slot of `taker` (a session's hold or wait on one lock) but `kept`: what
+    /// is left of an earlier hold of the session on that lock, which the acquire that took
+    /// `kept` ended. One Range of the namespace's slots and one Txn; a failure is logged,
+    /// and such a slot then goes with its session.
+    async fn free_earlier_slots(&self, ns: &str, lease: LeaseId, taker: &str, kept: &SlotRef) {
+        let inner = &self.inner;
+        let prefix = inner.keys.quota_slots(ns);
+        let per_request = inner.request_timeout;
+        let read = retry::call(
+            "quota.find",
+            Instant::now() + per_request * 3,
+            per_request,
+            || {
+                let (mut c, prefix) = (inner.client.clone(), prefix.clone());
+                async move { c.get(prefix, Some(GetOptions::new().with_prefix())).await }
+            },
+        )
+        .await;
+        let resp = match read {
+            Ok(resp) => resp,
+            Err(e) => {
+                tracing::warn!(error = ?e, "earlier quota slots not read; they go with their session");
+                return;
+            }
+        };
+        let mine = format!("{taker}#");
+        let ops: Vec<TxnOp> = resp
+            .kvs()
+            .iter()
+            .filter(|kv| kv.lease() == lease.get() && kv.value().starts_with(mine.as_bytes()))
+            .filter_map(|kv| {
+                Some(SlotRef {
+                    key: kv.key_str().ok()?.to_owned(),
+                    value: kv.value_str().ok()?.to_owned(),
+                })
+            })
+            .filter(|slot| slot != kept)
+            .map(|slot| free_op(&slot))
+            .collect();
+        if ops.is_empty() {
+            return;
+        }
+        let txn = Txn::new().and_then(ops);
+        let freed = retry::call(
+            "quota.free",
+            Instant::now() + per_request * 3,
+            per_request,
+            || {
+                let (mut c, txn) = (inner.client.clone(), txn.clone());
+                async move { c.txn(txn).await }
+            },
+        )
+        .await;
+        if let Err(e) = freed {
+            tracing::warn!(error = ?e, "earlier quota slots not deleted; they go with their session");
+        }
+    }
+
     /// Puts back a slot [`Locker::quota_slot_of`] handed out, when it was not freed.
     pub(crate) fn keep_quota_slot(
         &self,
@@ -429,7 +495,7 @@ impl Locker {
         slot: SlotRef,
     ) {
         let taker = RootKeys::quota_taker(lease, Some((mode, &lock.class, &lock.key)));
-        self.inner.sessions.keep_slot(lease, taker, slot);
+        let _ = self.inner.sessions.keep_slot(lease, taker, slot);
     }
 }
 /// Puts that take one of at most `limit` keys under `prefix`, atomically across every

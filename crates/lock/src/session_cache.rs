@@ -129,20 +129,23 @@ impl SessionCache {
     }
 
     /// Remembers the slot `taker` of `lease` took.
-    pub(crate) fn keep_slot(&self, lease: LeaseId, taker: String, slot: SlotRef) {
+    /// Returns the slot it replaces, one an earlier take of `taker` left here.
+    pub(crate) fn keep_slot(
+        &self,
+        lease: LeaseId,
+        taker: String,
+        slot: SlotRef,
+    ) -> Option<SlotRef> {
         let mut s = self.state();
         if s.slot_count >= MAX_ENTRIES {
             s.slots.clear();
             s.slot_count = 0;
         }
-        if s.slots
-            .entry(lease)
-            .or_default()
-            .insert(taker, slot)
-            .is_none()
-        {
+        let replaced = s.slots.entry(lease).or_default().insert(taker, slot);
+        if replaced.is_none() {
             s.slot_count += 1;
         }
+        replaced
     }
 
     /// The slot `taker` of `lease` took through this locker, forgotten here.

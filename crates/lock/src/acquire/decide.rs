@@ -208,7 +208,10 @@ impl Attempt {
                     TxnOp::delete(stale.key.clone(), None),
                     TxnOp::delete(k.grant_for_hold(&stale.key), None),
                 ]);
-            self.txn(txn).await?;
+            if self.txn(txn).await?.succeeded() {
+                self.replaced_earlier
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+            }
             return Ok(Step::Next(self.read().await?));
         }
         let Some(mine) = view

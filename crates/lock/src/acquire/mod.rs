@@ -146,6 +146,9 @@ struct Attempt {
     successor: std::sync::Mutex<Option<Successor>>,
     /// The caller's additions to the first Txn, if any.
     guard: Option<Arc<TxnGuard>>,
+    /// Whether this attempt ended an earlier hold of its session on the lock (see
+    /// `Hold::replaced_earlier`).
+    replaced_earlier: AtomicBool,
 }
 
 /// Whether a grant in `class` writes a grant record (`g/<m>/<lease>`, no lease): only
@@ -203,6 +206,7 @@ pub(crate) async fn acquire(
         owns_busy: true,
         successor: std::sync::Mutex::new(None),
         guard,
+        replaced_earlier: AtomicBool::new(false),
     };
     if let Some(m) = epoch.mismatch {
         attempt.disarmed = true;
@@ -281,6 +285,7 @@ impl Attempt {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .take(),
+            replaced_earlier: self.replaced_earlier.load(Ordering::SeqCst),
             done: false,
         }
     }

@@ -23,7 +23,9 @@ use palisade_api::HolderMeta;
 use palisade_api::ProblemKind;
 use palisade_lock::LockName;
 
-/// Acquires a lock; long-polls until granted or `wait_ms` passes.
+/// Acquires a lock; long-polls until granted or `wait_ms` passes. A session that already
+/// holds the lock gets a new hold with a higher token (a retry after a lost answer): the
+/// earlier hold ends, with its quota slot.
 #[utoipa::path(post, path = routes::ACQUIRE, tag = "locks",
     request_body = AcquireBody,
     responses((status = 200, description = "granted", body = HoldView), AcquireProblems))]

@@ -293,6 +293,106 @@ async fn etcd_try_acquire_with_wait_0_is_granted_on_a_free_lock_every_time() {
     assert_eq!(slots(&f).await, 1, "only the holder's slot");
 }
 
+/// An acquire by a session that already holds the lock (a retry whose first answer was
+/// lost, say) ends that hold and grants a new one with a higher token: the earlier grant
+/// can no longer be released, one hold is left, and the earlier hold's quota slot goes
+/// with it, also when the retry reaches another replica.
+#[tokio::test]
+async fn etcd_an_acquire_by_the_holding_session_replaces_its_hold_with_a_newer_token() {
+    let f = fixture(2).await;
+    let addr = f.replicas[0].addr;
+    let s = open(addr, OWNER, 30_000).await;
+    let first = call(
+        addr,
+        "POST",
+        "/v1/locks/acquire",
+        OWNER,
+        acquire_body(&s, "k", 1000),
+    )
+    .await;
+    assert_eq!(first.status, 200, "{:?}", first.body);
+    let again = call(
+        addr,
+        "POST",
+        "/v1/locks/acquire",
+        OWNER,
+        acquire_body(&s, "k", 1000),
+    )
+    .await;
+    assert_eq!(again.status, 200, "{:?}", again.body);
+    let token = |v: &Value| {
+        v["token"]
+            .as_str()
+            .map(|t| t.parse::<u64>().unwrap())
+            .or_else(|| v["token"].as_u64())
+            .unwrap()
+    };
+    assert!(
+        token(&again.body) > token(&first.body),
+        "{:?} {:?}",
+        first.body,
+        again.body
+    );
+    let holds: Vec<String> = keys(&f)
+        .await
+        .into_iter()
+        .filter(|k| k.contains("/h/"))
+        .collect();
+    assert_eq!(holds.len(), 1, "{holds:?}");
+    let r = call(
+        addr,
+        "POST",
+        "/v1/locks/release",
+        OWNER,
+        release_body(&s, "k", &first.body["grant_rev"]),
+    )
+    .await;
+    assert_problem(&r, 409, "not-held");
+    let r = call(
+        addr,
+        "POST",
+        "/v1/locks/release",
+        OWNER,
+        release_body(&s, "k", &again.body["grant_rev"]),
+    )
+    .await;
+    assert_eq!(r.status, 204, "{:?}", r.body);
+    assert_eq!(slots(&f).await, 0, "the quota slot went with the hold");
+
+    // The same through the other replica, whose cache knows nothing of the first slot.
+    let other = f.replicas[1].addr;
+    let first = call(
+        addr,
+        "POST",
+        "/v1/locks/acquire",
+        OWNER,
+        acquire_body(&s, "k", 1000),
+    )
+    .await;
+    assert_eq!(first.status, 200, "{:?}", first.body);
+    let again = call(
+        other,
+        "POST",
+        "/v1/locks/acquire",
+        OWNER,
+        acquire_body(&s, "k", 1000),
+    )
+    .await;
+    assert_eq!(again.status, 200, "{:?}", again.body);
+    assert!(token(&again.body) > token(&first.body));
+    assert_eq!(slots(&f).await, 1, "the earlier hold's slot was freed");
+    let r = call(
+        other,
+        "POST",
+        "/v1/locks/release",
+        OWNER,
+        release_body(&s, "k", &again.body["grant_rev"]),
+    )
+    .await;
+    assert_eq!(r.status, 204, "{:?}", r.body);
+    assert_eq!(slots(&f).await, 0);
+}
+
 #[tokio::test]
 async fn etcd_a_release_that_finds_no_such_hold_frees_no_quota_slot() {
     let f = fixture(1).await;
