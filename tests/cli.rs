@@ -301,6 +301,22 @@ fn audit_serve_on_a_taken_address_names_it() {
     assert!(err.contains("in use"), "{err}");
 }
 
+/// `palisade serve` in dev mode on `listen`, with an etcd endpoint nothing answers on.
+fn serve_on_no_etcd(listen: &str, epoch_file: &std::path::Path) -> (i32, String, String) {
+    palisade(&[
+        "serve",
+        "--etcd",
+        "http://127.0.0.1:1",
+        "--insecure-dev-identity",
+        "--listen",
+        listen,
+        "--config",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/examples/authz.toml"),
+        "--epoch-file",
+        epoch_file.to_str().unwrap(),
+    ])
+}
+
 /// `serve` on a taken address says so before it contacts etcd (here an endpoint nothing
 /// answers on) or writes anything: no epoch file is created.
 #[test]
@@ -309,18 +325,7 @@ fn serve_on_a_taken_address_names_it_before_contacting_etcd() {
     let addr = taken.local_addr().unwrap().to_string();
     let dir = tempfile::tempdir().unwrap();
     let epoch = dir.path().join("epoch.json");
-    let (code, _, err) = palisade(&[
-        "serve",
-        "--etcd",
-        "http://127.0.0.1:1",
-        "--insecure-dev-identity",
-        "--listen",
-        &addr,
-        "--config",
-        concat!(env!("CARGO_MANIFEST_DIR"), "/examples/authz.toml"),
-        "--epoch-file",
-        epoch.to_str().unwrap(),
-    ]);
+    let (code, _, err) = serve_on_no_etcd(&addr, &epoch);
     assert_eq!(code, 1, "{err}");
     assert!(
         err.contains(&format!("cannot listen on {addr}: ")) && err.contains("in use"),
@@ -336,18 +341,7 @@ fn serve_with_an_epoch_file_in_a_missing_directory_names_the_directory() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("gone");
     let epoch = missing.join("epoch.json");
-    let (code, _, err) = palisade(&[
-        "serve",
-        "--etcd",
-        "http://127.0.0.1:1",
-        "--insecure-dev-identity",
-        "--listen",
-        "127.0.0.1:0",
-        "--config",
-        concat!(env!("CARGO_MANIFEST_DIR"), "/examples/authz.toml"),
-        "--epoch-file",
-        epoch.to_str().unwrap(),
-    ]);
+    let (code, _, err) = serve_on_no_etcd("127.0.0.1:0", &epoch);
     assert_eq!(code, 2, "{err}");
     assert_eq!(
         err.trim_end(),

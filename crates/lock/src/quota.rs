@@ -402,8 +402,17 @@ impl Locker {
         if let Some(slot) = self.inner.sessions.take_slot(lease, &taker) {
             return Ok(Some(slot));
         }
+        Ok(self
+            .slots_of(&lock.ns, lease, &taker)
+            .await?
+            .into_iter()
+            .next())
+    }
+
+    /// The slots of namespace `ns` that `taker` of `lease` took, read in one Range.
+    async fn slots_of(&self, ns: &str, lease: LeaseId, taker: &str) -> Result<Vec<SlotRef>> {
         let inner = &self.inner;
-        let prefix = inner.keys.quota_slots(&lock.ns);
+        let prefix = inner.keys.quota_slots(ns);
         let resp = retry::call(
             "quota.find",
             Instant::now() + inner.request_timeout * 3,
@@ -420,12 +429,13 @@ impl Locker {
             .kvs()
             .iter()
             .filter(|kv| kv.lease() == lease.get() && kv.value().starts_with(mine.as_bytes()))
-            .find_map(|kv| {
+            .filter_map(|kv| {
                 Some(SlotRef {
                     key: kv.key_str().ok()?.to_owned(),
                     value: kv.value_str().ok()?.to_owned(),
                 })
-            }))
+            })
+            .collect())
     }
 
     /// Frees every slot of `taker` (a session's hold or wait on one lock) but `kept`: what
@@ -433,50 +443,24 @@ impl Locker {
     /// `kept` ended. One Range of the namespace's slots and one Txn; a failure is logged,
     /// and such a slot then goes with its session.
     async fn free_earlier_slots(&self, ns: &str, lease: LeaseId, taker: &str, kept: &SlotRef) {
-        let inner = &self.inner;
-        let prefix = inner.keys.quota_slots(ns);
-        let per_request = inner.request_timeout;
-        let read = retry::call(
-            "quota.find",
-            Instant::now() + per_request * 3,
-            per_request,
-            || {
-                let (mut c, prefix) = (inner.client.clone(), prefix.clone());
-                async move { c.get(prefix, Some(GetOptions::new().with_prefix())).await }
-            },
-        )
-        .await;
-        let resp = match read {
-            Ok(resp) => resp,
+        let ops: Vec<TxnOp> = match self.slots_of(ns, lease, taker).await {
+            Ok(slots) => slots.iter().filter(|s| *s != kept).map(free_op).collect(),
             Err(e) => {
                 tracing::warn!(error = ?e, "earlier quota slots not read; they go with their session");
                 return;
             }
         };
-        let mine = format!("{taker}#");
-        let ops: Vec<TxnOp> = resp
-            .kvs()
-            .iter()
-            .filter(|kv| kv.lease() == lease.get() && kv.value().starts_with(mine.as_bytes()))
-            .filter_map(|kv| {
-                Some(SlotRef {
-                    key: kv.key_str().ok()?.to_owned(),
-                    value: kv.value_str().ok()?.to_owned(),
-                })
-            })
-            .filter(|slot| slot != kept)
-            .map(|slot| free_op(&slot))
-            .collect();
         if ops.is_empty() {
             return;
         }
+        let per_request = self.inner.request_timeout;
         let txn = Txn::new().and_then(ops);
         let freed = retry::call(
             "quota.free",
             Instant::now() + per_request * 3,
             per_request,
             || {
-                let (mut c, txn) = (inner.client.clone(), txn.clone());
+                let (mut c, txn) = (self.inner.client.clone(), txn.clone());
                 async move { c.txn(txn).await }
             },
         )
