@@ -24,13 +24,9 @@ fn e0(rev: u64) -> FencingToken {
     FencingToken::from_parts(Epoch::new(0).unwrap(), Revision::new(rev)).unwrap()
 }
 
-#[tokio::test]
-async fn fence_show_reads_a_poisoned_mark_and_reset_lowers_it_with_an_audited_reason() {
-    let db = TestDb::create().await;
-    let mut client = db.connect().await;
-    migrate(&mut client).await.unwrap();
-    // One database for both here: the resource's marks and the audit trail.
-    palisade_audit::migrate_client(&mut client).await.unwrap();
+/// Raises `orders/1`'s mark to an epoch-1 token, as an example's token sent to an epoch-0
+/// system does; returns that token.
+async fn poison(client: &tokio_postgres::Client) -> FencingToken {
     let poison = FencingToken::from_parts(Epoch::new(1).unwrap(), Revision::new(7)).unwrap();
     client
         .execute(
@@ -39,6 +35,17 @@ async fn fence_show_reads_a_poisoned_mark_and_reset_lowers_it_with_an_audited_re
         )
         .await
         .unwrap();
+    poison
+}
+
+#[tokio::test]
+async fn fence_show_reads_a_poisoned_mark_and_reset_lowers_it_with_an_audited_reason() {
+    let db = TestDb::create().await;
+    let mut client = db.connect().await;
+    migrate(&mut client).await.unwrap();
+    // One database for both here: the resource's marks and the audit trail.
+    palisade_audit::migrate_client(&mut client).await.unwrap();
+    let poison = poison(&client).await;
     let conn = db.connection_string();
 
     let (code, out, err) = palisade(&["fence", "--database", &conn, "show", "orders/1"]);
@@ -216,14 +223,7 @@ async fn fence_reset_refuses_an_audit_database_without_a_trail_and_show_escapes_
     let db = TestDb::create().await;
     let mut client = db.connect().await;
     migrate(&mut client).await.unwrap();
-    let poison = FencingToken::from_parts(Epoch::new(1).unwrap(), Revision::new(7)).unwrap();
-    client
-        .execute(
-            "SELECT fence_raise('orders/1', $1)",
-            &[&(poison.get() as i64)],
-        )
-        .await
-        .unwrap();
+    let poison = poison(&client).await;
     let conn = db.connection_string();
     let to = e0(120).to_string();
     let (code, _, err) = palisade(&[
