@@ -1,6 +1,6 @@
 //! The fence layer over HTTP: one axum service bare, behind `FenceLayer` with a
-//! `MemoryStore`, and behind `FenceLayer` with a `PostgresStore` (on a pool, and on one
-//! connection), loaded by N keep-alive HTTP/1.1 connections over loopback (a hyper client
+//! `MemoryStore`, and behind `FenceLayer` with a `PostgresStore` (on a pool, on one
+//! connection, and on a pool with prepared statements), loaded by N keep-alive HTTP/1.1 connections over loopback (a hyper client
 //! in this process).
 //!
 //! The servers run on their own one-thread runtime (one core, as a small service would)
@@ -36,25 +36,30 @@ pub(crate) struct HttpArgs {
     pub(crate) pg_pool: usize,
 }
 
-const VARIANTS: [&str; 4] = [
+const VARIANTS: [&str; 5] = [
     "bare axum",
     "FenceLayer + MemoryStore",
     "FenceLayer + PostgresStore (pool)",
     "FenceLayer + PostgresStore (1 connection)",
+    "FenceLayer + PostgresStore (pool, prepared statements)",
 ];
-const TARGETS: [&str; 4] = ["", ">= 0.97x", ">= 0.6x", ""];
+const TARGETS: [&str; 5] = ["", ">= 0.97x", ">= 0.6x", "", ">= 0.6x"];
 
-/// Starts the three servers, runs the comparison, returns its table.
+/// Starts the servers, runs the comparison, returns its table.
 pub(crate) async fn run(args: &HttpArgs) -> Result<Table> {
     let db = TestDb::create().await;
     let mut setup = db.connect().await;
     migrate(&mut setup).await?;
     let store_client = Arc::new(db.connect().await);
-    let manager = deadpool_postgres::Manager::new(db.config(), tokio_postgres::NoTls);
-    let pool = deadpool_postgres::Pool::builder(manager)
+    let pool = || {
+        deadpool_postgres::Pool::builder(deadpool_postgres::Manager::new(
+            db.config(),
+            tokio_postgres::NoTls,
+        ))
         .max_size(args.pg_pool.max(1))
         .build()
-        .map_err(|_| BenchError::Unexpected("the Postgres pool did not build"))?;
+        .map_err(|_| BenchError::Unexpected("the Postgres pool did not build"))
+    };
 
     // The servers' runtime: one worker thread, kept alive until the bench ends.
     let server_rt = tokio::runtime::Builder::new_multi_thread()
@@ -66,7 +71,8 @@ pub(crate) async fn run(args: &HttpArgs) -> Result<Table> {
     let memory = Router::new()
         .route("/r/{id}", handler())
         .route_layer(FenceLayer::new(MemoryStore::new(1_000_000)));
-    let pooled_store = PostgresStore::from_pool(pool);
+    let pooled_store = PostgresStore::from_pool(pool()?);
+    let prepared_store = PostgresStore::from_pool(pool()?).with_prepared_statements();
     let single_store = PostgresStore::new(Arc::clone(&store_client));
     let pooled = Router::new()
         .route("/r/{id}", handler())
@@ -74,8 +80,11 @@ pub(crate) async fn run(args: &HttpArgs) -> Result<Table> {
     let single = Router::new()
         .route("/r/{id}", handler())
         .route_layer(FenceLayer::new(single_store.clone()));
+    let prepared = Router::new()
+        .route("/r/{id}", handler())
+        .route_layer(FenceLayer::new(prepared_store.clone()));
     let mut addrs = Vec::new();
-    for app in [bare, memory, pooled, single] {
+    for app in [bare, memory, pooled, single, prepared] {
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
         listener.set_nonblocking(true)?;
         addrs.push(listener.local_addr()?);
@@ -129,6 +138,7 @@ pub(crate) async fn run(args: &HttpArgs) -> Result<Table> {
         String::new(),
         per_batch(&pooled_store),
         per_batch(&single_store),
+        per_batch(&prepared_store),
     ];
     for (v, s) in run.merged.iter().enumerate() {
         table.row(vec![

@@ -109,12 +109,7 @@ impl FenceError {
                     FenceErrorKind::SerializationFailure
                 }
                 Some(c) if *c == SqlState::T_R_DEADLOCK_DETECTED => FenceErrorKind::Deadlock,
-                Some(c)
-                    if *c == SqlState::INVALID_SQL_STATEMENT_NAME
-                        || *c == SqlState::DUPLICATE_PSTATEMENT =>
-                {
-                    FenceErrorKind::NeedsSession
-                }
+                Some(_) if needs_session(e) => FenceErrorKind::NeedsSession,
                 Some(c) if *c == SqlState::INVALID_PARAMETER_VALUE => FenceErrorKind::BadReset,
                 Some(c) if *c == SqlState::NO_DATA_FOUND => FenceErrorKind::NoMark,
                 _ => FenceErrorKind::Database,
@@ -220,6 +215,12 @@ impl From<tokio_postgres::Error> for FenceError {
     fn from(e: tokio_postgres::Error) -> Self {
         FenceError { repr: Repr::Db(e) }
     }
+}
+
+/// Whether a database error says a prepared statement is not on this server session:
+/// SQLSTATE `26000` (missing) or `42P05` (the name is taken by another statement).
+pub(crate) fn needs_session(e: &tokio_postgres::Error) -> bool {
+    matches!(e.code(), Some(c) if *c == SqlState::INVALID_SQL_STATEMENT_NAME || *c == SqlState::DUPLICATE_PSTATEMENT)
 }
 
 /// Whether a database error is worth retrying: SQLSTATE `40001` or `40P01`.

@@ -80,7 +80,7 @@
 //!
 //! | form | behind a transaction-mode pooler |
 //! |---|---|
-//! | [`PostgresStore`](crate::PostgresStore) | works: unnamed statements, each its own transaction |
+//! | [`PostgresStore`](crate::PostgresStore) | works: unnamed statements, each its own transaction; with [`with_prepared_statements`](crate::PostgresStore::with_prepared_statements) it needs a session |
 //! | [`fenced_transaction`], [`FencedTransaction`], [`begin_fenced`] | works: `BEGIN`, the raise (unnamed) and the body are one transaction; a body's own statements run inside it |
 //! | [`FencedUpdate::execute`] | works: unnamed statements; the parameter types are learned once with `PREPARE`, a catalog read and `DEALLOCATE` in one simple query |
 //! | [`fenced_execute`] | needs a session when its statements are prepared on the client (they are named) |
@@ -132,7 +132,7 @@ use tokio_postgres::types::Type;
 use tokio_postgres::{GenericClient, Transaction};
 
 pub use admin::{read_mark, read_resets, reset_mark, Mark, MarkReset};
-pub(crate) use error::is_retryable;
+pub(crate) use error::{is_retryable, needs_session};
 pub use error::{FenceError, FenceErrorKind};
 pub use pipeline::{fenced_execute, FencedStatement, PreparedFence};
 pub use transaction::{fenced_transaction, FencedTransaction, TxFuture};

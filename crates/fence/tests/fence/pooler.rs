@@ -8,7 +8,7 @@ use axum::Router;
 use http::{Method, StatusCode};
 use palisade_fence::{
     begin_fenced, fenced_execute, fenced_transaction, migrate, FenceError, FenceErrorKind,
-    FenceLayer, FencedUpdate, PostgresStore, PreparedFence,
+    FenceLayer, FencedUpdate, HighWaterStore, PostgresStore, PreparedFence, Raise,
 };
 use palisade_testkit::{PgBouncer, TestDb};
 use tokio_postgres::{Client, NoTls};
@@ -288,4 +288,30 @@ async fn prepared_forms_behind_pgbouncer_fail_with_a_session_error_and_write_not
 
     assert_eq!(pooled.balance(3).await, 0, "nothing was written");
     assert_eq!(mark(&pooled.direct, "account/3").await, None);
+}
+
+/// A store told to use prepared statements needs a session too. Behind a transaction-mode
+/// pooler, once its next batch runs on another backend, the raise fails as a
+/// misconfiguration (not retryable, naming the setting) and raises nothing, where the
+/// default store (first test above) admits every write.
+#[tokio::test]
+async fn a_store_with_prepared_statements_behind_pgbouncer_fails_with_a_session_error() {
+    let pooled = Pooled::new().await;
+    let store = PostgresStore::new(Arc::new(pooled.connect().await)).with_prepared_statements();
+    assert_eq!(
+        store.raise("orders/7", tok(1)).await.unwrap(),
+        Raise::Admitted
+    );
+
+    let hog = Hog::take(&pooled).await;
+    let e = store.raise("orders/7", tok(2)).await.unwrap_err();
+    assert!(!e.is_retryable(), "{e:?}");
+    let cause = std::error::Error::source(&e).map(ToString::to_string);
+    let cause = cause.unwrap_or_default();
+    assert!(
+        cause.contains("with_prepared_statements needs a session"),
+        "{cause}"
+    );
+    hog.release().await;
+    assert_eq!(mark(&pooled.direct, "orders/7").await, Some(tok(1)));
 }

@@ -72,6 +72,67 @@ async fn a_store_on_a_pool_decides_concurrent_raises_in_batches() {
     check_concurrent_raises(&PostgresStore::from_pool(pool), &client).await;
 }
 
+/// The queue task ends with the last clone of its store: the client it sent batches on
+/// is held by no one else afterwards.
+#[tokio::test]
+async fn the_queue_task_ends_when_the_last_clone_of_the_store_is_dropped() {
+    let (db, _client) = fresh_db().await;
+    let client = Arc::new(db.connect().await);
+    let store = PostgresStore::new(Arc::clone(&client)).with_prepared_statements();
+    let clone = store.clone();
+    assert_eq!(clone.raise("r", tok(1)).await.unwrap(), Raise::Admitted);
+    drop(store);
+    assert_eq!(clone.raise("r", tok(1)).await.unwrap(), Raise::Admitted);
+    drop(clone);
+    for _ in 0..100 {
+        if Arc::strong_count(&client) == 1 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!(
+        "the store's client is still held {} times",
+        Arc::strong_count(&client) - 1
+    );
+}
+
+/// Named statements, prepared once per connection, decide as the unnamed ones do, on one
+/// connection and on a pool. (That they are named shows behind a transaction-mode
+/// pooler, where they fail: see the pooler tests.)
+#[tokio::test]
+async fn stores_with_prepared_statements_decide_concurrent_raises_as_unnamed_ones_do() {
+    let (db, client) = fresh_db().await;
+    let single = PostgresStore::new(Arc::new(db.connect().await))
+        .with_max_batch(16)
+        .with_prepared_statements();
+    check_concurrent_raises(&single, &client).await;
+    assert_eq!(
+        single.raise("batch/0", tok(39)).await.unwrap(),
+        Raise::Stale { highest: tok(40) }
+    );
+    assert_eq!(
+        single.raise("alone", tok(3)).await.unwrap(),
+        Raise::Admitted
+    );
+
+    let (db, client) = fresh_db().await;
+    let manager = deadpool_postgres::Manager::new(db.config(), NoTls);
+    let pool = deadpool_postgres::Pool::builder(manager)
+        .max_size(3)
+        .build()
+        .unwrap();
+    let pooled = PostgresStore::from_pool(pool).with_prepared_statements();
+    check_concurrent_raises(&pooled, &client).await;
+    assert_eq!(
+        pooled.raise("alone", tok(3)).await.unwrap(),
+        Raise::Admitted
+    );
+    assert_eq!(
+        pooled.raise("alone", tok(2)).await.unwrap(),
+        Raise::Stale { highest: tok(3) }
+    );
+}
+
 /// Raises queued by tasks that run one after another on one worker (as a server's
 /// requests do) go in one batch, not one each: the queue task, woken by the first raise,
 /// lets the other runnable tasks queue theirs before it cuts the batch. Before it did,

@@ -1,30 +1,20 @@
 //! A durable high-water store on PostgreSQL, shared by every replica of a service.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 
 use moka::sync::Cache;
-use tokio::sync::{mpsc, oneshot, Semaphore};
-use tokio_postgres::types::Type;
+use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::Client;
 
 use super::{HighWaterStore, Raise, RaiseFuture, StoreError};
-use crate::postgres::{is_retryable, read_mark, reset_mark, FenceError, Mark};
+use crate::postgres::{read_mark, reset_mark, FenceError, Mark};
 use crate::FencingToken;
 
-/// One raise, in a transaction of its own: the helper's `fence_decide` (migration
-/// `0006`): a token not above the committed mark is decided by the read alone (no lock,
-/// no write); a newer one, or a resource's first, goes through `fence_raise` (see
-/// [`crate::postgres`]), which takes the resource's lock exclusive and upserts the row.
-const RAISE_ONE: &str = "SELECT fence_decide($1, $2)";
-/// Many raises in one statement: `fence_decide_many`, [`RAISE_ONE`] for each element (each
-/// mark read by an index lookup), the `fence_raise` calls made in the order of the
-/// resources' lock keys, so two batches never take two locks in opposite orders. Element
-/// `i` of the answer is the mark element `i` leaves. The functions keep their statements'
-/// plans on the connection: the server parses and plans a short call per batch.
-const RAISE_MANY: &str = "SELECT fence_decide_many($1, $2)";
+mod batch;
+
+use batch::{dispatch, Batcher, Pending, Source};
 
 /// How many raises one round trip carries at most, by default.
 const DEFAULT_MAX_BATCH: usize = 256;
@@ -68,6 +58,11 @@ const DEFAULT_MAX_BATCH: usize = 256;
 /// (The plans `fence_decide_many` keeps belong to whichever server connection runs it;
 /// each one plans on its first call.)
 ///
+/// On connections that keep their session (direct, or a session-mode pool),
+/// [`with_prepared_statements`](Self::with_prepared_statements) sends each batch as a
+/// named statement prepared once per connection, which saves the server a parse and a
+/// plan per batch.
+///
 /// # Connections
 ///
 /// [`from_pool`](Self::from_pool) takes a `deadpool_postgres::Pool`: as many batches in
@@ -92,17 +87,8 @@ pub struct PostgresStore {
 }
 
 struct Shared {
-    source: Source,
-    max_batch: usize,
+    batcher: Arc<Batcher>,
     queue: OnceLock<mpsc::UnboundedSender<Pending>>,
-    counts: Arc<Counts>,
-}
-
-/// Batches sent and the raises they carried, since the store was built.
-#[derive(Default)]
-struct Counts {
-    batches: AtomicU64,
-    raises: AtomicU64,
 }
 
 /// How a [`PostgresStore`] has batched its raises: counts since the store was built,
@@ -118,33 +104,11 @@ pub struct BatchCounts {
     pub raises: u64,
 }
 
-#[derive(Clone)]
-enum Source {
-    Client(Arc<Client>),
-    Pool(deadpool_postgres::Pool),
-}
-
-impl Source {
-    fn connections(&self) -> usize {
-        match self {
-            Source::Client(_) => 1,
-            Source::Pool(pool) => pool.status().max_size.max(1),
-        }
-    }
-}
-
-/// A raise waiting for its batch.
-struct Pending {
-    resource: String,
-    token: FencingToken,
-    reply: oneshot::Sender<Result<Raise, StoreError>>,
-}
-
 impl std::fmt::Debug for PostgresStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PostgresStore")
-            .field("connections", &self.shared.source.connections())
-            .field("max_batch", &self.shared.max_batch)
+            .field("connections", &self.shared.batcher.source.connections())
+            .field("max_batch", &self.shared.batcher.max_batch)
             .field(
                 "reject_cache",
                 &self.seen.as_ref().and_then(|c| c.policy().max_capacity()),
@@ -167,12 +131,7 @@ impl PostgresStore {
 
     fn with_source(source: Source) -> Self {
         PostgresStore {
-            shared: Arc::new(Shared {
-                source,
-                max_batch: DEFAULT_MAX_BATCH,
-                queue: OnceLock::new(),
-                counts: Arc::default(),
-            }),
+            shared: Arc::new(Shared::new(source, DEFAULT_MAX_BATCH, false)),
             seen: None,
         }
     }
@@ -181,13 +140,33 @@ impl PostgresStore {
     /// before the first raise: it makes a new store (clones made before keep theirs).
     #[must_use]
     pub fn with_max_batch(self, max: usize) -> Self {
+        let batcher = &self.shared.batcher;
         PostgresStore {
-            shared: Arc::new(Shared {
-                source: self.shared.source.clone(),
-                max_batch: max.max(1),
-                queue: OnceLock::new(),
-                counts: Arc::default(),
-            }),
+            shared: Arc::new(Shared::new(
+                batcher.source.clone(),
+                max.max(1),
+                batcher.prepared,
+            )),
+            seen: self.seen,
+        }
+    }
+
+    /// Sends each batch as a named statement, prepared once per connection (on its first
+    /// batch), instead of an unnamed one: the server skips a parse and a plan per batch.
+    /// Set it before the first raise: it makes a new store (clones made before keep
+    /// theirs).
+    ///
+    /// **Needs a session**: connections straight to Postgres, or through a session-mode
+    /// pool, never a transaction-mode pooler (PgBouncer's `pool_mode = transaction`),
+    /// where the next batch may run on a server connection that lacks the statement, or
+    /// holds another client's statement under the same name. Misconfigured, a batch
+    /// fails with a [`StoreError`] that is not retryable and names the cause (SQLSTATE
+    /// `26000` or `42P05`, as the helper's [`NeedsSession`](crate::FenceErrorKind::NeedsSession)); nothing is raised.
+    #[must_use]
+    pub fn with_prepared_statements(self) -> Self {
+        let batcher = &self.shared.batcher;
+        PostgresStore {
+            shared: Arc::new(Shared::new(batcher.source.clone(), batcher.max_batch, true)),
             seen: self.seen,
         }
     }
@@ -216,12 +195,20 @@ impl PostgresStore {
         resource: &str,
         token: FencingToken,
     ) -> Result<Raise, StoreError> {
+        match self.enqueue(resource, token) {
+            Queued::Decided(outcome) => outcome,
+            Queued::Waiting(answer) => self.answered(resource, token, answer.await),
+        }
+    }
+
+    /// Decides the raise from the reject cache, or queues it for a batch.
+    fn enqueue(&self, resource: &str, token: FencingToken) -> Queued {
         if let Some(seen) = &self.seen {
             if let Some(highest) = seen.get(resource) {
                 if token.get() < highest {
-                    return Ok(Raise::Stale {
+                    return Queued::Decided(Ok(Raise::Stale {
                         highest: FencingToken::from_u64(highest).unwrap_or(FencingToken::MAX),
-                    });
+                    }));
                 }
             }
         }
@@ -232,11 +219,22 @@ impl PostgresStore {
             reply,
         };
         if self.queue().send(pending).is_err() {
-            return Err(StoreError::new("the store's queue task has stopped", true));
+            return Queued::Decided(Err(StoreError::new(
+                "the store's queue task has stopped",
+                true,
+            )));
         }
-        let outcome = answer
-            .await
-            .map_err(|_| StoreError::new("the store's queue task dropped a raise", true))??;
+        Queued::Waiting(answer)
+    }
+
+    /// The verdict a batch sent back, remembered in the reject cache.
+    fn answered(
+        &self,
+        resource: &str,
+        token: FencingToken,
+        answer: Result<Result<Raise, StoreError>, oneshot::error::RecvError>,
+    ) -> Result<Raise, StoreError> {
+        let outcome = answer.map_err(dropped)??;
         if let Some(seen) = &self.seen {
             let mark = match outcome {
                 Raise::Admitted => token,
@@ -256,7 +254,7 @@ impl PostgresStore {
     /// The database error, or kind [`Closed`](crate::FenceErrorKind::Closed) when no
     /// connection could be had.
     pub async fn mark(&self, resource: &str) -> Result<Option<Mark>, FenceError> {
-        match &self.shared.source {
+        match &self.shared.batcher.source {
             Source::Client(client) => read_mark(&**client, &stored(resource)).await,
             Source::Pool(pool) => {
                 let client = pool
@@ -283,7 +281,7 @@ impl PostgresStore {
         reason: &str,
     ) -> Result<FencingToken, FenceError> {
         let resource_text = stored(resource);
-        let old = match &self.shared.source {
+        let old = match &self.shared.batcher.source {
             Source::Client(client) => reset_mark(&**client, &resource_text, to, reason).await?,
             Source::Pool(pool) => {
                 let client = pool
@@ -302,31 +300,56 @@ impl PostgresStore {
     /// The batches sent so far and the raises they carried.
     pub fn batch_counts(&self) -> BatchCounts {
         BatchCounts {
-            batches: self.shared.counts.batches.load(Ordering::Relaxed),
-            raises: self.shared.counts.raises.load(Ordering::Relaxed),
+            batches: self.shared.batcher.counts.batches.load(Ordering::Relaxed),
+            raises: self.shared.batcher.counts.raises.load(Ordering::Relaxed),
         }
     }
 
     fn queue(&self) -> &mpsc::UnboundedSender<Pending> {
         self.shared.queue.get_or_init(|| {
             let (tx, rx) = mpsc::unbounded_channel();
-            tokio::spawn(dispatch(
-                self.shared.source.clone(),
-                rx,
-                self.shared.max_batch,
-                Arc::clone(&self.shared.counts),
-            ));
+            tokio::spawn(dispatch(Arc::clone(&self.shared.batcher), rx));
             tx
         })
     }
 }
 
+impl Shared {
+    fn new(source: Source, max_batch: usize, prepared: bool) -> Self {
+        Shared {
+            batcher: Arc::new(Batcher::new(source, max_batch, prepared)),
+            queue: OnceLock::new(),
+        }
+    }
+}
+
 impl HighWaterStore for PostgresStore {
     fn raise(&self, resource: &str, token: FencingToken) -> RaiseFuture {
-        let store = self.clone();
-        let resource = resource.to_owned();
-        Box::pin(async move { store.raise_async(&resource, token).await })
+        // Queued now; the future holds only the answer (and, with a reject cache, what
+        // it needs to remember the verdict).
+        match (self.enqueue(resource, token), &self.seen) {
+            (Queued::Decided(outcome), _) => Box::pin(std::future::ready(outcome)),
+            (Queued::Waiting(answer), None) => {
+                Box::pin(async move { answer.await.map_err(dropped)? })
+            }
+            (Queued::Waiting(answer), Some(_)) => {
+                let (store, resource) = (self.clone(), resource.to_owned());
+                Box::pin(async move { store.answered(&resource, token, answer.await) })
+            }
+        }
     }
+}
+
+/// The error of a raise whose batch never answered (the queue task ended first).
+fn dropped(_: oneshot::error::RecvError) -> StoreError {
+    StoreError::new("the store's queue task dropped a raise", true)
+}
+
+/// A raise decided at once (by the reject cache, or a stopped queue), or waiting for its
+/// batch.
+enum Queued {
+    Decided(Result<Raise, StoreError>),
+    Waiting(oneshot::Receiver<Result<Raise, StoreError>>),
 }
 
 /// `resource` as the store keeps it: Postgres `text` holds no NUL byte, so each becomes
@@ -337,134 +360,5 @@ fn stored(resource: &str) -> Cow<'_, str> {
         Cow::Owned(resource.replace('\0', "\u{FFFD}"))
     } else {
         Cow::Borrowed(resource)
-    }
-}
-
-/// The queue task: waits for a raise, then for a free connection, then takes every raise
-/// queued meanwhile (up to `max_batch`) as one batch on that connection.
-async fn dispatch(
-    source: Source,
-    mut queue: mpsc::UnboundedReceiver<Pending>,
-    max_batch: usize,
-    counts: Arc<Counts>,
-) {
-    let permits = Arc::new(Semaphore::new(source.connections()));
-    while let Some(first) = queue.recv().await {
-        let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
-            return;
-        };
-        // The raise that woke this task ran it at once (tokio runs a woken task next): let
-        // the tasks already runnable here, requests about to queue raises, run first, so
-        // that under load the batch takes them all (fewer, larger batches), at the cost of
-        // one pass over the run queue when idle.
-        tokio::task::yield_now().await;
-        let mut batch = vec![first];
-        while batch.len() < max_batch {
-            match queue.try_recv() {
-                Ok(p) => batch.push(p),
-                Err(_) => break,
-            }
-        }
-        counts.batches.fetch_add(1, Ordering::Relaxed);
-        counts
-            .raises
-            .fetch_add(batch.len() as u64, Ordering::Relaxed);
-        let source = source.clone();
-        tokio::spawn(async move {
-            run_batch(&source, batch).await;
-            drop(permit);
-        });
-    }
-}
-
-/// Decides one batch and answers each raise in it.
-async fn run_batch(source: &Source, batch: Vec<Pending>) {
-    // Per resource: its index in the arrays and the highest token asked for.
-    let mut index: HashMap<&str, usize> = HashMap::with_capacity(batch.len());
-    let mut resources: Vec<&str> = Vec::with_capacity(batch.len());
-    let mut tokens: Vec<FencingToken> = Vec::with_capacity(batch.len());
-    for p in &batch {
-        let i = *index.entry(p.resource.as_str()).or_insert_with(|| {
-            resources.push(p.resource.as_str());
-            tokens.push(p.token);
-            resources.len() - 1
-        });
-        tokens[i] = tokens[i].max(p.token);
-    }
-    let marks = match source {
-        Source::Client(client) => raise_all(client, &resources, &tokens).await,
-        Source::Pool(pool) => match pool.get().await {
-            Ok(client) => raise_all(&client, &resources, &tokens).await,
-            Err(e) => Err(Arc::new(StoreErrorSource::Pool(e.to_string()))),
-        },
-    };
-    let verdicts: Vec<Result<Raise, StoreError>> = batch
-        .iter()
-        .map(|p| {
-            let i = index[p.resource.as_str()];
-            match &marks {
-                Ok(marks) => {
-                    let raised = tokens[i];
-                    let mark = marks.get(i).copied().flatten();
-                    Ok(if p.token == raised {
-                        crate::postgres::verdict(raised, mark)
-                    } else {
-                        // Below the token raised in the same batch: decided as if just
-                        // after that raise.
-                        Raise::Stale {
-                            highest: mark.map_or(raised, |m| m.max(raised)),
-                        }
-                    })
-                }
-                Err(e) => Err(StoreError::new(Arc::clone(e), e.is_retryable())),
-            }
-        })
-        .collect();
-    for (p, verdict) in batch.into_iter().zip(verdicts) {
-        // A caller that went away no longer wants its verdict.
-        let _ = p.reply.send(verdict);
-    }
-}
-
-/// The marks `fence_raise` leaves for each resource, in order: one statement, one round
-/// trip, unnamed.
-async fn raise_all(
-    client: &Client,
-    resources: &[&str],
-    tokens: &[FencingToken],
-) -> Result<Vec<Option<FencingToken>>, Arc<StoreErrorSource>> {
-    let result = if let ([resource], [token]) = (resources, tokens) {
-        client
-            .query_typed_one(RAISE_ONE, &[(resource, Type::TEXT), (token, Type::INT8)])
-            .await
-            .and_then(|row| row.try_get::<_, Option<FencingToken>>(0))
-            .map(|mark| vec![mark])
-    } else {
-        client
-            .query_typed_one(
-                RAISE_MANY,
-                &[(&resources, Type::TEXT_ARRAY), (&tokens, Type::INT8_ARRAY)],
-            )
-            .await
-            .and_then(|row| row.try_get::<_, Vec<Option<FencingToken>>>(0))
-    };
-    result.map_err(|e| Arc::new(StoreErrorSource::Db(e)))
-}
-
-/// Why a batch failed, shared by every raise in it.
-#[derive(Debug, thiserror::Error)]
-enum StoreErrorSource {
-    #[error("the raise failed in the database")]
-    Db(#[source] tokio_postgres::Error),
-    #[error("no connection from the pool: {0}")]
-    Pool(String),
-}
-
-impl StoreErrorSource {
-    fn is_retryable(&self) -> bool {
-        match self {
-            StoreErrorSource::Db(e) => is_retryable(e) || e.is_closed(),
-            StoreErrorSource::Pool(_) => true,
-        }
     }
 }
