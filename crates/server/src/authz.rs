@@ -16,7 +16,8 @@
 //! ```
 //!
 //! A pattern ending in `/` matches every ID that starts with it (a path prefix); any
-//! other pattern matches exactly that ID. Unknown fields are refused.
+//! other pattern matches exactly that ID. Unknown fields are refused, and so is a
+//! namespace given two `[[namespace]]` tables (one would silently widen the other).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -93,6 +94,17 @@ pub enum AuthzError {
     /// A pattern is not a SPIFFE ID (or a `spiffe://` path prefix).
     #[error("authorization config: {0:?} is not a SPIFFE ID or prefix")]
     BadPattern(String),
+    /// Two `[[namespace]]` tables name the same namespace.
+    #[error("authorization config: namespace {0:?} has two [[namespace]] tables; give each namespace one")]
+    DuplicateNamespace(String),
+    /// Two `[[namespace]]` tables in the file name the same namespace.
+    #[error("authorization config {}: namespace {id:?} has two [[namespace]] tables; give each namespace one", path.display())]
+    DuplicateNamespaceIn {
+        /// The file.
+        path: PathBuf,
+        /// The namespace.
+        id: String,
+    },
     /// A pattern in the file is not a SPIFFE ID (or a `spiffe://` path prefix).
     #[error("authorization config {}: {pattern:?} is not a SPIFFE ID or prefix", path.display())]
     BadPatternIn {
@@ -116,9 +128,14 @@ impl AuthzConfig {
     ///
     /// # Errors
     ///
-    /// [`AuthzError::Parse`], [`AuthzError::BadPattern`].
+    /// [`AuthzError::Parse`], [`AuthzError::BadPattern`],
+    /// [`AuthzError::DuplicateNamespace`].
     pub fn from_toml(text: &str) -> Result<Self, AuthzError> {
         let config: AuthzConfig = toml::from_str(text)?;
+        let mut ids = std::collections::HashSet::new();
+        if let Some(twice) = config.namespace.iter().find(|n| !ids.insert(&n.id)) {
+            return Err(AuthzError::DuplicateNamespace(twice.id.clone()));
+        }
         let patterns = config
             .admins
             .iter()
@@ -248,6 +265,10 @@ fn read(path: &Path) -> Result<AuthzConfig, AuthzError> {
             path: path.to_owned(),
             pattern,
         },
+        AuthzError::DuplicateNamespace(id) => AuthzError::DuplicateNamespaceIn {
+            path: path.to_owned(),
+            id,
+        },
         other => other,
     })
 }
@@ -304,6 +325,30 @@ classes = ["rows"]
             AuthzConfig::from_toml("admins = [\"http://x\"]"),
             Err(AuthzError::BadPattern(_))
         ));
+    }
+
+    #[test]
+    fn a_namespace_in_two_tables_is_refused_by_name_and_a_reload_keeps_the_old_config() {
+        let twice =
+            format!("{CONFIG}[[namespace]]\nid = \"users\"\n[[namespace]]\nid = \"orders\"\n");
+        assert!(matches!(
+            AuthzConfig::from_toml(&twice),
+            Err(AuthzError::DuplicateNamespace(id)) if id == "orders"
+        ));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("authz.toml");
+        std::fs::write(&path, CONFIG).unwrap();
+        let authz = Authz::load(&path).unwrap();
+        std::fs::write(&path, &twice).unwrap();
+        let e = authz.reload().unwrap_err().to_string();
+        assert!(
+            e.contains("authz.toml") && e.contains("\"orders\" has two [[namespace]] tables"),
+            "{e}"
+        );
+        assert!(authz
+            .current()
+            .may_lock("orders", "rows", &id("spiffe://acme/cron")));
+        assert_eq!(authz.current().namespace.len(), 1);
     }
 
     #[test]
