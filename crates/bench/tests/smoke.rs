@@ -108,7 +108,7 @@ fn pg_bench_prints_every_variant_at_every_client_count_and_writes_per_token() {
 }
 
 #[test]
-fn fence_layer_bench_prints_bare_memory_and_postgres_pooled_and_single() {
+fn fence_layer_bench_prints_bare_memory_and_postgres_pooled_single_and_prepared() {
     let tables = bench(&[
         "fence-layer",
         "--connections",
@@ -128,7 +128,8 @@ fn fence_layer_bench_prints_bare_memory_and_postgres_pooled_and_single() {
             "bare axum",
             "FenceLayer + MemoryStore",
             "FenceLayer + PostgresStore (pool)",
-            "FenceLayer + PostgresStore (1 connection)"
+            "FenceLayer + PostgresStore (1 connection)",
+            "FenceLayer + PostgresStore (pool, prepared statements)"
         ]
     );
     for r in rows {
