@@ -259,7 +259,7 @@ async fn raise_all(
     marks.map_err(StoreErrorSource::db)
 }
 
-/// Why a batch failed, batcher by every raise in it.
+/// Why a batch failed, shared by every raise in it.
 #[derive(Debug, thiserror::Error)]
 enum StoreErrorSource {
     #[error("the raise failed in the database")]

@@ -72,7 +72,10 @@ const DEFAULT_MAX_BATCH: usize = 256;
 /// resources) until the store is rebuilt on a new client.
 ///
 /// The queue task is started by the first raise, on that caller's tokio runtime, and
-/// ends when the last clone of the store is dropped.
+/// ends when the last clone of the store is dropped. [`raise`](HighWaterStore::raise)
+/// queues the raise when it is called, not when its future is first polled: a future
+/// dropped unanswered may still have raised the mark (a mark raised without a write
+/// refuses only tokens below one that a holder was granted).
 ///
 /// # Reject cache
 ///
@@ -109,6 +112,7 @@ impl std::fmt::Debug for PostgresStore {
         f.debug_struct("PostgresStore")
             .field("connections", &self.shared.batcher.source.connections())
             .field("max_batch", &self.shared.batcher.max_batch)
+            .field("prepared_statements", &self.shared.batcher.prepared)
             .field(
                 "reject_cache",
                 &self.seen.as_ref().and_then(|c| c.policy().max_capacity()),
@@ -161,7 +165,8 @@ impl PostgresStore {
     /// where the next batch may run on a server connection that lacks the statement, or
     /// holds another client's statement under the same name. Misconfigured, a batch
     /// fails with a [`StoreError`] that is not retryable and names the cause (SQLSTATE
-    /// `26000` or `42P05`, as the helper's [`NeedsSession`](crate::FenceErrorKind::NeedsSession)); nothing is raised.
+    /// `26000` or `42P05`, as the helper's
+    /// [`NeedsSession`](crate::FenceErrorKind::NeedsSession)); nothing is raised.
     #[must_use]
     pub fn with_prepared_statements(self) -> Self {
         let batcher = &self.shared.batcher;
