@@ -12,6 +12,15 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use palisade_fence::{Epoch, FencingToken, Revision};
 
+/// A deadpool of `size` connections to `config`'s database (no TLS).
+pub(crate) fn pool(config: tokio_postgres::Config, size: usize) -> deadpool_postgres::Pool {
+    let manager = deadpool_postgres::Manager::new(config, tokio_postgres::NoTls);
+    deadpool_postgres::Pool::builder(manager)
+        .max_size(size)
+        .build()
+        .unwrap()
+}
+
 pub(crate) fn tok(rev: u64) -> FencingToken {
     FencingToken::from_parts(Epoch::new(1).unwrap(), Revision::new(rev)).unwrap()
 }

@@ -13,7 +13,7 @@ use palisade_fence::{
 use palisade_testkit::{PgBouncer, TestDb};
 use tokio_postgres::{Client, NoTls};
 
-use crate::common::{client, send, serve, tok};
+use crate::common::{client, pool, send, serve, tok};
 use crate::postgres_helper::mark;
 
 const ACCOUNTS: &str =
@@ -109,11 +109,7 @@ async fn a_pooled_store_behind_pgbouncer_decides_concurrent_raises() {
         .connection_string(pooled.db.name())
         .parse()
         .unwrap();
-    let manager = deadpool_postgres::Manager::new(config, NoTls);
-    let pool = deadpool_postgres::Pool::builder(manager)
-        .max_size(4)
-        .build()
-        .unwrap();
+    let pool = pool(config, 4);
     let store = PostgresStore::from_pool(pool);
     crate::store_batches::check_concurrent_raises(&store, &pooled.direct).await;
 }

@@ -5,9 +5,8 @@ use std::sync::Arc;
 
 use palisade_fence::{BatchCounts, FencingToken, HighWaterStore, PostgresStore, Raise};
 use tokio_postgres::error::SqlState;
-use tokio_postgres::NoTls;
 
-use crate::common::{shuffle, tok};
+use crate::common::{pool, shuffle, tok};
 use crate::postgres_helper::{fresh_db, mark};
 
 /// Raises tokens 1..=40 of eight resources all at once, in a shuffled order, and checks
@@ -64,11 +63,7 @@ async fn a_store_on_one_connection_decides_concurrent_raises_in_batches() {
 #[tokio::test]
 async fn a_store_on_a_pool_decides_concurrent_raises_in_batches() {
     let (db, client) = fresh_db().await;
-    let manager = deadpool_postgres::Manager::new(db.config(), NoTls);
-    let pool = deadpool_postgres::Pool::builder(manager)
-        .max_size(3)
-        .build()
-        .unwrap();
+    let pool = pool(db.config(), 3);
     check_concurrent_raises(&PostgresStore::from_pool(pool), &client).await;
 }
 
@@ -116,11 +111,7 @@ async fn stores_with_prepared_statements_decide_concurrent_raises_as_unnamed_one
     );
 
     let (db, client) = fresh_db().await;
-    let manager = deadpool_postgres::Manager::new(db.config(), NoTls);
-    let pool = deadpool_postgres::Pool::builder(manager)
-        .max_size(3)
-        .build()
-        .unwrap();
+    let pool = pool(db.config(), 3);
     let pooled = PostgresStore::from_pool(pool).with_prepared_statements();
     check_concurrent_raises(&pooled, &client).await;
     assert_eq!(
@@ -140,11 +131,7 @@ async fn stores_with_prepared_statements_decide_concurrent_raises_as_unnamed_one
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 async fn raises_queued_by_tasks_runnable_together_share_one_round_trip() {
     let (db, client) = fresh_db().await;
-    let manager = deadpool_postgres::Manager::new(db.config(), NoTls);
-    let pool = deadpool_postgres::Pool::builder(manager)
-        .max_size(4)
-        .build()
-        .unwrap();
+    let pool = pool(db.config(), 4);
     let store = PostgresStore::from_pool(pool);
     // The queue task and a first connection, started.
     assert_eq!(store.raise("warm", tok(1)).await.unwrap(), Raise::Admitted);
