@@ -88,10 +88,16 @@
 //!
 //! *Needs a session* means: connect those clients directly to Postgres, or through a
 //! session-mode pool (PgBouncer `pool_mode = session`, or a second PgBouncer database
-//! entry with `pool_mode=session` for them). Misconfigured, a prepared form fails at once
-//! with [`FenceErrorKind::NeedsSession`] (SQLSTATE `26000`, statement missing, or
+//! entry with `pool_mode=session` for them). Misconfigured, a prepared form usually fails
+//! at once with [`FenceErrorKind::NeedsSession`] (SQLSTATE `26000`, statement missing, or
 //! `42P05`, name taken by another client's statement), not retryable, and writes
-//! nothing: the transaction it was part of is rolled back.
+//! nothing: the transaction it was part of is rolled back. But a server connection that
+//! holds another client's statement under the same name runs that statement in its
+//! place, which a prepared form cannot tell from its own (tokio-postgres names statements
+//! `s0`, `s1`, … in every process): the misconfiguration is not always caught, so never
+//! point the prepared forms at a transaction-mode pooler. (`PostgresStore`'s prepared
+//! statements sign their answers, so it does catch that case: see
+//! [`with_prepared_statements`](crate::PostgresStore::with_prepared_statements).)
 //!
 //! Run [`migrate`] once to create `fence_high_water` and the raise functions
 //! ([`MIGRATION`] is the SQL, for your own migration tool). A database migrated by an

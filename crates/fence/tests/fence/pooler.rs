@@ -311,3 +311,57 @@ async fn a_store_with_prepared_statements_behind_pgbouncer_fails_with_a_session_
     hog.release().await;
     assert_eq!(mark(&pooled.direct, "orders/7").await, Some(tok(1)));
 }
+
+/// Behind a pooler with one server connection every client's statements live on it, so a
+/// statement another client prepared under the store's name runs in place of the store's.
+/// Its answer is not signed as the store's are: the batch fails as a misconfiguration,
+/// and no verdict is taken from it (unsigned, this answer admitted token 50 under a mark
+/// of 100).
+#[tokio::test]
+async fn a_prepared_store_takes_no_verdict_from_another_clients_statement_under_its_name() {
+    let db = TestDb::create().await;
+    let mut direct = db.connect().await;
+    migrate(&mut direct).await.unwrap();
+    let bouncer = PgBouncer::start_for("127.0.0.1", 5432, 1).await.unwrap();
+    let connect = || async {
+        let conn = bouncer.connection_string(db.name());
+        let (client, connection) = tokio_postgres::connect(&conn, NoTls).await.unwrap();
+        tokio::spawn(connection);
+        client
+    };
+    let store = PostgresStore::new(Arc::new(connect().await)).with_prepared_statements();
+    assert_eq!(
+        store.raise("orders/9", tok(100)).await.unwrap(),
+        Raise::Admitted
+    );
+
+    // Simple queries only: the other client prepares nothing of its own by the way.
+    let other = connect().await;
+    let found = other
+        .simple_query(
+            "SELECT name FROM pg_prepared_statements WHERE statement LIKE '%fence_decide(%'",
+        )
+        .await
+        .unwrap();
+    let name = found
+        .iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .expect("the store's statement, on the one server connection");
+    for foreign in ["SELECT $2", "SELECT $2, 'mine'::text"] {
+        other
+            .batch_execute(&format!(
+                "DEALLOCATE {name}; PREPARE {name}(text, bigint) AS {foreign}"
+            ))
+            .await
+            .unwrap();
+        let e = store.raise("orders/9", tok(50)).await.unwrap_err();
+        assert!(!e.is_retryable(), "{foreign}: {e:?}");
+        let cause = std::error::Error::source(&e).map(ToString::to_string);
+        let cause = cause.unwrap_or_default();
+        assert!(cause.contains("is not the store's"), "{foreign}: {cause}");
+    }
+    assert_eq!(mark(&direct, "orders/9").await, Some(tok(100)));
+}

@@ -24,6 +24,14 @@ const RAISE_ONE: &str = "SELECT fence_decide($1, $2)";
 /// plans on the connection: the server parses and plans a short call per batch.
 const RAISE_MANY: &str = "SELECT fence_decide_many($1, $2)";
 
+/// [`RAISE_ONE`] as the store prepares it: a second column, a constant, signs the answer.
+/// A server connection may hold another client's statement under the name the store
+/// prepared its own as (behind a transaction-mode pooler); the answer of that statement
+/// lacks the signature, and the batch fails instead of taking it for a mark.
+const PREPARED_ONE: &str = "SELECT fence_decide($1, $2), 'palisade_fence.decide'::text";
+/// [`RAISE_MANY`] as the store prepares it, signed as [`PREPARED_ONE`] is.
+const PREPARED_MANY: &str = "SELECT fence_decide_many($1, $2), 'palisade_fence.decide_many'::text";
+
 /// What the queue task and its batches share: where to send them and how.
 pub(super) struct Batcher {
     pub(super) source: Source,
@@ -150,7 +158,7 @@ async fn run_batch(batcher: &Batcher, batch: Vec<Pending>) {
         Source::Client(client) => raise_all(client, None, &resources, &tokens).await,
         Source::Pool(pool) => match pool.get().await {
             Ok(client) if batcher.prepared => {
-                let (query, types) = statement_of(resources.len());
+                let (query, types, _) = statement_of(resources.len());
                 match client.prepare_typed_cached(query, types).await {
                     Ok(statement) => {
                         raise_all(&client, Some(&statement), &resources, &tokens).await
@@ -190,19 +198,28 @@ async fn run_batch(batcher: &Batcher, batch: Vec<Pending>) {
     }
 }
 
-/// The statement that decides a batch of `len` resources, and its parameters' types.
-fn statement_of(len: usize) -> (&'static str, &'static [Type]) {
+/// The prepared statement that decides a batch of `len` resources, its parameters' types,
+/// and the signature its second column carries.
+fn statement_of(len: usize) -> (&'static str, &'static [Type], &'static str) {
     if len == 1 {
-        (RAISE_ONE, &[Type::TEXT, Type::INT8])
+        (
+            PREPARED_ONE,
+            &[Type::TEXT, Type::INT8],
+            "palisade_fence.decide",
+        )
     } else {
-        (RAISE_MANY, &[Type::TEXT_ARRAY, Type::INT8_ARRAY])
+        (
+            PREPARED_MANY,
+            &[Type::TEXT_ARRAY, Type::INT8_ARRAY],
+            "palisade_fence.decide_many",
+        )
     }
 }
 
 impl Statements {
     async fn prepare(client: &Client) -> Result<Statements, tokio_postgres::Error> {
         let prepare = |len| {
-            let (query, types) = statement_of(len);
+            let (query, types, _) = statement_of(len);
             client.prepare_typed(query, types)
         };
         let (one, many) = tokio::try_join!(prepare(1), prepare(2))?;
@@ -219,8 +236,8 @@ impl Statements {
 }
 
 /// The marks `fence_raise` leaves for each resource, in order: one statement, one round
-/// trip; `statement` when prepared (its query is [`statement_of`] the batch's length),
-/// else unnamed.
+/// trip; `statement` when prepared (its query is [`statement_of`] the batch's length, and
+/// an answer without its signature fails the batch), else unnamed.
 async fn raise_all(
     client: &Client,
     statement: Option<&Statement>,
@@ -249,13 +266,26 @@ async fn raise_all(
                 .await
         }
     };
-    let marks = row.and_then(|row| {
-        if resources.len() == 1 {
-            row.try_get::<_, Option<FencingToken>>(0).map(|m| vec![m])
-        } else {
-            row.try_get::<_, Vec<Option<FencingToken>>>(0)
+    let row = match (row, statement) {
+        (Ok(row), Some(_)) => {
+            let (_, _, signature) = statement_of(resources.len());
+            match row.try_get::<_, &str>(1) {
+                Ok(signed) if signed == signature => row,
+                _ => return Err(Arc::new(StoreErrorSource::Foreign)),
+            }
         }
-    });
+        (Ok(row), None) => row,
+        // An answer that does not fit the statement prepared here came from another.
+        (Err(e), Some(_)) if e.as_db_error().is_none() && !e.is_closed() => {
+            return Err(Arc::new(StoreErrorSource::Foreign));
+        }
+        (Err(e), _) => return Err(StoreErrorSource::db(e)),
+    };
+    let marks = if resources.len() == 1 {
+        row.try_get::<_, Option<FencingToken>>(0).map(|m| vec![m])
+    } else {
+        row.try_get::<_, Vec<Option<FencingToken>>>(0)
+    };
     marks.map_err(StoreErrorSource::db)
 }
 
@@ -270,6 +300,12 @@ enum StoreErrorSource {
          pool, not a transaction-mode pooler)"
     )]
     NeedsSession(#[source] tokio_postgres::Error),
+    #[error(
+        "the statement this batch ran under the store's prepared name is not the store's \
+         (its answer lacks the store's signature): with_prepared_statements needs a session \
+         (a direct connection or a session-mode pool, not a transaction-mode pooler)"
+    )]
+    Foreign,
     #[error("no connection from the pool: {0}")]
     Pool(String),
 }
@@ -286,7 +322,7 @@ impl StoreErrorSource {
     fn is_retryable(&self) -> bool {
         match self {
             StoreErrorSource::Db(e) => is_retryable(e) || e.is_closed(),
-            StoreErrorSource::NeedsSession(_) => false,
+            StoreErrorSource::NeedsSession(_) | StoreErrorSource::Foreign => false,
             StoreErrorSource::Pool(_) => true,
         }
     }

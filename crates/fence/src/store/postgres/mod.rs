@@ -164,9 +164,12 @@ impl PostgresStore {
     /// pool, never a transaction-mode pooler (PgBouncer's `pool_mode = transaction`),
     /// where the next batch may run on a server connection that lacks the statement, or
     /// holds another client's statement under the same name. Misconfigured, a batch
-    /// fails with a [`StoreError`] that is not retryable and names the cause (SQLSTATE
-    /// `26000` or `42P05`, as the helper's
-    /// [`NeedsSession`](crate::FenceErrorKind::NeedsSession)); nothing is raised.
+    /// fails with a [`StoreError`] that is not retryable, and no verdict is taken from
+    /// it: the statement missing (SQLSTATE `26000`) or its name taken (`42P05`), as the
+    /// helper's [`NeedsSession`](crate::FenceErrorKind::NeedsSession), or an answer
+    /// that lacks the signature the store's statements add as a second column (another
+    /// statement ran under the store's name) are named as such; another statement that
+    /// the server cannot bind the store's parameters to fails as a database error.
     #[must_use]
     pub fn with_prepared_statements(self) -> Self {
         let batcher = &self.shared.batcher;
