@@ -49,19 +49,19 @@ impl fmt::Display for LeaseId {
 pub struct SpiffeId(String);
 
 impl SpiffeId {
-    /// Checks the shape: `spiffe://`, a non-empty trust domain, no whitespace or control
-    /// characters, at most 2048 bytes (the SPIFFE ID standard's limit).
+    /// Checks the shape the SPIFFE ID standard gives: `spiffe://`, a trust domain of
+    /// lowercase letters, digits, `.`, `-` and `_`, then a path of segments each `/` and
+    /// one or more letters, digits, `.`, `-` and `_`, none of them `.` or `..`; no query,
+    /// fragment, port or user info; at most 2048 bytes. Authorization matches path
+    /// prefixes on the string as given, so an ID with `..` in it, which names another
+    /// path than it spells, is refused.
     ///
     /// # Errors
     ///
     /// [`InvalidInput::BadSpiffeId`], naming it.
     pub fn new(id: impl Into<String>) -> Result<Self, InvalidInput> {
         let id = id.into();
-        let ok = id.len() <= 2048
-            && id
-                .strip_prefix("spiffe://")
-                .is_some_and(|rest| !rest.is_empty() && !rest.starts_with('/'))
-            && !id.chars().any(|c| c.is_whitespace() || c.is_control());
+        let ok = id.len() <= 2048 && id.strip_prefix("spiffe://").is_some_and(well_formed);
         if ok {
             Ok(SpiffeId(id))
         } else {
@@ -75,6 +75,24 @@ impl SpiffeId {
     }
 }
 
+/// The part of a SPIFFE ID after `spiffe://`: a trust domain, then a path, as
+/// [`SpiffeId::new`] describes.
+fn well_formed(rest: &str) -> bool {
+    let (domain, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let domain_ok = !domain.is_empty()
+        && domain
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b));
+    let segment_ok = |s: &str| {
+        !s.is_empty()
+            && s != "."
+            && s != ".."
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    };
+    domain_ok && (path.is_empty() || path[1..].split('/').all(segment_ok))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -82,7 +100,26 @@ mod tests {
     #[test]
     fn spiffe_ids_and_leases() {
         assert!(SpiffeId::new("spiffe://example.org/svc/a").is_ok());
-        for bad in ["", "http://x", "spiffe://", "spiffe:///x", "spiffe://a b"] {
+        assert!(SpiffeId::new("spiffe://example.org").is_ok());
+        assert!(SpiffeId::new("spiffe://td_1.x-y/Svc/a.b/c-d_E").is_ok());
+        for bad in [
+            "",
+            "http://x",
+            "spiffe://",
+            "spiffe:///x",
+            "spiffe://a b",
+            "spiffe://example.org/ops/../orders/lead",
+            "spiffe://example.org/ops/./a",
+            "spiffe://example.org/ops//a",
+            "spiffe://example.org/ops/",
+            "spiffe://EXAMPLE.org/ops/alice",
+            "spiffe://example.org:443/a",
+            "spiffe://user@example.org/a",
+            "spiffe://example.org/a?x=1",
+            "spiffe://example.org/a#f",
+            "spiffe://example.org/a%2e%2e",
+            "SPIFFE://example.org/a",
+        ] {
             assert_eq!(
                 SpiffeId::new(bad),
                 Err(InvalidInput::BadSpiffeId(bad.into())),

@@ -35,8 +35,12 @@ pub enum InvalidInput {
         /// What is wrong with it.
         fault: crate::TextFault,
     },
-    /// A SPIFFE ID that does not start with `spiffe://` or is otherwise malformed.
-    #[error("malformed SPIFFE ID {0:?}")]
+    /// A SPIFFE ID that does not start with `spiffe://` or is otherwise malformed (see
+    /// [`SpiffeId::new`](crate::SpiffeId::new)).
+    #[error(
+        "malformed SPIFFE ID {0:?}: want spiffe://TRUST-DOMAIN/PATH, the trust domain of \
+         a-z 0-9 . - _ and each path segment of A-Z a-z 0-9 . - _, not . or .., at most 2048 bytes"
+    )]
     BadSpiffeId(String),
     /// The session's TTL is outside the class's bounds.
     #[error("session TTL {ttl:?} is outside the class's TTL bounds, from {min:?} to {max:?}")]
