@@ -94,6 +94,27 @@ pub enum AuthzError {
     /// A pattern is not a SPIFFE ID (or a `spiffe://` path prefix).
     #[error("authorization config: {0:?} is not a SPIFFE ID or prefix")]
     BadPattern(String),
+    /// A namespace id, or a class a grant names, is not a name the service accepts
+    /// ([`palisade_api::validate_name`]; a grant's class may also be `"*"`): the rule
+    /// could never apply.
+    #[error("authorization config: {what} {name:?} is not [a-z0-9][a-z0-9_-]{{0,62}}, so no lock could ever match it")]
+    BadName {
+        /// `namespace id` or `class`.
+        what: &'static str,
+        /// The name as written.
+        name: String,
+    },
+    /// A namespace id, or a class a grant names, in the file is not a name the service
+    /// accepts.
+    #[error("authorization config {}: {what} {name:?} is not [a-z0-9][a-z0-9_-]{{0,62}}, so no lock could ever match it", path.display())]
+    BadNameIn {
+        /// The file.
+        path: PathBuf,
+        /// `namespace id` or `class`.
+        what: &'static str,
+        /// The name as written.
+        name: String,
+    },
     /// Two `[[namespace]]` tables name the same namespace.
     #[error("authorization config: namespace {0:?} has two [[namespace]] tables; give each namespace one")]
     DuplicateNamespace(String),
@@ -128,10 +149,28 @@ impl AuthzConfig {
     ///
     /// # Errors
     ///
-    /// [`AuthzError::Parse`], [`AuthzError::BadPattern`],
+    /// [`AuthzError::Parse`], [`AuthzError::BadPattern`], [`AuthzError::BadName`],
     /// [`AuthzError::DuplicateNamespace`].
     pub fn from_toml(text: &str) -> Result<Self, AuthzError> {
         let config: AuthzConfig = toml::from_str(text)?;
+        for n in &config.namespace {
+            if !palisade_api::is_name(&n.id) {
+                return Err(AuthzError::BadName {
+                    what: "namespace id",
+                    name: n.id.clone(),
+                });
+            }
+            let classes = n.grant.iter().flat_map(|g| g.classes.iter());
+            if let Some(c) = classes
+                .filter(|c| *c != "*")
+                .find(|c| !palisade_api::is_name(c))
+            {
+                return Err(AuthzError::BadName {
+                    what: "class",
+                    name: c.clone(),
+                });
+            }
+        }
         let mut ids = std::collections::HashSet::new();
         if let Some(twice) = config.namespace.iter().find(|n| !ids.insert(&n.id)) {
             return Err(AuthzError::DuplicateNamespace(twice.id.clone()));
@@ -265,6 +304,11 @@ fn read(path: &Path) -> Result<AuthzConfig, AuthzError> {
             path: path.to_owned(),
             pattern,
         },
+        AuthzError::BadName { what, name } => AuthzError::BadNameIn {
+            path: path.to_owned(),
+            what,
+            name,
+        },
         AuthzError::DuplicateNamespace(id) => AuthzError::DuplicateNamespaceIn {
             path: path.to_owned(),
             id,
@@ -325,6 +369,35 @@ classes = ["rows"]
             AuthzConfig::from_toml("admins = [\"http://x\"]"),
             Err(AuthzError::BadPattern(_))
         ));
+    }
+
+    #[test]
+    fn a_namespace_or_class_no_lock_could_match_is_refused_by_name() {
+        for (toml, what, name) in [
+            ("[[namespace]]\nid = \"Orders\"\n", "namespace id", "Orders"),
+            ("[[namespace]]\nid = \"orders \"\n", "namespace id", "orders "),
+            ("[[namespace]]\nid = \"\"\n", "namespace id", ""),
+            (
+                "[[namespace]]\nid = \"orders\"\n[[namespace.grant]]\nids = [\"spiffe://a/b\"]\nclasses = [\"*\", \"Rows\"]\n",
+                "class",
+                "Rows",
+            ),
+        ] {
+            match AuthzConfig::from_toml(toml) {
+                Err(AuthzError::BadName { what: w, name: n }) => {
+                    assert_eq!((w, n.as_str()), (what, name), "{toml}");
+                }
+                other => panic!("{toml}: {other:?}"),
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("authz.toml");
+        std::fs::write(&path, "[[namespace]]\nid = \"Orders\"\n").unwrap();
+        let e = Authz::load(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("authz.toml") && e.contains("namespace id \"Orders\" is not"),
+            "{e}"
+        );
     }
 
     #[test]
