@@ -189,6 +189,21 @@ impl LockClass {
             || other.key_prefix.starts_with(&self.key_prefix)
     }
 
+    /// Checks that `key` is one of this class's keys: it starts with `key_prefix`.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidInput::KeyOutsideClass`], naming the prefix.
+    pub fn check_key(&self, key: &str) -> Result<(), InvalidInput> {
+        if key.starts_with(&self.key_prefix) {
+            Ok(())
+        } else {
+            Err(InvalidInput::KeyOutsideClass {
+                prefix: self.key_prefix.clone(),
+            })
+        }
+    }
+
     /// Checks a session TTL against the class's bounds.
     ///
     /// # Errors

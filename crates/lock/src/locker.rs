@@ -311,11 +311,7 @@ impl Locker {
         validate_name(&lock.class)?;
         validate_key(&lock.key)?;
         let class = self.class(&lock.ns, &lock.class, deadline).await?;
-        if !lock.key.starts_with(&class.key_prefix) {
-            return Err(Error::invalid(InvalidInput::KeyOutsideClass {
-                prefix: class.key_prefix.clone(),
-            }));
-        }
+        class.check_key(&lock.key).map_err(Error::invalid)?;
         if mode == Mode::Shared && class.mode == Mode::Exclusive {
             return Err(Error::invalid(InvalidInput::ModeNotAllowed));
         }

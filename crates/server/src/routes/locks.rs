@@ -182,7 +182,8 @@ pub(super) async fn release(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// The holders (with tokens), the waiters in order and the class of one lock.
+/// The holders (with tokens), the waiters in order and the class of one lock. A key
+/// outside the class's key prefix is 400 `invalid-input`, as for an acquire.
 #[utoipa::path(get, path = routes::STATUS, tag = "locks",
     params(StatusQuery),
     responses((status = 200, description = "the lock", body = StatusView), StatusProblems))]
@@ -208,6 +209,8 @@ pub(super) async fn status(
     let tier = state.tiers.namespace(&name.ns).await?.map(|(t, _)| t);
     let tier = tier.as_deref().unwrap_or(state.tiers.home_name());
     let class = locker.config().class(&name.ns, &name.class).await?;
+    // A key no acquire could take is a mistake, not a lock nobody holds.
+    class.check_key(&name.key)?;
     let lock = locker.lock_state(&name).await?;
     Ok(Json(StatusView {
         revision: lock.revision,
