@@ -495,9 +495,23 @@ async fn etcd_serve_logs_json_reloads_and_answers_a_waiting_acquire_on_sigterm()
     assert_eq!(status, 200);
     let body = acquire(&s2, 30_000);
     let in_flight = std::thread::spawn(move || call(addr, "POST", "/v1/locks/acquire", JOB, &body));
+    // And the CLI waiting too: it retries the 503 and then finds the replica gone.
+    let cli = tokio::process::Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args(["lock", "acquire", "ns/c/k", "--wait-ms", "30000"])
+        .args([
+            "--service",
+            &format!("http://{addr}"),
+            "--dev-identity",
+            JOB,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
     let name = palisade_lock::LockName::new("ns", "c", "k");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while locker.lock_state(&name).await.unwrap().waiters.is_empty() {
+    while locker.lock_state(&name).await.unwrap().waiters.len() < 2 {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the second acquire never queued"
@@ -538,6 +552,15 @@ async fn etcd_serve_logs_json_reloads_and_answers_a_waiting_acquire_on_sigterm()
         .await
         .expect("palisade serve did not stop on SIGTERM")
         .unwrap();
+    // The CLI says why it got no hold: the replica was shutting down (exit 1, unavailable),
+    // not only that a connection was refused.
+    let out = tokio::time::timeout(Duration::from_secs(20), cli.wait_with_output())
+        .await
+        .expect("the waiting CLI acquire did not end")
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("503 shutting-down"), "{err}");
     assert_eq!(exit.code(), Some(0));
     assert!(std::net::TcpStream::connect(addr).is_err());
     // Every log line is one JSON object with a level.

@@ -125,6 +125,20 @@ impl ClientError {
         }
     }
 
+    /// Adds to a transport failure what the service answered the attempt before (a 503
+    /// it was retried after): a replica that said it was shutting down and then stopped
+    /// answering is reported as such, not as a bare refused connection.
+    pub(crate) fn after(mut self, earlier: &ClientError) -> Self {
+        let status = earlier.status.map(|s| format!("{s} ")).unwrap_or_default();
+        self.detail = format!(
+            "{} (its answer before that: {status}{}: {})",
+            self.detail,
+            earlier.kind.slug(),
+            earlier.detail
+        );
+        self
+    }
+
     /// Prefixes the detail with the file it is about.
     pub(crate) fn in_file(mut self, file: impl fmt::Display) -> Self {
         self.detail = format!("{file}: {}", self.detail);

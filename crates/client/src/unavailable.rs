@@ -49,7 +49,8 @@ fn jittered(pause: Duration) -> Duration {
 
 /// Runs `attempt` (given the time left until `deadline`) until it answers anything but
 /// an unavailable service, or until the next pause would end past `deadline`; then the
-/// last answer.
+/// last answer. A transport failure after an unavailable answer carries that answer in
+/// its detail ([`ClientError::after`]).
 pub(crate) async fn retry_within<T, F, Fut>(
     deadline: Instant,
     mut attempt: F,
@@ -59,6 +60,7 @@ where
     Fut: Future<Output = Result<T, ClientError>>,
 {
     let mut pause = FIRST_PAUSE;
+    let mut unavailable: Option<ClientError> = None;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match attempt(left).await {
@@ -68,8 +70,16 @@ where
                     return Err(e);
                 }
                 tracing::debug!(error = %e, "service unavailable; trying again");
+                unavailable = Some(e);
                 tokio::time::sleep_until(wake).await;
                 pause = (pause * 2).min(MAX_PAUSE);
+            }
+            // The service said why it could not answer, then stopped answering: say both.
+            Err(e) if *e.kind() == ClientErrorKind::Transport => {
+                return Err(match &unavailable {
+                    Some(earlier) => e.after(earlier),
+                    None => e,
+                })
             }
             other => return other,
         }
