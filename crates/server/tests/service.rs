@@ -613,15 +613,10 @@ async fn etcd_admin_namespaces_classes_epochs() {
     )
     .await;
     assert_problem(&r, 400, "invalid-input"); // overlaps rows' prefix
-                                              // Status of a key outside the class's prefix is refused as acquire refuses it.
-    let r = call(
-        a,
-        "GET",
-        "/v1/locks/status?namespace=orders&class=rows&key=other",
-        ADMIN,
-        Value::Null,
-    )
-    .await;
+
+    // Status of a key outside the class's prefix is refused as acquire refuses it.
+    let status = |key: &str| format!("/v1/locks/status?namespace=orders&class=rows&key={key}");
+    let r = call(a, "GET", &status("other"), ADMIN, Value::Null).await;
     assert_problem(&r, 400, "invalid-input");
     assert!(
         r.body["detail"]
@@ -630,14 +625,7 @@ async fn etcd_admin_namespaces_classes_epochs() {
         "{:?}",
         r.body
     );
-    let r = call(
-        a,
-        "GET",
-        "/v1/locks/status?namespace=orders&class=rows&key=row/1",
-        ADMIN,
-        Value::Null,
-    )
-    .await;
+    let r = call(a, "GET", &status("row/1"), ADMIN, Value::Null).await;
     assert_eq!(r.status, 200, "{:?}", r.body);
     let r = call(a, "PUT", "/v1/namespaces/nope/classes/x", ADMIN, json!({})).await;
     assert_problem(&r, 404, "not-found");
