@@ -12,9 +12,18 @@ pub enum InvalidInput {
     /// The lock key has a `..` path segment.
     #[error("lock key has a `..` segment")]
     DotDotSegment,
-    /// The lock key has a NUL or other ASCII control character.
+    /// The lock key has a control character (Unicode `Cc`, NUL included).
     #[error("lock key has a control character (NUL included)")]
     ControlCharacter,
+    /// The lock key has a bidirectional formatting character, which makes it display as
+    /// another key (see [`validate_key`](crate::validate_key)).
+    #[error("lock key has the bidirectional formatting character U+{:04X} at byte {at} (such characters make a key display as another)", u32::from(*ch))]
+    BidiControl {
+        /// The character.
+        ch: char,
+        /// Its byte offset in the key.
+        at: usize,
+    },
     /// The lock key is longer than [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes.
     #[error("lock key is longer than {} bytes", crate::MAX_KEY_LEN)]
     KeyTooLong,

@@ -39,13 +39,25 @@ pub fn validate_name(name: &str) -> Result<(), InvalidInput> {
     }
 }
 
-/// Checks a lock key: non-empty, at most [`MAX_KEY_LEN`] bytes, no ASCII control
-/// character (NUL included), no `..` segment between `/`s.
+/// Whether `c` is one of Unicode's bidirectional formatting characters (UAX #9: the
+/// embeddings, overrides and isolates U+202A–U+202E and U+2066–U+2069, and the marks
+/// U+200E, U+200F and U+061C). In a key they make it display as another key (in logs,
+/// `palisade lock` output, the audit dashboard), so two holders could not tell their keys
+/// apart by reading them (CVE-2021-42574, "Trojan Source").
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{200E}' | '\u{200F}' | '\u{061C}')
+}
+
+/// Checks a lock key: non-empty, at most [`MAX_KEY_LEN`] bytes, no control character
+/// (Unicode `Cc`: U+0000–U+001F, U+007F–U+009F; NUL included), no bidirectional
+/// formatting character (see [`InvalidInput::BidiControl`]), no `..` segment between
+/// `/`s.
 ///
 /// # Errors
 ///
 /// [`InvalidInput::EmptyKey`], [`InvalidInput::KeyTooLong`],
-/// [`InvalidInput::ControlCharacter`] or [`InvalidInput::DotDotSegment`].
+/// [`InvalidInput::ControlCharacter`], [`InvalidInput::BidiControl`] or
+/// [`InvalidInput::DotDotSegment`].
 pub fn validate_key(key: &str) -> Result<(), InvalidInput> {
     if key.is_empty() {
         return Err(InvalidInput::EmptyKey);
@@ -53,8 +65,11 @@ pub fn validate_key(key: &str) -> Result<(), InvalidInput> {
     if key.len() > MAX_KEY_LEN {
         return Err(InvalidInput::KeyTooLong);
     }
-    if key.bytes().any(|b| b.is_ascii_control()) {
+    if key.chars().any(char::is_control) {
         return Err(InvalidInput::ControlCharacter);
+    }
+    if let Some((at, ch)) = key.char_indices().find(|&(_, c)| is_bidi_control(c)) {
+        return Err(InvalidInput::BidiControl { ch, at });
     }
     if key.split('/').any(|seg| seg == "..") {
         return Err(InvalidInput::DotDotSegment);
@@ -84,6 +99,24 @@ mod tests {
         assert_eq!(reason("a/../b"), DotDotSegment);
         assert_eq!(reason(".."), DotDotSegment);
         assert_eq!(reason("a\0b"), ControlCharacter);
+        assert_eq!(reason("c1 \u{85}"), ControlCharacter);
+        assert_eq!(
+            reason("invoice-\u{202E}fdp.exe"),
+            BidiControl {
+                ch: '\u{202E}',
+                at: 8
+            }
+        );
+        for ch in [
+            '\u{202A}', '\u{2066}', '\u{2069}', '\u{200E}', '\u{200F}', '\u{061C}',
+        ] {
+            assert!(
+                matches!(reason(&format!("k{ch}")), BidiControl { at: 1, .. }),
+                "{ch:?}"
+            );
+        }
+        // Other format characters and right-to-left text itself are keys like any.
+        assert!(validate_key("\u{5D0}\u{5D1}/\u{200D}x").is_ok());
         assert_eq!(reason(&"k".repeat(MAX_KEY_LEN + 1)), KeyTooLong);
         assert!(validate_key("a/..b/c..").is_ok());
         assert!(validate_key(&"k".repeat(MAX_KEY_LEN)).is_ok());

@@ -19,7 +19,9 @@ pub struct AcquireBody {
     /// The class within the namespace.
     #[cfg_attr(feature = "openapi", schema(pattern = "^[a-z0-9][a-z0-9_-]{0,62}$"))]
     pub class: String,
-    /// The lock key: 1 to 512 bytes, starting with the class's key prefix.
+    /// The lock key: 1 to 512 bytes, starting with the class's key prefix; no control
+    /// character, no bidirectional formatting character, no `..` segment
+    /// (`validate_key`).
     #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 512))]
     pub key: String,
     /// `exclusive` or `shared`.
