@@ -522,6 +522,9 @@ async fn etcd_bad_input_is_4xx_problem_json_and_writes_nothing() {
             422,
         ),
         ("POST", "/v1/sessions", vec![b' '; 5000], 413),
+        // serde would read a struct from an array of its fields in order.
+        ("POST", "/v1/sessions", b"[5000]".to_vec(), 422),
+        ("POST", "/v1/sessions", b"5000".to_vec(), 422),
         ("POST", "/v1/sessions/zz/keepalive", Vec::new(), 400),
         (
             "POST",
@@ -534,6 +537,19 @@ async fn etcd_bad_input_is_4xx_problem_json_and_writes_nothing() {
         let r = call_raw(a, method, path, Some(OWNER), body.clone()).await;
         assert_problem(&r, status, "invalid-input");
     }
+    let r = call_raw(a, "POST", "/v1/sessions", Some(OWNER), b"[5000]".to_vec()).await;
+    let detail = r.body["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("expected a JSON object"), "{detail}");
+    let r = call(
+        a,
+        "POST",
+        "/v1/locks/acquire",
+        OWNER,
+        acquire_body(&s, "inv-\u{202E}fdp", 100),
+    )
+    .await;
+    let detail = r.body["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("U+202E at byte 4"), "{detail}");
     // Acquire input errors: key not UTF-8, key with `..`, control character, negative
     // wait, wait over the limit, unknown mode, unknown class (404).
     let mut bad_utf8 = br#"{"session":""#.to_vec();
@@ -544,6 +560,17 @@ async fn etcd_bad_input_is_4xx_problem_json_and_writes_nothing() {
     for (body, status, slug) in [
         (acquire_body(&s, "a/../b", 100), 400, "invalid-input"),
         (acquire_body(&s, "a\u{1}b", 100), 400, "invalid-input"),
+        (acquire_body(&s, "a\u{85}b", 100), 400, "invalid-input"),
+        (
+            acquire_body(&s, "inv-\u{202E}fdp", 100),
+            400,
+            "invalid-input",
+        ),
+        (
+            json!([s, "ns", "c", "k", "exclusive", 100]),
+            422,
+            "invalid-input",
+        ),
         (acquire_body(&s, "", 100), 400, "invalid-input"),
         (acquire_body(&s, "k", 3_600_000), 400, "invalid-input"),
         (

@@ -4,22 +4,48 @@ use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::Json;
-use serde::de::DeserializeOwned;
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{DeserializeOwned, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
 
 use crate::problem::Problem;
 use palisade_api::ProblemKind;
 
-/// `Json<T>` whose rejections are problems (400, 413, 415, 422).
+/// `Json<T>` whose rejections are problems (400, 413, 415, 422), for a body that must be
+/// a JSON object: serde lets a struct be read from an array of its fields in order
+/// (`[5000]` for `{"ttl_ms": 5000}`), which no request body of this API is, so an array
+/// (or any other non-object) is refused with 422 "invalid type: sequence, expected a JSON
+/// object".
 pub(super) struct Body<T>(pub(super) T);
 
 impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Body<T> {
     type Rejection = Problem;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Problem> {
-        match Json::<T>::from_request(req, state).await {
-            Ok(Json(v)) => Ok(Body(v)),
+        match Json::<Object<T>>::from_request(req, state).await {
+            Ok(Json(Object(v))) => Ok(Body(v)),
             Err(r) => Err(json_problem(&r)),
         }
+    }
+}
+
+/// `T` read from a JSON object only.
+struct Object<T>(T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct ObjectVisitor<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjectVisitor<T> {
+            type Value = T;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(MapAccessDeserializer::new(map))
+            }
+        }
+        d.deserialize_map(ObjectVisitor(std::marker::PhantomData))
+            .map(Object)
     }
 }
 
