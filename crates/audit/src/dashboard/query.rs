@@ -48,6 +48,8 @@ pub(crate) enum FilterError {
     Time { field: &'static str },
     #[error("before: not a cursor from a previous page")]
     Cursor,
+    #[error("from: after to (the window [from, to) would be empty)")]
+    Inverted,
     #[error("range: not one of 1h, 6h, 24h, 7d, 14d")]
     Range,
     #[error("finding: not one of missing_token, malformed_token, stale, store_unavailable")]
@@ -199,6 +201,11 @@ impl FilterParams {
             }
             (None, None) => None,
         };
+        if let (Some(from), Some(to)) = (from, to) {
+            if from > to {
+                return Err(FilterError::Inverted);
+            }
+        }
         let filter = Filter {
             namespace: text_filter(&self.namespace, "namespace")?,
             class: text_filter(&self.class, "class")?,

@@ -730,6 +730,19 @@ async fn a_control_character_in_a_filter_or_key_is_a_400_naming_it() {
                 );
             }
         }
+        let r = get(
+            &app,
+            &format!("{view}?from=2026-11-30T10:00:00Z&to=2026-11-30T09:00:00Z"),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{view}: {}", r.body);
+        assert!(r.body.contains("from: after to"), "{view}: {}", r.body);
+        let r = get(
+            &app,
+            &format!("{view}?from=2026-11-30T10:00:00Z&to=2026-11-30T10:00:00Z"),
+        )
+        .await;
+        assert!(r.status.is_success(), "{view}: {}", r.body);
         let long = "x".repeat(2049);
         let r = get(&app, &format!("{view}?service={long}")).await;
         assert_eq!(r.status, StatusCode::BAD_REQUEST, "{view}: {}", r.body);
