@@ -44,6 +44,13 @@ pub enum InvalidInput {
         /// What is wrong with it.
         fault: crate::TextFault,
     },
+    /// A query-string parameter that does not decode to UTF-8 (see
+    /// [`validate_query_utf8`](crate::validate_query_utf8)).
+    #[error("query parameter {param:?} is not UTF-8 once percent-decoded")]
+    QueryNotUtf8 {
+        /// The parameter's name, as far as it decodes.
+        param: String,
+    },
     /// A SPIFFE ID that does not start with `spiffe://` or is otherwise malformed (see
     /// [`SpiffeId::new`](crate::SpiffeId::new)).
     #[error(

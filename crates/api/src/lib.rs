@@ -10,7 +10,7 @@
 //! | [`wire`] | the JSON request and response bodies of the service |
 //! | [`problem`] | problem kinds: slugs, `type` URIs and status codes |
 //! | [`limits`] | the bounds of session TTLs and of a class's TTLs and lock-delay; the etcd keepalive |
-//! | crate root | names and keys ([`validate_name`], [`validate_key`]), free text ([`validate_text`]), ids ([`LeaseId`], [`SpiffeId`]), configuration records ([`Namespace`], [`LockClass`], [`EpochRecord`], [`RehomeRecord`]), [`TieredSessionId`], [`HolderMeta`], and [`InvalidInput`], why input was refused |
+//! | crate root | names and keys ([`validate_name`], [`validate_key`]), free text ([`validate_text`]) and query strings ([`validate_query_utf8`]), ids ([`LeaseId`], [`SpiffeId`]), configuration records ([`Namespace`], [`LockClass`], [`EpochRecord`], [`RehomeRecord`]), [`TieredSessionId`], [`HolderMeta`], and [`InvalidInput`], why input was refused |
 //!
 //! # Features
 //!
@@ -39,6 +39,7 @@ pub use names::{is_name, validate_key, validate_name, MAX_KEY_LEN, MAX_NAME_LEN,
 pub use palisade_fence::{Epoch, FencingToken, Revision};
 pub use problem::ProblemKind;
 pub use text::{
-    validate_text, TextFault, MAX_LABEL_LEN, MAX_REASON_LEN, MAX_REQUEST_ID_LEN, TEXT_PATTERN,
+    validate_query_utf8, validate_text, TextFault, MAX_LABEL_LEN, MAX_REASON_LEN,
+    MAX_REQUEST_ID_LEN, TEXT_PATTERN,
 };
 pub use tier::{RehomePhase, RehomeRecord, TieredSessionId};

@@ -107,6 +107,32 @@ pub fn validate_text(field: &'static str, value: &str, max_len: usize) -> Result
     }
 }
 
+/// Checks that every name and value of the query string `query` (without its `?`)
+/// decodes to UTF-8, as `application/x-www-form-urlencoded` decoding (`+` a space, `%XX`
+/// a byte) gives it. The usual decoders replace a byte sequence that is not UTF-8 with
+/// U+FFFD, so `key=%FF` would be read as the key "\u{FFFD}", another key than was sent.
+///
+/// # Errors
+///
+/// [`InvalidInput::QueryNotUtf8`] naming the first such parameter (its name as far as it
+/// decodes).
+pub fn validate_query_utf8(query: &str) -> Result<(), InvalidInput> {
+    let decode = |part: &str| {
+        let spaced = part.replace('+', " ");
+        String::from_utf8(percent_encoding::percent_decode_str(&spaced).collect()).is_ok()
+    };
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if !decode(name) || !decode(value) {
+            let shown = percent_encoding::percent_decode_str(&name.replace('+', " "))
+                .decode_utf8_lossy()
+                .into_owned();
+            return Err(InvalidInput::QueryNotUtf8 { param: shown });
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -181,5 +207,33 @@ mod tests {
         assert_eq!(e.to_string(), "tenant_id is empty");
         let e = validate_text("reason", &"x".repeat(1025), MAX_REASON_LEN).unwrap_err();
         assert_eq!(e.to_string(), "reason is 1025 bytes, more than 1024");
+    }
+
+    #[test]
+    fn query_strings_must_decode_to_utf8() {
+        for good in [
+            "",
+            "key=a%2Fb",
+            "key=%C3%A9t%C3%A9&x",
+            "a+b=c+d",
+            "k=%E2%80%AE",
+            "&&",
+        ] {
+            assert_eq!(validate_query_utf8(good), Ok(()), "{good}");
+        }
+        for (bad, param) in [
+            ("key=%FF", "key"),
+            ("ns=a&key=%C3", "key"),
+            ("%FF=1", "\u{FFFD}"),
+            ("key=ok&res%6Furce=%80x", "resource"),
+        ] {
+            assert_eq!(
+                validate_query_utf8(bad),
+                Err(InvalidInput::QueryNotUtf8 {
+                    param: param.to_owned()
+                }),
+                "{bad}"
+            );
+        }
     }
 }

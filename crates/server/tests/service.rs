@@ -550,6 +550,21 @@ async fn etcd_bad_input_is_4xx_problem_json_and_writes_nothing() {
     .await;
     let detail = r.body["detail"].as_str().unwrap_or_default();
     assert!(detail.contains("U+202E at byte 4"), "{detail}");
+    // A key that is not UTF-8 once decoded is refused, not read as U+FFFD.
+    let r = call_raw(
+        a,
+        "GET",
+        "/v1/locks/status?namespace=ns&class=c&key=%FF",
+        Some(OWNER),
+        Vec::new(),
+    )
+    .await;
+    assert_problem(&r, 400, "invalid-input");
+    let detail = r.body["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("query parameter \"key\" is not UTF-8"),
+        "{detail}"
+    );
     // Acquire input errors: key not UTF-8, key with `..`, control character, negative
     // wait, wait over the limit, unknown mode, unknown class (404).
     let mut bad_utf8 = br#"{"session":""#.to_vec();

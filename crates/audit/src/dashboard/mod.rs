@@ -103,7 +103,20 @@ fn routes(dash: Dash) -> Router {
         .route("/api/locks", get(api::locks))
         .route("/api/force-releases", get(api::force_releases))
         .route("/metrics", get(metrics))
+        .layer(axum::middleware::from_fn(utf8_query))
         .with_state(dash)
+}
+
+/// Refuses a query string with a parameter that is not UTF-8 once percent-decoded (400,
+/// naming it), which the handlers' `Query` would read with U+FFFD in its place: a filter
+/// or a lock key other than the one asked for.
+async fn utf8_query(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Result<Response, DashError> {
+    palisade_api::validate_query_utf8(req.uri().query().unwrap_or_default())
+        .map_err(query::FilterError::from)?;
+    Ok(next.run(req).await)
 }
 
 /// The handlers' state: the audit database, and etcd when given.

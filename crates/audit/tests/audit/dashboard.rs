@@ -752,6 +752,17 @@ async fn a_control_character_in_a_filter_or_key_is_a_400_naming_it() {
             r.body
         );
     }
+    for view in views
+        .iter()
+        .chain(&["/locks", "/api/locks", "/force-releases"])
+    {
+        // Not UTF-8 once decoded: refused, not read as U+FFFD.
+        for q in ["resource=%FF", "key=a%C3", "namespace=ok&caller=%80"] {
+            let r = get(&app, &format!("{view}?{q}")).await;
+            assert_eq!(r.status, StatusCode::BAD_REQUEST, "{view}?{q}: {}", r.body);
+            assert!(r.body.contains("is not UTF-8"), "{view}?{q}: {}", r.body);
+        }
+    }
     for view in ["/locks", "/api/locks"] {
         let r = get(&app, &format!("{view}?key=%2Fpalisade%00")).await;
         assert_eq!(r.status, StatusCode::BAD_REQUEST, "{view}: {}", r.body);

@@ -67,13 +67,16 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for PathArg
     }
 }
 
-/// `Query<T>` whose rejections are 400 problems.
+/// `Query<T>` whose rejections are 400 problems; a parameter that is not UTF-8 once
+/// percent-decoded is refused ([`palisade_api::validate_query_utf8`]) rather than read
+/// with U+FFFD in its place.
 pub(super) struct QueryArgs<T>(pub(super) T);
 
 impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for QueryArgs<T> {
     type Rejection = Problem;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
+        palisade_api::validate_query_utf8(parts.uri.query().unwrap_or_default())?;
         axum::extract::Query::<T>::from_request_parts(parts, state)
             .await
             .map(|q| QueryArgs(q.0))
