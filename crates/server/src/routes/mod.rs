@@ -220,7 +220,13 @@ pub(crate) fn router(
                 }
             },
         ))
-        .layer(tower_http::trace::TraceLayer::new_for_http())
+        // A 5xx is logged here at WARN, not tower-http's default ERROR: most are answers
+        // the service chose (503 shutting-down, quorum-lost, namespace-moving), and a fault
+        // of its own is logged at ERROR with its cause where the problem is made.
+        .layer(
+            tower_http::trace::TraceLayer::new_for_http()
+                .on_failure(tower_http::trace::DefaultOnFailure::new().level(tracing::Level::WARN)),
+        )
         .with_state(state)
 }
 
