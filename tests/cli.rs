@@ -274,6 +274,47 @@ fn an_empty_or_malformed_dev_identity_is_bad_input() {
     }
 }
 
+/// A `--service` with a path or a query (`.../v1`) is bad input naming the URL, refused
+/// before anything is sent; it used to reach `/v1/v1/...` and exit 3 "no such route".
+#[test]
+fn a_service_url_with_a_path_or_query_is_bad_input() {
+    for url in [
+        "http://127.0.0.1:1/v1",
+        "http://127.0.0.1:1/prefix/",
+        "http://127.0.0.1:1?x=1",
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
+            .args(["lock", "status", "orders/jobs/k", "--service", url])
+            .args(["--dev-identity", "spiffe://acme/a"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{url}: {err}");
+        assert!(
+            err.contains(&format!("lock service URL {url:?} is not a base URL")),
+            "{url}: {err}"
+        );
+    }
+    // A trailing `/` alone is a base URL (the connection is refused, exit 1).
+    let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args([
+            "lock",
+            "status",
+            "orders/jobs/k",
+            "--service",
+            "http://127.0.0.1:1/",
+        ])
+        .args(["--dev-identity", "spiffe://acme/a"])
+        .output()
+        .unwrap();
+    assert_ne!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A dashboard address already taken is named in the error.
 #[test]
 fn audit_serve_on_a_taken_address_names_it() {

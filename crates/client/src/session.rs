@@ -39,6 +39,23 @@ impl std::fmt::Debug for Client {
     }
 }
 
+/// Checks that `base` is the service's base URL, `scheme://host:port` with at most a
+/// trailing `/`: every route's path (`/v1/...`) is appended to it, so a path (`/v1`) or a
+/// query would send each request to a route the service does not have.
+fn check_base(base: &str) -> Result<(), ClientError> {
+    let uri: hyper::Uri = base
+        .parse()
+        .map_err(|e| ClientError::config(format!("lock service URL {base:?}: {e}")))?;
+    let path = uri.path();
+    if uri.authority().is_none() || !(path.is_empty() || path == "/") || uri.query().is_some() {
+        return Err(ClientError::config(format!(
+            "lock service URL {base:?} is not a base URL: give scheme://host:port, without a \
+             path or query (the client adds /v1/...)"
+        )));
+    }
+    Ok(())
+}
+
 impl Client {
     /// A client of a service in dev mode at `base_url` (`http://host:port`), over plain
     /// HTTP; name the caller with [`Client::with_dev_identity`].
@@ -46,7 +63,8 @@ impl Client {
     /// # Errors
     ///
     /// [`ClientErrorKind::Config`] if the URL is not `http://...` (use
-    /// [`Client::new_mtls`] for `https://`).
+    /// [`Client::new_mtls`] for `https://`), or is not a base URL
+    /// (`scheme://host:port`, at most a trailing `/`: no path, no query).
     pub fn new(base_url: impl Into<String>) -> Result<Client, ClientError> {
         let base = base_url.into();
         if !base.starts_with("http://") {
@@ -54,6 +72,7 @@ impl Client {
                 "plain HTTP (dev mode) needs an http:// URL, not {base:?}; use mTLS for https://"
             )));
         }
+        check_base(&base)?;
         Ok(Client {
             http: Http::new(base),
             open_wait: DEFAULT_OPEN_WAIT,
@@ -65,8 +84,8 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// [`ClientErrorKind::Config`] if the URL is not `https://...` or rustls refuses the
-    /// roots, certificate or key.
+    /// [`ClientErrorKind::Config`] if the URL is not `https://...`, is not a base URL
+    /// (`scheme://host:port`, at most a trailing `/`), or rustls refuses the roots, certificate or key.
     pub fn new_mtls(base_url: impl Into<String>, tls: ClientTls) -> Result<Client, ClientError> {
         let base = base_url.into();
         if !base.starts_with("https://") {
@@ -74,6 +93,7 @@ impl Client {
                 "mTLS needs an https:// URL, not {base:?}"
             )));
         }
+        check_base(&base)?;
         Ok(Client {
             http: Http::new_tls(base, &tls)?,
             open_wait: DEFAULT_OPEN_WAIT,
