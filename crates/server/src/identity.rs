@@ -46,6 +46,19 @@ impl FromRequestParts<AppState> for Caller {
                     "the dev identity header is refused: the service was not started with the insecure dev identity option",
                 ));
             }
+            if parts
+                .headers
+                .get_all(DEV_IDENTITY_HEADER)
+                .iter()
+                .nth(1)
+                .is_some()
+            {
+                // Two callers named: which one acts would depend on the header order.
+                return Err(Problem::new(
+                    ProblemKind::Unauthenticated,
+                    "the dev identity header is sent more than once: send one SPIFFE ID",
+                ));
+            }
             let id = value
                 .to_str()
                 .ok()

@@ -550,6 +550,49 @@ async fn etcd_bad_input_is_4xx_problem_json_and_writes_nothing() {
     .await;
     let detail = r.body["detail"].as_str().unwrap_or_default();
     assert!(detail.contains("U+202E at byte 4"), "{detail}");
+    // Headers a client can get wrong: two dev identities (which one acted would depend on
+    // their order) is 401; a compressed (or falsely labelled) body is 415, not read as
+    // plain JSON.
+    let raw = |extra: String, body: &'static str| async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut c = tokio::net::TcpStream::connect(a).await.unwrap();
+        let req = format!(
+            "POST /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             {extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        c.write_all(req.as_bytes()).await.unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).await.unwrap();
+        out
+    };
+    let ok = r#"{"ttl_ms": 5000}"#;
+    let two = raw(
+        format!("{DEV_IDENTITY_HEADER}: {OWNER}\r\n{DEV_IDENTITY_HEADER}: spiffe://acme/other\r\n"),
+        ok,
+    )
+    .await;
+    assert!(two.starts_with("HTTP/1.1 401"), "{two}");
+    assert!(two.contains("sent more than once"), "{two}");
+    let gz = raw(
+        format!("{DEV_IDENTITY_HEADER}: {OWNER}\r\nContent-Encoding: gzip\r\n"),
+        ok,
+    )
+    .await;
+    assert!(gz.starts_with("HTTP/1.1 415"), "{gz}");
+    assert!(
+        gz.contains("Content-Encoding \\\"gzip\\\" is not supported"),
+        "{gz}"
+    );
+    // `identity` is no coding: the body is read (and its TTL of 0 refused; nothing is
+    // written in this test).
+    let plain = raw(
+        format!("{DEV_IDENTITY_HEADER}: {OWNER}\r\nContent-Encoding: identity\r\n"),
+        r#"{"ttl_ms": 0}"#,
+    )
+    .await;
+    assert!(plain.starts_with("HTTP/1.1 400"), "{plain}");
+    assert!(plain.contains("ttl"), "{plain}");
     // A key that is not UTF-8 once decoded is refused, not read as U+FFFD.
     let r = call_raw(
         a,

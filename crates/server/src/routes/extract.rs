@@ -11,7 +11,8 @@ use serde::Deserialize;
 use crate::problem::Problem;
 use palisade_api::ProblemKind;
 
-/// `Json<T>` whose rejections are problems (400, 413, 415, 422), for a body that must be
+/// `Json<T>` whose rejections are problems (400, 413, 415, 422; 415 also for a body with a
+/// `Content-Encoding` other than `identity`), for a body that must be
 /// a JSON object: serde lets a struct be read from an array of its fields in order
 /// (`[5000]` for `{"ttl_ms": 5000}`), which no request body of this API is, so an array
 /// (or any other non-object) is refused with 422 "invalid type: sequence, expected a JSON
@@ -22,6 +23,21 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Body<T> {
     type Rejection = Problem;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Problem> {
+        // A compressed body would be read as if it were plain (no route decodes one).
+        if let Some(coding) = req
+            .headers()
+            .get(axum::http::header::CONTENT_ENCODING)
+            .filter(|c| !c.as_bytes().eq_ignore_ascii_case(b"identity"))
+        {
+            return Err(Problem::new(
+                ProblemKind::InvalidInput,
+                format!(
+                    "Content-Encoding {:?} is not supported: send the JSON body uncompressed",
+                    String::from_utf8_lossy(coding.as_bytes())
+                ),
+            )
+            .with_status(axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE));
+        }
         match Json::<Object<T>>::from_request(req, state).await {
             Ok(Json(Object(v))) => Ok(Body(v)),
             Err(r) => Err(json_problem(&r)),
