@@ -48,8 +48,11 @@ pub(crate) enum FilterError {
     Time { field: &'static str },
     #[error("before: not a cursor from a previous page")]
     Cursor,
-    #[error("from: after to (the window [from, to) would be empty)")]
-    Inverted,
+    #[error("from: not before {end} (the window [from, {end}) would be empty)")]
+    EmptyWindow {
+        /// `to`, or `now` when no `to` was given.
+        end: &'static str,
+    },
     #[error("range: not one of 1h, 6h, 24h, 7d, 14d")]
     Range,
     #[error("finding: not one of missing_token, malformed_token, stale, store_unavailable")]
@@ -201,9 +204,13 @@ impl FilterParams {
             }
             (None, None) => None,
         };
-        if let (Some(from), Some(to)) = (from, to) {
-            if from > to {
-                return Err(FilterError::Inverted);
+        if let Some(from) = from {
+            let (end, at) = match to {
+                Some(to) => ("to", to),
+                None => ("now", SystemTime::now()),
+            };
+            if from >= at {
+                return Err(FilterError::EmptyWindow { end });
             }
         }
         let filter = Filter {

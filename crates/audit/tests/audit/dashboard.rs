@@ -736,10 +736,23 @@ async fn a_control_character_in_a_filter_or_key_is_a_400_naming_it() {
         )
         .await;
         assert_eq!(r.status, StatusCode::BAD_REQUEST, "{view}: {}", r.body);
-        assert!(r.body.contains("from: after to"), "{view}: {}", r.body);
+        assert!(r.body.contains("from: not before to"), "{view}: {}", r.body);
+        // An empty window: `from` equal to `to`, or after now with no `to`.
+        for (q, end) in [
+            ("from=2026-11-30T10:00:00Z&to=2026-11-30T10:00:00Z", "to"),
+            ("from=9999-12-31T23:59:59Z", "now"),
+        ] {
+            let r = get(&app, &format!("{view}?{q}")).await;
+            assert_eq!(r.status, StatusCode::BAD_REQUEST, "{view}?{q}: {}", r.body);
+            assert!(
+                r.body.contains(&format!("from: not before {end}")),
+                "{view}?{q}: {}",
+                r.body
+            );
+        }
         let r = get(
             &app,
-            &format!("{view}?from=2026-11-30T10:00:00Z&to=2026-11-30T10:00:00Z"),
+            &format!("{view}?from=2026-11-30T10:00:00Z&to=2026-11-30T10:00:01Z"),
         )
         .await;
         assert!(r.status.is_success(), "{view}: {}", r.body);
