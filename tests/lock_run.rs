@@ -370,6 +370,14 @@ async fn etcd_lock_run_signalled_while_waiting_leaves_no_waiter() {
         .expect("a waiting lock run did not stop on SIGTERM")
         .unwrap();
     assert_eq!(status.code(), Some(143));
+    let mut err = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut waiter.stderr.take().unwrap(), &mut err)
+        .await
+        .unwrap();
+    assert!(
+        err.contains("terminated (SIGTERM) while waiting for the lock; the command did not run"),
+        "{err}"
+    );
     assert!(!never.exists(), "the command ran without the lock");
     let state = f.locker.lock_state(&name).await.unwrap();
     assert!(state.waiters.is_empty(), "{state:?}");

@@ -8,7 +8,7 @@
 //!   after the first of them, the group gets SIGKILL. Then the hold is released and
 //!   `palisade` exits with the command's code, or 128 + the signal that ended it.
 //! - A signal that arrives while the lock is still awaited ends the wait: the session is
-//!   closed and `palisade` exits with 128 + the signal.
+//!   closed, `palisade` says which signal on stderr and exits with 128 + the signal.
 //! - When the hold is lost the group gets SIGKILL at once and `palisade` exits 76.
 //! - Every call to the service after the command ended is bounded: release and close
 //!   together by one TTL, a close after a loss by [`CLOSE_AFTER_LOSS`]. Past the bound
@@ -88,6 +88,22 @@ impl Signals {
     }
 }
 
+/// Says on stderr that `sig` ended the wait for the lock (as `lock acquire` does), and
+/// returns the exit code, 128 + the signal. A stderr that cannot be written is no error.
+fn not_acquired(sig: Signal) -> i32 {
+    use std::io::Write;
+    let what = match sig {
+        Signal::SIGINT => "interrupted (SIGINT)",
+        Signal::SIGHUP => "hung up (SIGHUP)",
+        _ => "terminated (SIGTERM)",
+    };
+    let _ = writeln!(
+        std::io::stderr(),
+        "palisade: {what} while waiting for the lock; the command did not run"
+    );
+    128 + sig as i32
+}
+
 /// Sends `sig` to every process of the group `pgid`; a group already gone is fine.
 fn signal_group(pgid: Pid, sig: Signal) {
     match killpg(pgid, sig) {
@@ -126,7 +142,7 @@ pub(crate) fn run(conn: &Connection, args: RunArgs) -> Result<String> {
         let session = tokio::select! {
             // On the tier where the namespace lives.
             s = client.open_session_for(ns, ttl) => s?,
-            sig = signals.recv() => return Ok(128 + sig as i32),
+            sig = signals.recv() => return Ok(not_acquired(sig)),
         };
         let mode = if shared {
             Mode::Shared
@@ -148,7 +164,7 @@ pub(crate) fn run(conn: &Connection, args: RunArgs) -> Result<String> {
             Err(sig) => {
                 // Closing the session also ends the wait on the service.
                 let _ = tokio::time::timeout(ttl, session.close()).await;
-                return Ok(128 + sig as i32);
+                return Ok(not_acquired(sig));
             }
         };
         let token = hold.token().map(|t| t.to_string()).unwrap_or_default();
