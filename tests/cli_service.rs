@@ -825,7 +825,7 @@ async fn etcd_cli_first_steps_refusals_say_what_to_pass() {
         .ok();
     s.dev(ADMIN, &["class", "create", "ns", "d"]).await.fails(
         2,
-        "without --prefix, class d would take the empty key prefix",
+        "with no --prefix (or an empty one), class d would take the empty key prefix",
     );
     s.dev(ADMIN, &["class", "create", "ns", "d", "--prefix", "c-x"])
         .await

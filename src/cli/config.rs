@@ -382,9 +382,10 @@ fn overlap(ns: &str, class: &str, prefix: &str, other: &LockClass) -> String {
         )
     } else if prefix.is_empty() {
         format!(
-            "without --prefix, class {class} would take the empty key prefix, which covers \
-             every key, and {ns} already has class {id} (prefix {theirs:?}): pass a --prefix \
-             that neither starts with {theirs:?} nor is the start of it, e.g. --prefix {class}-"
+            "with no --prefix (or an empty one), class {class} would take the empty key \
+             prefix, which covers every key, and {ns} already has class {id} (prefix \
+             {theirs:?}): pass a --prefix that neither starts with {theirs:?} nor is the start \
+             of it, e.g. --prefix {class}-"
         )
     } else {
         format!(
