@@ -85,7 +85,8 @@ impl Client {
     /// # Errors
     ///
     /// [`ClientErrorKind::Config`] if the URL is not `https://...`, is not a base URL
-    /// (`scheme://host:port`, at most a trailing `/`), or rustls refuses the roots, certificate or key.
+    /// (`scheme://host:port`, at most a trailing `/`), or rustls refuses the roots,
+    /// certificate or key.
     pub fn new_mtls(base_url: impl Into<String>, tls: ClientTls) -> Result<Client, ClientError> {
         let base = base_url.into();
         if !base.starts_with("https://") {

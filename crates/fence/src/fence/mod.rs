@@ -67,6 +67,11 @@
 //!    With [`PostgresStore`](crate::PostgresStore) it holds across every replica sharing
 //!    the database.
 //!
+//! An admission raises the mark whatever the inner service then does: a request it
+//! refuses (a body over its limit, a malformed one) leaves the mark at that request's
+//! token. That refuses only tokens below one the lock service granted, which a newer grant
+//! would refuse anyway; a write is never admitted by it.
+//!
 //! The layer alone does **not** order the *effects* of admitted requests. The check
 //! happens before the handler runs, and handlers run concurrently: if 5 is admitted, then
 //! 7 is admitted and its handler writes, the handler of 5 can still write afterwards, over
