@@ -1,4 +1,6 @@
 use super::*;
+use crate::LockEventKind;
+use palisade_fence::{Epoch, FencingToken};
 
 const P: &str = "/p/locks/";
 const LEASE: &str = "00000000000000ff";
