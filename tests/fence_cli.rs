@@ -30,7 +30,7 @@ async fn poison(client: &tokio_postgres::Client) -> FencingToken {
     let poison = FencingToken::from_parts(Epoch::new(1).unwrap(), Revision::new(7)).unwrap();
     client
         .execute(
-            "SELECT fence_raise('orders/1', $1)",
+            "SELECT palisade_fence.fence_raise('orders/1', $1)",
             &[&(poison.get() as i64)],
         )
         .await
@@ -179,7 +179,7 @@ async fn fence_show_on_a_database_without_fence_tables_names_the_cause() {
     assert_eq!(code, 1, "{err}");
     assert!(
         err.contains("reading the mark of orders/1")
-            && err.contains("\"fence_high_water\" does not exist")
+            && err.contains("relation \"palisade_fence.fence_high_water\" does not exist")
             && err.contains("no fence tables"),
         "{err}"
     );
@@ -242,7 +242,7 @@ async fn fence_reset_refuses_an_audit_database_without_a_trail_and_show_escapes_
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--audit-database has no audit trail"), "{err}");
     let mark: i64 = client
-        .query_one("SELECT token FROM fence_high_water", &[])
+        .query_one("SELECT token FROM palisade_fence.fence_high_water", &[])
         .await
         .unwrap()
         .get(0);
@@ -257,7 +257,7 @@ async fn fence_reset_refuses_an_audit_database_without_a_trail_and_show_escapes_
     // A reset made in SQL, with a reason no CLI would take.
     client
         .execute(
-            "SELECT fence_reset('orders/1', $1, $2)",
+            "SELECT palisade_fence.fence_reset('orders/1', $1, $2)",
             &[&(e0(120).get() as i64), &"line1\nline2\u{1b}[31mRED"],
         )
         .await

@@ -10,6 +10,12 @@ token 1000 and writes; B is granted 2000 and writes; A, paused meanwhile, writes
 with 1000: fence_raise_or_abort raises SQLSTATE PF001, psycopg raises it as an exception,
 and the `with conn.transaction()` block rolls A's transaction back, UPDATE included.
 
+The call names the fence's schema (palisade_fence.fence_raise_or_abort), so no function of
+that name in another schema is reached, and psycopg's int (sent as the smallest integer type
+that fits) is cast to the fence's bigint form. The example starts by deleting its resource's
+mark, so that it can run again: that takes the fence's owner (docs/sql-api.md, Privileges).
+A writer needs only EXECUTE on the raise functions, and SELECT to read the mark back.
+
 Behind a transaction-mode pooler (PgBouncer `pool_mode = transaction`), connect with
 prepare_threshold=None: psycopg otherwise prepares a statement it runs often, and the
 prepared statement does not follow the client to the next transaction's server session.
@@ -27,7 +33,7 @@ def fenced_add(conn, token, amount):
     """Adds `amount` under `token`; returns the mark that refused it, or None if written."""
     try:
         with conn.transaction():
-            conn.execute("SELECT fence_raise_or_abort(%s, %s)", (RESOURCE, token))
+            conn.execute("SELECT palisade_fence.fence_raise_or_abort(%s, %s)", (RESOURCE, token))
             conn.execute(
                 "UPDATE example_account SET balance = balance + %s WHERE id = 1", (amount,)
             )
@@ -37,7 +43,7 @@ def fenced_add(conn, token, amount):
             raise
         # The transaction is rolled back; read the mark that refused the token.
         row = conn.execute(
-            "SELECT token FROM fence_high_water WHERE resource = %s", (RESOURCE,)
+            "SELECT token FROM palisade_fence.fence_high_water WHERE resource = %s", (RESOURCE,)
         ).fetchone()
         return row[0]
 
@@ -50,7 +56,7 @@ def main(conninfo):
         conn.execute(
             "INSERT INTO example_account VALUES (1, 0) ON CONFLICT (id) DO UPDATE SET balance = 0"
         )
-        conn.execute("DELETE FROM fence_high_water WHERE resource = %s", (RESOURCE,))
+        conn.execute("DELETE FROM palisade_fence.fence_high_water WHERE resource = %s", (RESOURCE,))
 
         assert fenced_add(conn, 1000, 10) is None
         print("A (token 1000): written")

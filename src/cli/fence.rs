@@ -243,6 +243,7 @@ fn db_failure(what: &str, e: &palisade_fence::FenceError) -> CliError {
         .is_some_and(|c| {
             *c == tokio_postgres::error::SqlState::UNDEFINED_TABLE
                 || *c == tokio_postgres::error::SqlState::UNDEFINED_FUNCTION
+                || *c == tokio_postgres::error::SqlState::INVALID_SCHEMA_NAME
         });
     let mut text = match std::error::Error::source(e) {
         Some(cause) => format!("{what}: {}", super::exit::with_causes(cause)),

@@ -75,7 +75,7 @@ const PLAIN: &str = "UPDATE bench_account SET balance = balance + 1 WHERE id = $
 const SQL_RAISE_VARIANT: &str = "PreparedFence, plain-SQL raise (bench only)";
 const SQL_RAISE: &str = "WITH l AS MATERIALIZED \
      (SELECT pg_advisory_xact_lock(1885432937, hashtext($1::text))), \
-     up AS (INSERT INTO fence_high_water AS h (resource, token, updated_at) \
+     up AS (INSERT INTO palisade_fence.fence_high_water AS h (resource, token, updated_at) \
      SELECT $1::text, $2::bigint, now() FROM l \
      ON CONFLICT (resource) DO UPDATE SET token = EXCLUDED.token, updated_at = now() \
      WHERE h.token <= EXCLUDED.token RETURNING h.token) \
@@ -91,13 +91,13 @@ pub(crate) async fn run(args: &PgArgs) -> Result<Vec<Table>> {
         .batch_execute(&format!(
             "CREATE TABLE bench_account (id bigint PRIMARY KEY, balance bigint NOT NULL, fence_token bigint); \
              INSERT INTO bench_account SELECT g, 0, NULL FROM generate_series(1, {rows}) g; \
-             INSERT INTO fence_high_water (resource, token) SELECT 'account/' || g, 0 FROM generate_series(1, {rows}) g",
+             INSERT INTO palisade_fence.fence_high_water (resource, token) SELECT 'account/' || g, 0 FROM generate_series(1, {rows}) g",
             rows = args.rows
         ))
         .await?;
     setup.batch_execute("VACUUM ANALYZE bench_account").await?;
     setup
-        .batch_execute("VACUUM ANALYZE fence_high_water")
+        .batch_execute("VACUUM ANALYZE palisade_fence.fence_high_water")
         .await?;
     let clock = Arc::new(AtomicU64::new(
         FencingToken::from_u64(1 << 48).map_or(1, |t| t.get()),

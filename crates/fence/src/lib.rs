@@ -62,7 +62,7 @@ pub use fence::{
 pub use postgres::{
     begin_fenced, fenced_execute, fenced_transaction, migrate, read_mark, reset_mark, FenceError,
     FenceErrorKind, FencedStatement, FencedTransaction, FencedUpdate, Mark, PreparedFence,
-    PreparedFencedUpdate, TxFuture, MIGRATION,
+    PreparedFencedUpdate, TxFuture, MIGRATION, SCHEMA,
 };
 #[cfg(feature = "memory")]
 pub use store::MemoryStore;

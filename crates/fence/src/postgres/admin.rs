@@ -8,10 +8,11 @@ use tokio_postgres::GenericClient;
 use super::FenceError;
 use crate::FencingToken;
 
-const READ: &str = "SELECT token, updated_at FROM fence_high_water WHERE resource = $1";
-const RESET: &str = "SELECT fence_reset($1, $2, $3)";
+const READ: &str =
+    "SELECT token, updated_at FROM palisade_fence.fence_high_water WHERE resource = $1";
+const RESET: &str = "SELECT palisade_fence.fence_reset($1, $2, $3)";
 const RESETS: &str = "SELECT old_token, new_token, reason, reset_by, reset_at \
-     FROM fence_reset_log WHERE resource = $1 ORDER BY id DESC LIMIT $2";
+     FROM palisade_fence.fence_reset_log WHERE resource = $1 ORDER BY id DESC LIMIT $2";
 
 /// A resource's high-water mark as `fence_high_water` holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,7 +91,7 @@ pub async fn read_resets<C: GenericClient + Sync>(
         .collect()
 }
 
-/// Lowers `resource`'s mark to `to` for `reason`, with `fence_reset` (migration `0004`);
+/// Lowers `resource`'s mark to `to` for `reason`, with `palisade_fence.fence_reset` (see [`MIGRATION`](crate::MIGRATION));
 /// returns the mark it replaced.
 ///
 /// A mistaken request with a huge token (say an epoch-1 token on an epoch-0 system)

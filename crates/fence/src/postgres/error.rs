@@ -6,6 +6,10 @@ use tokio_postgres::error::SqlState;
 
 use crate::FencingToken;
 
+/// The SQLSTATE of the migration's refusal of an object it did not create (class `PF` is
+/// used by no Postgres error).
+const FOREIGN_OBJECT: &str = "PF002";
+
 /// What went wrong in a fenced write. Returned by [`FenceError::kind`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -36,6 +40,12 @@ pub enum FenceErrorKind {
     BadReset,
     /// A reset found no mark to lower (SQLSTATE `P0002`).
     NoMark,
+    /// The migration found an object it did not create (SQLSTATE `PF002`, see
+    /// [`migrate`](crate::migrate)): the schema `palisade_fence` owned by a role other than
+    /// the one migrating, another role's object in it, a function there that the migration
+    /// does not define, or another role's table or function of a fence name where earlier
+    /// versions put them. The message names the object and its owner. Nothing was changed.
+    ForeignObject,
     /// Any other database error; see [`FenceError::code`].
     Database,
 }
@@ -112,6 +122,7 @@ impl FenceError {
                 Some(_) if needs_session(e) => FenceErrorKind::NeedsSession,
                 Some(c) if *c == SqlState::INVALID_PARAMETER_VALUE => FenceErrorKind::BadReset,
                 Some(c) if *c == SqlState::NO_DATA_FOUND => FenceErrorKind::NoMark,
+                Some(c) if c.code() == FOREIGN_OBJECT => FenceErrorKind::ForeignObject,
                 _ => FenceErrorKind::Database,
             },
         }
@@ -187,13 +198,15 @@ impl fmt::Display for FenceError {
             Repr::Db(e)
                 if matches!(
                     self.kind(),
-                    FenceErrorKind::BadReset | FenceErrorKind::NoMark
+                    FenceErrorKind::BadReset
+                        | FenceErrorKind::NoMark
+                        | FenceErrorKind::ForeignObject
                 ) =>
             {
                 // The function's own message names the resource and the cause.
                 match e.as_db_error() {
                     Some(db) => f.write_str(db.message()),
-                    None => f.write_str("reset refused"),
+                    None => f.write_str("refused by the fence's SQL"),
                 }
             }
             Repr::Db(_) => f.write_str("fenced write failed in the database"),

@@ -2,8 +2,9 @@
 //!
 //! A fenced write is only safe when the token check and the write are one atomic step.
 //! Here that step is a transaction that begins with the raise, `SELECT
-//! fence_raise(resource, token)`: a PL/pgSQL function (created by [`migrate`]) that reads
-//! the resource's mark in `fence_high_water` and
+//! palisade_fence.fence_raise(resource, token)`: a PL/pgSQL function (created by
+//! [`migrate`] in the schema [`SCHEMA`]) that reads the resource's mark in
+//! `palisade_fence.fence_high_water` and
 //!
 //! - refuses a token below the mark, writing nothing;
 //! - for a token equal to the mark (a holder writing again under one hold) takes the
@@ -99,11 +100,14 @@
 //! statements sign their answers, so it does catch that case: see
 //! [`with_prepared_statements`](crate::PostgresStore::with_prepared_statements).)
 //!
-//! Run [`migrate`] once to create `fence_high_water` and the raise functions
-//! ([`MIGRATION`] is the SQL, for your own migration tool). A database migrated by an
-//! earlier version gets the functions the next time [`migrate`] runs; until then the
-//! raise fails with SQLSTATE `42883` (undefined function), as a
-//! [`Database`](FenceErrorKind::Database) error.
+//! Run [`migrate`] once, as the fence's owner, to create the schema [`SCHEMA`] with
+//! `fence_high_water` and the functions ([`MIGRATION`] is the SQL, for your own migration
+//! tool). Writers need only `USAGE` on the schema and `EXECUTE` on the raise functions: the
+//! functions are `SECURITY DEFINER`, so a writer cannot write a mark but through them, and
+//! cannot lower one at all. `docs/sql-api.md` has the roles and grants. A database migrated
+//! by an earlier version (tables and functions in `public`) is moved into the schema by
+//! the next [`migrate`]; until then the raise fails with SQLSTATE `3F000` (no such
+//! schema), as a [`Database`](FenceErrorKind::Database) error.
 //!
 //! # Examples
 //!
@@ -147,38 +151,43 @@ pub use update::{FencedUpdate, PreparedFencedUpdate};
 use crate::store::Raise;
 use crate::FencingToken;
 
-/// The SQL of this crate's migrations, in order: `fence_high_water` (`0001`), the raise
-/// functions `fence_raise` and `fence_raise_or_abort` (`0002`), the set-based
-/// `fence_raise_many` (`0003`), `fence_reset` and its log `fence_reset_log` (`0004`), the
-/// raise functions again with every name schema-qualified and no `SET` clause (`0005`),
-/// the store's autocommit decisions `fence_decide` and `fence_decide_many` (`0006`).
-/// Every step is idempotent (`CREATE TABLE IF NOT EXISTS`, `CREATE OR REPLACE FUNCTION`),
-/// so running all of it again brings a database from any earlier version up to date.
-pub const MIGRATION: &str = concat!(
-    include_str!("../../migrations/0001_fence_high_water.sql"),
-    "\n",
-    include_str!("../../migrations/0002_fence_raise.sql"),
-    "\n",
-    include_str!("../../migrations/0003_fence_raise_many.sql"),
-    "\n",
-    include_str!("../../migrations/0004_fence_reset.sql"),
-    "\n",
-    include_str!("../../migrations/0005_fence_raise_by_schema.sql"),
-    "\n",
-    include_str!("../../migrations/0006_fence_decide.sql"),
-);
+/// The schema the fence's tables and functions live in. Every call names it
+/// (`palisade_fence.fence_raise(...)`), so no function of the same name in another schema
+/// is ever reached.
+pub const SCHEMA: &str = "palisade_fence";
+
+/// The SQL of this crate's migration, `0007_fence_schema.sql`: the schema
+/// [`SCHEMA`], owned by the role that runs it, with the mark table `fence_high_water`,
+/// the reset log `fence_reset_log`, the raise functions (`fence_raise`,
+/// `fence_raise_or_abort`, `fence_raise_many`, `fence_decide`, `fence_decide_many`) and
+/// `fence_reset`, each `SECURITY DEFINER` with `search_path` pinned to `pg_catalog,
+/// pg_temp`; `PUBLIC` gets no privilege on any of them. It brings a database of any
+/// earlier version (whose objects are in the current schema, usually `public`) up to
+/// date: moves the tables, drops and recreates the functions, and grants the raise
+/// functions to the roles that could write the old mark table (each step a `NOTICE`).
+/// Idempotent. The roles and grants to give are in `docs/sql-api.md`.
+pub const MIGRATION: &str = include_str!("../../migrations/0007_fence_schema.sql");
 
 /// The raise: returns the mark as the transaction leaves it (the token when admitted).
-const RAISE: &str = "SELECT fence_raise($1, $2)";
-const MARK: &str = "SELECT token FROM fence_high_water WHERE resource = $1";
+const RAISE: &str = "SELECT palisade_fence.fence_raise($1, $2)";
+const MARK: &str = "SELECT token FROM palisade_fence.fence_high_water WHERE resource = $1";
 
-/// Creates `fence_high_water` if it does not exist and (re)creates the raise functions,
-/// under a transaction-scoped advisory lock so that replicas starting together do not
-/// race.
+/// Runs [`MIGRATION`]: creates (or brings up to date) the schema [`SCHEMA`], its tables
+/// and functions, in one transaction, under a transaction-scoped advisory lock so that
+/// replicas starting together take turns.
+///
+/// Run it as the fence's owner (the role `docs/sql-api.md` calls `palisade_fence_owner`,
+/// or a login that has done `SET ROLE` to it): the owner of everything it creates. A writer,
+/// which holds only `EXECUTE` on the raise functions, does not migrate.
 ///
 /// # Errors
 ///
-/// The database error, as a [`FenceError`] of kind `Database` or `Closed`.
+/// - [`FenceErrorKind::ForeignObject`] (SQLSTATE `PF002`) when the migration finds an
+///   object it did not create: the schema owned by another role (so also when the caller
+///   is not the owner), another role's object in it, a function it does not define there,
+///   or a table or function of the fence's names owned by another role in the current
+///   schema (where earlier versions put them). The message names it; nothing is changed.
+/// - Otherwise the database error, as a [`FenceError`] of kind `Database` or `Closed`.
 pub async fn migrate<C: GenericClient + Send + Sync>(client: &mut C) -> Result<(), FenceError> {
     let tx = client.transaction().await?;
     // 0x70616c69 = "pali": one fixed key for this migration.

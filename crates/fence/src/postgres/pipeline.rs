@@ -17,10 +17,10 @@ use crate::FencingToken;
 /// statements sent after it in the same round trip do nothing.
 ///
 /// [`fenced_transaction`]: super::fenced_transaction
-const RAISE_OR_ABORT: &str = "SELECT fence_raise_or_abort($1, $2)";
+const RAISE_OR_ABORT: &str = "SELECT palisade_fence.fence_raise_or_abort($1, $2)";
 
 /// The SQLSTATE `fence_raise_or_abort` raises for a refused token (defined in the crate's
-/// migration `0002`; class `PF` is used by no Postgres error).
+/// [`MIGRATION`](crate::MIGRATION); class `PF` is used by no Postgres error).
 const STALE: &str = "PF001";
 
 /// One statement of a [`fenced_execute`]: a statement prepared on the same connection,

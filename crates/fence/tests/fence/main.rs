@@ -9,6 +9,8 @@ mod ordering;
 mod pipelined;
 mod pooler;
 mod postgres_helper;
+mod privileges;
 mod reporting;
 mod reset;
 mod store_batches;
+mod upgrade;

@@ -1,25 +1,24 @@
 //! The raise's locks on the mark row, on a real database: an equal token takes a share
-//! lock and writes nothing, a newer token's raise waits for every writer in flight, and a
-//! database migrated by an earlier version gets the raise functions from `migrate`.
+//! lock and writes nothing, a newer token's raise waits for every writer in flight, and
+//! the functions read their own table whatever the caller's search_path.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use palisade_fence::{
-    begin_fenced, fenced_execute, fenced_transaction, migrate, FenceError, FenceErrorKind,
-    FencingToken, PreparedFence, MIGRATION,
+    begin_fenced, fenced_execute, fenced_transaction, FenceError, FenceErrorKind, FencingToken,
+    PreparedFence,
 };
-use palisade_testkit::TestDb;
 use tokio_postgres::error::SqlState;
 
 use crate::common::{pause, shuffle, stagger, tok};
 use crate::postgres_helper::{check_log, fresh_db, mark, until_waiting, LOG_TABLE};
 
 /// The transaction that last wrote the mark row (its `xmin`).
-async fn mark_writer(client: &tokio_postgres::Client, resource: &str) -> String {
+pub(crate) async fn mark_writer(client: &tokio_postgres::Client, resource: &str) -> String {
     client
         .query_one(
-            "SELECT xmin::text FROM fence_high_water WHERE resource = $1",
+            "SELECT xmin::text FROM palisade_fence.fence_high_water WHERE resource = $1",
             &[&resource],
         )
         .await
@@ -179,7 +178,7 @@ async fn writers_sharing_tokens_commit_in_token_order() {
     client.batch_execute(LOG_TABLE).await.unwrap();
     for round in 0..4u64 {
         client
-            .batch_execute("TRUNCATE write_log; DELETE FROM fence_high_water")
+            .batch_execute("TRUNCATE write_log; DELETE FROM palisade_fence.fence_high_water")
             .await
             .unwrap();
         let mut tokens: Vec<FencingToken> =
@@ -288,102 +287,6 @@ async fn an_equal_token_behind_a_raise_at_repeatable_read_is_a_serialization_fai
     assert_eq!(err.code(), Some(&SqlState::T_R_SERIALIZATION_FAILURE));
 }
 
-/// A database created by the first migration alone (an earlier version of this crate),
-/// with marks in it: the raise fails as an undefined function until `migrate` runs, then
-/// works on the existing marks. `MIGRATION` holds both steps.
-#[tokio::test]
-async fn migrate_brings_a_database_of_the_first_migration_up_to_date() {
-    let db = TestDb::create().await;
-    let mut client = db.connect().await;
-    client
-        .batch_execute(include_str!("../../migrations/0001_fence_high_water.sql"))
-        .await
-        .unwrap();
-    client
-        .execute(
-            "INSERT INTO fence_high_water (resource, token) VALUES ('r', $1)",
-            &[&tok(10)],
-        )
-        .await
-        .unwrap();
-    let err = begin_fenced(&mut client, "r", tok(10))
-        .await
-        .map(|_| ())
-        .unwrap_err();
-    assert_eq!(err.code(), Some(&SqlState::UNDEFINED_FUNCTION), "{err:?}");
-
-    assert!(MIGRATION.contains("CREATE TABLE IF NOT EXISTS fence_high_water"));
-    assert!(MIGRATION.contains("FUNCTION fence_raise_or_abort"));
-    migrate(&mut client).await.unwrap();
-    migrate(&mut client).await.unwrap();
-    assert_eq!(
-        mark(&client, "r").await,
-        Some(tok(10)),
-        "migrate kept the marks"
-    );
-    let writer = mark_writer(&client, "r").await;
-    begin_fenced(&mut client, "r", tok(10))
-        .await
-        .unwrap()
-        .commit()
-        .await
-        .unwrap();
-    assert_eq!(mark_writer(&client, "r").await, writer);
-    let stale = begin_fenced(&mut client, "r", tok(9))
-        .await
-        .map(|_| ())
-        .unwrap_err();
-    assert_eq!(
-        (stale.kind(), stale.highest()),
-        (FenceErrorKind::Stale, Some(tok(10)))
-    );
-    begin_fenced(&mut client, "r", tok(12))
-        .await
-        .unwrap()
-        .commit()
-        .await
-        .unwrap();
-    assert_eq!(mark(&client, "r").await, Some(tok(12)));
-}
-
-#[tokio::test]
-async fn a_second_role_sharing_the_schema_migrates_and_raises_without_owning_the_functions() {
-    // Two services with their own database roles share the mark table; each runs
-    // `migrate` at start. CREATE OR REPLACE FUNCTION would need the second to own them.
-    let (db, admin) = fresh_db().await;
-    let role = format!("palisade_fence_second_{}", std::process::id());
-    admin
-        .batch_execute(&format!("DROP ROLE IF EXISTS {role}"))
-        .await
-        .unwrap();
-    admin
-        .batch_execute(&format!(
-            "CREATE ROLE {role} LOGIN; GRANT CREATE, USAGE ON SCHEMA public TO {role}; \
-             GRANT SELECT, INSERT, UPDATE ON fence_high_water TO {role}"
-        ))
-        .await
-        .unwrap();
-    let mut config = db.config();
-    config.user(&role);
-    let (mut second, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
-    let driver = tokio::spawn(conn);
-    let outcome = async {
-        migrate(&mut second).await?;
-        let tx = begin_fenced(&mut second, "shared/1", tok(3)).await?;
-        tx.commit().await?;
-        Ok::<_, FenceError>(())
-    }
-    .await;
-    drop(second);
-    let _ = driver.await;
-    admin
-        .batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}"))
-        .await
-        .unwrap();
-    outcome.unwrap();
-    assert_eq!(mark(&admin, "shared/1").await, Some(tok(3)));
-}
-
 #[tokio::test]
 async fn raise_or_abort_with_a_null_argument_aborts_what_follows() {
     let (_db, client) = fresh_db().await;
@@ -392,7 +295,7 @@ async fn raise_or_abort_with_a_null_argument_aborts_what_follows() {
         .await
         .unwrap();
     let err = client
-        .batch_execute("BEGIN; SELECT fence_raise_or_abort('r', NULL); INSERT INTO after_null VALUES (1); COMMIT")
+        .batch_execute("BEGIN; SELECT palisade_fence.fence_raise_or_abort('r', NULL); INSERT INTO after_null VALUES (1); COMMIT")
         .await
         .unwrap_err();
     assert_eq!(err.code(), Some(&SqlState::NULL_VALUE_NOT_ALLOWED), "{err}");
@@ -429,96 +332,6 @@ async fn a_temporary_table_named_like_the_mark_table_does_not_stand_in_for_it() 
     assert_eq!(err.highest(), Some(tok(25)));
 }
 
-/// The `SET` clauses of `fence_raise` and `fence_raise_or_abort` (`proconfig`), by name.
-async fn raise_configs(client: &tokio_postgres::Client) -> Vec<(String, Option<Vec<String>>)> {
-    client
-        .query(
-            "SELECT proname::text, proconfig FROM pg_proc \
-             WHERE proname IN ('fence_raise', 'fence_raise_or_abort') ORDER BY proname",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect()
-}
-
-/// A database that ran migrations 0001 to 0004 (functions that set their search_path on
-/// every call) gets 0005's functions from `migrate`: no `SET` clause, the same answers on
-/// the marks it already has.
-#[tokio::test]
-async fn migrate_replaces_the_raise_functions_of_migration_0002() {
-    let db = TestDb::create().await;
-    let mut client = db.connect().await;
-    for sql in [
-        include_str!("../../migrations/0001_fence_high_water.sql"),
-        include_str!("../../migrations/0002_fence_raise.sql"),
-        include_str!("../../migrations/0003_fence_raise_many.sql"),
-        include_str!("../../migrations/0004_fence_reset.sql"),
-    ] {
-        client.batch_execute(sql).await.unwrap();
-    }
-    begin_fenced(&mut client, "r", tok(5))
-        .await
-        .unwrap()
-        .commit()
-        .await
-        .unwrap();
-    let old = raise_configs(&client).await;
-    assert_eq!(old.len(), 2, "{old:?}");
-    assert!(
-        old.iter().all(|(_, c)| c.is_some()),
-        "0002's functions set their search_path: {old:?}"
-    );
-
-    migrate(&mut client).await.unwrap();
-    assert_eq!(
-        raise_configs(&client).await,
-        vec![
-            ("fence_raise".to_owned(), None),
-            ("fence_raise_or_abort".to_owned(), None)
-        ]
-    );
-    assert_eq!(mark(&client, "r").await, Some(tok(5)));
-    let stale = begin_fenced(&mut client, "r", tok(4))
-        .await
-        .map(|_| ())
-        .unwrap_err();
-    assert_eq!(
-        (stale.kind(), stale.highest()),
-        (FenceErrorKind::Stale, Some(tok(5)))
-    );
-    let err = client
-        .batch_execute(&format!(
-            "BEGIN; SELECT fence_raise_or_abort('r', {}); COMMIT",
-            tok(4).get()
-        ))
-        .await
-        .unwrap_err();
-    client.batch_execute("ROLLBACK").await.unwrap();
-    assert_eq!(err.code().map(|c| c.code()), Some("PF001"), "{err}");
-    let message = err.as_db_error().map(|e| e.message().to_owned());
-    assert_eq!(
-        message.as_deref(),
-        Some(
-            format!(
-                "stale fencing token {} for resource r: the mark is {}",
-                tok(4).get(),
-                tok(5).get()
-            )
-            .as_str()
-        )
-    );
-    begin_fenced(&mut client, "r", tok(6))
-        .await
-        .unwrap()
-        .commit()
-        .await
-        .unwrap();
-    assert_eq!(mark(&client, "r").await, Some(tok(6)));
-}
-
 /// The functions name their table, functions and operators by schema: a caller whose
 /// search_path puts first a schema with its own `fence_high_water` (holding a higher
 /// mark) and an `=` on text that never matches, before `pg_catalog`, still raises the
@@ -534,7 +347,7 @@ async fn a_callers_search_path_does_not_point_the_raise_at_another_table_or_oper
              INSERT INTO decoy.fence_high_water (resource, token) VALUES ('d/1', {high}), ('d/2', {high}); \
              CREATE FUNCTION decoy.never(text, text) RETURNS boolean LANGUAGE sql IMMUTABLE AS 'SELECT false'; \
              CREATE OPERATOR decoy.= (LEFTARG = text, RIGHTARG = text, FUNCTION = decoy.never); \
-             SET search_path = decoy, pg_catalog, public",
+             SET search_path = decoy, pg_catalog, public, palisade_fence",
             high = tok(100).get()
         ))
         .await
@@ -552,28 +365,36 @@ async fn a_callers_search_path_does_not_point_the_raise_at_another_table_or_oper
     let t = tok(7).get() as i64;
     // A new token, then an equal one, then an older one, through each function.
     assert_eq!(
-        raise("SELECT public.fence_raise('d/1', $1)", tok(7)).await,
+        raise("SELECT palisade_fence.fence_raise('d/1', $1)", tok(7)).await,
         t
     );
     assert_eq!(
-        raise("SELECT public.fence_raise('d/1', $1)", tok(7)).await,
+        raise("SELECT palisade_fence.fence_raise('d/1', $1)", tok(7)).await,
         t
     );
     assert_eq!(
-        raise("SELECT public.fence_raise('d/1', $1)", tok(6)).await,
+        raise("SELECT palisade_fence.fence_raise('d/1', $1)", tok(6)).await,
         t
     );
     assert_eq!(
-        raise("SELECT public.fence_raise_or_abort('d/2', $1)", tok(7)).await,
+        raise(
+            "SELECT palisade_fence.fence_raise_or_abort('d/2', $1)",
+            tok(7)
+        )
+        .await,
         t
     );
     assert_eq!(
-        raise("SELECT public.fence_raise_or_abort('d/2', $1)", tok(7)).await,
+        raise(
+            "SELECT palisade_fence.fence_raise_or_abort('d/2', $1)",
+            tok(7)
+        )
+        .await,
         t
     );
     let marks = client
         .query(
-            "SELECT resource, token FROM public.fence_high_water ORDER BY resource",
+            "SELECT resource, token FROM palisade_fence.fence_high_water ORDER BY resource",
             &[],
         )
         .await

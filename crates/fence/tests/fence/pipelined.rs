@@ -52,7 +52,7 @@ async fn fenced_execute_commits_all_statements_in_one_transaction_and_raises_the
     let same: bool = client
         .query_one(
             "SELECT (SELECT txid FROM write_log)::text::bigint = \
-             (SELECT xmin::text::bigint FROM fence_high_water WHERE resource = 'account/1')",
+             (SELECT xmin::text::bigint FROM palisade_fence.fence_high_water WHERE resource = 'account/1')",
             &[],
         )
         .await
@@ -195,7 +195,7 @@ async fn thirty_two_concurrent_pipelined_writers_commit_in_token_order() {
     client.batch_execute(LOG_TABLE).await.unwrap();
     for round in 0..4u64 {
         client
-            .batch_execute("TRUNCATE write_log; DELETE FROM fence_high_water")
+            .batch_execute("TRUNCATE write_log; DELETE FROM palisade_fence.fence_high_water")
             .await
             .unwrap();
         let mut tokens: Vec<FencingToken> = (0..32).map(|i| tok(2_000 + 5 * i + round)).collect();

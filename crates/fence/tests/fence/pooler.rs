@@ -339,7 +339,7 @@ async fn a_prepared_store_takes_no_verdict_from_another_clients_statement_under_
     let other = connect().await;
     let found = other
         .simple_query(
-            "SELECT name FROM pg_prepared_statements WHERE statement LIKE '%fence_decide(%'",
+            "SELECT name FROM pg_prepared_statements WHERE statement LIKE '%palisade_fence.fence_decide(%'",
         )
         .await
         .unwrap();

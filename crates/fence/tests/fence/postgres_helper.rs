@@ -24,7 +24,7 @@ pub(crate) async fn fresh_db() -> (TestDb, tokio_postgres::Client) {
 pub(crate) async fn mark(client: &tokio_postgres::Client, resource: &str) -> Option<FencingToken> {
     client
         .query_opt(
-            "SELECT token FROM fence_high_water WHERE resource = $1",
+            "SELECT token FROM palisade_fence.fence_high_water WHERE resource = $1",
             &[&resource],
         )
         .await
@@ -76,7 +76,7 @@ async fn thirty_two_concurrent_writers_commit_in_token_order() {
     // Rounds 0 and 1: everyone at once. Rounds 2 and 3: staggered, so more commit.
     for round in 0..4u64 {
         client
-            .batch_execute("TRUNCATE write_log; DELETE FROM fence_high_water")
+            .batch_execute("TRUNCATE write_log; DELETE FROM palisade_fence.fence_high_water")
             .await
             .unwrap();
         let mut tokens: Vec<FencingToken> = (0..32).map(|i| tok(1_000 + 7 * i + round)).collect();
@@ -373,7 +373,7 @@ async fn postgres_store_raises_atomically_and_its_reject_cache_skips_the_round_t
     assert_eq!(mark(&client, "r").await, Some(tok(10)));
     // Lower the row by hand: only a store that did not ask Postgres still says 10.
     client
-        .batch_execute("UPDATE fence_high_water SET token = 0")
+        .batch_execute("UPDATE palisade_fence.fence_high_water SET token = 0")
         .await
         .unwrap();
     assert_eq!(
@@ -443,7 +443,7 @@ async fn postgres_store_admits_an_equal_token_without_writing() {
     async fn xmin(client: &tokio_postgres::Client) -> String {
         client
             .query_one(
-                "SELECT xmin::text FROM fence_high_water WHERE resource = 'r'",
+                "SELECT xmin::text FROM palisade_fence.fence_high_water WHERE resource = 'r'",
                 &[],
             )
             .await

@@ -181,12 +181,12 @@ async fn raises_queued_by_tasks_runnable_together_share_one_round_trip() {
 async fn fence_raise_many_answers_each_element_like_fence_raise() {
     let (_db, client) = fresh_db().await;
     client
-        .batch_execute("SELECT fence_raise('b', 20)")
+        .batch_execute("SELECT palisade_fence.fence_raise('b', 20)")
         .await
         .unwrap();
     let marks: Vec<Option<i64>> = client
         .query_one(
-            "SELECT fence_raise_many(ARRAY['a', 'b', 'c', 'd'], ARRAY[5, 10, 7, 0]::bigint[])",
+            "SELECT palisade_fence.fence_raise_many(ARRAY['a', 'b', 'c', 'd'], ARRAY[5, 10, 7, 0]::bigint[])",
             &[],
         )
         .await
@@ -201,7 +201,7 @@ async fn fence_raise_many_answers_each_element_like_fence_raise() {
         mark(&client, "b").await,
         Some(FencingToken::from_u64(20).unwrap())
     );
-    empty_and_unpaired_arrays(&client, "fence_raise_many").await;
+    empty_and_unpaired_arrays(&client, "palisade_fence.fence_raise_many").await;
 }
 
 /// `fence_decide_many` (what the store sends) answers each element as the store decides:
@@ -213,13 +213,13 @@ async fn fence_raise_many_answers_each_element_like_fence_raise() {
 async fn fence_decide_many_answers_as_the_store_decides_without_waiting_on_equal_tokens() {
     let (db, client) = fresh_db().await;
     client
-        .batch_execute("SELECT fence_raise('b', 20)")
+        .batch_execute("SELECT palisade_fence.fence_raise('b', 20)")
         .await
         .unwrap();
     // A raise of `b` in flight: it holds b's lock exclusive until it commits.
     let other = db.connect().await;
     other
-        .batch_execute("BEGIN; SELECT fence_raise('b', 30)")
+        .batch_execute("BEGIN; SELECT palisade_fence.fence_raise('b', 30)")
         .await
         .unwrap();
     client
@@ -228,7 +228,7 @@ async fn fence_decide_many_answers_as_the_store_decides_without_waiting_on_equal
         .unwrap();
     let marks: Vec<Option<i64>> = client
         .query_one(
-            "SELECT fence_decide_many(ARRAY['a', 'b', 'c'], ARRAY[5, 20, 0]::bigint[])",
+            "SELECT palisade_fence.fence_decide_many(ARRAY['a', 'b', 'c'], ARRAY[5, 20, 0]::bigint[])",
             &[],
         )
         .await
@@ -236,21 +236,21 @@ async fn fence_decide_many_answers_as_the_store_decides_without_waiting_on_equal
         .get(0);
     assert_eq!(marks, vec![Some(5), Some(20), Some(0)]);
     let below: i64 = client
-        .query_one("SELECT fence_decide('b', 19)", &[])
+        .query_one("SELECT palisade_fence.fence_decide('b', 19)", &[])
         .await
         .unwrap()
         .get(0);
     assert_eq!(below, 20);
     // fence_raise, for use inside a transaction, waits for the raise in flight instead.
     let waits = client
-        .query_one("SELECT fence_raise('b', 20)", &[])
+        .query_one("SELECT palisade_fence.fence_raise('b', 20)", &[])
         .await
         .unwrap_err();
     assert_eq!(waits.code(), Some(&SqlState::QUERY_CANCELED), "{waits}");
     other.batch_execute("COMMIT").await.unwrap();
     let after: Vec<Option<i64>> = client
         .query_one(
-            "SELECT fence_decide_many(ARRAY['b', 'a'], ARRAY[20, 6]::bigint[])",
+            "SELECT palisade_fence.fence_decide_many(ARRAY['b', 'a'], ARRAY[20, 6]::bigint[])",
             &[],
         )
         .await
@@ -267,14 +267,14 @@ async fn fence_decide_many_answers_as_the_store_decides_without_waiting_on_equal
         .await
         .unwrap();
     let raised: i64 = client
-        .query_one("SELECT fence_decide('a', 7)", &[])
+        .query_one("SELECT palisade_fence.fence_decide('a', 7)", &[])
         .await
         .unwrap()
         .get(0);
     assert_eq!(raised, 7);
     let stored: i64 = client
         .query_one(
-            "SELECT token FROM public.fence_high_water WHERE resource = 'a'",
+            "SELECT token FROM palisade_fence.fence_high_water WHERE resource = 'a'",
             &[],
         )
         .await
@@ -282,7 +282,7 @@ async fn fence_decide_many_answers_as_the_store_decides_without_waiting_on_equal
         .get(0);
     assert_eq!(stored, 7);
 
-    empty_and_unpaired_arrays(&client, "fence_decide_many").await;
+    empty_and_unpaired_arrays(&client, "palisade_fence.fence_decide_many").await;
 }
 
 /// `function` (of two arrays) answers empty arrays with an empty one, and refuses arrays of

@@ -12,25 +12,27 @@ use tokio_postgres::{Client, Statement};
 use crate::postgres::{is_retryable, needs_session};
 use crate::{FencingToken, Raise, StoreError};
 
-/// One raise, in a transaction of its own: the helper's `fence_decide` (migration
-/// `0006`): a token not above the committed mark is decided by the read alone (no lock,
+/// One raise, in a transaction of its own: the helper's `palisade_fence.fence_decide`: a
+/// token not above the committed mark is decided by the read alone (no lock,
 /// no write); a newer one, or a resource's first, goes through `fence_raise` (see
 /// [`crate::postgres`]), which takes the resource's lock exclusive and upserts the row.
-const RAISE_ONE: &str = "SELECT fence_decide($1, $2)";
+const RAISE_ONE: &str = "SELECT palisade_fence.fence_decide($1, $2)";
 /// Many raises in one statement: `fence_decide_many`, [`RAISE_ONE`] for each element (each
 /// mark read by an index lookup), the `fence_raise` calls made in the order of the
 /// resources' lock keys, so two batches never take two locks in opposite orders. Element
 /// `i` of the answer is the mark element `i` leaves. The functions keep their statements'
 /// plans on the connection: the server parses and plans a short call per batch.
-const RAISE_MANY: &str = "SELECT fence_decide_many($1, $2)";
+const RAISE_MANY: &str = "SELECT palisade_fence.fence_decide_many($1, $2)";
 
 /// [`RAISE_ONE`] as the store prepares it: a second column, a constant, signs the answer.
 /// A server connection may hold another client's statement under the name the store
 /// prepared its own as (behind a transaction-mode pooler); the answer of that statement
 /// lacks the signature, and the batch fails instead of taking it for a mark.
-const PREPARED_ONE: &str = "SELECT fence_decide($1, $2), 'palisade_fence.decide'::text";
+const PREPARED_ONE: &str =
+    "SELECT palisade_fence.fence_decide($1, $2), 'palisade_fence.decide'::text";
 /// [`RAISE_MANY`] as the store prepares it, signed as [`PREPARED_ONE`] is.
-const PREPARED_MANY: &str = "SELECT fence_decide_many($1, $2), 'palisade_fence.decide_many'::text";
+const PREPARED_MANY: &str =
+    "SELECT palisade_fence.fence_decide_many($1, $2), 'palisade_fence.decide_many'::text";
 
 /// What the queue task and its batches share: where to send them and how.
 pub(super) struct Batcher {

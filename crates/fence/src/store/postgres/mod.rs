@@ -39,7 +39,7 @@ const DEFAULT_MAX_BATCH: usize = 256;
 /// Raises are queued to one task per store, which sends them in batches: while every
 /// connection is busy, the raises that arrive wait, and the next free connection takes
 /// all of them (up to [`with_max_batch`](Self::with_max_batch)) in **one round trip**:
-/// one call of `fence_decide_many` (migration `0006`) over arrays, which reads every mark
+/// one call of `palisade_fence.fence_decide_many` over arrays, which reads every mark
 /// and calls `fence_raise` for the newer tokens in the order of their lock keys, so two
 /// batches never deadlock.
 /// Each request gets its own verdict. Raises of one
