@@ -59,7 +59,9 @@ impl Exit {
             ProblemKind::AlreadyApproved
             | ProblemKind::ForceTargetGone
             | ProblemKind::EpochExhausted
-            | ProblemKind::WrongTier => Exit::Conflict,
+            | ProblemKind::WrongTier
+            | ProblemKind::AlreadyHeld
+            | ProblemKind::AcquireInFlight => Exit::Conflict,
             ProblemKind::QuotaExceeded => Exit::Quota,
             ProblemKind::Unauthenticated => Exit::Unauthenticated,
             ProblemKind::Forbidden => Exit::Forbidden,

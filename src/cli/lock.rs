@@ -305,6 +305,9 @@ fn acquire(
             mode,
             wait_ms,
             holder_meta: holder_meta.as_ref().map(|m| m.as_map().clone()),
+            // One attempt, picked by the client: a retry after a lost answer is the same.
+            attempt: None,
+            replaces: None,
         };
         // SIGINT and SIGTERM (a supervisor's stop) end the wait the same way: the
         // session opened for it is closed below, so nothing is left held or counted.

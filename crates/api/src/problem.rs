@@ -26,6 +26,15 @@ pub enum ProblemKind {
     NotHeld,
     /// 409: the wait deadline passed while others held the lock.
     DeadlineExceeded,
+    /// 409: the session already holds the lock, granted to another acquire (another
+    /// `attempt`); the detail names that hold's `grant_rev`. Nothing was written. An
+    /// acquire that names that hold in `replaces` (its holder let it go, and its
+    /// release's outcome is unknown) ends it and takes its place.
+    AlreadyHeld,
+    /// 409: another acquire of the session (another `attempt`) is waiting for the lock;
+    /// the detail names its attempt. Nothing was written. A retry of that acquire (the
+    /// same `attempt`) takes over its place in the queue.
+    AcquireInFlight,
     /// 410: the session's lease is gone.
     SessionLost,
     /// 409: the force release request was already approved.
@@ -63,13 +72,15 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, in declaration order.
-    pub const ALL: [ProblemKind; 19] = [
+    pub const ALL: [ProblemKind; 21] = [
         ProblemKind::InvalidInput,
         ProblemKind::Unauthenticated,
         ProblemKind::Forbidden,
         ProblemKind::NotFound,
         ProblemKind::NotHeld,
         ProblemKind::DeadlineExceeded,
+        ProblemKind::AlreadyHeld,
+        ProblemKind::AcquireInFlight,
         ProblemKind::SessionLost,
         ProblemKind::AlreadyApproved,
         ProblemKind::HoldForced,
@@ -94,6 +105,8 @@ impl ProblemKind {
             ProblemKind::NotFound => "not-found",
             ProblemKind::NotHeld => "not-held",
             ProblemKind::DeadlineExceeded => "deadline-exceeded",
+            ProblemKind::AlreadyHeld => "already-held",
+            ProblemKind::AcquireInFlight => "acquire-in-flight",
             ProblemKind::SessionLost => "session-lost",
             ProblemKind::AlreadyApproved => "already-approved",
             ProblemKind::HoldForced => "hold-forced",
@@ -135,6 +148,8 @@ impl ProblemKind {
             ProblemKind::NotFound => StatusCode::NOT_FOUND,
             ProblemKind::NotHeld
             | ProblemKind::DeadlineExceeded
+            | ProblemKind::AlreadyHeld
+            | ProblemKind::AcquireInFlight
             | ProblemKind::EpochExhausted
             | ProblemKind::AlreadyApproved
             | ProblemKind::HoldForced

@@ -92,6 +92,7 @@ mod session_cache;
 mod tiers;
 mod watches;
 
+pub use acquire::AcquireAttempt;
 pub use config_store::ConfigStore;
 pub use detached::SessionRecord;
 pub use epoch::{

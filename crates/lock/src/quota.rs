@@ -40,7 +40,7 @@ use palisade_api::keys::{prefix_end, RootKeys};
 use palisade_api::{HolderMeta, LeaseId, Mode};
 use palisade_fence::Revision;
 
-use crate::acquire::TxnGuard;
+use crate::acquire::{AcquireAttempt, TxnGuard};
 use crate::detached::SessionRecord;
 use crate::error::{Error, ErrorKind, Result};
 use crate::hold::Hold;
@@ -242,6 +242,41 @@ impl Locker {
         holder_meta: Option<&HolderMeta>,
         quota: u32,
     ) -> Result<Hold> {
+        self.acquire_attempt_in_quota(
+            record,
+            name,
+            mode,
+            deadline,
+            holder_meta,
+            AcquireAttempt::default(),
+            quota,
+        )
+        .await
+    }
+
+    /// [`acquire_in_quota`](Locker::acquire_in_quota) as `attempt` (see
+    /// [`AcquireAttempt`]: a retry of an acquire, or one that replaces an earlier hold).
+    /// When the namespace's slots are all taken and the session already has a slot for
+    /// this lock (its hold, or its wait, under this attempt or another), the acquire
+    /// uses that slot rather than answer [`ErrorKind::QuotaExceeded`]: a retry or a
+    /// replace takes no more of the namespace than the acquire it follows, and another
+    /// attempt is answered [`ErrorKind::AlreadyHeld`] or
+    /// [`ErrorKind::AcquireInFlight`].
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_in_quota`](Locker::acquire_in_quota).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn acquire_attempt_in_quota(
+        &self,
+        record: &SessionRecord,
+        name: &LockName,
+        mode: Mode,
+        deadline: Instant,
+        holder_meta: Option<&HolderMeta>,
+        attempt: AcquireAttempt,
+        quota: u32,
+    ) -> Result<Hold> {
         let take = Take {
             keys: &self.inner.keys,
             ns: &name.ns,
@@ -254,12 +289,26 @@ impl Locker {
         }
         let session_key = self.inner.keys.session(record.lease);
         let mut slot = take.slot(random_below(quota));
+        // A slot of this lock's taker that the acquire uses rather than take one (the
+        // quota is full): compared, neither written nor freed by it.
+        let mut shared: Option<SlotRef> = None;
         // Every failed take reads the slots at a newer revision and picks a free one, so
         // a run of failures means others keep taking slots: bounded by time, not count.
         let until = deadline.max(Instant::now() + self.inner.request_timeout * 3);
         let mut stale = 0;
         loop {
             let (mut when, put, read) = take.ops(&slot, false);
+            let (put, cleanup) = match &shared {
+                None => (vec![put], vec![free_op(&slot)]),
+                Some(kept) => {
+                    when = vec![Compare::value(
+                        kept.key.as_str(),
+                        CompareOp::Equal,
+                        kept.value.as_str(),
+                    )];
+                    (Vec::new(), Vec::new())
+                }
+            };
             when.push(Compare::create_revision(
                 session_key.as_str(),
                 CompareOp::Equal,
@@ -267,7 +316,7 @@ impl Locker {
             ));
             let guard = Arc::new(TxnGuard {
                 when,
-                then: vec![put],
+                then: put,
                 or_else: vec![
                     read,
                     TxnOp::get(
@@ -275,7 +324,7 @@ impl Locker {
                         Some(GetOptions::new().with_keys_only()),
                     ),
                 ],
-                cleanup: vec![free_op(&slot)],
+                cleanup,
                 failed: Mutex::new(None),
             });
             let attached = self.attach_session(record);
@@ -286,6 +335,7 @@ impl Locker {
                     mode,
                     deadline,
                     holder_meta,
+                    attempt,
                     Some(guard.clone()),
                 )
                 .await;
@@ -320,7 +370,26 @@ impl Locker {
                 self.inner.sessions.forget(record.lease);
                 return Err(Error::new(ErrorKind::SessionLost));
             }
-            slot = take.next_slot(got(failed.first())?)?;
+            match take.next_slot(got(failed.first())?) {
+                Ok(next) => {
+                    slot = next;
+                    shared = None;
+                }
+                Err(full) if full.is_quota_exceeded() => {
+                    match self
+                        .slots_of(&name.ns, record.lease, &take.taker)
+                        .await?
+                        .pop()
+                    {
+                        Some(kept) => {
+                            slot = kept.clone();
+                            shared = Some(kept);
+                        }
+                        None => return Err(full),
+                    }
+                }
+                Err(e) => return Err(e),
+            }
             if Instant::now() >= until {
                 // The slots kept changing until the deadline: etcd did not let it commit.
                 return Err(Error::new(ErrorKind::QuorumLost));

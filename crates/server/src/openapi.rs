@@ -98,9 +98,11 @@ problems! {
         SessionLost, QuorumLost, Upstream, Internal] }
     /// `POST /v1/locks/acquire`.
     /// `shutting-down`: the replica is stopping and ended the wait (`Retry-After`).
+    /// `already-held`, `acquire-in-flight`: the session holds or waits for the lock under
+    /// another `attempt`.
     AcquireProblems { body: true, kinds: [InvalidInput, Unauthenticated, Forbidden, NotFound,
-        DeadlineExceeded, SessionLost, QuotaExceeded, EpochMismatch, QuorumLost, Upstream, Internal,
-        WrongTier, NamespaceMoving, ShuttingDown] }
+        DeadlineExceeded, AlreadyHeld, AcquireInFlight, SessionLost, QuotaExceeded, EpochMismatch,
+        QuorumLost, Upstream, Internal, WrongTier, NamespaceMoving, ShuttingDown] }
     /// `POST /v1/locks/release`.
     ReleaseProblems { body: true, kinds: [InvalidInput, Unauthenticated, Forbidden, NotFound,
         NotHeld, HoldForced, SessionLost, QuotaExceeded, QuorumLost, Upstream, Internal] }

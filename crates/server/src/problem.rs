@@ -114,6 +114,8 @@ impl From<Error> for Problem {
             ErrorKind::QuorumLost => ProblemKind::QuorumLost,
             ErrorKind::DeadlineExceeded => ProblemKind::DeadlineExceeded,
             ErrorKind::SessionLost => ProblemKind::SessionLost,
+            ErrorKind::AlreadyHeld { .. } => ProblemKind::AlreadyHeld,
+            ErrorKind::AcquireInFlight { .. } => ProblemKind::AcquireInFlight,
             ErrorKind::Etcd => ProblemKind::Upstream,
             ErrorKind::QuotaExceeded { .. } | ErrorKind::SessionLimit { .. } => {
                 ProblemKind::QuotaExceeded

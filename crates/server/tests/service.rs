@@ -14,6 +14,8 @@ use palisade_server::testing::{serve_dev_on_loopback, Served, ServiceFixture};
 use palisade_server::{Authz, AuthzConfig, ServiceOptions, DEV_IDENTITY_HEADER};
 use serde_json::{json, Value};
 
+#[path = "service/attempts.rs"]
+mod attempts;
 #[path = "service/class_update.rs"]
 mod class_update;
 #[path = "service/force_retry.rs"]

@@ -43,6 +43,8 @@ impl Loss {
 pub struct LossyProxy {
     addr: SocketAddr,
     loss: Arc<AtomicU8>,
+    /// Closes every connection open when it is sent ([`LossyProxy::reset_open`]).
+    reset: tokio::sync::watch::Sender<u64>,
     accept: JoinHandle<()>,
 }
 
@@ -59,17 +61,35 @@ impl LossyProxy {
         let addr = listener.local_addr().expect("the proxy's address");
         let loss = Arc::new(AtomicU8::new(Loss::None as u8));
         let shared = loss.clone();
+        let (reset, resets) = tokio::sync::watch::channel(0u64);
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let loss = shared.clone();
+                let mut resets = resets.clone();
+                resets.mark_unchanged();
                 tokio::spawn(async move {
                     if let Ok(server) = TcpStream::connect(upstream).await {
-                        carry(client, server, loss).await;
+                        tokio::select! {
+                            () = carry(client, server, loss) => {}
+                            _ = resets.changed() => {}
+                        }
                     }
                 });
             }
         });
-        LossyProxy { addr, loss, accept }
+        LossyProxy {
+            addr,
+            loss,
+            reset,
+            accept,
+        }
+    }
+
+    /// Closes every connection open now, both ways, whatever it carries (a request
+    /// waiting for its answer: the client sees its connection reset, the server its
+    /// client gone). Connections opened later are carried as usual.
+    pub fn reset_open(&self) {
+        self.reset.send_modify(|n| *n += 1);
     }
 
     /// The proxy's address: point the client here.
