@@ -172,7 +172,12 @@ impl Target {
             read_response(&mut s).await
         })
         .await
-        .unwrap_or_else(|_| panic!("{method} {path} not answered within 20 s:\n{}", self.stderr()))
+        .unwrap_or_else(|_| {
+            panic!(
+                "{method} {path} not answered within 20 s:\n{}",
+                self.stderr()
+            )
+        })
     }
 }
 
@@ -282,9 +287,8 @@ fn slow_clients(proc: &Arc<Target>, post_path: &'static str) -> Vec<tokio::task:
 async fn idle_flood(addr: SocketAddr) -> Vec<TcpStream> {
     let mut held = Vec::with_capacity(IDLE);
     for _ in 0..IDLE / 100 {
-        let batch = (0..100).map(|_| {
-            tokio::time::timeout(Duration::from_secs(3), TcpStream::connect(addr))
-        });
+        let batch = (0..100)
+            .map(|_| tokio::time::timeout(Duration::from_secs(3), TcpStream::connect(addr)));
         for c in futures_join_all(batch).await {
             if let Ok(Ok(c)) = c {
                 held.push(c);
@@ -435,7 +439,10 @@ async fn etcd_mtls_service_survives_idle_connections_and_slow_clients() {
     args.extend(["--listen".into(), addr.to_string().into()]);
     args.extend(["--tls-cert".into(), server.cert.into_os_string()]);
     args.extend(["--tls-key".into(), server.key.into_os_string()]);
-    args.extend(["--client-ca".into(), pki.ca_file(dir.path()).into_os_string()]);
+    args.extend([
+        "--client-ca".into(),
+        pki.ca_file(dir.path()).into_os_string(),
+    ]);
     args.extend(limit_flags(None));
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
@@ -453,9 +460,7 @@ async fn etcd_mtls_service_survives_idle_connections_and_slow_clients() {
     let key = PrivateKeyDer::from_pem_slice(svid.key_pem.as_bytes()).unwrap();
     let tls = Some((
         TlsConnector::from(Arc::new(builder.clone().with_no_client_auth())),
-        TlsConnector::from(Arc::new(
-            builder.with_client_auth_cert(chain, key).unwrap(),
-        )),
+        TlsConnector::from(Arc::new(builder.with_client_auth_cert(chain, key).unwrap())),
     ));
     let proc = Proc::spawn(args, addr, tls).await;
     held_connections_do_not_stop_it(proc, &service_calls(false), "/v1/sessions", false).await;

@@ -97,10 +97,7 @@ pub(crate) async fn serve_connection<M, S, B>(
                 () = stopped(&mut stop) => return,
             };
             let certificates = stream.get_ref().1.peer_certificates().map(<[_]>::to_vec);
-            (
-                Box::new(stream),
-                Peer { addr, certificates },
-            )
+            (Box::new(stream), Peer { addr, certificates })
         }
     };
     let service = ConnService {

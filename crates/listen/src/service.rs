@@ -55,10 +55,8 @@ where
         }
         let in_flight = InFlight::new(&self.busy);
         let (parts, body) = req.into_parts();
-        let mut req = Request::from_parts(
-            parts,
-            Body::new(TimeoutBody::new(self.body_stall, body)),
-        );
+        let mut req =
+            Request::from_parts(parts, Body::new(TimeoutBody::new(self.body_stall, body)));
         req.extensions_mut().insert(ConnectInfo(self.peer));
         // The service that was polled ready serves this request; a clone takes its place.
         let clone = self.inner.clone();

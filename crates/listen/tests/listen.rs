@@ -160,7 +160,10 @@ impl Server {
 }
 
 /// One GET on `s` (kept alive): status, head and body.
-async fn request(s: &mut (impl AsyncRead + AsyncWrite + Unpin), path: &str) -> (u16, String, String) {
+async fn request(
+    s: &mut (impl AsyncRead + AsyncWrite + Unpin),
+    path: &str,
+) -> (u16, String, String) {
     s.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").as_bytes())
         .await
         .unwrap();
@@ -252,7 +255,10 @@ fn slow_clients(server: &Arc<Server>) -> Vec<Slow> {
         let started = Instant::now();
         let (status, _, body) = request(&mut conn, "/hello").await;
         assert_eq!((status, body.as_str()), (200, "hello"));
-        ("idle keep-alive after one request", closed_after(&mut conn, started).await)
+        (
+            "idle keep-alive after one request",
+            closed_after(&mut conn, started).await,
+        )
     }));
     // A body that stops: the handler's read of it fails after the stall bound, the
     // answer is a 4xx, and the connection closes.
@@ -260,11 +266,9 @@ fn slow_clients(server: &Arc<Server>) -> Vec<Slow> {
     all.push(tokio::spawn(async move {
         let mut conn = s.connect().await;
         let started = Instant::now();
-        conn.write_all(
-            b"POST /echo HTTP/1.1\r\nHost: localhost\r\ncontent-length: 10\r\n\r\nabc",
-        )
-        .await
-        .unwrap();
+        conn.write_all(b"POST /echo HTTP/1.1\r\nHost: localhost\r\ncontent-length: 10\r\n\r\nabc")
+            .await
+            .unwrap();
         let (status, _, _) = read_response(&mut conn).await;
         assert!((400..500).contains(&status), "a stalled body got {status}");
         ("stalled body", closed_after(&mut conn, started).await)
@@ -303,7 +307,10 @@ fn slow_clients(server: &Arc<Server>) -> Vec<Slow> {
         all.push(tokio::spawn(async move {
             let started = Instant::now();
             let mut conn = s.connect().await;
-            ("TLS handshake then silence", closed_after(&mut conn, started).await)
+            (
+                "TLS handshake then silence",
+                closed_after(&mut conn, started).await,
+            )
         }));
     }
     all
@@ -325,7 +332,10 @@ async fn slow_clients_are_closed_and_others_served(tls: bool) {
     }
     for s in slow {
         let (kind, took) = s.await.unwrap();
-        assert!(took >= BOUND - Duration::from_millis(50), "{kind}: closed after {took:?}, before its bound");
+        assert!(
+            took >= BOUND - Duration::from_millis(50),
+            "{kind}: closed after {took:?}, before its bound"
+        );
     }
     assert!(served >= 5, "served {served}");
     assert!(kinds >= 5);
@@ -416,10 +426,16 @@ async fn with_every_connection_busy_the_reserve_answers_probes_only() {
         for _ in 0..3 {
             let (status, head, body) = server.get("/livez").await;
             assert_eq!((status, body.as_str()), (200, "ok"), "tls {tls}");
-            assert!(head.to_ascii_lowercase().contains("connection: close"), "{head}");
+            assert!(
+                head.to_ascii_lowercase().contains("connection: close"),
+                "{head}"
+            );
             let (status, head, _) = server.get("/hello").await;
             assert_eq!(status, 503, "tls {tls}");
-            assert!(head.to_ascii_lowercase().contains("retry-after: 1"), "{head}");
+            assert!(
+                head.to_ascii_lowercase().contains("retry-after: 1"),
+                "{head}"
+            );
         }
         server.hold.release.add_permits(2);
         for conn in &mut busy {
@@ -446,11 +462,17 @@ async fn shutdown_answers_what_is_in_flight_and_closes_idle_connections() {
     let _ = server.stop.take().unwrap().send(());
     let started = Instant::now();
     closed_after(&mut idle, started).await;
-    assert!(!server.task.is_finished(), "serve returned with a request in flight");
+    assert!(
+        !server.task.is_finished(),
+        "serve returned with a request in flight"
+    );
     server.hold.release.add_permits(1);
     let (status, head, body) = read_response(&mut holding).await;
     assert_eq!((status, body.as_str()), (200, "held"));
-    assert!(head.to_ascii_lowercase().contains("connection: close"), "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("connection: close"),
+        "{head}"
+    );
     tokio::time::timeout(Duration::from_secs(10), &mut server.task)
         .await
         .expect("serve returns once every connection closed")
@@ -467,11 +489,13 @@ async fn the_factory_sees_the_client_certificate() {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut client_roots = rustls::RootCertStore::empty();
     client_roots.add(client_cert.cert.der().clone()).unwrap();
-    let verifier =
-        rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(client_roots), provider.clone())
-            .allow_unauthenticated()
-            .build()
-            .unwrap();
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(client_roots),
+        provider.clone(),
+    )
+    .allow_unauthenticated()
+    .build()
+    .unwrap();
     let server_config = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .unwrap()
@@ -501,11 +525,15 @@ async fn the_factory_sees_the_client_certificate() {
         .with_root_certificates(roots);
     for (with_cert, expect) in [(false, "0"), (true, "1")] {
         let config = if with_cert {
-            builder.clone().with_client_auth_cert(
-                vec![client_cert.cert.der().clone()],
-                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(client_cert.key_pair.serialize_der())),
-            )
-            .unwrap()
+            builder
+                .clone()
+                .with_client_auth_cert(
+                    vec![client_cert.cert.der().clone()],
+                    PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(
+                        client_cert.key_pair.serialize_der(),
+                    )),
+                )
+                .unwrap()
         } else {
             builder.clone().with_no_client_auth()
         };
