@@ -73,7 +73,7 @@ pub(crate) struct ServeArgs {
     #[arg(long, default_value = "/palisade/")]
     root: String,
     #[command(flatten)]
-    listen_limits: ListenArgs,
+    listen_limits: Box<ListenArgs>,
 }
 
 /// Runs an audit subcommand; returns what to print when it ends.

@@ -115,7 +115,7 @@ pub(crate) struct ServeArgs {
     #[arg(long, default_value_t = 10_000)]
     shutdown_grace_ms: u64,
     #[command(flatten)]
-    listen_limits: ListenArgs,
+    listen_limits: Box<ListenArgs>,
 }
 
 /// `--log-format`.
