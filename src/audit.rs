@@ -8,6 +8,7 @@ use clap::{Args, Subcommand};
 use palisade_lock::EtcdTls;
 
 use crate::cli::etcd::{self, EtcdTlsArgs, TierTlsArgs};
+use crate::cli::listen::ListenArgs;
 
 /// Audit subcommands.
 #[derive(Debug, Subcommand)]
@@ -15,6 +16,9 @@ pub(crate) enum AuditCommand {
     /// Serve the audit dashboard (HTML and JSON under /api/) until interrupted.
     ///
     /// Applies the audit schema's migrations first. Prints the address it listens on.
+    /// Connections are bounded as `palisade serve`'s (--max-connections,
+    /// --header-timeout-ms, ...): an idle or slow client is closed, and running out of
+    /// file descriptors is logged and retried.
     Serve(ServeArgs),
     /// Tail the lock key space in etcd into the audit database until interrupted.
     ///
@@ -68,6 +72,8 @@ pub(crate) struct ServeArgs {
     /// The root prefix of the lock key space (with `--etcd`).
     #[arg(long, default_value = "/palisade/")]
     root: String,
+    #[command(flatten)]
+    listen_limits: Box<ListenArgs>,
 }
 
 /// Runs an audit subcommand; returns what to print when it ends.
@@ -108,9 +114,14 @@ async fn serve(args: ServeArgs) -> Result<String, Box<dyn Error>> {
         .map_err(|e| etcd.unreachable(None, &e))?;
         palisade_audit::dashboard::router_with_live(pool, live)
     };
-    axum::serve(listener, app)
-        .with_graceful_shutdown(interrupted())
-        .await?;
+    palisade_listen::serve(
+        listener,
+        palisade_listen::Transport::Plain,
+        args.listen_limits.limits(),
+        move |_: &palisade_listen::Peer| app.clone(),
+        interrupted(),
+    )
+    .await;
     Ok(String::new())
 }
 
