@@ -68,7 +68,8 @@
 //! TTLs, bad names or keys, bodies over the limit: 413) is refused with a 4xx before
 //! anything is written to etcd. Free text (a force release's `reason` and request id, a
 //! namespace's `tenant_id` and `cluster_tier`) keeps the rule of
-//! [`palisade_api::validate_text`]: a NUL or other control character, blank, or over the
+//! [`palisade_api::validate_text`]: a NUL or other control character, a bidirectional
+//! formatting character (as in keys), blank, or over the
 //! field's bound is 400 `invalid-input` naming the field and the cause, before etcd or
 //! the force release database sees it.
 //!
