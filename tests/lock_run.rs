@@ -463,9 +463,10 @@ async fn etcd_lock_run_whose_session_ends_while_it_waits_exits_76() {
     .unwrap();
     running(&f.locker, &pid_file).await;
     let ran = f.dir().join("ran");
+    // A TTL of 6 s: its keepalive (every 2 s) learns of the end soon.
     let waiter = lock_run_at(
         &format!("http://{addr}"),
-        "30",
+        "6",
         &["--wait-ms", "60000"],
         &format!("touch {}", ran.display()),
     )
