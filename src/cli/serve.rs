@@ -101,8 +101,8 @@ pub(crate) struct ServeArgs {
     /// loopback only.
     #[arg(long)]
     insecure_dev_identity: bool,
-    /// How many sessions one identity may have open at once, across every replica
-    /// (each is an etcd lease); past it, opening one answers 429 quota-exceeded.
+    /// How many sessions one identity may have open at once, across every replica and
+    /// tier (each is an etcd lease); past it, opening one answers 429 quota-exceeded.
     #[arg(long, default_value_t = palisade_server::DEFAULT_MAX_SESSIONS_PER_IDENTITY,
           value_parser = clap::value_parser!(u32).range(1..))]
     max_sessions_per_identity: u32,

@@ -55,7 +55,8 @@ impl ServiceOptions {
     }
 
     /// How many sessions one identity may have open at once, across every replica of
-    /// the service (each session is an etcd lease, and etcd slows as leases pile up).
+    /// the service and every tier (each session is an etcd lease, and etcd slows as
+    /// leases pile up).
     /// Past it, opening a session is 429 `quota-exceeded`. At least 1.
     pub fn with_max_sessions_per_identity(mut self, max: u32) -> Self {
         self.max_sessions_per_identity = max.max(1);

@@ -31,7 +31,7 @@
 //! (a namespace has one tier; events carry the id of the etcd cluster they came from).
 //!
 //! Text filters are trimmed, then checked by `palisade_api::validate_text` (no control
-//! character, NUL included; at most 2048 bytes), and `key` as a lock key
+//! character, NUL included, and no bidirectional formatting character; at most 2048 bytes), and `key` as a lock key
 //! (`palisade_api::validate_key`: no control character, at most 512 bytes).
 //!
 //! Everything is rendered server-side with maud, which escapes every value; pages load
