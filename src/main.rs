@@ -56,7 +56,8 @@ Commands that talk to the lock service take --service URL and either --cert, --k
 Exit codes:
   0   done
   1   any other failure (service unreachable, or unable to serve now: quorum-lost,
-      namespace-moving, shutting-down, epoch-mismatch, upstream, internal; local I/O)
+      namespace-moving, shutting-down, epoch-mismatch, epoch-store-unavailable,
+      upstream, internal; local I/O)
   2   bad input (usage, malformed argument or hold file, unusable certificates, invalid-input)
   3   not found (not-found: namespace, class, session, force release request)
   4   conflict (create of something that exists, already-approved, force-target-gone,

@@ -3,7 +3,7 @@
 //! | code | meaning |
 //! |---|---|
 //! | 0 | done |
-//! | 1 | any other failure: the service unreachable, or unable to serve now (`quorum-lost`, `namespace-moving`, `shutting-down`, `epoch-mismatch`, `upstream`, `internal`), a local I/O error |
+//! | 1 | any other failure: the service unreachable, or unable to serve now (`quorum-lost`, `namespace-moving`, `shutting-down`, `epoch-mismatch`, `epoch-store-unavailable`, `upstream`, `internal`), a local I/O error |
 //! | 2 | bad input: a usage error, a malformed argument or hold file, unusable certificates, or the service's `invalid-input` |
 //! | 3 | not found: namespace, class, session or force release request (`not-found`) |
 //! | 4 | conflict: `create` of something that exists, `already-approved`, `force-target-gone`, `epoch-exhausted`, `wrong-tier` |
@@ -70,6 +70,7 @@ impl Exit {
             | ProblemKind::NamespaceMoving
             | ProblemKind::ShuttingDown
             | ProblemKind::EpochMismatch
+            | ProblemKind::EpochStoreUnavailable
             | ProblemKind::Upstream
             | ProblemKind::Internal => Exit::Failure,
             // A kind newer than this table.

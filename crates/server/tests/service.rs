@@ -16,6 +16,8 @@ use serde_json::{json, Value};
 
 #[path = "service/class_update.rs"]
 mod class_update;
+#[path = "service/epoch_store.rs"]
+mod epoch_store;
 #[path = "service/force_retry.rs"]
 mod force_retry;
 #[path = "service/holder_meta.rs"]
