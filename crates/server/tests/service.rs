@@ -20,6 +20,8 @@ mod class_update;
 mod epoch_store;
 #[path = "service/force_retry.rs"]
 mod force_retry;
+#[path = "service/foreign_keys.rs"]
+mod foreign_keys;
 #[path = "service/holder_meta.rs"]
 mod holder_meta;
 #[path = "service/lock_edges.rs"]
