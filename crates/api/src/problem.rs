@@ -18,7 +18,7 @@ pub enum ProblemKind {
     /// 401: no caller identity, or a dev identity header without dev mode.
     Unauthenticated,
     /// 403: the caller may not do this (authorization config, or another identity's
-    /// session).
+    /// session); from the audit dashboard, a request for a host it does not answer to.
     Forbidden,
     /// 404: unknown namespace, class, route or session.
     NotFound,
