@@ -13,7 +13,7 @@ pub(crate) const TABLE: &[(&str, &str)] = &[
     ("0", "done"),
     (
         "1",
-        "any other failure: the service unreachable, or no answer within `--timeout-ms`, or unable to serve now (`quorum-lost`, `namespace-moving`, `shutting-down`, `epoch-mismatch`, `upstream`, `internal`), local I/O such as a closed stdout",
+        "any other failure: the service unreachable, or no answer within `--timeout-ms`, or unable to serve now (`quorum-lost`, `namespace-moving`, `shutting-down`, `epoch-mismatch`, `epoch-store-unavailable`, `upstream`, `internal`), local I/O such as a closed stdout",
     ),
     (
         "2",
@@ -25,7 +25,7 @@ pub(crate) const TABLE: &[(&str, &str)] = &[
     ),
     (
         "4",
-        "conflict: `create` of something that exists, `already-approved`, `force-target-gone`, `epoch-exhausted`, `wrong-tier` (a session on another tier than the namespace)",
+        "conflict: `create` of something that exists, `already-approved`, `force-target-gone`, `epoch-exhausted`, `wrong-tier` (a session on another tier than the namespace), `already-held` and `acquire-in-flight` (the session holds or waits for the lock under another acquire)",
     ),
     ("5", "quota exceeded (`quota-exceeded`)"),
     (
@@ -133,6 +133,7 @@ impl Exit {
             | ProblemKind::NamespaceMoving
             | ProblemKind::ShuttingDown
             | ProblemKind::EpochMismatch
+            | ProblemKind::EpochStoreUnavailable
             | ProblemKind::Upstream
             | ProblemKind::Internal => Exit::Failure,
             // A kind newer than this table.

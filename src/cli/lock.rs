@@ -96,6 +96,11 @@ enum LockCommand {
     },
     /// Print a lock's holders (with tokens), waiters in order, and class, as JSON. Exits
     /// 1 without an answer within --timeout-ms.
+    ///
+    /// `foreign_keys` lists keys under the lock that no live session owns, each with the
+    /// etcd lease it is on (`0000000000000000`: none, as a copy made with `etcdctl
+    /// make-mirror` leaves them). They are neither holders nor waiters; the next acquire
+    /// of the lock deletes the holds and waiters among them.
     Status {
         /// The lock: namespace/class/key.
         lock: String,

@@ -18,7 +18,7 @@ pub enum ProblemKind {
     /// 401: no caller identity, or a dev identity header without dev mode.
     Unauthenticated,
     /// 403: the caller may not do this (authorization config, or another identity's
-    /// session).
+    /// session); from the audit dashboard, a request for a host it does not answer to.
     Forbidden,
     /// 404: unknown namespace, class, route or session.
     NotFound,
@@ -56,7 +56,7 @@ pub enum ProblemKind {
     QuorumLost,
     /// 502: etcd or the force release database answered with an unexpected error.
     Upstream,
-    /// 500: a record in etcd or the durable epoch record could not be read.
+    /// 500: a record in etcd could not be decoded, or another fault of the service.
     Internal,
     /// 409: the namespace lives on another etcd cluster tier than the session's; the
     /// detail names the tier to open a session on.
@@ -68,11 +68,16 @@ pub enum ProblemKind {
     /// its waiter key withdrawn, instead of holding the shutdown for up to its
     /// `wait_ms`; answers carry `Retry-After` (seconds). Another replica can serve it.
     ShuttingDown,
+    /// 503: the durable epoch record outside etcd (the epoch store, e.g. its Postgres
+    /// table) could not be read or written, so no token can be handed out: an outage of
+    /// the operator's store, not a fault of the request or the service; answers carry
+    /// `Retry-After` (seconds).
+    EpochStoreUnavailable,
 }
 
 impl ProblemKind {
     /// Every kind, in declaration order.
-    pub const ALL: [ProblemKind; 21] = [
+    pub const ALL: [ProblemKind; 22] = [
         ProblemKind::InvalidInput,
         ProblemKind::Unauthenticated,
         ProblemKind::Forbidden,
@@ -94,6 +99,7 @@ impl ProblemKind {
         ProblemKind::WrongTier,
         ProblemKind::NamespaceMoving,
         ProblemKind::ShuttingDown,
+        ProblemKind::EpochStoreUnavailable,
     ];
 
     /// The slug used in the `type` URI.
@@ -120,6 +126,7 @@ impl ProblemKind {
             ProblemKind::WrongTier => "wrong-tier",
             ProblemKind::NamespaceMoving => "namespace-moving",
             ProblemKind::ShuttingDown => "shutting-down",
+            ProblemKind::EpochStoreUnavailable => "epoch-store-unavailable",
         }
     }
 
@@ -160,7 +167,9 @@ impl ProblemKind {
             ProblemKind::EpochMismatch
             | ProblemKind::QuorumLost
             | ProblemKind::NamespaceMoving
-            | ProblemKind::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            | ProblemKind::ShuttingDown
+            | ProblemKind::EpochStoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+
             ProblemKind::Upstream => StatusCode::BAD_GATEWAY,
             ProblemKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -189,6 +198,14 @@ mod tests {
         assert_eq!(
             ProblemKind::QuorumLost.status(),
             StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(
+            ProblemKind::EpochStoreUnavailable.status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(
+            ProblemKind::EpochStoreUnavailable.type_uri(),
+            "urn:palisade:problem:epoch-store-unavailable"
         );
     }
 }

@@ -89,6 +89,7 @@ mod quota;
 mod retry;
 mod session;
 mod session_cache;
+mod stray;
 mod tiers;
 mod watches;
 
@@ -112,4 +113,5 @@ pub use palisade_api::{
     LockClass, Mode, Namespace, QuorumPolicy, Revision, SpiffeId, MAX_HOLDER_META_LEN, MAX_KEY_LEN,
 };
 pub use session::{LossReason, Session};
+pub use stray::ForeignKey;
 pub use tiers::{RehomeOutcome, Tiers, DEFAULT_DRAIN, DEFAULT_TIER, MAX_DRAIN};

@@ -4,12 +4,15 @@
 //!
 //! A namespace with quota `n` has slots `quota/<ns>/slot/<i>` for `i` below `n` (see
 //! `RootKeys::quota_slot`), each put on its session's lease with a value naming its
-//! taker and the take. A slot is taken by a put that compares, in the same Txn, that the
-//! slot does not exist (create revision 0) and that no slot numbered `n` or above exists
-//! (one range compare: a quota lowered below the slots taken admits nobody until enough
-//! are freed). So at most `n` slots exist, across every replica, by construction: two
-//! takes of one slot cannot both commit, and takes of different slots do not conflict, so
-//! a namespace's acquires do not serialize on its quota.
+//! taker and the take. Only slots on a lease count (`palisade_api::keys::is_live_slot`):
+//! a slot with no lease, such as a copy `etcdctl make-mirror` made, is free, and a take
+//! overwrites it. A slot is taken by a put that compares, in the same Txn, that the
+//! slot is on no lease (missing, or lease-less: etcd compares a missing key's lease as
+//! 0) and that no slot numbered `n` or above is on one (one range compare: a quota
+//! lowered below the slots taken admits nobody until enough are freed). So at most `n`
+//! slots are taken, across every replica, by construction: two takes of one slot cannot
+//! both commit, and takes of different slots do not conflict, so a namespace's acquires
+//! do not serialize on its quota.
 //!
 //! - A hold's or wait's slot is taken in the acquire's first Txn (the one that grants or
 //!   enqueues), with a compare that the session's record is the one the caller read (its
@@ -36,7 +39,7 @@ use etcd_client::{
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use palisade_api::keys::{prefix_end, RootKeys};
+use palisade_api::keys::{is_live_slot, prefix_end, RootKeys};
 use palisade_api::{HolderMeta, LeaseId, Mode};
 use palisade_fence::Revision;
 
@@ -166,9 +169,10 @@ impl Take<'_> {
     /// answers a failed take; with their values if `values`).
     fn ops(&self, slot: &SlotRef, values: bool) -> (Vec<Compare>, TxnOp, TxnOp) {
         let slots = self.keys.quota_slots(self.ns);
+        // On no lease: missing, or a lease-less copy that never ends by itself.
         let when = vec![
-            Compare::create_revision(slot.key.as_str(), CompareOp::Equal, 0),
-            Compare::create_revision(
+            Compare::lease(slot.key.as_str(), CompareOp::Equal, 0),
+            Compare::lease(
                 self.keys.quota_slot(self.ns, self.quota),
                 CompareOp::Equal,
                 0,
@@ -194,6 +198,7 @@ impl Take<'_> {
         let slots = self.keys.quota_slots(self.ns);
         let taken: std::collections::HashSet<u32> = kvs
             .iter()
+            .filter(|kv| is_live_slot(kv.lease()))
             .filter_map(|kv| {
                 let rest = kv.key().strip_prefix(slots.as_bytes())?;
                 std::str::from_utf8(rest).ok()?.parse().ok()

@@ -41,8 +41,16 @@
 //!   `<sub>/<x|s>/0000000000000000` ..= `<sub>/<x|s>/ffffffffffffffff`, so a stray key
 //!   of another shape under a lock (say `q/x/junk`) never blocks it. A stray key inside
 //!   those ranges but not written by this crate (say `q/x/1`) is treated like the key it
-//!   resembles and can block the lock until deleted by hand; the lock core's `Locker::lock_state`
-//!   lists such keys in `LockState::foreign_keys`.
+//!   resembles in the compares.
+//! - Only keys whose lease is alive count ([`LockKeys::is_live_entry`],
+//!   [`is_live_slot`]): a `q/` or `h/` key, a cancel marker, or a quota slot is someone's
+//!   only while etcd keeps it on the session lease its name gives (a slot: on a lease). One with no lease (a copy by `etcdctl make-mirror`, which drops leases) or on
+//!   another lease is never a holder, a waiter or a taken slot: an acquire that meets one
+//!   under its lock deletes it (it can never end by itself, and it would fail the
+//!   grant's range compares), a slot take overwrites one, a rehome deletes those of the
+//!   namespace on its target tier, and the lock core's `Locker::lock_state` lists those
+//!   it sees in `LockState::foreign_keys`, with their lease. Grant records (`g/`) have no
+//!   lease by design and are not concerned.
 //! - A cancel marker `c/<lease>/<request>` (`<request>` in decimal) is neither a grant
 //!   nor a release: no `h/` or `g/` key changes in its revision except the deletes of the
 //!   same request's own keys (which, if any, look like a release). Every Txn of an
@@ -89,10 +97,12 @@
 
 mod ends;
 mod layout;
+mod live;
 mod parse;
 mod values;
 
 pub use ends::{HoldEnd, RecordChange};
 pub use layout::{escape_key, prefix_end, LockKeys, RootKeys, DEFAULT_ROOT};
+pub use live::is_live_slot;
 pub use parse::{unescape_key, LockEntry, LockEntryKey};
 pub use values::{ForceMarker, ForcedGrant, ForcedNotice, HoldValue};

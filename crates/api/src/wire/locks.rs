@@ -173,4 +173,24 @@ pub struct StatusView {
     pub holders: Vec<HolderView>,
     /// Waiters, first in line first.
     pub waiters: Vec<WaiterView>,
+    /// Keys under the lock that no live session owns, so neither holders nor waiters:
+    /// holds and waiters not on the lease their key names (no lease at all, as
+    /// `etcdctl make-mirror` copies keys), or keys of another shape in the lock's
+    /// ranges. The next acquire of the lock deletes the holds and waiters among them.
+    /// Empty (or absent, from an older service) when there are none.
+    #[serde(default)]
+    pub foreign_keys: Vec<ForeignKeyView>,
+}
+
+/// A key in etcd that no live session owns (see [`StatusView::foreign_keys`] and
+/// [`RehomeView::removed_keys`](crate::wire::RehomeView::removed_keys)).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ForeignKeyView {
+    /// The etcd key, in full (root prefix included).
+    pub key: String,
+    /// The etcd lease the key is on, 16 lower-case hex digits (as `etcdctl lease list`
+    /// prints it, zero-padded): `0000000000000000` for none.
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[0-9a-f]{16}$"))]
+    pub lease: String,
 }

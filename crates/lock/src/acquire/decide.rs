@@ -15,6 +15,7 @@ use super::own::OwnHold;
 use super::Attempt;
 use crate::error::{Error, ErrorKind, Result};
 use crate::handover::{oldest_waiter_op, Successor};
+use palisade_api::keys::LockKeys;
 use palisade_api::Mode;
 
 /// One key of the lock's queue, holds or grant records, read without its value.
@@ -43,6 +44,37 @@ pub(super) struct View {
     pub(super) holds: Vec<Entry>,
     grants: Vec<Entry>,
     epoch_mod_rev: i64,
+    /// `q/` and `h/` keys no live session owns (see `crate::stray`): in none of the
+    /// lists above, and deleted before the view is decided on.
+    strays: Vec<crate::stray::Stray>,
+}
+
+/// Splits the `q/` and `h/` entries of a view into the live ones and the strays, by
+/// `LockKeys::is_live_entry`.
+fn split_live(
+    k: &LockKeys,
+    queue: Vec<Entry>,
+    holds: Vec<Entry>,
+) -> (Vec<Entry>, Vec<Entry>, Vec<crate::stray::Stray>) {
+    let mut strays = Vec::new();
+    let mut live = |entries: Vec<Entry>| -> Vec<Entry> {
+        entries
+            .into_iter()
+            .filter_map(|e| {
+                if k.is_live_entry(&e.key, e.lease) {
+                    return Some(e);
+                }
+                strays.push(crate::stray::Stray {
+                    key: e.key,
+                    mod_rev: e.mod_rev,
+                    lease: e.lease,
+                });
+                None
+            })
+            .collect()
+    };
+    let (queue, holds) = (live(queue), live(holds));
+    (queue, holds, strays)
 }
 
 /// Which grant records a grant Txn allows in the ranges that conflict with it.
@@ -127,12 +159,14 @@ impl Attempt {
                 .unwrap_or_else(|| Err(Error::new(ErrorKind::Etcd)))
         };
         let (queue, holds, grants, epoch) = (next()?, next()?, next()?, next()?);
+        let (queue, holds, strays) = split_live(k, queue, holds);
         Ok(View {
             revision: resp.header().map(|h| h.revision()).unwrap_or(0),
             queue,
             holds,
             grants,
             epoch_mod_rev: epoch.first().map(|e| e.mod_rev).unwrap_or(0),
+            strays,
         })
     }
 
@@ -157,6 +191,13 @@ impl Attempt {
                 return Err(Error::epoch(crate::error::EpochMismatch::Advanced));
             }
             return Err(self.locker.epoch.advanced_elsewhere());
+        }
+        if !view.strays.is_empty() {
+            // Keys no live session owns never end by themselves and would fail the
+            // grant's range compares: delete them, then decide on the lock as it is.
+            let some = &view.strays[..view.strays.len().min(crate::stray::PER_TXN)];
+            self.txn(crate::stray::delete_txn(some, "acquire")).await?;
+            return Ok(Step::Next(self.read().await?));
         }
         let lease = self.session.lease();
         let k = &self.keys;

@@ -17,7 +17,8 @@ use crate::openapi::{AcquireProblems, ReleaseProblems, StatusProblems};
 use crate::problem::Problem;
 use palisade_api::routes;
 use palisade_api::wire::{
-    AcquireBody, HoldView, HolderView, ReleaseBody, StatusQuery, StatusView, WaiterView,
+    AcquireBody, ForeignKeyView, HoldView, HolderView, ReleaseBody, StatusQuery, StatusView,
+    WaiterView,
 };
 use palisade_api::HolderMeta;
 use palisade_api::ProblemKind;
@@ -191,8 +192,17 @@ pub(super) async fn release(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// The holders (with tokens), the waiters in order and the class of one lock. A key
-/// outside the class's key prefix is 400 `invalid-input`, as for an acquire.
+/// A key no live session owns, as the wire lists it.
+pub(super) fn foreign_view(k: palisade_lock::ForeignKey) -> ForeignKeyView {
+    ForeignKeyView {
+        key: k.key,
+        lease: k.lease.to_string(),
+    }
+}
+
+/// The holders (with tokens), the waiters in order and the class of one lock, and the
+/// keys under it that no live session owns (`foreign_keys`). A key outside the class's
+/// key prefix is 400 `invalid-input`, as for an acquire.
 #[utoipa::path(get, path = routes::STATUS, tag = "locks",
     params(StatusQuery),
     responses((status = 200, description = "the lock", body = StatusView), StatusProblems))]
@@ -247,5 +257,6 @@ pub(super) async fn status(
                 holder_meta: w.holder_meta,
             })
             .collect(),
+        foreign_keys: lock.foreign_keys.into_iter().map(foreign_view).collect(),
     }))
 }
