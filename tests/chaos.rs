@@ -5,9 +5,9 @@
 //! the plan's first round moves the workers' namespace to the second tier (the test
 //! starts etcd: `etcd` in its name, so nextest runs it alone).
 //!
-//! The workload's session races (`PALISADE_CHAOS_RACES`, see [`RACES`]) are off in this
-//! run until the lock service tells concurrent acquires of one session apart; with them
-//! on, the test also checks that both kinds of race ran.
+//! The workload's session races (`PALISADE_CHAOS_RACES`, see [`RACES`]) are on in this
+//! run: acquires whose connection is reset, and a second task on the same session. The
+//! test also checks that both kinds of race ran.
 //!
 //! The run's summary is printed whether it passes or not (see it with `--no-capture`).
 //! When the test fails, its history is kept in `<target>/test-artifacts/` and the failure
@@ -32,7 +32,7 @@ const SEED: &str = "20261130";
 /// some acquires are sent again after their connection was reset while the service
 /// worked on them, and some race a second task on the same session; a service that ends
 /// a hold behind its holder's back then fails the checker's rule (j).
-const RACES: &str = "off";
+const RACES: &str = "on";
 
 /// Violations listed with their entries in a failure message, at most.
 const SHOWN: usize = 20;

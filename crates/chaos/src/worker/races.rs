@@ -100,12 +100,17 @@ pub(super) async fn acquire_reset(
     // unless a renewal went first.
     let fired = proxy.loss() == Loss::None;
     proxy.set(Loss::None);
+    if fired {
+        // The client itself sends an acquire whose connection was reset again, as the
+        // same attempt (it gets that attempt's hold or place); only if that too went
+        // unanswered does the worker send it once more, as a new attempt.
+        rec.record(Event::SessionRace {
+            lock: lock.clone(),
+            race: RaceKind::ResetRetry,
+        });
+    }
     match first {
         Acquired::Answered(Err(e)) if fired && *e.kind() == ClientErrorKind::Transport => {
-            rec.record(Event::SessionRace {
-                lock: lock.clone(),
-                race: RaceKind::ResetRetry,
-            });
             let left = deadline.saturating_duration_since(Instant::now());
             match acquire(s, lock, left).await {
                 Acquired::Answered(Ok(hold)) => Acquired::Answered(Ok(hold)),
