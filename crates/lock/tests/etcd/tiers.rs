@@ -527,7 +527,7 @@ async fn etcd_a_tier_filled_by_make_mirror_is_cleaned_by_the_rehome_and_grants_w
         .client()
         .clone()
         .get(
-            format!("{ROOT}"),
+            ROOT.to_string(),
             Some(etcd_client::GetOptions::new().with_prefix()),
         )
         .await
