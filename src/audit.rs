@@ -5,9 +5,11 @@ use std::net::SocketAddr;
 
 use clap::{Args, Subcommand};
 
+use palisade_audit::dashboard::Access;
 use palisade_lock::EtcdTls;
 
 use crate::cli::etcd::{self, EtcdTlsArgs, TierTlsArgs};
+use crate::cli::listen::ListenArgs;
 
 /// Audit subcommands.
 #[derive(Debug, Subcommand)]
@@ -15,6 +17,9 @@ pub(crate) enum AuditCommand {
     /// Serve the audit dashboard (HTML and JSON under /api/) until interrupted.
     ///
     /// Applies the audit schema's migrations first. Prints the address it listens on.
+    /// Connections are bounded as `palisade serve`'s (--max-connections,
+    /// --header-timeout-ms, ...): an idle or slow client is closed, and running out of
+    /// file descriptors is logged and retried.
     Serve(ServeArgs),
     /// Tail the lock key space in etcd into the audit database until interrupted.
     ///
@@ -68,6 +73,20 @@ pub(crate) struct ServeArgs {
     /// The root prefix of the lock key space (with `--etcd`).
     #[arg(long, default_value = "/palisade/")]
     root: String,
+    #[command(flatten)]
+    listen_limits: Box<ListenArgs>,
+    /// Also answer requests for this host name (as clients put it in `Host`, without
+    /// port); repeat for more. The dashboard answers only its listen address, plus
+    /// `localhost`, `127.0.0.1` and `::1` when that is a loopback or unspecified
+    /// address; any other host is refused with 403 (a guard against DNS rebinding).
+    #[arg(long = "allow-host", value_name = "NAME")]
+    allow_hosts: Vec<String>,
+    /// Require `Authorization: Bearer <token>` on every request, the token read from
+    /// this file (white space at either end ignored; never pass it on the command
+    /// line). Without it, a dashboard on a non-loopback address warns at start: anyone
+    /// who reaches it reads the audit trail.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<std::path::PathBuf>,
 }
 
 /// Runs an audit subcommand; returns what to print when it ends.
@@ -84,7 +103,33 @@ pub(crate) fn run(command: AuditCommand) -> Result<String, Box<dyn Error>> {
     }
 }
 
+/// The dashboard's Host allow-list and bearer token, from the flags.
+fn access(args: &ServeArgs, listen: SocketAddr) -> Result<Access, Box<dyn Error>> {
+    let mut access = Access::for_listen_addr(listen);
+    for host in &args.allow_hosts {
+        access = access
+            .with_host(host)
+            .map_err(|e| format!("--allow-host: {e}"))?;
+    }
+    if let Some(path) = &args.token_file {
+        let token = std::fs::read_to_string(path)
+            .map_err(|e| format!("--token-file {}: {e}", path.display()))?;
+        access = access
+            .with_bearer_token(&token)
+            .map_err(|e| format!("--token-file {}: {e}", path.display()))?;
+    }
+    if !listen.ip().is_loopback() && !access.has_token() {
+        tracing::warn!(
+            %listen,
+            "the audit dashboard listens on a non-loopback address without --token-file: \
+             anyone who reaches it reads the audit trail"
+        );
+    }
+    Ok(access)
+}
+
 async fn serve(args: ServeArgs) -> Result<String, Box<dyn Error>> {
+    let access = access(&args, args.listen)?;
     let pool = palisade_audit::pool(&args.database, 8)?;
     palisade_audit::migrate(&pool).await?;
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -108,9 +153,15 @@ async fn serve(args: ServeArgs) -> Result<String, Box<dyn Error>> {
         .map_err(|e| etcd.unreachable(None, &e))?;
         palisade_audit::dashboard::router_with_live(pool, live)
     };
-    axum::serve(listener, app)
-        .with_graceful_shutdown(interrupted())
-        .await?;
+    let app = access.protect(app);
+    palisade_listen::serve(
+        listener,
+        palisade_listen::Transport::Plain,
+        args.listen_limits.limits(),
+        move |_: &palisade_listen::Peer| app.clone(),
+        interrupted(),
+    )
+    .await;
     Ok(String::new())
 }
 

@@ -1,6 +1,6 @@
 //! `palisade`: the command-line front end of the Palisade lock service.
 //!
-//! Exit codes: see `cli/exit.rs` (also in `palisade --help`).
+//! Exit codes: the table in `cli/exit.rs` (also in `palisade --help`).
 
 mod audit;
 
@@ -13,7 +13,7 @@ use palisade_fence::{Epoch, FencingToken, Revision};
 
 /// Palisade: a distributed lock service on etcd with fencing tokens.
 #[derive(Debug, Parser)]
-#[command(name = "palisade", version, about, after_help = EXIT_CODES)]
+#[command(name = "palisade", version, about, after_help = cli::exit::help())]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -46,32 +46,6 @@ enum Command {
     /// Show a resource's high-water mark, or reset a poisoned one (with a reason, audited).
     Fence(cli::fence::FenceArgs),
 }
-
-/// The exit codes, as `palisade --help` shows them.
-const EXIT_CODES: &str = "\
-Commands that talk to the lock service take --service URL and either --cert, --key and
---ca (mTLS; or PALISADE_SERVICE, PALISADE_CERT, PALISADE_KEY, PALISADE_CA) or
---dev-identity SPIFFE_ID (a service in dev mode; or PALISADE_DEV_IDENTITY).
-
-Exit codes:
-  0   done
-  1   any other failure (service unreachable, or unable to serve now: quorum-lost,
-      namespace-moving, shutting-down, epoch-mismatch, upstream, internal; local I/O)
-  2   bad input (usage, malformed argument or hold file, unusable certificates, invalid-input)
-  3   not found (not-found: namespace, class, session, force release request)
-  4   conflict (create of something that exists, already-approved, force-target-gone,
-      epoch-exhausted, wrong-tier: the session is on another tier than the namespace)
-  5   quota exceeded (quota-exceeded)
-  6   unauthenticated (certificate refused or missing, 401 unauthenticated)
-  7   forbidden (403 forbidden)
-  74  outcome unknown: a release got no definite answer within 10 s of retries
-  75  not acquired: others held the lock for the whole wait (deadline-exceeded)
-  76  not held: the hold or its session is gone, or it was force-released (not-held,
-      session-lost, hold-forced)
-  130 interrupted (Ctrl-C) while lock acquire waited (its session is closed), or
-      during a chaos run (what it started is removed)
-  143 terminated (SIGTERM), as for 130
-`lock run` exits with its command's code once the command ran.";
 
 #[derive(Debug, Subcommand)]
 enum TokenCommand {

@@ -5,6 +5,10 @@
 //! the plan's first round moves the workers' namespace to the second tier (the test
 //! starts etcd: `etcd` in its name, so nextest runs it alone).
 //!
+//! The workload's session races (`PALISADE_CHAOS_RACES`, see [`RACES`]) are on in this
+//! run: acquires whose connection is reset, and a second task on the same session. The
+//! test also checks that both kinds of race ran.
+//!
 //! The run's summary is printed whether it passes or not (see it with `--no-capture`).
 //! When the test fails, its history is kept in `<target>/test-artifacts/` and the failure
 //! names it, with the seed, the summary, the run's stderr, and every violation followed by
@@ -17,12 +21,18 @@ use std::process::Command;
 
 use palisade_chaos::check::{CheckReport, EntryIndex};
 use palisade_chaos::history::{
-    read_history, Entry, Event, FaultKind, Phase, RehomeOutcome, WriteOutcome,
+    read_history, Entry, Event, FaultKind, Phase, RaceKind, RehomeOutcome, WriteOutcome,
 };
 use palisade_chaos::schedule::{ALL_KINDS, NET_KINDS};
 
 /// The seed of the CI run.
 const SEED: &str = "20261130";
+
+/// The workload's session races: `on` or `off` (`PALISADE_CHAOS_RACES`). With them on,
+/// some acquires are sent again after their connection was reset while the service
+/// worked on them, and some race a second task on the same session; a service that ends
+/// a hold behind its holder's back then fails the checker's rule (j).
+const RACES: &str = "on";
 
 /// Violations listed with their entries in a failure message, at most.
 const SHOWN: usize = 20;
@@ -92,6 +102,7 @@ fn chaos_etcd_sixty_seconds_no_stale_write_lands() {
             "--history",
         ])
         .arg(&history)
+        .env(palisade_chaos::RACES_ENV, RACES)
         .output()
         .expect("running palisade chaos");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -139,6 +150,7 @@ fn chaos_etcd_sixty_seconds_no_stale_write_lands() {
     let mut faults: BTreeMap<FaultKind, u32> = BTreeMap::new();
     let (mut grants, mut stale, mut committed, mut holds, mut audit) = (0, 0, 0, 0, 0);
     let mut renewals = 0;
+    let mut races: BTreeMap<RaceKind, u32> = BTreeMap::new();
     for e in entries {
         match &e.event {
             Event::Fault {
@@ -158,6 +170,7 @@ fn chaos_etcd_sixty_seconds_no_stale_write_lands() {
             Event::EtcdHold { .. } => holds += 1,
             Event::AuditRow { .. } => audit += 1,
             Event::Renewed { .. } => renewals += 1,
+            Event::SessionRace { race, .. } => *races.entry(*race).or_default() += 1,
             _ => {}
         }
     }
@@ -181,6 +194,12 @@ fn chaos_etcd_sixty_seconds_no_stale_write_lands() {
     // The loss-signal deadline is checked against the renewals the workers recorded.
     if renewals == 0 {
         fail("no worker recorded a renewal".into());
+    }
+    let raced = [RaceKind::ResetRetry, RaceKind::SharedSession]
+        .iter()
+        .all(|r| races.contains_key(r));
+    if (RACES == "on") != raced {
+        fail(format!("session races {RACES}, races run: {races:?}"));
     }
     if holds == 0 || audit == 0 {
         fail(format!("etcd holds {holds}, audit rows {audit}"));

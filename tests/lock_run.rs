@@ -446,3 +446,56 @@ async fn etcd_lock_run_kills_the_command_when_the_hold_is_force_released() {
     assert_eq!(status.code(), Some(76));
     assert!(gone(pid).await, "the command survived the forced release");
 }
+
+/// The session of a `lock run` that waits for the lock ends (here revoked in etcd, as a
+/// lapsed lease is): `lock run` exits 76, the hold lost, not 3 (`not-found`, which the
+/// service answers for a session it no longer knows), and the command never runs.
+#[tokio::test]
+async fn etcd_lock_run_whose_session_ends_while_it_waits_exits_76() {
+    let (f, addr) = setup().await;
+    let pid_file = f.dir().join("pid");
+    let mut holder = lock_run(
+        addr,
+        "30",
+        &format!("echo $$ > {}; exec sleep 30", pid_file.display()),
+    )
+    .spawn()
+    .unwrap();
+    running(&f.locker, &pid_file).await;
+    let ran = f.dir().join("ran");
+    // A TTL of 6 s: its keepalive (every 2 s) learns of the end soon.
+    let waiter = lock_run_at(
+        &format!("http://{addr}"),
+        "6",
+        &["--wait-ms", "60000"],
+        &format!("touch {}", ran.display()),
+    )
+    .spawn()
+    .unwrap();
+    let name = LockName::new("ns", "c", "jobs/nightly");
+    let mut lease = None;
+    for _ in 0..200 {
+        if let Some(w) = f.locker.lock_state(&name).await.unwrap().waiters.first() {
+            lease = Some(w.lease);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let lease = lease.expect("lock run never queued");
+    f.locker.revoke_session(lease).await.unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(10), waiter.wait_with_output())
+        .await
+        .expect("lock run kept waiting after its session ended")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(76), "{stderr}");
+    assert!(
+        stderr.contains("the session ended while waiting for the lock"),
+        "{stderr}"
+    );
+    assert!(!ran.exists(), "the command ran without the lock");
+    // The holder was not disturbed.
+    assert_eq!(holders(&f.locker).await, 1);
+    holder.start_kill().unwrap();
+    holder.wait().await.unwrap();
+}

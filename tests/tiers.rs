@@ -4,7 +4,9 @@
 //! refuse the old tier's token after the move; a rehome whose service was killed part
 //! way refuses on both tiers until it is run again, which completes it; `palisade audit
 //! tail --tier` records the grants of both clusters; `palisade lock acquire`, `lock run`
-//! and `session open` name only the namespace and land on its tier. Real etcd members, a
+//! and `session open` name only the namespace and land on its tier; opening a session on
+//! a tier by name is authorized as by namespace, and the per-identity session limit
+//! counts every tier. Real etcd members, a
 //! real PostgreSQL database and real `palisade` processes.
 
 mod common;
@@ -52,6 +54,11 @@ impl Tiered {
 
     /// Starts `palisade serve` on both tiers and waits until it listens.
     async fn serve(&self) -> tokio::process::Child {
+        self.serve_with(&[]).await
+    }
+
+    /// [`Tiered::serve`] with `extra` flags.
+    async fn serve_with(&self, extra: &[&str]) -> tokio::process::Child {
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_palisade"))
             .args(["serve", "--etcd", &self.a.endpoints().join(",")])
             .args(["--home-tier", "a"])
@@ -66,6 +73,7 @@ impl Tiered {
             .arg(self.dir.path().join("authz.toml"))
             .arg("--epoch-file")
             .arg(self.dir.path().join("epoch.json"))
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .kill_on_drop(true)
@@ -596,4 +604,72 @@ async fn etcd_cli_lock_acquire_and_run_follow_a_rehomed_namespace_to_its_tier() 
     ])
     .await
     .fails(1, "namespace-moving");
+}
+
+/// `tier` in `POST /v1/sessions` is authorized as `tier_of` is: a caller granted no
+/// namespace on tier b may not open a session there by naming it (an admin may, and the
+/// home tier is everyone's). The per-identity session limit counts the identity's
+/// sessions on every tier, not per tier.
+#[tokio::test]
+async fn etcd_sessions_on_a_named_tier_are_authorized_and_limited_across_tiers() {
+    let t = Tiered::start().await;
+    let _server = t.serve_with(&["--max-sessions-per-identity", "2"]).await;
+    t.admin(&["namespace", "create", "ns", "--tenant", "t"])
+        .await
+        .ok();
+    // `other` lives on tier b; the authorization config grants JOB only `ns` (tier a).
+    t.admin(&[
+        "namespace",
+        "create",
+        "other",
+        "--tenant",
+        "t",
+        "--cluster-tier",
+        "b",
+    ])
+    .await
+    .ok();
+    let open = |id: &'static str, body: Value| {
+        let c = t.client(id);
+        async move { c.call_json("POST", "/v1/sessions", Some(body)).await }
+    };
+    let e = open(JOB, json!({"ttl_ms": 30_000, "tier": "b"}))
+        .await
+        .unwrap_err();
+    assert_eq!(e.problem(), Some(ProblemKind::Forbidden), "{e}");
+    assert!(e.detail().contains("open a session on tier b"), "{e}");
+    let e = open(JOB, json!({"ttl_ms": 30_000, "tier_of": "other"}))
+        .await
+        .unwrap_err();
+    assert_eq!(e.problem(), Some(ProblemKind::Forbidden), "{e}");
+    let admin = open(ADMIN, json!({"ttl_ms": 30_000, "tier": "b"}))
+        .await
+        .unwrap();
+    assert!(
+        admin["session"].as_str().unwrap().starts_with("b."),
+        "{admin}"
+    );
+
+    // The limit (2) across tiers: ADMIN has one session on b; one more on a is its
+    // second, and a third is refused on either tier.
+    let home = open(ADMIN, json!({"ttl_ms": 30_000, "tier": "a"}))
+        .await
+        .unwrap();
+    assert_eq!(home["tier"], "a", "{home}");
+    for tier in ["a", "b"] {
+        let e = open(ADMIN, json!({"ttl_ms": 30_000, "tier": tier}))
+            .await
+            .unwrap_err();
+        assert_eq!(e.problem(), Some(ProblemKind::QuotaExceeded), "{tier}: {e}");
+        assert!(e.detail().contains("2 open sessions"), "{e}");
+    }
+    // Closing the one on b frees a place, on any tier.
+    let c = t.client(ADMIN);
+    let path = format!("/v1/sessions/{}", admin["session"].as_str().unwrap());
+    c.call_json("DELETE", &path, None).await.unwrap();
+    open(ADMIN, json!({"ttl_ms": 30_000})).await.unwrap();
+    // JOB's limit is its own.
+    open(JOB, json!({"ttl_ms": 30_000, "tier": "a"}))
+        .await
+        .unwrap();
 }

@@ -48,6 +48,8 @@ palisade_install_deps() {
     command -v tc >/dev/null || missing+=(iproute2)
     command -v iptables >/dev/null || missing+=(iptables)
     [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || missing+=(faketime)
+    # The connection tests start palisade under an open-file limit (prlimit).
+    command -v prlimit >/dev/null || missing+=(util-linux)
     if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
     # The etcd-server package starts a system etcd on the default ports; tests and the demo
     # run their own members on free ports, so a system one is only in the way.

@@ -12,7 +12,7 @@ use palisade_lock::{Enforcement, LockClass, Mode, Namespace, QuorumPolicy};
 use serde_json::json;
 
 use super::args::check_name;
-use super::connect::{block_on, Connection};
+use super::connect::Connection;
 use super::exit::{CliError, Exit, Result};
 use super::lock::{call, enc};
 
@@ -225,7 +225,9 @@ fn ms(d: Duration) -> u64 {
 /// The namespaces the caller sees.
 fn namespaces(conn: &Connection) -> Result<Vec<Namespace>> {
     let client = conn.client()?;
-    let v = block_on(async move { Ok(client.call_json("GET", "/v1/namespaces", None).await?) })?;
+    let v = conn.block_on("GET /v1/namespaces", async move {
+        Ok(client.call_json("GET", "/v1/namespaces", None).await?)
+    })?;
     Ok(serde_json::from_value(v)?)
 }
 
@@ -233,7 +235,10 @@ fn namespaces(conn: &Connection) -> Result<Vec<Namespace>> {
 fn classes(conn: &Connection, ns: &str) -> Result<Vec<LockClass>> {
     let client = conn.client()?;
     let path = format!("/v1/namespaces/{}/classes", enc(ns));
-    let v = block_on(async move { Ok(client.call_json("GET", &path, None).await?) })?;
+    let what = format!("GET {path}");
+    let v = conn.block_on(&what, async move {
+        Ok(client.call_json("GET", &path, None).await?)
+    })?;
     Ok(serde_json::from_value(v)?)
 }
 

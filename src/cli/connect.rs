@@ -1,10 +1,11 @@
 //! The flags that say where the lock service is and who is calling.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use palisade_client::{Client, ClientTls};
 
-use super::exit::{CliError, Result};
+use super::exit::{CliError, Exit, Result};
 
 /// Where the lock service is and who is calling: mTLS (`--cert`, `--key`, `--ca`) or
 /// dev mode (`--dev-identity`). Each flag also reads an environment variable.
@@ -42,9 +43,65 @@ pub(crate) struct Connection {
         env = "PALISADE_DEV_IDENTITY"
     )]
     dev_identity: Option<String>,
+    /// The longest a command waits for the service, in milliseconds: past it the command
+    /// stops waiting and exits (1, or 74 for a release or an acquire whose outcome is
+    /// unknown). An acquire's `--wait-ms` adds to it; `lock run`'s command runs as long
+    /// as it needs.
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Connection",
+        env = "PALISADE_TIMEOUT_MS",
+        default_value_t = DEFAULT_TIMEOUT_MS,
+        value_parser = clap::value_parser!(u64).range(1..),
+    )]
+    timeout_ms: u64,
 }
 
+/// The default of `--timeout-ms`: 30 s, room for a release's 10 s of retries and the
+/// session close after it.
+const DEFAULT_TIMEOUT_MS: u64 = 30_000;
+
 impl Connection {
+    /// `--timeout-ms`: how long a command waits for the service (beyond an acquire's wait).
+    pub(crate) fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+
+    /// The service's URL as given (empty if none was).
+    pub(crate) fn service(&self) -> &str {
+        self.service.as_deref().unwrap_or_default()
+    }
+
+    /// The failure (exit 1) of a command whose service did not answer `what` in time.
+    pub(crate) fn no_answer(&self, what: &str) -> CliError {
+        CliError::new(
+            Exit::Failure,
+            format!(
+                "{what}: no answer from the lock service at {} within --timeout-ms ({} ms)",
+                self.service(),
+                self.timeout_ms
+            ),
+        )
+    }
+
+    /// Runs `f`, one exchange with the service, on a one-thread runtime; if it has not
+    /// finished within `--timeout-ms`, it is dropped (its requests with it) and the
+    /// command fails with exit 1.
+    pub(crate) fn block_on<T>(
+        &self,
+        what: &str,
+        f: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let timeout = self.timeout();
+        block_on(async move {
+            match tokio::time::timeout(timeout, f).await {
+                Ok(done) => done,
+                Err(_) => Err(self.no_answer(what).into()),
+            }
+        })
+    }
+
     /// A client as the flags say.
     ///
     /// # Errors
@@ -88,7 +145,8 @@ impl Connection {
     }
 }
 
-/// Runs `f` on a one-thread runtime.
+/// Runs `f` on a one-thread runtime, with no bound of its own: for commands that bound
+/// each of their waits themselves (`lock acquire`, `lock release`, `lock run`).
 pub(crate) fn block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()

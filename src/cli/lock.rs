@@ -16,6 +16,7 @@ use palisade_client::ClientErrorKind;
 use palisade_lock::{Enforcement, HolderMeta, Mode};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use tokio::time::Instant;
 
 use super::connect::{block_on, Connection};
 use super::exit::{CliError, Exit, Result};
@@ -40,7 +41,10 @@ enum LockCommand {
     /// ends when its session's TTL lapses. Exits 75 if others held the lock for the
     /// whole wait, 130 if interrupted (Ctrl-C) while waiting; either way the session
     /// opened for it is closed again. While it waits it renews the session it opened
-    /// (every third of the TTL), so `--wait-ms` may be longer than `--ttl`.
+    /// (every third of the TTL), so `--wait-ms` may be longer than `--ttl`. Exits 74 if
+    /// the acquire got no answer within --wait-ms plus --timeout-ms (the lock may have
+    /// been granted; a session it opened is no longer renewed, so the hold would end
+    /// with its TTL).
     Acquire {
         /// The lock: namespace/class/key (the key may contain `/`).
         lock: String,
@@ -67,7 +71,9 @@ enum LockCommand {
     ///
     /// Takes the JSON that `lock acquire` printed (`--hold FILE`, `-` for stdin), or
     /// NS/CLASS/KEY with `--session` and `--grant-rev`. A session that `lock acquire`
-    /// opened for the hold is closed with it. Exits 76 if the hold had already ended.
+    /// opened for the hold is closed with it. Exits 76 if the hold had already ended, 74
+    /// if the release got no definite answer (sent again for 10 s, or --timeout-ms if
+    /// shorter; the session close after it gets at most one more second).
     Release {
         /// The lock: namespace/class/key (with --session and --grant-rev).
         #[arg(required_unless_present = "hold", conflicts_with = "hold", requires_all = ["session", "grant_rev"])]
@@ -88,7 +94,13 @@ enum LockCommand {
         #[arg(long)]
         close_session: bool,
     },
-    /// Print a lock's holders (with tokens), waiters in order, and class, as JSON.
+    /// Print a lock's holders (with tokens), waiters in order, and class, as JSON. Exits
+    /// 1 without an answer within --timeout-ms.
+    ///
+    /// `foreign_keys` lists keys under the lock that no live session owns, each with the
+    /// etcd lease it is on (`0000000000000000`: none, as a copy made with `etcdctl
+    /// make-mirror` leaves them). They are neither holders nor waiters; the next acquire
+    /// of the lock deletes the holds and waiters among them.
     Status {
         /// The lock: namespace/class/key.
         lock: String,
@@ -97,8 +109,9 @@ enum LockCommand {
     ///
     /// The session is renewed while the command runs; the command is killed (SIGKILL)
     /// if the hold is lost. Exits with the command's exit code, 75 if the lock was not
-    /// acquired within the wait, 76 if the hold was lost (other failures before the
-    /// command starts: the codes of `palisade --help`).
+    /// acquired within the wait, 76 if the hold was lost or the session ended while it
+    /// waited, 74 if the acquire got no answer within --wait-ms plus --timeout-ms (other
+    /// failures before the command starts: the codes of `palisade --help`).
     Run(super::run::RunArgs),
 }
 
@@ -212,7 +225,7 @@ pub(crate) fn run(args: LockArgs) -> Result<String> {
     }
 }
 
-/// One API call; the answer as pretty JSON (empty for 204).
+/// One API call, bounded by `--timeout-ms`; the answer as pretty JSON (empty for 204).
 pub(crate) fn call(
     conn: &Connection,
     method: &str,
@@ -220,7 +233,10 @@ pub(crate) fn call(
     body: Option<serde_json::Value>,
 ) -> Result<String> {
     let client = conn.client()?;
-    let value = block_on(async move { Ok(client.call_json(method, &path, body).await?) })?;
+    let what = format!("{method} {}", path.split('?').next().unwrap_or_default());
+    let value = conn.block_on(&what, async move {
+        Ok(client.call_json(method, &path, body).await?)
+    })?;
     if value.is_null() {
         return Ok(String::new());
     }
@@ -256,6 +272,25 @@ async fn keep_alive_while_waiting(
     }
 }
 
+/// Exit 74: the acquire got no answer by the deadline, so the lock may have been granted.
+fn no_grant_answer(conn: &Connection, session: &str, own: bool) -> CliError {
+    let then = if own {
+        "its session is no longer renewed, so such a hold ends when the session's TTL lapses"
+    } else {
+        "close that session (or let its TTL lapse) to end such a hold"
+    };
+    CliError::new(
+        Exit::OutcomeUnknown,
+        format!(
+            "the acquire got no answer from the lock service at {} within --wait-ms and \
+             --timeout-ms ({} ms); its outcome is unknown: the lock may have been granted to \
+             session {session}; {then}",
+            conn.service(),
+            conn.timeout().as_millis()
+        ),
+    )
+}
+
 /// Parses `--holder-meta`: a JSON object of at most 1024 bytes.
 pub(crate) fn parse_meta(text: &str) -> std::result::Result<HolderMeta, CliError> {
     let value: serde_json::Value = serde_json::from_str(text)
@@ -274,6 +309,9 @@ fn acquire(
 ) -> Result<String> {
     let (ns, class, key) = split_lock(lock)?;
     let client = conn.client()?;
+    // The whole command, the wait included, ends by this deadline.
+    let wait = Duration::from_millis(wait_ms);
+    let deadline = Instant::now() + wait + conn.timeout();
     let hold = block_on(async move {
         let (session, ttl_ms, own) = match session {
             Some(s) => (s, None, false),
@@ -282,15 +320,18 @@ fn acquire(
                     .checked_mul(1000)
                     .ok_or_else(|| CliError::bad_input(format!("--ttl {ttl} is too large")))?;
                 // A 503 `quorum-lost` is sent again within the wait, as the acquire is.
-                let opened = client
-                    .call_json_within(
-                        "POST",
-                        "/v1/sessions",
-                        // On the tier where the namespace lives (no quota slot).
-                        Some(json!({ "ttl_ms": ttl_ms, "tier_of": ns })),
-                        Duration::from_millis(wait_ms),
-                    )
-                    .await?;
+                let opening = client.call_json_within(
+                    "POST",
+                    "/v1/sessions",
+                    // On the tier where the namespace lives (no quota slot).
+                    Some(json!({ "ttl_ms": ttl_ms, "tier_of": ns })),
+                    wait,
+                );
+                // Nothing was asked of the lock yet: a session whose answer is lost
+                // ends with its lease, since nothing renews it.
+                let opened = tokio::time::timeout_at(deadline, opening)
+                    .await
+                    .map_err(|_| conn.no_answer("opening a session for the acquire"))??;
                 let id = opened["session"].as_str().ok_or_else(|| {
                     CliError::new(Exit::Failure, "the service opened a session without an id")
                 })?;
@@ -305,6 +346,9 @@ fn acquire(
             mode,
             wait_ms,
             holder_meta: holder_meta.as_ref().map(|m| m.as_map().clone()),
+            // One attempt, picked by the client: a retry after a lost answer is the same.
+            attempt: None,
+            replaces: None,
         };
         // SIGINT and SIGTERM (a supervisor's stop) end the wait the same way: the
         // session opened for it is closed below, so nothing is left held or counted.
@@ -314,6 +358,7 @@ fn acquire(
             // A 503 `quorum-lost` is sent again within the wait (the client's policy).
             r = client.acquire(&body) => r.map_err(Into::into),
             e = renewing => Err(e),
+            () = tokio::time::sleep_until(deadline) => Err(no_grant_answer(conn, &session, own).into()),
             _ = tokio::signal::ctrl_c() => Err(CliError::new(
                 Exit::Interrupted,
                 "interrupted (SIGINT) while waiting for the lock",
@@ -337,9 +382,12 @@ fn acquire(
             Err(e) => {
                 if own {
                     // Leave nothing behind: the session was opened for this hold only
-                    // (closing it also ends a wait that was interrupted).
+                    // (closing it also ends a wait that was interrupted). Within the
+                    // deadline: past it, the session is no longer renewed and ends with
+                    // its lease.
                     let path = format!("/v1/sessions/{}", enc(&session));
-                    let _ = client.call_json("DELETE", &path, None).await;
+                    let closing = client.call_json("DELETE", &path, None);
+                    let _ = tokio::time::timeout_at(deadline, closing).await;
                 }
                 Err(e)
             }
@@ -392,8 +440,13 @@ fn read_hold(path: &std::path::Path) -> Result<HoldFile> {
     })
 }
 
-/// How long `lock release` sends a release whose answer is lost (exit 74 after it).
+/// How long `lock release` sends a release whose answer is lost (exit 74 after it), if
+/// `--timeout-ms` is longer.
 const RELEASE_BUDGET: Duration = Duration::from_secs(10);
+
+/// How long the session close after a release with an unknown outcome may take: the
+/// service did not answer the release, so the close is one last try.
+const LAST_CLOSE: Duration = Duration::from_secs(1);
 
 fn release(conn: &Connection, h: &HoldFile) -> Result<String> {
     let Some(grant_rev) = h.grant_rev else {
@@ -403,6 +456,8 @@ fn release(conn: &Connection, h: &HoldFile) -> Result<String> {
         .into());
     };
     let client = conn.client()?;
+    // The release, and the close of its session, end by this deadline.
+    let deadline = Instant::now() + conn.timeout();
     block_on(async move {
         let body = ReleaseBody {
             session: h.session.clone(),
@@ -413,7 +468,8 @@ fn release(conn: &Connection, h: &HoldFile) -> Result<String> {
             grant_rev: palisade_api::Revision::new(grant_rev),
         };
         // Sent again while the answer is lost, until a definite one or the budget ends.
-        let released = match client.release(&body, RELEASE_BUDGET).await {
+        let budget = RELEASE_BUDGET.min(conn.timeout());
+        let released = match client.release(&body, budget).await {
             Ok(()) => Ok(()),
             Err(e) if e.is_outcome_unknown() => Err(CliError::new(
                 Exit::OutcomeUnknown,
@@ -444,8 +500,9 @@ fn release(conn: &Connection, h: &HoldFile) -> Result<String> {
                 // No live session, or no such namespace? Ask the session itself (one
                 // renewal if it lives).
                 let path = format!("/v1/sessions/{}/keepalive", enc(&h.session));
-                match client.call_json("POST", &path, None).await {
-                    Err(p) if p.is_session_lost() => Err(CliError::new(
+                let asked = tokio::time::timeout_at(deadline, client.call_json("POST", &path, None));
+                match asked.await {
+                    Ok(Err(p)) if p.is_session_lost() => Err(CliError::new(
                         Exit::Lost,
                         format!(
                             "the hold already ended: its session is gone ({})",
@@ -460,8 +517,28 @@ fn release(conn: &Connection, h: &HoldFile) -> Result<String> {
         };
         if h.own_session {
             let path = format!("/v1/sessions/{}", enc(&h.session));
-            match client.call_json("DELETE", &path, None).await {
-                Err(e) if !e.is_session_lost() && released.is_ok() => return Err(e.into()),
+            let until = match &released {
+                Err(e) if Exit::of(&**e) == Exit::OutcomeUnknown => {
+                    deadline.min(Instant::now() + LAST_CLOSE)
+                }
+                _ => deadline,
+            };
+            match tokio::time::timeout_at(until, client.call_json("DELETE", &path, None)).await {
+                Ok(Err(e)) if !e.is_session_lost() && released.is_ok() => return Err(e.into()),
+                Err(_) if released.is_ok() => {
+                    return Err(CliError::new(
+                        Exit::Failure,
+                        format!(
+                            "released; closing its session {} got no answer from the lock \
+                             service at {} within --timeout-ms ({} ms): the session ends when \
+                             its TTL lapses",
+                            h.session,
+                            conn.service(),
+                            conn.timeout().as_millis()
+                        ),
+                    )
+                    .into())
+                }
                 _ => {}
             }
         }

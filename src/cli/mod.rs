@@ -1,5 +1,5 @@
 //! Handlers of the subcommands that talk to etcd or to the lock service, one module per
-//! command group; `connect` (the connection flags), `etcd` (the etcd clusters and TLS to them), `exit` (the exit codes), `args` (shared
+//! command group; `connect` (the connection flags), `listen` (a listener's bounds), `etcd` (the etcd clusters and TLS to them), `exit` (the exit codes), `args` (shared
 //! value parsers) and `output` (stdout and stderr without panics) are shared.
 
 pub(crate) mod args;
@@ -11,6 +11,7 @@ pub(crate) mod etcd;
 pub(crate) mod exit;
 pub(crate) mod fence;
 pub(crate) mod force;
+pub(crate) mod listen;
 pub(crate) mod lock;
 pub(crate) mod output;
 pub(crate) mod run;

@@ -9,10 +9,16 @@
 //!   `palisade` exits with the command's code, or 128 + the signal that ended it.
 //! - A signal that arrives while the lock is still awaited ends the wait: the session is
 //!   closed, `palisade` says which signal on stderr and exits with 128 + the signal.
-//! - When the hold is lost the group gets SIGKILL at once and `palisade` exits 76.
-//! - Every call to the service after the command ended is bounded: release and close
-//!   together by one TTL, a close after a loss by [`CLOSE_AFTER_LOSS`]. Past the bound
-//!   the session's lease ends the hold anyway.
+//! - When the hold is lost the group gets SIGKILL at once and `palisade` exits 76. A
+//!   session that ends while the lock is awaited (closed, expired, or unrenewed for a
+//!   TTL because the service does not answer) is a loss too: exit 76, the command never
+//!   runs.
+//! - Every exchange with the service is bounded. Opening the session: `--timeout-ms`
+//!   (exit 1 past it). The wait for the lock: `--wait-ms` plus `--timeout-ms` (exit 74
+//!   past it, the outcome unknown). Release and close after the command, or a close
+//!   after a signal: together by the TTL or `--timeout-ms`, whichever is shorter; a
+//!   close after a loss: [`CLOSE_AFTER_LOSS`]. Past a bound the session's lease ends the
+//!   hold anyway, since nothing renews it.
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitStatus, Stdio};
@@ -137,11 +143,16 @@ pub(crate) fn run(conn: &Connection, args: RunArgs) -> Result<String> {
     let client = conn.client()?;
     let ttl = Duration::from_secs(ttl);
     let lock_env = lock.clone();
+    // How long each exchange with the service may take, outside the wait for the lock
+    // and the command's run: past it the session ends with its lease anyway.
+    let bound = ttl.min(conn.timeout());
     let code = block_on(async move {
         let mut signals = Signals::install()?;
         let session = tokio::select! {
             // On the tier where the namespace lives.
-            s = client.open_session_for(ns, ttl) => s?,
+            s = tokio::time::timeout(conn.timeout(), client.open_session_for(ns, ttl)) => {
+                s.map_err(|_| conn.no_answer("opening a session for lock run"))??
+            }
             sig = signals.recv() => return Ok(not_acquired(sig)),
         };
         let mode = if shared {
@@ -150,20 +161,52 @@ pub(crate) fn run(conn: &Connection, args: RunArgs) -> Result<String> {
             Mode::Exclusive
         };
         let wait = Duration::from_millis(wait_ms);
-        let acquired = tokio::select! {
-            r = session.acquire_with_meta(ns, class, key, mode, wait, meta.as_ref()) => Ok(r),
-            sig = signals.recv() => Err(sig),
+        let deadline = Instant::now() + wait + conn.timeout();
+        let waited = tokio::select! {
+            r = session.acquire_with_meta(ns, class, key, mode, wait, meta.as_ref()) => Waited::Answer(r),
+            // Its keepalive found it gone, or got no answer for a whole TTL.
+            () = session.lost() => Waited::SessionLost,
+            () = tokio::time::sleep_until(deadline) => Waited::NoAnswer,
+            sig = signals.recv() => Waited::Signal(sig),
         };
-        let hold = match acquired {
-            Ok(Ok(h)) => h,
-            Ok(Err(e)) => {
-                let _ = tokio::time::timeout(ttl, session.close()).await;
+        let hold = match waited {
+            Waited::Answer(Ok(h)) => h,
+            Waited::Answer(Err(e)) => {
+                let lost = session_ended(&client, &session, &e, bound).await;
+                let _ = tokio::time::timeout(bound, session.close()).await;
+                if lost {
+                    return Err(session_lost_while_waiting(&e.to_string()).into());
+                }
                 let exit = Exit::of_client(&e);
                 return Err(CliError::new(exit, format!("lock not acquired: {e}")).into());
             }
-            Err(sig) => {
+            Waited::SessionLost => {
+                let _ = tokio::time::timeout(CLOSE_AFTER_LOSS, session.close()).await;
+                return Err(session_lost_while_waiting(
+                    "its keepalive found it gone, or got no answer within its TTL",
+                )
+                .into());
+            }
+            Waited::NoAnswer => {
+                // The service may have granted it: the session is no longer renewed, so
+                // such a hold ends with the session's lease.
+                let _ = tokio::time::timeout(CLOSE_AFTER_LOSS, session.close()).await;
+                return Err(CliError::new(
+                    Exit::OutcomeUnknown,
+                    format!(
+                        "the acquire got no answer from the lock service at {} within --wait-ms \
+                         and --timeout-ms ({} ms); its outcome is unknown: the session is no \
+                         longer renewed, so a hold it may have got ends with its TTL; the \
+                         command did not run",
+                        conn.service(),
+                        conn.timeout().as_millis()
+                    ),
+                )
+                .into());
+            }
+            Waited::Signal(sig) => {
                 // Closing the session also ends the wait on the service.
-                let _ = tokio::time::timeout(ttl, session.close()).await;
+                let _ = tokio::time::timeout(bound, session.close()).await;
                 return Ok(not_acquired(sig));
             }
         };
@@ -182,7 +225,7 @@ pub(crate) fn run(conn: &Connection, args: RunArgs) -> Result<String> {
         let mut child = match spawned {
             Ok(c) => c,
             Err(e) => {
-                let _ = tokio::time::timeout(ttl, async {
+                let _ = tokio::time::timeout(bound, async {
                     let _ = hold.release().await;
                     let _ = session.close().await;
                 })
@@ -235,7 +278,7 @@ pub(crate) fn run(conn: &Connection, args: RunArgs) -> Result<String> {
             let _ = tokio::time::timeout(CLOSE_AFTER_LOSS, session.close()).await;
             return Ok(i32::from(Exit::Lost.code()));
         }
-        let finished = tokio::time::timeout(ttl, async {
+        let finished = tokio::time::timeout(bound, async {
             if let Err(e) = hold.release().await {
                 warn(&format!("release failed: {e}"));
             }
@@ -244,13 +287,57 @@ pub(crate) fn run(conn: &Connection, args: RunArgs) -> Result<String> {
         .await;
         if finished.is_err() {
             warn(&format!(
-                "the service did not answer the release within the TTL ({} s); the hold ends with its session's lease",
-                ttl.as_secs()
+                "the service did not answer the release within {} ms (the TTL or --timeout-ms); the hold ends with its session's lease",
+                bound.as_millis()
             ));
         }
         Ok(code_of(status))
     })?;
     std::process::exit(code)
+}
+
+/// How the wait for the lock ended.
+enum Waited {
+    /// The service answered the acquire.
+    Answer(std::result::Result<palisade_client::RemoteHold, palisade_client::ClientError>),
+    /// The session ended first.
+    SessionLost,
+    /// No answer by the deadline.
+    NoAnswer,
+    /// A signal to stop.
+    Signal(Signal),
+}
+
+/// Whether the acquire's failure `e` is the end of `session`: the service says so
+/// (`session-lost`), or it answers `not-found` (which names no session, namespace or class
+/// apart) and one renewal of the session, bounded by `bound`, finds it gone too.
+async fn session_ended(
+    client: &palisade_client::Client,
+    session: &palisade_client::ClientSession,
+    e: &palisade_client::ClientError,
+    bound: Duration,
+) -> bool {
+    use palisade_api::ProblemKind;
+    match e.problem() {
+        Some(ProblemKind::SessionLost) => true,
+        Some(ProblemKind::NotFound) => {
+            if session.is_lost() {
+                return true;
+            }
+            let path = palisade_api::routes::keepalive(session.id());
+            let asked = tokio::time::timeout(bound, client.call_json("POST", &path, None)).await;
+            matches!(asked, Ok(Err(k)) if k.is_session_lost())
+        }
+        _ => false,
+    }
+}
+
+/// Exit 76: the session ended while `lock run` waited for the lock.
+fn session_lost_while_waiting(why: &str) -> CliError {
+    CliError::new(
+        Exit::Lost,
+        format!("the session ended while waiting for the lock ({why}); the command did not run"),
+    )
 }
 
 /// Sleeps until `at`, forever if `None`.

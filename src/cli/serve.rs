@@ -3,6 +3,9 @@
 //! - Prints `listening on URL` on stdout once it accepts connections.
 //! - Stops gracefully on SIGTERM or SIGINT: no new connection, in-flight requests answered
 //!   within `--shutdown-grace-ms`, then exit 0.
+//! - Holds connections within bounds (`--max-connections`, `--header-timeout-ms`, ...;
+//!   see `palisade_listen`): an idle or slow client is closed, running out of file
+//!   descriptors is logged with the limit and retried, never the end of the process.
 //! - Logs to stderr: text (colours only on a terminal) or JSON lines (`--log-format json`),
 //!   filtered by `RUST_LOG` (default `info`).
 //! - Every startup error names the file, address or endpoint and the cause. A locker whose
@@ -26,6 +29,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use super::etcd::{self, EtcdTarget, EtcdTlsArgs, TierTlsArgs};
 use super::exit::{with_causes, CliError, Exit, Result};
+use super::listen::ListenArgs;
 
 /// The authorization config's format, as `serve --help` shows it.
 const CONFIG_HELP: &str = "\
@@ -97,8 +101,8 @@ pub(crate) struct ServeArgs {
     /// loopback only.
     #[arg(long)]
     insecure_dev_identity: bool,
-    /// How many sessions one identity may have open at once, across every replica
-    /// (each is an etcd lease); past it, opening one answers 429 quota-exceeded.
+    /// How many sessions one identity may have open at once, across every replica and
+    /// tier (each is an etcd lease); past it, opening one answers 429 quota-exceeded.
     #[arg(long, default_value_t = palisade_server::DEFAULT_MAX_SESSIONS_PER_IDENTITY,
           value_parser = clap::value_parser!(u32).range(1..))]
     max_sessions_per_identity: u32,
@@ -110,6 +114,8 @@ pub(crate) struct ServeArgs {
     /// process exits anyway, in milliseconds.
     #[arg(long, default_value_t = 10_000)]
     shutdown_grace_ms: u64,
+    #[command(flatten)]
+    listen_limits: Box<ListenArgs>,
 }
 
 /// `--log-format`.
@@ -308,6 +314,7 @@ async fn serve(
         .map_err(|e| CliError::bad_input(format!("--tier: {e}")))?;
     let mut options = ServiceOptions::new(authz)
         .with_max_sessions_per_identity(args.max_sessions_per_identity)
+        .with_conn_limits(args.listen_limits.limits())
         .with_tiers(tiers);
     if let Some(database) = &args.database {
         let force = force_releases(database)

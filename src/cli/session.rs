@@ -35,7 +35,8 @@ enum SessionCommand {
         tier_of: Option<String>,
     },
     /// Renew a session once (every hold of it); prints {"ttl_ms"}. Exits 76 if the
-    /// session is gone.
+    /// session is gone, 1 without an answer within --timeout-ms (renewed or not: try
+    /// again within the TTL).
     Keepalive {
         /// The session id (16 hex digits).
         session: String,

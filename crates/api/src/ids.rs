@@ -145,3 +145,66 @@ mod tests {
         }
     }
 }
+
+/// Names one acquire, so that a retry of it (sent again after a reset connection or a
+/// lost answer) is told from another acquire of the same session: a retry with the same
+/// id gets the same hold, or the same place in the lock's queue; another id, on a lock
+/// the session holds or waits for, is refused (409 `already-held` or
+/// `acquire-in-flight`). Chosen by the client, at random, once per acquire; from 1 to
+/// 2^53 − 1, so that every JSON reader holds it exactly. Stored in the hold's and the
+/// waiter's value (`attempt`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(transparent)]
+pub struct AttemptId(u64);
+
+impl AttemptId {
+    /// The largest id: 2^53 − 1.
+    pub const MAX: u64 = (1 << 53) - 1;
+
+    /// Checks that `id` is from 1 to [`AttemptId::MAX`].
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidInput::BadAttempt`] otherwise.
+    pub fn new(id: u64) -> Result<AttemptId, InvalidInput> {
+        if id == 0 || id > Self::MAX {
+            return Err(InvalidInput::BadAttempt(id));
+        }
+        Ok(AttemptId(id))
+    }
+
+    /// A fresh random id (from the operating system's random source, mixed with a
+    /// counter so that two ids of one process never repeat).
+    pub fn random() -> AttemptId {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let mut seed = [0u8; 8];
+        // An OS without a random source still gets ids unique within the process.
+        let _ = getrandom::fill(&mut seed);
+        let mut z = u64::from_le_bytes(seed)
+            ^ COUNTER
+                .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
+                .wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        AttemptId((z & Self::MAX).max(1))
+    }
+
+    /// The id.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for AttemptId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        AttemptId::new(u64::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}
+
+impl fmt::Display for AttemptId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}

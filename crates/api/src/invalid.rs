@@ -130,6 +130,9 @@ pub enum InvalidInput {
     /// This session already holds, or is waiting for, this lock.
     #[error("this session already holds or waits for this lock")]
     AlreadyAcquiring,
+    /// An acquire `attempt` id outside 1 to 2^53 − 1 ([`AttemptId`](crate::AttemptId)).
+    #[error("attempt {0} is not from 1 to 9007199254740991 (2^53 - 1)")]
+    BadAttempt(u64),
     /// Holder meta over [`MAX_HOLDER_META_LEN`](crate::MAX_HOLDER_META_LEN) bytes of
     /// compact JSON.
     #[error(

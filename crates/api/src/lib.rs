@@ -33,7 +33,7 @@ pub mod wire;
 pub use config::{millis, Enforcement, LockClass, Mode, Namespace, QuorumPolicy};
 pub use epoch::{EpochReason, EpochRecord};
 pub use holder_meta::{HolderMeta, MAX_HOLDER_META_LEN};
-pub use ids::{LeaseId, SpiffeId};
+pub use ids::{AttemptId, LeaseId, SpiffeId};
 pub use invalid::InvalidInput;
 pub use names::{is_name, validate_key, validate_name, MAX_KEY_LEN, MAX_NAME_LEN, NAME_PATTERN};
 pub use palisade_fence::{Epoch, FencingToken, Revision};

@@ -43,8 +43,9 @@ pub fn validate_name(name: &str) -> Result<(), InvalidInput> {
 /// embeddings, overrides and isolates U+202A–U+202E and U+2066–U+2069, and the marks
 /// U+200E, U+200F and U+061C). In a key they make it display as another key (in logs,
 /// `palisade lock` output, the audit dashboard), so two holders could not tell their keys
-/// apart by reading them (CVE-2021-42574, "Trojan Source").
-fn is_bidi_control(c: char) -> bool {
+/// apart by reading them (CVE-2021-42574, "Trojan Source"). Free text refuses them for
+/// the same reason ([`crate::validate_text`]): this is the one list of them.
+pub(crate) fn is_bidi_control(c: char) -> bool {
     matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{200E}' | '\u{200F}' | '\u{061C}')
 }
 

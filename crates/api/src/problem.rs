@@ -18,7 +18,7 @@ pub enum ProblemKind {
     /// 401: no caller identity, or a dev identity header without dev mode.
     Unauthenticated,
     /// 403: the caller may not do this (authorization config, or another identity's
-    /// session).
+    /// session); from the audit dashboard, a request for a host it does not answer to.
     Forbidden,
     /// 404: unknown namespace, class, route or session.
     NotFound,
@@ -26,6 +26,15 @@ pub enum ProblemKind {
     NotHeld,
     /// 409: the wait deadline passed while others held the lock.
     DeadlineExceeded,
+    /// 409: the session already holds the lock, granted to another acquire (another
+    /// `attempt`); the detail names that hold's `grant_rev`. Nothing was written. An
+    /// acquire that names that hold in `replaces` (its holder let it go, and its
+    /// release's outcome is unknown) ends it and takes its place.
+    AlreadyHeld,
+    /// 409: another acquire of the session (another `attempt`) is waiting for the lock;
+    /// the detail names its attempt. Nothing was written. A retry of that acquire (the
+    /// same `attempt`) takes over its place in the queue.
+    AcquireInFlight,
     /// 410: the session's lease is gone.
     SessionLost,
     /// 409: the force release request was already approved.
@@ -47,7 +56,7 @@ pub enum ProblemKind {
     QuorumLost,
     /// 502: etcd or the force release database answered with an unexpected error.
     Upstream,
-    /// 500: a record in etcd or the durable epoch record could not be read.
+    /// 500: a record in etcd could not be decoded, or another fault of the service.
     Internal,
     /// 409: the namespace lives on another etcd cluster tier than the session's; the
     /// detail names the tier to open a session on.
@@ -59,17 +68,24 @@ pub enum ProblemKind {
     /// its waiter key withdrawn, instead of holding the shutdown for up to its
     /// `wait_ms`; answers carry `Retry-After` (seconds). Another replica can serve it.
     ShuttingDown,
+    /// 503: the durable epoch record outside etcd (the epoch store, e.g. its Postgres
+    /// table) could not be read or written, so no token can be handed out: an outage of
+    /// the operator's store, not a fault of the request or the service; answers carry
+    /// `Retry-After` (seconds).
+    EpochStoreUnavailable,
 }
 
 impl ProblemKind {
     /// Every kind, in declaration order.
-    pub const ALL: [ProblemKind; 19] = [
+    pub const ALL: [ProblemKind; 22] = [
         ProblemKind::InvalidInput,
         ProblemKind::Unauthenticated,
         ProblemKind::Forbidden,
         ProblemKind::NotFound,
         ProblemKind::NotHeld,
         ProblemKind::DeadlineExceeded,
+        ProblemKind::AlreadyHeld,
+        ProblemKind::AcquireInFlight,
         ProblemKind::SessionLost,
         ProblemKind::AlreadyApproved,
         ProblemKind::HoldForced,
@@ -83,6 +99,7 @@ impl ProblemKind {
         ProblemKind::WrongTier,
         ProblemKind::NamespaceMoving,
         ProblemKind::ShuttingDown,
+        ProblemKind::EpochStoreUnavailable,
     ];
 
     /// The slug used in the `type` URI.
@@ -94,6 +111,8 @@ impl ProblemKind {
             ProblemKind::NotFound => "not-found",
             ProblemKind::NotHeld => "not-held",
             ProblemKind::DeadlineExceeded => "deadline-exceeded",
+            ProblemKind::AlreadyHeld => "already-held",
+            ProblemKind::AcquireInFlight => "acquire-in-flight",
             ProblemKind::SessionLost => "session-lost",
             ProblemKind::AlreadyApproved => "already-approved",
             ProblemKind::HoldForced => "hold-forced",
@@ -107,6 +126,7 @@ impl ProblemKind {
             ProblemKind::WrongTier => "wrong-tier",
             ProblemKind::NamespaceMoving => "namespace-moving",
             ProblemKind::ShuttingDown => "shutting-down",
+            ProblemKind::EpochStoreUnavailable => "epoch-store-unavailable",
         }
     }
 
@@ -135,6 +155,8 @@ impl ProblemKind {
             ProblemKind::NotFound => StatusCode::NOT_FOUND,
             ProblemKind::NotHeld
             | ProblemKind::DeadlineExceeded
+            | ProblemKind::AlreadyHeld
+            | ProblemKind::AcquireInFlight
             | ProblemKind::EpochExhausted
             | ProblemKind::AlreadyApproved
             | ProblemKind::HoldForced
@@ -145,7 +167,9 @@ impl ProblemKind {
             ProblemKind::EpochMismatch
             | ProblemKind::QuorumLost
             | ProblemKind::NamespaceMoving
-            | ProblemKind::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            | ProblemKind::ShuttingDown
+            | ProblemKind::EpochStoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+
             ProblemKind::Upstream => StatusCode::BAD_GATEWAY,
             ProblemKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -174,6 +198,14 @@ mod tests {
         assert_eq!(
             ProblemKind::QuorumLost.status(),
             StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(
+            ProblemKind::EpochStoreUnavailable.status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(
+            ProblemKind::EpochStoreUnavailable.type_uri(),
+            "urn:palisade:problem:epoch-store-unavailable"
         );
     }
 }

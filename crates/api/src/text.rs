@@ -11,7 +11,11 @@
 //!   and U+FEFF, which ECMAScript's `\s` counts as whitespace);
 //! - no control character (Unicode `Cc`: U+0000 to U+001F, U+007F to U+009F). PostgreSQL
 //!   cannot store U+0000 in `text`, and the others have no place in one-line labels,
-//!   logs or the dashboard's pages.
+//!   logs or the dashboard's pages;
+//! - no bidirectional formatting character (U+202A to U+202E, U+2066 to U+2069, U+200E,
+//!   U+200F, U+061C): the ones lock keys refuse ([`crate::validate_key`]), one list for
+//!   both. They make a reason or label display as other text in logs, `palisade` output
+//!   and the dashboard (CVE-2021-42574, "Trojan Source").
 //!
 //! The OpenAPI document states the same with [`TEXT_PATTERN`] and a `maxLength` (which
 //! counts characters, so it bounds the bytes only loosely).
@@ -20,11 +24,12 @@ use std::fmt;
 
 use crate::InvalidInput;
 
-/// The pattern of a text field, as the OpenAPI document states it: no control character,
-/// and at least one character that is neither whitespace nor a control character. The
+/// The pattern of a text field, as the OpenAPI document states it: no control character
+/// and no bidirectional formatting character, and at least one character that is none of
+/// these nor whitespace. The
 /// whitespace is spelled out (no `\s`, whose meaning differs between regex engines), so
 /// ECMA-262, Python and Rust regexes read it alike.
-pub const TEXT_PATTERN: &str = r"^[^\u0000-\u001f\u007f-\u009f]*[^\u0000-\u0020\u007f-\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff][^\u0000-\u001f\u007f-\u009f]*$";
+pub const TEXT_PATTERN: &str = r"^[^\u0000-\u001f\u007f-\u009f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]*[^\u0000-\u0020\u007f-\u00a0\u061c\u1680\u2000-\u200a\u200e\u200f\u2028\u2029\u202a-\u202f\u205f\u2066-\u2069\u3000\ufeff][^\u0000-\u001f\u007f-\u009f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]*$";
 
 /// Longest force release reason, in bytes.
 pub const MAX_REASON_LEN: usize = 1024;
@@ -57,6 +62,13 @@ pub enum TextFault {
         /// Its byte offset in the field.
         at: usize,
     },
+    /// A bidirectional formatting character, which lock keys refuse too.
+    BidiControl {
+        /// The character.
+        ch: char,
+        /// Its byte offset in the field.
+        at: usize,
+    },
 }
 
 impl fmt::Display for TextFault {
@@ -68,6 +80,11 @@ impl fmt::Display for TextFault {
             TextFault::ControlCharacter { ch, at } => write!(
                 f,
                 "has the control character U+{:04X} at byte {at} (no control characters, NUL included)",
+                u32::from(*ch)
+            ),
+            TextFault::BidiControl { ch, at } => write!(
+                f,
+                "has the bidirectional formatting character U+{:04X} at byte {at} (such characters make text display as other text)",
                 u32::from(*ch)
             ),
         }
@@ -85,10 +102,16 @@ fn blank_char(c: char) -> bool {
 /// # Errors
 ///
 /// [`InvalidInput::BadText`] naming `field` and the [`TextFault`]: the first control
-/// character if there is one, else empty, blank or too long.
+/// character if there is one, else the first bidirectional formatting character, else
+/// empty, blank or too long.
 pub fn validate_text(field: &'static str, value: &str, max_len: usize) -> Result<(), InvalidInput> {
     let fault = if let Some((at, ch)) = value.char_indices().find(|(_, c)| c.is_control()) {
         Some(TextFault::ControlCharacter { ch, at })
+    } else if let Some((at, ch)) = value
+        .char_indices()
+        .find(|&(_, c)| crate::names::is_bidi_control(c))
+    {
+        Some(TextFault::BidiControl { ch, at })
     } else if value.is_empty() {
         Some(TextFault::Empty)
     } else if value.len() > max_len {
@@ -193,6 +216,52 @@ mod tests {
         assert_eq!(
             fault(&format!("{}\0", "x".repeat(70)), 64),
             Some(TextFault::ControlCharacter { ch: '\0', at: 70 })
+        );
+    }
+
+    /// Every character a lock key refuses as a control or bidirectional formatting
+    /// character, text refuses too, with the same offset.
+    #[test]
+    fn text_refuses_the_characters_keys_refuse() {
+        let mut refused = 0;
+        for c in (0..=0x10ffff_u32).filter_map(char::from_u32) {
+            let value = format!("reason {c}");
+            let (key, text) = (
+                crate::validate_key(&value),
+                validate_text("reason", &value, MAX_REASON_LEN),
+            );
+            match key {
+                Err(InvalidInput::BidiControl { ch, at }) => {
+                    refused += 1;
+                    assert_eq!(
+                        text,
+                        Err(InvalidInput::BadText {
+                            field: "reason",
+                            fault: TextFault::BidiControl { ch, at }
+                        }),
+                        "{value:?}"
+                    );
+                }
+                Err(InvalidInput::ControlCharacter) => {
+                    refused += 1;
+                    assert_eq!(
+                        text,
+                        Err(InvalidInput::BadText {
+                            field: "reason",
+                            fault: TextFault::ControlCharacter { ch: c, at: 7 }
+                        }),
+                        "{value:?}"
+                    );
+                }
+                _ => assert_eq!(text, Ok(()), "{value:?}"),
+            }
+        }
+        // 65 controls, U+202A-U+202E, U+2066-U+2069, U+200E, U+200F, U+061C.
+        assert_eq!(refused, 65 + 5 + 4 + 3);
+        let e = validate_text("reason", "ok\u{202e}kcab", MAX_REASON_LEN).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "reason has the bidirectional formatting character U+202E at byte 2 (such characters make text display as other text)"
         );
     }
 

@@ -135,6 +135,20 @@ pub enum LossReason {
     NotHeld,
 }
 
+/// Which race on one session a worker ran (see [`Event::SessionRace`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RaceKind {
+    /// The acquire's connection was reset while the service still worked on it (the
+    /// worker's proxy reset the client's side only), and the worker sent it again on the
+    /// same session: two attempts of one acquire in the service at once.
+    ResetRetry,
+    /// Two tasks of the worker acquired one lock on one session at once (each recorded
+    /// its own `acquire_invoked`, and its grant or failure); the second task releases
+    /// what it is granted at once.
+    SharedSession,
+}
+
 /// What an approval of a force release answered.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
@@ -202,6 +216,15 @@ pub enum Event {
         /// The tier whose etcd granted it (the session's); absent for the home tier.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         tier: Option<String>,
+    },
+    /// A worker ran a race on its session ([`RaceKind`]): recorded when a reset acquire
+    /// is sent again, or before the two racing `acquire_invoked`. Only with the run's
+    /// session races on (`PALISADE_CHAOS_RACES=on`).
+    SessionRace {
+        /// The lock.
+        lock: LockName,
+        /// Which race.
+        race: RaceKind,
     },
     /// An acquire failed or timed out.
     AcquireFailed {

@@ -21,7 +21,9 @@
 //! worker's proxy lose its releases' requests and answers, and moves the workers'
 //! namespace to the other tier and back (rehome); on hosts it also partitions
 //! the network, drops packets one way or at random, adds netem latency (where the kernel
-//! has it) and jumps wall clocks. SIGINT and SIGTERM stop a run and remove everything it
+//! has it) and jumps wall clocks. With [`RACES_ENV`] on, the workers also race acquires
+//! of one session: one sent again after its connection was reset while the service
+//! still worked on it, and two tasks acquiring one lock at once. SIGINT and SIGTERM stop a run and remove everything it
 //! started ([`Interrupt`]). Every step of
 //! the workers and every fault goes into the history ([`history`]), with each tier's etcd
 //! revision read every 250 ms; after the run, the holds in both clusters' etcd history
@@ -56,7 +58,7 @@ mod summary;
 
 pub use error::ChaosError;
 pub use interrupt::Interrupt;
-pub use options::RunOptions;
+pub use options::{races_from_env, RunOptions, RACES_ENV};
 pub use runner::run;
 pub use summary::{Summary, WriteCounts};
 pub use worker::{run_worker, WorkerConfig};

@@ -109,7 +109,15 @@ impl Holding {
                 let highest = s.highest.entry(lock.clone()).or_default();
                 *highest = (*highest).max(*token);
             }
-            Event::Released { .. } | Event::Lost { .. } | Event::ReleaseUnknown { .. } => {
+            // By token: a worker's second task racing on its session ends its own hold,
+            // not the one the worker goes on with.
+            Event::Released { token, .. }
+            | Event::Lost { token, .. }
+            | Event::ReleaseUnknown { token, .. }
+                if s.holders
+                    .get(&entry.worker)
+                    .is_some_and(|(_, t)| t == token) =>
+            {
                 s.holders.remove(&entry.worker);
             }
             _ => {}
@@ -210,6 +218,7 @@ pub async fn run(options: RunOptions) -> Result<Summary, ChaosError> {
             "--workers and --keys must be at least 1",
         ));
     }
+    let races = crate::options::races_from_env()?;
     let mut interrupts = Interrupts::listen()?;
     // Hosts first: without the privilege, the run fails before it makes anything.
     let layout = Arc::new(if options.loopback {
@@ -241,7 +250,7 @@ pub async fn run(options: RunOptions) -> Result<Summary, ChaosError> {
         let (options, path, layout) = (options.clone(), dir.path().to_owned(), layout.clone());
         let runner = layout.runner();
         interrupt::on_own_thread(&mut interrupts, runner, move || async move {
-            drive(&options, path, clock, tx, holding, layout).await
+            drive(&options, races, path, clock, tx, holding, layout).await
         })
         .await
     };
@@ -291,6 +300,7 @@ fn keep_logs(dir: tempfile::TempDir) {
 
 async fn drive(
     options: &RunOptions,
+    races: bool,
     dir: PathBuf,
     clock: RunClock,
     entries: mpsc::UnboundedSender<Entry>,
@@ -418,6 +428,7 @@ async fn drive(
             database: database.clone(),
             keys: options.keys,
             ttl_ms: TTL.as_millis() as u64,
+            races,
         })
         .collect();
     let places: Vec<_> = (0..options.workers as usize)
@@ -526,6 +537,15 @@ async fn drive(
         tailer_caught_up: caught_up,
         workers_failed,
         kinds,
-        notes: layout.notes(),
+        notes: {
+            let mut notes = layout.notes();
+            if races {
+                notes.push(format!(
+                    "session races on ({}=on): acquires sent again after a reset, two tasks on one session",
+                    crate::options::RACES_ENV
+                ));
+            }
+            notes
+        },
     })
 }

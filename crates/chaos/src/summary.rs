@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::history::{
-    Entry, Event, FaultKind, ForceOutcome, HoldEnd, LossReason, Phase, RehomeOutcome, Target,
-    WriteOutcome,
+    Entry, Event, FaultKind, ForceOutcome, HoldEnd, LossReason, Phase, RaceKind, RehomeOutcome,
+    Target, WriteOutcome,
 };
 use crate::options::RunOptions;
 
@@ -63,6 +63,11 @@ pub struct Summary {
     pub release_unknowns: u64,
     /// Holds whose loss a worker was told of.
     pub losses: u64,
+    /// Acquires sent again on their session after their connection was reset (session
+    /// races on, see [`RACES_ENV`](crate::RACES_ENV)).
+    pub races_reset_retry: u64,
+    /// Acquires of one lock by two tasks sharing a session (session races on).
+    pub races_shared_session: u64,
     /// Of them, told as force-released.
     pub losses_forced: u64,
     /// Force release requests made.
@@ -137,6 +142,8 @@ impl Summary {
             releases: 0,
             release_unknowns: 0,
             losses: 0,
+            races_reset_retry: 0,
+            races_shared_session: 0,
             losses_forced: 0,
             force_requests: 0,
             force_targets_gone: 0,
@@ -171,6 +178,10 @@ impl Summary {
                 Event::AcquireFailed { .. } => s.acquire_failures += 1,
                 Event::Released { .. } => s.releases += 1,
                 Event::ReleaseUnknown { .. } => s.release_unknowns += 1,
+                Event::SessionRace { race, .. } => match race {
+                    RaceKind::ResetRetry => s.races_reset_retry += 1,
+                    RaceKind::SharedSession => s.races_shared_session += 1,
+                },
                 Event::Lost { reason, .. } => {
                     s.losses += 1;
                     if matches!(reason, Some(LossReason::Forced { .. })) {
@@ -278,6 +289,14 @@ impl fmt::Display for Summary {
             ("  holds forced (etcd's history)", self.forced_holds),
         ] {
             writeln!(f, "{name:<34} {n:>10}")?;
+        }
+        for (name, n) in [
+            ("acquires sent again after a reset", self.races_reset_retry),
+            ("acquires racing on one session", self.races_shared_session),
+        ] {
+            if n > 0 {
+                writeln!(f, "{name:<34} {n:>10}")?;
+            }
         }
         writeln!(
             f,

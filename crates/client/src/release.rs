@@ -70,7 +70,16 @@ pub(crate) fn in_background(session: ClientSession, body: ReleaseBody) {
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         return;
     };
+    // Until it is answered, the session's next acquire of the lock names the hold in
+    // `replaces` (see `ClientSession::acquire_with_meta`).
+    let lock = (body.namespace.clone(), body.class.clone(), body.key.clone());
+    session.letting_go().insert(lock.clone(), body.grant_rev);
     rt.spawn(async move {
+        let _answered = Answered {
+            session: &session,
+            lock,
+            grant_rev: body.grant_rev,
+        };
         while !session.is_lost() {
             let deadline = Instant::now() + RELEASE_BUDGET;
             match send(session.http(), &body, deadline).await {
@@ -81,4 +90,21 @@ pub(crate) fn in_background(session: ClientSession, body: ReleaseBody) {
             }
         }
     });
+}
+
+/// Forgets, when the background release ends (answered, or its session gone), that the
+/// session's hold of `lock` at `grant_rev` is being let go of.
+struct Answered<'a> {
+    session: &'a ClientSession,
+    lock: crate::session::LockRef,
+    grant_rev: palisade_api::Revision,
+}
+
+impl Drop for Answered<'_> {
+    fn drop(&mut self) {
+        let mut letting_go = self.session.letting_go();
+        if letting_go.get(&self.lock) == Some(&self.grant_rev) {
+            letting_go.remove(&self.lock);
+        }
+    }
 }

@@ -1,6 +1,6 @@
 //! [`Client`] and [`ClientSession`] (one keepalive task).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,13 +13,11 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::error::ClientError;
-#[cfg(doc)]
-use crate::error::ClientErrorKind;
+use crate::error::{ClientError, ClientErrorKind};
 use crate::hold::RemoteHold;
 use crate::http::Http;
 use crate::tls::ClientTls;
-use palisade_api::Mode;
+use palisade_api::{AttemptId, Mode};
 
 /// A handle on one lock service (any replica). Cheap to clone.
 #[derive(Clone)]
@@ -276,6 +274,7 @@ impl Client {
             forced,
             renewed,
             keepalive: Mutex::new(None),
+            letting_go: Mutex::new(HashMap::new()),
         });
         let task = tokio::spawn(keepalive(Arc::downgrade(&shared), sent_at + ttl));
         *shared.keepalive.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
@@ -294,7 +293,14 @@ struct Shared {
     /// When the last acknowledged renewal was sent (the open, before the first).
     renewed: watch::Sender<Instant>,
     keepalive: Mutex<Option<JoinHandle<()>>>,
+    /// Holds of this session let go of whose release's outcome is still open (it goes
+    /// on in the background), by lock: the next acquire of that lock names the hold in
+    /// `replaces`, so the service ends it rather than refuse the acquire.
+    letting_go: Mutex<HashMap<LockRef, Revision>>,
 }
+
+/// A lock as `(namespace, class, key)`.
+pub(crate) type LockRef = (String, String, String);
 
 impl Drop for Shared {
     fn drop(&mut self) {
@@ -421,6 +427,14 @@ impl ClientSession {
         }
     }
 
+    /// The holds let go of whose release's outcome is open (see `Shared::letting_go`).
+    pub(crate) fn letting_go(&self) -> std::sync::MutexGuard<'_, HashMap<LockRef, Revision>> {
+        self.shared
+            .letting_go
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
     pub(crate) fn http(&self) -> &Http {
         &self.shared.http
     }
@@ -474,6 +488,8 @@ impl ClientSession {
         wait: Duration,
         holder_meta: Option<&palisade_api::HolderMeta>,
     ) -> Result<RemoteHold, ClientError> {
+        let lock: LockRef = (ns.to_owned(), class.to_owned(), key.to_owned());
+        let replaces = self.letting_go().get(&lock).copied();
         let body = AcquireBody {
             session: self.shared.id.clone(),
             namespace: ns.to_owned(),
@@ -482,8 +498,14 @@ impl ClientSession {
             mode,
             wait_ms: millis(wait),
             holder_meta: holder_meta.map(|m| m.as_map().clone()),
+            attempt: Some(AttemptId::random()),
+            replaces,
         };
         let g = acquire(&self.shared.http, body).await?;
+        if replaces.is_some() {
+            // Granted: the hold it named is gone.
+            self.letting_go().remove(&lock);
+        }
         Ok(RemoteHold {
             session: self.clone(),
             ns: ns.to_owned(),
@@ -513,14 +535,42 @@ impl ClientSession {
 
 /// Sends the acquire in `body`, again while the service is unavailable and its wait
 /// leaves time (each time with the time left as its `wait_ms`).
+/// How long after the wait's end an acquire whose answer was lost is still sent again:
+/// enough for a few tries that find the hold granted, or withdraw the waiter.
+const LOST_ANSWER_GRACE: Duration = Duration::from_secs(5);
+
+/// Sends an acquire, as one attempt (`body.attempt`, picked here if unset), until it
+/// gets a definite answer. A 503 that passes is sent again as
+/// [`retry_within`](crate::unavailable::retry_within) says. A transport failure (a
+/// reset connection, no answer) leaves the outcome open: the acquire may be waiting or
+/// granted on the service. It is sent again as the same attempt, after a pause (50 ms
+/// doubling up to 1 s), with the time left of the wait (0 once it is over: try once),
+/// until [`LOST_ANSWER_GRACE`] after the wait's end: the retry gets the hold the
+/// attempt was granted, or takes over its place in the queue (the service's rule for a
+/// retried attempt), never a second hold.
 async fn acquire(http: &Http, mut body: AcquireBody) -> Result<HoldView, ClientError> {
+    body.attempt.get_or_insert_with(AttemptId::random);
     let deadline = Instant::now() + Duration::from_millis(body.wait_ms);
-    crate::unavailable::retry_within(deadline, |left| {
-        body.wait_ms = millis(left);
-        let body = json(&body);
-        async move { http.send("POST", routes::ACQUIRE, Some(body)).await }
-    })
-    .await
+    let give_up = deadline + LOST_ANSWER_GRACE;
+    let mut pause = Duration::from_millis(50);
+    loop {
+        let result = crate::unavailable::retry_within(deadline, |left| {
+            body.wait_ms = millis(left);
+            let body = json(&body);
+            async move { http.send("POST", routes::ACQUIRE, Some(body)).await }
+        })
+        .await;
+        match result {
+            Err(e)
+                if e.kind() == &ClientErrorKind::Transport && Instant::now() + pause < give_up =>
+            {
+                tracing::debug!(error = %e, attempt = ?body.attempt, "acquire's answer lost; sending the attempt again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            other => return other,
+        }
+    }
 }
 
 /// A duration in whole milliseconds, as the wire's `*_ms` fields (saturating).

@@ -1,7 +1,8 @@
 //! The retry of a request the service could not carry out for now: a 503 `quorum-lost`
 //! (etcd could not commit in time), a 503 `namespace-moving` (a rehome of the namespace
 //! to another tier is under way), a 503 `shutting-down` (the replica is stopping; behind
-//! a load balancer the retry reaches another) or a 503 `unavailable`. One policy, used by
+//! a load balancer the retry reaches another), a 503 `epoch-store-unavailable` (the
+//! durable epoch store cannot be written for now) or a 503 `unavailable`. One policy, used by
 //! [`ClientSession::acquire`](crate::ClientSession::acquire) and
 //! [`Client::acquire`](crate::Client::acquire) (and so by the CLI): sent again after a
 //! pause of 50 ms, doubling up to 1 s, each pause shortened by up to half at random (so
@@ -31,6 +32,7 @@ pub(crate) fn is_unavailable(e: &ClientError) -> bool {
                     ProblemKind::QuorumLost
                         | ProblemKind::NamespaceMoving
                         | ProblemKind::ShuttingDown
+                        | ProblemKind::EpochStoreUnavailable
                 )
             }
             ClientErrorKind::Other(slug) => slug == "unavailable",
@@ -104,6 +106,10 @@ mod tests {
         assert!(is_unavailable(&problem(ProblemKind::QuorumLost, 503)));
         assert!(is_unavailable(&problem(ProblemKind::NamespaceMoving, 503)));
         assert!(is_unavailable(&problem(ProblemKind::ShuttingDown, 503)));
+        assert!(is_unavailable(&problem(
+            ProblemKind::EpochStoreUnavailable,
+            503
+        )));
         assert!(!is_unavailable(&problem(ProblemKind::WrongTier, 409)));
         assert!(!is_unavailable(&problem(ProblemKind::EpochMismatch, 503)));
         assert!(!is_unavailable(&problem(

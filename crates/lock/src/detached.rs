@@ -156,6 +156,39 @@ impl Locker {
         }
     }
 
+    /// How many sessions `spiffe_id` has open on this etcd cluster that count against a
+    /// per-identity limit (those opened by
+    /// [`open_detached_session_limited`](Locker::open_detached_session_limited) with a
+    /// limit): its keys under `owners/<id>/`, counted at one revision. A service of
+    /// several tiers adds the other tiers' counts to hold one limit across them.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::QuorumLost`] if etcd does not answer in time.
+    pub async fn open_sessions_of(&self, spiffe_id: &SpiffeId) -> Result<u32> {
+        let inner = &self.inner;
+        let prefix = inner.keys.owner_sessions(spiffe_id.as_str());
+        let end = palisade_api::keys::prefix_end(&prefix);
+        let resp = retry::call(
+            "session.owner_count",
+            self.op_deadline(),
+            inner.request_timeout,
+            || {
+                let (mut c, prefix, end) = (inner.client.clone(), prefix.clone(), end.clone());
+                async move {
+                    c.get(
+                        prefix,
+                        Some(GetOptions::new().with_range(end).with_count_only()),
+                    )
+                    .await
+                }
+            },
+        )
+        .await
+        .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
+        Ok(u32::try_from(resp.count()).unwrap_or(u32::MAX))
+    }
+
     /// Puts the session's record (and, with a limit, its key under `owners/`) on its
     /// lease; the revision of the put.
     async fn record_session(

@@ -4,6 +4,7 @@
 use std::fmt;
 
 pub(crate) use palisade_api::InvalidInput;
+use palisade_api::Mode;
 use palisade_fence::{Epoch, Revision};
 
 /// Shorthand for `Result<T, palisade_lock::Error>`.
@@ -35,6 +36,27 @@ pub enum ErrorKind {
     DeadlineExceeded,
     /// The session's lease is gone (expired, revoked, or the session was closed).
     SessionLost,
+    /// The session already holds the lock under another acquire (another attempt id),
+    /// and this acquire did not name that hold in `replaces`. Nothing of this acquire
+    /// stays in etcd.
+    AlreadyHeld {
+        /// The hold's mode.
+        mode: Mode,
+        /// The hold's grant revision.
+        grant_rev: Revision,
+        /// The attempt that was granted it (0 for a hold written before attempts were
+        /// named by clients).
+        attempt: u64,
+    },
+    /// Another acquire of the session (another attempt id) waits for the lock, or a
+    /// retry of this acquire (the same attempt id) took over its place in the queue.
+    /// Nothing of this acquire stays in etcd (a retry that took over keeps its own).
+    AcquireInFlight {
+        /// The attempt that waits.
+        attempt: u64,
+        /// Whether this acquire was taken over by a retry of its own attempt.
+        taken_over: bool,
+    },
     /// etcd answered with an error that is none of the above.
     Etcd,
     /// The durable epoch record outside etcd could not be read or written.
@@ -219,6 +241,20 @@ impl Error {
         self.kind == ErrorKind::SessionLost
     }
 
+    /// The namespace's `held_lease_quota` is reached.
+    pub fn is_quota_exceeded(&self) -> bool {
+        matches!(self.kind, ErrorKind::QuotaExceeded { .. })
+    }
+
+    /// The session holds the lock, or waits for it, under another acquire
+    /// ([`ErrorKind::AlreadyHeld`], [`ErrorKind::AcquireInFlight`]).
+    pub fn is_other_attempt(&self) -> bool {
+        matches!(
+            self.kind,
+            ErrorKind::AlreadyHeld { .. } | ErrorKind::AcquireInFlight { .. }
+        )
+    }
+
     /// The epoch is at its maximum and cannot be advanced.
     pub fn is_epoch_exhausted(&self) -> bool {
         self.kind == ErrorKind::EpochExhausted
@@ -259,6 +295,32 @@ impl fmt::Display for Error {
                 f.write_str("deadline exceeded while waiting for the lock")
             }
             ErrorKind::SessionLost => f.write_str("the session's lease is gone"),
+            ErrorKind::AlreadyHeld {
+                mode,
+                grant_rev,
+                attempt,
+            } => write!(
+                f,
+                "this session already holds the lock ({} mode, grant_rev {grant_rev}, attempt {attempt}); release it, or name it in replaces if its release's outcome is unknown",
+                match mode {
+                    Mode::Exclusive => "exclusive",
+                    Mode::Shared => "shared",
+                }
+            ),
+            ErrorKind::AcquireInFlight {
+                attempt,
+                taken_over: false,
+            } => write!(
+                f,
+                "another acquire of this session (attempt {attempt}) is waiting for the lock; a retry of that attempt takes over its place"
+            ),
+            ErrorKind::AcquireInFlight {
+                attempt,
+                taken_over: true,
+            } => write!(
+                f,
+                "a retry of this acquire (attempt {attempt}) took over its place in the queue"
+            ),
             ErrorKind::Etcd => f.write_str("etcd request failed"),
             ErrorKind::EpochStore => {
                 f.write_str("durable epoch record could not be read or written")

@@ -15,6 +15,9 @@
 //!
 //! - the waiter key still has the create revision read then (the waiter has not given
 //!   up, its lease lives; a waiter created since is younger, so it is still the oldest),
+//!   and its mod revision too (no retry of the waiter's acquire took the key over with
+//!   a value of its own: the hold is written with the value read, which the retry's
+//!   hand-over check would not know as its own),
 //! - and the epoch key still has the mod revision of the holder's epoch.
 //!
 //! Nothing else needs comparing: while the exclusive hold exists no other hold can be
@@ -81,6 +84,9 @@ impl Successors {
 pub(crate) struct Successor {
     waiter_key: Vec<u8>,
     create_rev: i64,
+    /// The waiter key's mod revision when read: a retry of the waiter's acquire that took
+    /// the key over since (a put with its own value) makes the hand-over a plain release.
+    mod_rev: i64,
     lease: LeaseId,
     /// The waiter key's value: the waiter's stored meta, which becomes its hold's.
     meta: Vec<u8>,
@@ -126,6 +132,7 @@ impl Successor {
         Some(Successor {
             waiter_key: kv.key().to_vec(),
             create_rev: kv.create_revision(),
+            mod_rev: kv.mod_revision(),
             lease,
             meta: kv.value().to_vec(),
             grant_record: value.grant_record,
@@ -159,6 +166,9 @@ impl Successor {
                     CompareOp::Equal,
                     self.create_rev,
                 ),
+                // The value read is still the waiter's: a retry of its acquire that took
+                // the key over waits for no hold written with the value it replaced.
+                Compare::mod_revision(self.waiter_key.clone(), CompareOp::Equal, self.mod_rev),
                 Compare::mod_revision(epoch_key, CompareOp::Equal, self.epoch_mod_rev),
             ])
             .and_then(ops)

@@ -42,6 +42,8 @@ pub struct Hold {
     /// the service's holds are): what was kept with that hold, such as its quota slot,
     /// is the caller's to free.
     pub(crate) replaced_earlier: bool,
+    /// The acquire's attempt id (in the hold key's value).
+    pub(crate) attempt: u64,
     pub(crate) done: bool,
 }
 
@@ -130,8 +132,11 @@ impl Hold {
                     self.session.clone(),
                     self.successor.take(),
                 );
+                let attempt = self.attempt;
+                session.set_abandoned(keys.base(), attempt, true);
                 tokio::spawn(async move {
-                    release_until_done(&locker, &keys, mode, &session, rev, to).await
+                    release_until_done(&locker, &keys, mode, &session, rev, to).await;
+                    session.set_abandoned(keys.base(), attempt, false);
                 });
             }
         }
@@ -170,7 +175,6 @@ impl Drop for Hold {
         // ran: the release compares this grant's create revision and lease, so it never
         // deletes a later hold of the session, and a later acquire that finds this hold
         // still there finishes its release itself.
-        self.session.unmark_busy(self.keys.base());
         let (locker, keys, mode, session, to) = (
             self.locker.clone(),
             self.keys.clone(),
@@ -178,9 +182,15 @@ impl Drop for Hold {
             self.session.clone(),
             self.successor.take(),
         );
+        let attempt = self.attempt;
+        // Before the lock is free to acquire again: that acquire must know this hold
+        // for one being let go of.
+        session.set_abandoned(keys.base(), attempt, true);
+        self.session.unmark_busy(self.keys.base());
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
                 release_until_done(&locker, &keys, mode, &session, rev, to).await;
+                session.set_abandoned(keys.base(), attempt, false);
             });
         }
     }

@@ -2,7 +2,7 @@
 //! Every module of the lock core that needs the etcd client, the key space or the
 //! epoch takes it from here, so none of them depends on [`crate::locker`].
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,17 +48,36 @@ pub(crate) struct LockerInner {
 pub(crate) struct Cleanups {
     running: AtomicUsize,
     done: Notify,
+    /// Set once the process settles: cleanups waiting out a retry grace go at once.
+    settling: AtomicBool,
+    settle: Notify,
 }
 
 impl Cleanups {
+    /// Waits `grace`, or less once the process settles ([`Cleanups::settled`]).
+    pub(crate) async fn grace(&self, grace: Duration) {
+        let settle = self.settle.notified();
+        tokio::pin!(settle);
+        settle.as_mut().enable();
+        if self.settling.load(Ordering::SeqCst) {
+            return;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(grace) => {}
+            () = settle => {}
+        }
+    }
+
     /// Counts one cleanup until the returned guard is dropped.
     pub(crate) fn start(self: &Arc<Self>) -> CleanupRunning {
         self.running.fetch_add(1, Ordering::SeqCst);
         CleanupRunning(Arc::clone(self))
     }
 
-    /// Completes when no cleanup is running.
+    /// Completes when no cleanup is running; ends every retry grace first.
     pub(crate) async fn settled(&self) {
+        self.settling.store(true, Ordering::SeqCst);
+        self.settle.notify_waiters();
         loop {
             let done = self.done.notified();
             tokio::pin!(done);

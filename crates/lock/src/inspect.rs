@@ -9,6 +9,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::locker::Locker;
 use crate::name::LockName;
 use crate::retry;
+use crate::stray::ForeignKey;
 use palisade_api::keys::HoldValue;
 use palisade_api::validate_key;
 use palisade_api::{validate_name, LeaseId, Mode};
@@ -55,12 +56,14 @@ pub struct LockState {
     /// Waiters in queue order (create revision).
     pub waiters: Vec<Waiter>,
     /// Keys inside the lock's bounded `q/`, `h/`, `g/` lease-key ranges that are not
-    /// holds, waiters or grant records written by this crate (a key of another shape, or
-    /// a hold or waiter whose value does not parse). Acquires treat them like the keys
-    /// they resemble, so one can block the lock until it is deleted by hand: this is how
-    /// an operator sees why. Stray keys outside those ranges are ignored everywhere and
-    /// not listed.
-    pub foreign_keys: Vec<String>,
+    /// holds, waiters or grant records of a live session, with the lease etcd keeps each
+    /// on: a key of another shape, a hold or waiter whose value does not parse, or one
+    /// not on the lease its name gives (no lease at all, say, as `etcdctl make-mirror`
+    /// copies keys). None of them is a holder or a waiter; the next acquire of the lock
+    /// deletes the `q/` and `h/` ones (see the crate's stray key rules), and this is how
+    /// an operator sees them before. Stray keys outside those ranges are ignored
+    /// everywhere and not listed.
+    pub foreign_keys: Vec<ForeignKey>,
 }
 
 /// A stored hold or waiter value, as much as the state lists.
@@ -85,8 +88,9 @@ impl Meta {
 
 impl Locker {
     /// Reads one lock's holders and waiters at one revision. Keys in the lock's bounded
-    /// lease-key ranges that are not holds, waiters or grant records written by this
-    /// crate are listed in [`LockState::foreign_keys`].
+    /// lease-key ranges that are not holds, waiters or grant records of a live session
+    /// (not on the lease they name: no lease, say) are listed in
+    /// [`LockState::foreign_keys`], never as holders or waiters.
     ///
     /// # Errors
     ///
@@ -125,7 +129,10 @@ impl Locker {
         );
         let mut foreign_keys = Vec::new();
         let mut foreign = |kv: &etcd_client::KeyValue| {
-            foreign_keys.push(String::from_utf8_lossy(kv.key()).into_owned());
+            foreign_keys.push(ForeignKey {
+                key: String::from_utf8_lossy(kv.key()).into_owned(),
+                lease: LeaseId::new(kv.lease()),
+            });
         };
         // Only keys in the bounded ranges matter; of those, the ones of the wrong shape
         // (or, for holds and waiters, with a value that does not parse) are foreign.
@@ -144,6 +151,8 @@ impl Locker {
                 foreign(kv);
             }
         }
+        // A hold or waiter of a live session: on the lease its key names.
+        let live = |kv: &etcd_client::KeyValue| keys.is_live_entry(kv.key(), kv.lease());
         let parse = |kv: &etcd_client::KeyValue| -> Option<(Meta, Revision)> {
             let meta = Meta::parse(kv.value())?;
             Some((meta, Revision::from_i64(kv.create_revision()).ok()?))
@@ -151,8 +160,7 @@ impl Locker {
         let mut holders: Vec<Holder> = holds
             .iter()
             .filter_map(|kv| {
-                let Some((meta, grant_rev)) = parse(kv).filter(|_| keys.is_lease_key(kv.key()))
-                else {
+                let Some((meta, grant_rev)) = parse(kv).filter(|_| live(kv)) else {
                     foreign(kv);
                     return None;
                 };
@@ -170,8 +178,7 @@ impl Locker {
         let mut waiters: Vec<Waiter> = queue
             .iter()
             .filter_map(|kv| {
-                let Some((meta, create_rev)) = parse(kv).filter(|_| keys.is_lease_key(kv.key()))
-                else {
+                let Some((meta, create_rev)) = parse(kv).filter(|_| live(kv)) else {
                     foreign(kv);
                     return None;
                 };

@@ -89,9 +89,11 @@ mod quota;
 mod retry;
 mod session;
 mod session_cache;
+mod stray;
 mod tiers;
 mod watches;
 
+pub use acquire::AcquireAttempt;
 pub use config_store::ConfigStore;
 pub use detached::SessionRecord;
 pub use epoch::{
@@ -111,4 +113,5 @@ pub use palisade_api::{
     LockClass, Mode, Namespace, QuorumPolicy, Revision, SpiffeId, MAX_HOLDER_META_LEN, MAX_KEY_LEN,
 };
 pub use session::{LossReason, Session};
+pub use stray::ForeignKey;
 pub use tiers::{RehomeOutcome, Tiers, DEFAULT_DRAIN, DEFAULT_TIER, MAX_DRAIN};

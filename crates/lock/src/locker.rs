@@ -6,6 +6,7 @@ use std::time::Duration;
 use etcd_client::{Client, ConnectOptions};
 use tokio::time::Instant;
 
+use crate::acquire::AcquireAttempt;
 use crate::class_cache::{spawn_watch, ClassCache};
 use crate::config_store::ConfigStore;
 use crate::epoch::{
@@ -287,8 +288,16 @@ impl Locker {
         deadline: Instant,
         holder_meta: Option<&HolderMeta>,
     ) -> Result<Hold> {
-        self.acquire_guarded(session, lock, mode, deadline, holder_meta, None)
-            .await
+        self.acquire_guarded(
+            session,
+            lock,
+            mode,
+            deadline,
+            holder_meta,
+            AcquireAttempt::default(),
+            None,
+        )
+        .await
     }
 
     /// [`acquire_with_meta`](Locker::acquire_with_meta), with `guard` added to the
@@ -298,6 +307,7 @@ impl Locker {
     /// under it returns that error, and the caller retries with a new guard. The
     /// guard's writes must be unique per attempt, because the failed attempt's cleanup
     /// may reach etcd after the retry's Txn and would delete equal writes of the retry.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn acquire_guarded(
         &self,
         session: &Session,
@@ -305,6 +315,7 @@ impl Locker {
         mode: Mode,
         deadline: Instant,
         holder_meta: Option<&HolderMeta>,
+        attempt: AcquireAttempt,
         guard: Option<Arc<crate::acquire::TxnGuard>>,
     ) -> Result<Hold> {
         validate_name(&lock.ns)?;
@@ -331,6 +342,7 @@ impl Locker {
                 mode,
                 deadline,
                 holder_meta,
+                attempt,
                 guard.clone(),
             )
             .await;

@@ -4,12 +4,15 @@
 //!
 //! A namespace with quota `n` has slots `quota/<ns>/slot/<i>` for `i` below `n` (see
 //! `RootKeys::quota_slot`), each put on its session's lease with a value naming its
-//! taker and the take. A slot is taken by a put that compares, in the same Txn, that the
-//! slot does not exist (create revision 0) and that no slot numbered `n` or above exists
-//! (one range compare: a quota lowered below the slots taken admits nobody until enough
-//! are freed). So at most `n` slots exist, across every replica, by construction: two
-//! takes of one slot cannot both commit, and takes of different slots do not conflict, so
-//! a namespace's acquires do not serialize on its quota.
+//! taker and the take. Only slots on a lease count (`palisade_api::keys::is_live_slot`):
+//! a slot with no lease, such as a copy `etcdctl make-mirror` made, is free, and a take
+//! overwrites it. A slot is taken by a put that compares, in the same Txn, that the
+//! slot is on no lease (missing, or lease-less: etcd compares a missing key's lease as
+//! 0) and that no slot numbered `n` or above is on one (one range compare: a quota
+//! lowered below the slots taken admits nobody until enough are freed). So at most `n`
+//! slots are taken, across every replica, by construction: two takes of one slot cannot
+//! both commit, and takes of different slots do not conflict, so a namespace's acquires
+//! do not serialize on its quota.
 //!
 //! - A hold's or wait's slot is taken in the acquire's first Txn (the one that grants or
 //!   enqueues), with a compare that the session's record is the one the caller read (its
@@ -36,11 +39,11 @@ use etcd_client::{
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use palisade_api::keys::{prefix_end, RootKeys};
+use palisade_api::keys::{is_live_slot, prefix_end, RootKeys};
 use palisade_api::{HolderMeta, LeaseId, Mode};
 use palisade_fence::Revision;
 
-use crate::acquire::TxnGuard;
+use crate::acquire::{AcquireAttempt, TxnGuard};
 use crate::detached::SessionRecord;
 use crate::error::{Error, ErrorKind, Result};
 use crate::hold::Hold;
@@ -166,9 +169,10 @@ impl Take<'_> {
     /// answers a failed take; with their values if `values`).
     fn ops(&self, slot: &SlotRef, values: bool) -> (Vec<Compare>, TxnOp, TxnOp) {
         let slots = self.keys.quota_slots(self.ns);
+        // On no lease: missing, or a lease-less copy that never ends by itself.
         let when = vec![
-            Compare::create_revision(slot.key.as_str(), CompareOp::Equal, 0),
-            Compare::create_revision(
+            Compare::lease(slot.key.as_str(), CompareOp::Equal, 0),
+            Compare::lease(
                 self.keys.quota_slot(self.ns, self.quota),
                 CompareOp::Equal,
                 0,
@@ -194,6 +198,7 @@ impl Take<'_> {
         let slots = self.keys.quota_slots(self.ns);
         let taken: std::collections::HashSet<u32> = kvs
             .iter()
+            .filter(|kv| is_live_slot(kv.lease()))
             .filter_map(|kv| {
                 let rest = kv.key().strip_prefix(slots.as_bytes())?;
                 std::str::from_utf8(rest).ok()?.parse().ok()
@@ -242,6 +247,41 @@ impl Locker {
         holder_meta: Option<&HolderMeta>,
         quota: u32,
     ) -> Result<Hold> {
+        self.acquire_attempt_in_quota(
+            record,
+            name,
+            mode,
+            deadline,
+            holder_meta,
+            AcquireAttempt::default(),
+            quota,
+        )
+        .await
+    }
+
+    /// [`acquire_in_quota`](Locker::acquire_in_quota) as `attempt` (see
+    /// [`AcquireAttempt`]: a retry of an acquire, or one that replaces an earlier hold).
+    /// When the namespace's slots are all taken and the session already has a slot for
+    /// this lock (its hold, or its wait, under this attempt or another), the acquire
+    /// uses that slot rather than answer [`ErrorKind::QuotaExceeded`]: a retry or a
+    /// replace takes no more of the namespace than the acquire it follows, and another
+    /// attempt is answered [`ErrorKind::AlreadyHeld`] or
+    /// [`ErrorKind::AcquireInFlight`].
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_in_quota`](Locker::acquire_in_quota).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn acquire_attempt_in_quota(
+        &self,
+        record: &SessionRecord,
+        name: &LockName,
+        mode: Mode,
+        deadline: Instant,
+        holder_meta: Option<&HolderMeta>,
+        attempt: AcquireAttempt,
+        quota: u32,
+    ) -> Result<Hold> {
         let take = Take {
             keys: &self.inner.keys,
             ns: &name.ns,
@@ -254,12 +294,26 @@ impl Locker {
         }
         let session_key = self.inner.keys.session(record.lease);
         let mut slot = take.slot(random_below(quota));
+        // A slot of this lock's taker that the acquire uses rather than take one (the
+        // quota is full): compared, neither written nor freed by it.
+        let mut shared: Option<SlotRef> = None;
         // Every failed take reads the slots at a newer revision and picks a free one, so
         // a run of failures means others keep taking slots: bounded by time, not count.
         let until = deadline.max(Instant::now() + self.inner.request_timeout * 3);
         let mut stale = 0;
         loop {
             let (mut when, put, read) = take.ops(&slot, false);
+            let (put, cleanup) = match &shared {
+                None => (vec![put], vec![free_op(&slot)]),
+                Some(kept) => {
+                    when = vec![Compare::value(
+                        kept.key.as_str(),
+                        CompareOp::Equal,
+                        kept.value.as_str(),
+                    )];
+                    (Vec::new(), Vec::new())
+                }
+            };
             when.push(Compare::create_revision(
                 session_key.as_str(),
                 CompareOp::Equal,
@@ -267,7 +321,7 @@ impl Locker {
             ));
             let guard = Arc::new(TxnGuard {
                 when,
-                then: vec![put],
+                then: put,
                 or_else: vec![
                     read,
                     TxnOp::get(
@@ -275,7 +329,7 @@ impl Locker {
                         Some(GetOptions::new().with_keys_only()),
                     ),
                 ],
-                cleanup: vec![free_op(&slot)],
+                cleanup,
                 failed: Mutex::new(None),
             });
             let attached = self.attach_session(record);
@@ -286,6 +340,7 @@ impl Locker {
                     mode,
                     deadline,
                     holder_meta,
+                    attempt,
                     Some(guard.clone()),
                 )
                 .await;
@@ -320,7 +375,26 @@ impl Locker {
                 self.inner.sessions.forget(record.lease);
                 return Err(Error::new(ErrorKind::SessionLost));
             }
-            slot = take.next_slot(got(failed.first())?)?;
+            match take.next_slot(got(failed.first())?) {
+                Ok(next) => {
+                    slot = next;
+                    shared = None;
+                }
+                Err(full) if full.is_quota_exceeded() => {
+                    match self
+                        .slots_of(&name.ns, record.lease, &take.taker)
+                        .await?
+                        .pop()
+                    {
+                        Some(kept) => {
+                            slot = kept.clone();
+                            shared = Some(kept);
+                        }
+                        None => return Err(full),
+                    }
+                }
+                Err(e) => return Err(e),
+            }
             if Instant::now() >= until {
                 // The slots kept changing until the deadline: etcd did not let it commit.
                 return Err(Error::new(ErrorKind::QuorumLost));

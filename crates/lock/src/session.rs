@@ -43,6 +43,10 @@ pub(crate) struct SessionInner {
     keepalive: Mutex<Option<JoinHandle<()>>>,
     /// Lock base paths this session holds or waits for; one acquire per lock at a time.
     pub(crate) busy: Mutex<HashSet<String>>,
+    /// Acquires of this handle that were dropped and whose cleanup has not finished, as
+    /// `(lock base, attempt id)`: keys they left are no other live acquire's, so the
+    /// session's next acquire of the lock goes on over them (see `AcquireAttempt`).
+    abandoned: Mutex<HashSet<(String, u64)>>,
     /// Attached to a lease owned elsewhere: no keepalive, no revoke on drop.
     detached: bool,
 }
@@ -152,6 +156,7 @@ impl Session {
             renewing,
             keepalive: Mutex::new(None),
             busy: Mutex::new(HashSet::new()),
+            abandoned: Mutex::new(HashSet::new()),
             detached: false,
         });
         let task = tokio::spawn(keepalive(
@@ -188,6 +193,7 @@ impl Session {
                 renewing,
                 keepalive: Mutex::new(None),
                 busy: Mutex::new(HashSet::new()),
+                abandoned: Mutex::new(HashSet::new()),
                 detached: true,
             }),
         }
@@ -370,6 +376,34 @@ impl Session {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(base.to_owned())
+    }
+
+    /// Notes that the acquire `attempt` of the lock at `base` was dropped (`true`), or
+    /// that its cleanup finished (`false`).
+    pub(crate) fn set_abandoned(&self, base: &str, attempt: u64, abandoned: bool) {
+        let mut set = self
+            .inner
+            .abandoned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if abandoned {
+            set.insert((base.to_owned(), attempt));
+        } else {
+            set.remove(&(base.to_owned(), attempt));
+        }
+    }
+
+    /// The acquires of the lock at `base` that this handle dropped, and the holds of it
+    /// that it let go of, whose cleanup or release has not finished (their attempt ids).
+    pub(crate) fn abandoned(&self, base: &str) -> Vec<u64> {
+        self.inner
+            .abandoned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(b, _)| b == base)
+            .map(|(_, a)| *a)
+            .collect()
     }
 
     pub(crate) fn unmark_busy(&self, base: &str) {

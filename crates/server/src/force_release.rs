@@ -6,7 +6,7 @@
 //! Needs [`ServiceOptions::with_force_releases`] (a PostgreSQL table of requests,
 //! [`FORCE_RELEASE_MIGRATION`], and a [`ForceReleaseAudit`] sink); without it the routes
 //! are 404. An admin of the namespace requests the release of a lock key with a reason
-//! (reason: 1 to 1024 bytes, not blank, no control character); a *different* admin approves it: the requester approving
+//! (reason: 1 to 1024 bytes, not blank, no control or bidirectional formatting character); a *different* admin approves it: the requester approving
 //! their own request is 403 `forbidden`, a second approval 409 `already-approved` (the
 //! approval is one conditional `UPDATE`, so only one replica wins).
 //!

@@ -15,7 +15,7 @@
 //! | `rate` | the namespace quotas: `held_lease_quota` slots and the `op_rate_quota` bucket |
 //! | `force_release` | force release by two people, and its audit |
 //! | `tls` | the mTLS acceptor ([`serve_tls`]) |
-//! | `serve` | plain HTTP in dev mode ([`serve_dev`]), graceful shutdown ([`serve_dev_until`], [`serve_tls_until`]) |
+//! | `serve` | plain HTTP in dev mode ([`serve_dev`]), graceful shutdown ([`serve_dev_until`], [`serve_tls_until`]); both through `palisade_listen`, within [`ConnLimits`] ([`ServiceOptions::with_conn_limits`]) |
 //! | `health` | `/livez` and `/readyz` ([`not_ready`]), answered without a caller identity |
 //! | `metrics`, `openapi`, `problem` | Prometheus metrics, the OpenAPI document, problem responses |
 //! | [`testing`] | feature `testing`: a running service on real etcd, for tests and benchmarks |
@@ -58,6 +58,7 @@ pub use health::{not_ready, LIVEZ, READYZ, READY_TIMEOUT};
 pub use identity::{PeerIdentity, DEV_IDENTITY_HEADER};
 pub use options::{ServiceOptions, DEFAULT_MAX_SESSIONS_PER_IDENTITY};
 pub use palisade_api::ProblemKind;
+pub use palisade_listen::ConnLimits;
 pub use problem::Problem;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]

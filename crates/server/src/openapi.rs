@@ -98,9 +98,13 @@ problems! {
         SessionLost, QuorumLost, Upstream, Internal] }
     /// `POST /v1/locks/acquire`.
     /// `shutting-down`: the replica is stopping and ended the wait (`Retry-After`).
+    /// `already-held`, `acquire-in-flight`: the session holds or waits for the lock under
+    /// another `attempt`. `epoch-store-unavailable`: the durable epoch record could not be
+    /// written before the grant's token could be handed out (`Retry-After`).
     AcquireProblems { body: true, kinds: [InvalidInput, Unauthenticated, Forbidden, NotFound,
-        DeadlineExceeded, SessionLost, QuotaExceeded, EpochMismatch, QuorumLost, Upstream, Internal,
-        WrongTier, NamespaceMoving, ShuttingDown] }
+        DeadlineExceeded, AlreadyHeld, AcquireInFlight, SessionLost, QuotaExceeded, EpochMismatch,
+        QuorumLost, Upstream, Internal, WrongTier, NamespaceMoving, ShuttingDown,
+        EpochStoreUnavailable] }
     /// `POST /v1/locks/release`.
     ReleaseProblems { body: true, kinds: [InvalidInput, Unauthenticated, Forbidden, NotFound,
         NotHeld, HoldForced, SessionLost, QuotaExceeded, QuorumLost, Upstream, Internal] }
@@ -125,10 +129,11 @@ problems! {
     /// `deadline-exceeded`: the steps of an advance (read etcd's record, store the durable
     /// one, write etcd's) share one time budget, three etcd request timeouts.
     AdvanceEpochProblems { body: true, kinds: [InvalidInput, Unauthenticated, Forbidden,
-        EpochExhausted, DeadlineExceeded, QuorumLost, Upstream, Internal] }
+        EpochExhausted, DeadlineExceeded, QuorumLost, Upstream, Internal, EpochStoreUnavailable] }
     /// `POST /v1/namespaces/{ns}/rehome`.
     RehomeProblems { body: true, kinds: [InvalidInput, Unauthenticated, Forbidden, NotFound,
-        NamespaceMoving, EpochExhausted, DeadlineExceeded, QuorumLost, Upstream, Internal] }
+        NamespaceMoving, EpochExhausted, DeadlineExceeded, QuorumLost, Upstream, Internal,
+        EpochStoreUnavailable] }
     /// `POST /v1/force-releases`.
     RequestForceProblems { body: true, kinds: [InvalidInput, Unauthenticated, Forbidden, NotFound,
         NotHeld, QuorumLost, Upstream, Internal] }

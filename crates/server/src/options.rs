@@ -20,11 +20,13 @@ pub struct ServiceOptions {
     pub(crate) force: Option<ForceReleases>,
     pub(crate) max_sessions_per_identity: u32,
     pub(crate) tiers: Option<palisade_lock::Tiers>,
+    pub(crate) conn_limits: palisade_listen::ConnLimits,
 }
 
 impl ServiceOptions {
     /// Identity from the transport only; body limit 16 KiB; waits up to 60 s; TTLs up
-    /// to 1 h; at most [`DEFAULT_MAX_SESSIONS_PER_IDENTITY`] open sessions per identity.
+    /// to 1 h; at most [`DEFAULT_MAX_SESSIONS_PER_IDENTITY`] open sessions per identity;
+    /// the default [`ConnLimits`](palisade_listen::ConnLimits).
     pub fn new(authz: Authz) -> Self {
         ServiceOptions {
             authz,
@@ -35,6 +37,7 @@ impl ServiceOptions {
             force: None,
             max_sessions_per_identity: DEFAULT_MAX_SESSIONS_PER_IDENTITY,
             tiers: None,
+            conn_limits: palisade_listen::ConnLimits::new(),
         }
     }
 
@@ -52,7 +55,8 @@ impl ServiceOptions {
     }
 
     /// How many sessions one identity may have open at once, across every replica of
-    /// the service (each session is an etcd lease, and etcd slows as leases pile up).
+    /// the service and every tier (each session is an etcd lease, and etcd slows as
+    /// leases pile up).
     /// Past it, opening a session is 429 `quota-exceeded`. At least 1.
     pub fn with_max_sessions_per_identity(mut self, max: u32) -> Self {
         self.max_sessions_per_identity = max.max(1);
@@ -78,6 +82,16 @@ impl ServiceOptions {
     /// tier's. Without it the service has one tier, [`palisade_lock::DEFAULT_TIER`].
     pub fn with_tiers(mut self, tiers: palisade_lock::Tiers) -> Self {
         self.tiers = Some(tiers);
+        self
+    }
+
+    /// The listener's bounds: handshake, request head and keep-alive idle, body stall,
+    /// the connection cap and its probe reserve (see
+    /// [`ConnLimits`](palisade_listen::ConnLimits)). The probe paths are always
+    /// [`LIVEZ`](crate::LIVEZ) and [`READYZ`](crate::READYZ): on the reserve, past the
+    /// cap, only they answer.
+    pub fn with_conn_limits(mut self, limits: palisade_listen::ConnLimits) -> Self {
+        self.conn_limits = limits;
         self
     }
 

@@ -7,6 +7,10 @@ use serde::Serialize;
 use palisade_api::{InvalidInput, ProblemKind};
 use palisade_lock::{Error, ErrorKind};
 
+/// The `Retry-After` of a 503 `epoch-store-unavailable`: long enough for a restarted
+/// database or a restored grant, short enough that a waiting caller does not give up.
+const EPOCH_STORE_RETRY: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Left in the response's extensions for the metrics layer.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ProblemSeen {
@@ -114,11 +118,20 @@ impl From<Error> for Problem {
             ErrorKind::QuorumLost => ProblemKind::QuorumLost,
             ErrorKind::DeadlineExceeded => ProblemKind::DeadlineExceeded,
             ErrorKind::SessionLost => ProblemKind::SessionLost,
+            ErrorKind::AlreadyHeld { .. } => ProblemKind::AlreadyHeld,
+            ErrorKind::AcquireInFlight { .. } => ProblemKind::AcquireInFlight,
             ErrorKind::Etcd => ProblemKind::Upstream,
             ErrorKind::QuotaExceeded { .. } | ErrorKind::SessionLimit { .. } => {
                 ProblemKind::QuotaExceeded
             }
             ErrorKind::WrongTier { .. } => ProblemKind::WrongTier,
+            ErrorKind::EpochStore => {
+                // The operator's store is down or refuses the service's role: no token
+                // can be handed out until it is back, which a retry may find.
+                tracing::error!(error = ?e, "the durable epoch store failed");
+                return Problem::new(ProblemKind::EpochStoreUnavailable, detail)
+                    .with_retry_after(EPOCH_STORE_RETRY);
+            }
             ErrorKind::NamespaceFenced { .. }
             | ErrorKind::RehomeInProgress { .. }
             | ErrorKind::DrainTimeout { .. } => {

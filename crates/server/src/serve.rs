@@ -4,6 +4,12 @@
 //! still waiting ends at once with 503 `shutting-down` (its waiter key withdrawn), and
 //! each in-flight request is answered before its connection closes. Bounding that wait
 //! is the caller's (`palisade serve --shutdown-grace-ms`).
+//!
+//! Both serve through `palisade_listen::serve`, within the options'
+//! [`ConnLimits`](palisade_listen::ConnLimits): an accept error (out of file
+//! descriptors included) never ends serving, the TLS handshake, the request head (and an
+//! idle keep-alive connection) and a stalled request body are bounded, and connections
+//! are capped, past which `/livez` and `/readyz` still answer on a small reserve.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -26,7 +32,7 @@ pub enum ServeError {
     /// Dev mode binds to loopback only.
     #[error("dev mode binds to loopback only, not {0}")]
     NotLoopback(SocketAddr),
-    /// Accepting or serving failed.
+    /// The listener's address could not be read.
     #[error("serving failed: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -63,7 +69,7 @@ impl Stopping {
 
 /// Serves the API over plain HTTP in dev mode: refused unless `options` has
 /// [`ServiceOptions::insecure_dev_identity`] and `listener` is on a loopback address.
-/// Logs a warning at start. Runs until the listener fails.
+/// Logs a warning at start. Runs until the process ends; no client error stops it.
 ///
 /// # Errors
 ///
@@ -101,8 +107,23 @@ pub async fn serve_dev_until(
         shutdown.await;
         stop.send_replace(true);
     };
-    axum::serve(listener, app(locker, options, stopping))
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    let limits = listen_limits(&options);
+    let app = app(locker, options, stopping);
+    palisade_listen::serve(
+        listener,
+        palisade_listen::Transport::Plain,
+        limits,
+        move |_: &palisade_listen::Peer| app.clone(),
+        shutdown,
+    )
+    .await;
     Ok(())
+}
+
+/// The listener's bounds from `options`, with the probes as the reserve's paths.
+pub(crate) fn listen_limits(options: &ServiceOptions) -> palisade_listen::ConnLimits {
+    options
+        .conn_limits
+        .clone()
+        .with_probe_paths([health::LIVEZ, health::READYZ])
 }

@@ -16,17 +16,14 @@ use std::future::Future;
 use std::sync::Arc;
 
 use axum::{Extension, Router};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::service::TowerToHyperService;
+use palisade_listen::{Peer, Transport};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch};
-use tokio_rustls::TlsAcceptor;
 
 use super::identity::PeerIdentity;
-use super::serve::{app, Stopping};
+use super::serve::{app, listen_limits, Stopping};
 use super::{health, ServeError, ServiceOptions};
 use crate::problem::Problem;
 use palisade_api::ProblemKind;
@@ -102,12 +99,13 @@ fn unauthenticated(locker: Locker) -> Router {
         .merge(health::router(locker))
 }
 
-/// Serves the API over mTLS on `listener` until accepting fails. Each connection's
-/// caller is the SPIFFE ID of its client certificate.
+/// Serves the API over mTLS on `listener`, within the options'
+/// [`ConnLimits`](palisade_listen::ConnLimits). Each connection's caller is the SPIFFE ID
+/// of its client certificate. Runs until the process ends; no client error stops it.
 ///
 /// # Errors
 ///
-/// [`ServeError::Io`] when accepting fails.
+/// None today; the `Result` keeps the signature of [`serve_dev`](crate::serve_dev).
 pub async fn serve_tls(
     listener: TcpListener,
     tls: Arc<ServerConfig>,
@@ -122,7 +120,7 @@ pub async fn serve_tls(
 ///
 /// # Errors
 ///
-/// [`ServeError::Io`] when accepting fails.
+/// None today; the `Result` keeps the signature of [`serve_dev_until`](crate::serve_dev_until).
 pub async fn serve_tls_until(
     listener: TcpListener,
     tls: Arc<ServerConfig>,
@@ -130,69 +128,24 @@ pub async fn serve_tls_until(
     options: ServiceOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let acceptor = TlsAcceptor::from(tls);
     let (stop_handlers, handlers_stopping) = Stopping::new();
+    let limits = listen_limits(&options);
     let app = app(locker.clone(), options, handlers_stopping);
     let anonymous = unauthenticated(locker);
-    // Every connection task holds a clone of `open`; `closed` reports when all are gone.
-    let (open, mut closed) = mpsc::channel::<()>(1);
-    let (stop, stopping) = watch::channel(false);
-    tokio::pin!(shutdown);
-    loop {
-        let (tcp, peer) = tokio::select! {
-            accepted = listener.accept() => accepted?,
-            () = &mut shutdown => break,
-        };
-        let (acceptor, app, anonymous) = (acceptor.clone(), app.clone(), anonymous.clone());
-        let (open, mut stopping) = (open.clone(), stopping.clone());
-        tokio::spawn(async move {
-            let _open = open;
-            let stream = tokio::select! {
-                s = acceptor.accept(tcp) => match s {
-                    Ok(s) => s,
-                    Err(e) => {
-                        tracing::info!(%peer, error = %e, "TLS handshake refused");
-                        return;
-                    }
-                },
-                () = stopped(&mut stopping) => return,
-            };
-            let id = stream
-                .get_ref()
-                .1
-                .peer_certificates()
-                .and_then(|c| c.first())
-                .and_then(spiffe_id_of);
-            let app: Router = match id {
-                Some(id) => app.layer(Extension(PeerIdentity(id))),
-                None => anonymous,
-            };
-            let service = TowerToHyperService::new(app);
-            let builder =
-                hyper_util::server::conn::auto::Builder::new(TokioExecutor::new()).http1_only();
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(conn);
-            let result = tokio::select! {
-                r = conn.as_mut() => r,
-                () = stopped(&mut stopping) => {
-                    // Answer what is in flight, then close.
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
-                }
-            };
-            if let Err(e) = result {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
-            }
-        });
-    }
-    stop_handlers.send_replace(true);
-    stop.send_replace(true);
-    drop(open);
-    let _ = closed.recv().await;
+    let shutdown = async move {
+        shutdown.await;
+        stop_handlers.send_replace(true);
+    };
+    let service = move |peer: &Peer| -> Router {
+        let id = peer
+            .client_certificates()
+            .and_then(|c| c.first())
+            .and_then(spiffe_id_of);
+        match id {
+            Some(id) => app.clone().layer(Extension(PeerIdentity(id))),
+            None => anonymous.clone(),
+        }
+    };
+    palisade_listen::serve(listener, Transport::Tls(tls), limits, service, shutdown).await;
     Ok(())
-}
-
-/// Completes once `stop` says so (or its sender is gone).
-async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|s| *s).await;
 }

@@ -14,10 +14,16 @@ use palisade_server::testing::{serve_dev_on_loopback, Served, ServiceFixture};
 use palisade_server::{Authz, AuthzConfig, ServiceOptions, DEV_IDENTITY_HEADER};
 use serde_json::{json, Value};
 
+#[path = "service/attempts.rs"]
+mod attempts;
 #[path = "service/class_update.rs"]
 mod class_update;
+#[path = "service/epoch_store.rs"]
+mod epoch_store;
 #[path = "service/force_retry.rs"]
 mod force_retry;
+#[path = "service/foreign_keys.rs"]
+mod foreign_keys;
 #[path = "service/holder_meta.rs"]
 mod holder_meta;
 #[path = "service/lock_edges.rs"]

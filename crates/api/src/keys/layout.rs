@@ -379,12 +379,14 @@ impl LockKeys {
                 .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
     }
 
-    /// The cancel marker of one acquire attempt: `c/<lease>/<attempt>` (see
-    /// [`crate::keys`]). A first Txn of that attempt that reaches etcd after it does nothing.
-    pub fn cancel_marker(&self, lease: LeaseId, attempt: u64) -> String {
+    /// The cancel marker of one acquire request: `c/<lease>/<request>` (see
+    /// [`crate::keys`]; `request` is [`HoldValue::request`](crate::keys::HoldValue::request)).
+    /// A key-creating Txn of that request that reaches etcd after it does nothing; a
+    /// retry of the same attempt is another request, and is not stopped by it.
+    pub fn cancel_marker(&self, lease: LeaseId, request: u64) -> String {
         let mut key = self.sub_key(b'c', None, Some(lease));
         key.push('/');
-        key.push_str(itoa_u64(attempt, &mut [0; 20]));
+        key.push_str(itoa_u64(request, &mut [0; 20]));
         key
     }
 

@@ -21,15 +21,17 @@
 //! | `locks/<ns>/<class>/<k>/q/<x\|s>/<lease>` | holder meta | session | a waiter |
 //! | `locks/<ns>/<class>/<k>/h/<x\|s>/<lease>` | holder meta | session | a grant |
 //! | `locks/<ns>/<class>/<k>/g/<x\|s>/<lease>` | holder meta | none | a grant whose meta says `grant_record` (grant record), or a force release |
-//! | `locks/<ns>/<class>/<k>/c/<lease>/<attempt>` | empty | session | cleanup of a dropped acquire (cancel marker) |
+//! | `locks/<ns>/<class>/<k>/c/<lease>/<request>` | empty | session | cleanup of a dropped acquire (cancel marker) |
 //!
 //! - `<k>` is the lock key with `%`, `/` and space percent-encoded (`%25`, `%2F`,
 //!   `%20`), so it is one segment, and the `/` after it keeps `a/b` and `a/bc` apart.
 //!   `<lease>` is the lease id as 16 lower-case hex digits. Names are
 //!   `[a-z0-9][a-z0-9_-]{0,62}`. Lock keys are non-empty, at most [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes,
 //!   with no control character and no `..` segment.
-//! - Holder meta is JSON `{"spiffe_id", "class", "mode", "epoch", "attempt"}` (`attempt`
-//!   numbers the acquire that wrote it), plus `"holder_meta"`: the caller's
+//! - Holder meta is JSON `{"spiffe_id", "class", "mode", "epoch", "attempt", "request"}`
+//!   (`attempt` names the acquire that wrote it, the same for its retries:
+//!   [`AttemptId`](crate::AttemptId); `request` is random per request, so a retry that
+//!   takes the key over writes a value of its own), plus `"holder_meta"`: the caller's
 //!   [`HolderMeta`](crate::HolderMeta) object (at most
 //!   [`MAX_HOLDER_META_LEN`](crate::MAX_HOLDER_META_LEN) bytes), only if it gave one. The hold's token is
 //!   `epoch · 2^48 + create_revision` of its `h/` key, which equals the revision of the
@@ -39,11 +41,19 @@
 //!   `<sub>/<x|s>/0000000000000000` ..= `<sub>/<x|s>/ffffffffffffffff`, so a stray key
 //!   of another shape under a lock (say `q/x/junk`) never blocks it. A stray key inside
 //!   those ranges but not written by this crate (say `q/x/1`) is treated like the key it
-//!   resembles and can block the lock until deleted by hand; the lock core's `Locker::lock_state`
-//!   lists such keys in `LockState::foreign_keys`.
-//! - A cancel marker `c/<lease>/<attempt>` (`<attempt>` in decimal) is neither a grant
+//!   resembles in the compares.
+//! - Only keys whose lease is alive count ([`LockKeys::is_live_entry`],
+//!   [`is_live_slot`]): a `q/` or `h/` key, a cancel marker, or a quota slot is someone's
+//!   only while etcd keeps it on the session lease its name gives (a slot: on a lease). One with no lease (a copy by `etcdctl make-mirror`, which drops leases) or on
+//!   another lease is never a holder, a waiter or a taken slot: an acquire that meets one
+//!   under its lock deletes it (it can never end by itself, and it would fail the
+//!   grant's range compares), a slot take overwrites one, a rehome deletes those of the
+//!   namespace on its target tier, and the lock core's `Locker::lock_state` lists those
+//!   it sees in `LockState::foreign_keys`, with their lease. Grant records (`g/`) have no
+//!   lease by design and are not concerned.
+//! - A cancel marker `c/<lease>/<request>` (`<request>` in decimal) is neither a grant
 //!   nor a release: no `h/` or `g/` key changes in its revision except the deletes of the
-//!   same attempt's own keys (which, if any, look like a release). Every Txn of an
+//!   same request's own keys (which, if any, look like a release). Every Txn of an
 //!   acquire that creates keys without comparing a key of its own (the first
 //!   grant-or-enqueue Txn, a re-enqueue) is wrapped as `if create_revision(marker) == 0
 //!   then <Txn>`. A dropped or failed acquire whose such Txn may still reach etcd (no
@@ -87,10 +97,12 @@
 
 mod ends;
 mod layout;
+mod live;
 mod parse;
 mod values;
 
 pub use ends::{HoldEnd, RecordChange};
 pub use layout::{escape_key, prefix_end, LockKeys, RootKeys, DEFAULT_ROOT};
+pub use live::is_live_slot;
 pub use parse::{unescape_key, LockEntry, LockEntryKey};
 pub use values::{ForceMarker, ForcedGrant, ForcedNotice, HoldValue};

@@ -25,10 +25,17 @@ pub struct HoldValue<'a> {
     pub mode: Mode,
     /// The epoch the hold was granted in (the high 16 bits of its token).
     pub epoch: u16,
-    /// Which acquire wrote it (unique within the writing process, and so within the
-    /// lease): a hold of this lease from another attempt is a leftover, never adopted.
+    /// Which acquire wrote it: its [`AttemptId`](crate::AttemptId), the client's or a
+    /// random one. A retry of the acquire (the same attempt) adopts a hold or waiter key
+    /// of its attempt; another attempt never does (see the lock core's acquire).
     #[serde(default)]
     pub attempt: u64,
+    /// Which request of the attempt wrote it: random per request, so that a retry of
+    /// an attempt that takes over its hold or waiter key writes a value of its own, and
+    /// the cleanup of the request it took over (a compare on the whole value) leaves
+    /// the key alone. 0 in values written before requests were told apart.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub request: u64,
     /// What the holder attached, if anything.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder_meta: Option<Cow<'a, HolderMeta>>,
@@ -42,6 +49,10 @@ pub struct HoldValue<'a> {
 
 fn yes() -> bool {
     true
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 fn is_true(v: &bool) -> bool {
@@ -116,6 +127,7 @@ mod tests {
             mode: Mode::Shared,
             epoch: 3,
             attempt: 9,
+            request: 0,
             holder_meta: Some(Cow::Borrowed(&meta)),
             grant_record: true,
         };
@@ -136,7 +148,14 @@ mod tests {
             std::str::from_utf8(&bytes).unwrap(),
             r#"{"spiffe_id":"spiffe://t/a","class":"c","mode":"shared","epoch":3,"attempt":9,"grant_record":false}"#
         );
-        assert_eq!(HoldValue::parse(&bytes), Some(bare));
+        assert_eq!(HoldValue::parse(&bytes), Some(bare.clone()));
+        // A request id is stored when set, and read back.
+        let retried = HoldValue { request: 7, ..bare };
+        let bytes = serde_json::to_vec(&retried).unwrap();
+        assert!(std::str::from_utf8(&bytes)
+            .unwrap()
+            .contains(r#""attempt":9,"request":7,"#));
+        assert_eq!(HoldValue::parse(&bytes), Some(retried));
         assert_eq!(HoldValue::parse(br#"{"forced":{}}"#), None);
         assert_eq!(HoldValue::parse(b""), None);
     }

@@ -148,4 +148,10 @@ pub struct RehomeView {
     pub to: String,
     /// The epoch record `to` serves it under: above every epoch of every tier.
     pub epoch: crate::EpochRecord,
+    /// The namespace's keys on `to` that no live session owned (holds, waiters and cancel
+    /// markers not on the lease they name, quota slots on no lease: what a copy of the
+    /// key space without leases leaves), deleted before `to` granted in the namespace.
+    /// Empty (or absent, from an older service) when there were none.
+    #[serde(default)]
+    pub removed_keys: Vec<crate::wire::ForeignKeyView>,
 }

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::{Enforcement, FencingToken, LockClass, Mode, Revision};
+use crate::{AttemptId, Enforcement, FencingToken, LockClass, Mode, Revision};
 
 /// Acquires a lock for a session, waiting up to `wait_ms`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -36,6 +36,23 @@ pub struct AcquireBody {
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub holder_meta: Option<Map<String, Value>>,
+    /// Names this acquire (1 to 2^53 − 1, chosen at random by the client once per
+    /// acquire), so that sending it again after a reset connection or a lost answer is
+    /// a retry: the retry gets the hold this acquire was granted, or takes over its
+    /// place in the queue. Without it the service picks one, and the request cannot be
+    /// retried as the same acquire. An acquire of a lock that the session holds or
+    /// waits for under another attempt is 409 `already-held` or `acquire-in-flight`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>, minimum = 1, maximum = 9007199254740991_u64))]
+    pub attempt: Option<AttemptId>,
+    /// The `grant_rev` of an earlier hold of this session on this lock that its holder
+    /// let go of although its release's outcome is unknown (the release's answer was
+    /// lost): this acquire ends that hold, with its quota slot, and goes on. Only the
+    /// hold named is ended; any other hold of the session on the lock is 409
+    /// `already-held`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>))]
+    pub replaces: Option<Revision>,
 }
 
 /// A granted hold.
@@ -156,4 +173,24 @@ pub struct StatusView {
     pub holders: Vec<HolderView>,
     /// Waiters, first in line first.
     pub waiters: Vec<WaiterView>,
+    /// Keys under the lock that no live session owns, so neither holders nor waiters:
+    /// holds and waiters not on the lease their key names (no lease at all, as
+    /// `etcdctl make-mirror` copies keys), or keys of another shape in the lock's
+    /// ranges. The next acquire of the lock deletes the holds and waiters among them.
+    /// Empty (or absent, from an older service) when there are none.
+    #[serde(default)]
+    pub foreign_keys: Vec<ForeignKeyView>,
+}
+
+/// A key in etcd that no live session owns (see [`StatusView::foreign_keys`] and
+/// [`RehomeView::removed_keys`](crate::wire::RehomeView::removed_keys)).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ForeignKeyView {
+    /// The etcd key, in full (root prefix included).
+    pub key: String,
+    /// The etcd lease the key is on, 16 lower-case hex digits (as `etcdctl lease list`
+    /// prints it, zero-padded): `0000000000000000` for none.
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[0-9a-f]{16}$"))]
+    pub lease: String,
 }

@@ -14,6 +14,7 @@ pub use admin::{
 };
 pub use force::{ApproveView, ForceRequestBody, ForceRequestView, ForceTargetView, ReleasedView};
 pub use locks::{
-    AcquireBody, HoldView, HolderView, ReleaseBody, StatusQuery, StatusView, WaiterView,
+    AcquireBody, ForeignKeyView, HoldView, HolderView, ReleaseBody, StatusQuery, StatusView,
+    WaiterView,
 };
 pub use sessions::{ForcedHoldView, KeepaliveView, OpenSessionBody, SessionView};

@@ -21,7 +21,9 @@ pub struct OpenSessionBody {
     pub namespace: Option<String>,
     /// The etcd cluster tier to open the session on (its lease lives there). Without
     /// it: the tier of `tier_of` or of `namespace` if given, else the home tier. A
-    /// session acquires only locks of namespaces on its tier.
+    /// session acquires only locks of namespaces on its tier. A tier other than the
+    /// home tier needs a service admin, or a caller granted some namespace that lives
+    /// on it (else 403 `forbidden`), as `tier_of` needs the namespace's grant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(pattern = "^[a-z0-9][a-z0-9_-]{0,62}$"))]
     pub tier: Option<String>,

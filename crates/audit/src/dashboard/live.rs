@@ -89,7 +89,8 @@ impl Live {
     }
 
     /// Counts the hold and waiter keys under `locks/` (keys only, one read): each
-    /// `h/<mode>/<lease>` is a hold, each `q/<mode>/<lease>` a waiter.
+    /// `h/<mode>/<lease>` is a hold, each `q/<mode>/<lease>` a waiter, if etcd keeps it
+    /// on that lease (a lease-less copy is nobody's: palisade-api's key rules).
     pub(crate) async fn now(&self) -> Result<Now, AuditError> {
         let r = self
             .get(
@@ -103,8 +104,8 @@ impl Live {
         };
         for kv in r.kvs() {
             match self.keys.parse_lock_entry(kv.key()).map(|e| e.entry) {
-                Some(LockEntry::Hold(..)) => now.holds += 1,
-                Some(LockEntry::Waiter(..)) => now.waiters += 1,
+                Some(LockEntry::Hold(_, l)) if l.get() == kv.lease() => now.holds += 1,
+                Some(LockEntry::Waiter(_, l)) if l.get() == kv.lease() => now.waiters += 1,
                 _ => {}
             }
         }

@@ -31,13 +31,20 @@
 //! (a namespace has one tier; events carry the id of the etcd cluster they came from).
 //!
 //! Text filters are trimmed, then checked by `palisade_api::validate_text` (no control
-//! character, NUL included; at most 2048 bytes), and `key` as a lock key
+//! character, NUL included, and no bidirectional formatting character; at most 2048 bytes), and `key` as a lock key
 //! (`palisade_api::validate_key`: no control character, at most 512 bytes).
+//!
+//! Who may ask: [`Access::protect`] puts a router behind a `Host` allow-list (by default
+//! the address it listens on, and loopback names for a loopback bind: 403 `forbidden`
+//! otherwise, against DNS rebinding) and, optionally, a bearer token
+//! (401 `unauthenticated` without it). `palisade audit serve` always applies it
+//! (`--allow-host`, `--token-file`).
 //!
 //! Everything is rendered server-side with maud, which escapes every value; pages load
 //! nothing from elsewhere (inline CSS, inline SVG, no scripts). A bad filter or key is a
 //! 400 naming the parameter and the cause, an unreachable database a 503, as plain text.
 
+mod access;
 mod api;
 mod csv;
 mod home;
@@ -56,6 +63,7 @@ use axum::routing::get;
 use axum::Router;
 use deadpool_postgres::Pool;
 
+pub use access::{Access, AccessError};
 pub use live::Live;
 
 use crate::AuditError;

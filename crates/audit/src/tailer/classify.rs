@@ -122,7 +122,8 @@ pub(crate) fn classify(
                 continue;
             };
             let (kind, meta) = if !c.delete {
-                // Only a creation is a grant; the lock core never rewrites a hold.
+                // Only a creation is a grant: the lock core rewrites a hold only when a
+                // retry of the acquire adopts it (same create revision, same token).
                 if c.version != 1 {
                     continue;
                 }

@@ -1,5 +1,6 @@
 //! palisade-audit against a real PostgreSQL (a fresh database per test).
 
+mod access;
 mod browser;
 mod common;
 mod dashboard;

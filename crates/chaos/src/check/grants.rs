@@ -60,15 +60,17 @@ impl Grants {
                 .filter_map(|(tier, f)| f.before(at_ns).map(|(_, e)| (tier.clone(), *e)))
                 .collect(),
         };
-        let mine = self.pending.entry(worker).or_default();
-        mine.retain(|p| p.lock != *lock);
-        mine.push(pending);
+        self.pending.entry(worker).or_default().push(pending);
     }
 
+    /// The earliest acquire of `lock` in flight of `worker`. A worker may have two of
+    /// one lock in flight (two tasks sharing a session); an answer is matched to the
+    /// one that began first, whose floors are the lowest, so no grant is held to what
+    /// it cannot have known.
     fn take(&mut self, worker: u32, lock: &LockName) -> Option<Pending> {
         let mine = self.pending.get_mut(&worker)?;
         let at = mine.iter().position(|p| p.lock == *lock)?;
-        Some(mine.swap_remove(at))
+        Some(mine.remove(at))
     }
 
     pub(crate) fn failed(&mut self, worker: u32, lock: &LockName) {

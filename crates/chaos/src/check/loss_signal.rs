@@ -2,7 +2,8 @@
 //!
 //! A worker's hold is *open* from its `granted` until the worker's `lost`, `released`,
 //! `release_unknown` or `abandoned` of its token, or its next `acquire_invoked` (a worker
-//! holds one lock at a time). The session's *expiry* is the latest `renewed` of the
+//! holds one lock at a time, but for two tasks racing on its session, whose two
+//! `acquire_invoked` come before either answer: then both grants are open). The session's *expiry* is the latest `renewed` of the
 //! worker's session (`sent_ns + ttl_ms`, on the worker's own monotonic clock): the client
 //! counts the session alive until then and must say it is lost when it passes. A hold
 //! granted after that (its acquire was answered after the client's expiry) counts from
@@ -43,7 +44,7 @@ struct OpenHold {
 pub(crate) struct LossSignal {
     /// The latest expiry of each (worker, session), in ns.
     expiry: HashMap<(u32, i64), u64>,
-    open: HashMap<u32, OpenHold>,
+    open: HashMap<u32, Vec<OpenHold>>,
     /// Pauses per worker: (start, end when ended).
     pauses: HashMap<u32, Vec<(u64, Option<u64>)>>,
     /// Tokens each worker was told it lost, with the `lost` entry.
@@ -62,26 +63,25 @@ impl LossSignal {
         worker: u32,
         out: &mut Vec<Violation>,
     ) {
-        let Some(hold) = self.open.get(&worker) else {
-            return;
-        };
-        let Some(&expiry) = self.expiry.get(&(worker, hold.session)) else {
-            return;
-        };
-        // A grant answered after the session's expiry (an acquire long-polling across
-        // it) is told within the slack of the grant.
-        let Some(deadline) = self.deadline(worker, expiry.max(hold.granted_at)) else {
-            return;
-        };
-        if at > deadline && self.reported.insert((worker, hold.token)) {
-            out.push(Violation::LossSignalLate {
-                lock: hold.lock.clone(),
-                worker,
-                grant: hold.grant,
-                expiry_ns: expiry,
-                deadline_ns: deadline,
-                late: index,
-            });
+        for hold in self.open.get(&worker).into_iter().flatten() {
+            let Some(&expiry) = self.expiry.get(&(worker, hold.session)) else {
+                continue;
+            };
+            // A grant answered after the session's expiry (an acquire long-polling across
+            // it) is told within the slack of the grant.
+            let Some(deadline) = self.deadline(worker, expiry.max(hold.granted_at)) else {
+                continue;
+            };
+            if at > deadline && self.reported.insert((worker, hold.token)) {
+                out.push(Violation::LossSignalLate {
+                    lock: hold.lock.clone(),
+                    worker,
+                    grant: hold.grant,
+                    expiry_ns: expiry,
+                    deadline_ns: deadline,
+                    late: index,
+                });
+            }
         }
     }
 
@@ -117,16 +117,13 @@ impl LossSignal {
         token: u64,
         session: i64,
     ) {
-        self.open.insert(
-            worker,
-            OpenHold {
-                grant: index,
-                granted_at: at,
-                lock: lock.clone(),
-                token,
-                session,
-            },
-        );
+        self.open.entry(worker).or_default().push(OpenHold {
+            grant: index,
+            granted_at: at,
+            lock: lock.clone(),
+            token,
+            session,
+        });
     }
 
     /// The worker moved on from its hold (a new acquire).
@@ -136,8 +133,8 @@ impl LossSignal {
 
     /// The worker's hold of `token` ended for it: released, given up, or (`lost`) told.
     pub(crate) fn ended(&mut self, index: EntryIndex, worker: u32, token: u64, told: bool) {
-        if self.open.get(&worker).is_some_and(|h| h.token == token) {
-            self.open.remove(&worker);
+        if let Some(open) = self.open.get_mut(&worker) {
+            open.retain(|h| h.token != token);
         }
         if told {
             self.told.entry((worker, token)).or_insert(index);

@@ -81,6 +81,14 @@
 //!   before it. Real time comes from the runner's `revision_seen` marks (one tier's
 //!   revision read linearizably, with when the read was sent and answered); a rule is
 //!   broken only where the marks prove it (see `tiers.rs`).
+//! - **(j) Holds end as their holders know.** A hold a worker was handed (`granted`)
+//!   that etcd's history shows *released* was released by that worker (`released`,
+//!   `release_unknown`, or given up: `abandoned`), or its client had told it the hold
+//!   was lost (`lost`, reason other than `not_held`); otherwise it was deleted on the
+//!   holder's behalf, typically by another acquire of the same session, and the holder
+//!   keeps a 200 that nothing will revoke ([`Violation::HoldEndedUntold`]). Forces and
+//!   expiries are told by rules (g) and (i). Holds are joined to grants by lock, token,
+//!   session and tier (see `untold.rs`).
 //! - **The history itself.** Completions match open invocations with the same resource,
 //!   target and token; `op`s are not reused while in flight; every token written was granted
 //!   (by a `granted` or an `etcd_hold` entry); every `granted` follows its worker's
@@ -166,6 +174,7 @@ mod reorder;
 mod report;
 mod restored;
 mod tiers;
+mod untold;
 mod violation;
 mod violation_text;
 mod writes;
@@ -248,6 +257,7 @@ pub struct Checker {
     releases: releases::Releases,
     loss_signal: loss_signal::LossSignal,
     tiers: tiers::Tiers,
+    untold: untold::Untold,
 }
 
 impl Default for Checker {
@@ -272,6 +282,7 @@ impl Checker {
             releases: releases::Releases::default(),
             loss_signal: loss_signal::LossSignal::default(),
             tiers: tiers::Tiers::default(),
+            untold: untold::Untold::default(),
         }
     }
 
@@ -313,7 +324,10 @@ impl Checker {
                 self.audit.worker_grant(lock, *token, *grant_rev);
                 self.loss_signal
                     .granted(index, at, worker, lock, *token, *session);
+                self.untold
+                    .granted(index, worker, lock, *token, *session, tier);
             }
+            Event::SessionRace { .. } => c.session_races += 1,
             Event::AcquireFailed { lock, error: _ } => {
                 c.acquire_failures += 1;
                 self.grants.failed(worker, lock);
@@ -364,14 +378,17 @@ impl Checker {
                 self.loss_signal.ended(index, worker, *token, false);
                 self.forces.released(index, at, worker, *token);
                 self.releases.released(index, lock, *token, false);
+                self.untold.let_go(worker, *token);
             }
             Event::ReleaseUnknown { lock, token } => {
                 c.release_unknowns += 1;
                 self.loss_signal.ended(index, worker, *token, false);
                 self.releases.released(index, lock, *token, true);
+                self.untold.let_go(worker, *token);
             }
             Event::Abandoned { lock: _, token } => {
                 self.loss_signal.ended(index, worker, *token, false);
+                self.untold.let_go(worker, *token);
             }
             Event::Renewed {
                 session,
@@ -390,6 +407,7 @@ impl Checker {
                 c.losses += 1;
                 self.loss_signal.ended(index, worker, *token, true);
                 self.forces.lost(index, worker, *token, reason.as_ref());
+                self.untold.lost(index, worker, *token, reason.as_ref());
             }
             Event::ForceRequested {
                 lock,
@@ -508,6 +526,10 @@ impl Checker {
                     *end,
                 );
                 self.tiers.hold(lock, tier, *space, token, hold.clone());
+                if *end == HoldEnd::Released {
+                    self.untold
+                        .released(lock, token, *session, tier, hold.clone());
+                }
                 self.holds.add(lock, *epoch, tier, *space, hold);
                 self.grants.etcd_token(token);
                 let home = tier.is_none();
@@ -608,6 +630,7 @@ impl Checker {
         self.counts.forced_holds = self.forces.forced_count();
         self.forces.finish(out);
         self.releases.finish(out);
+        self.untold.finish(out);
         let mut unknown: Vec<_> = self
             .writes
             .tokens()

@@ -28,6 +28,9 @@ pub struct Counts {
     /// `release_unknown` entries: releases whose outcome the worker's client did not learn
     /// within its budget.
     pub release_unknowns: u64,
+    /// `session_race` entries: races a worker ran on its session (a reset acquire sent
+    /// again, or two tasks acquiring one lock).
+    pub session_races: u64,
     /// `force_requested` entries.
     pub force_requests: u64,
     /// `etcd_forced` entries: holds etcd's history shows force-released.

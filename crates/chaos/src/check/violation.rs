@@ -202,6 +202,23 @@ pub enum Violation {
         /// Whether the release was reported outcome-unknown.
         unknown: bool,
     },
+    /// (j) A hold a worker was granted (a 200 to its acquire) that etcd's history shows
+    /// released, although the worker neither released it (nor gave it up) nor was told
+    /// it was lost: the hold was deleted on the holder's behalf, typically by another
+    /// acquire of its session, and nothing tells the holder, who writes on.
+    HoldEndedUntold {
+        /// The lock.
+        lock: LockName,
+        /// The hold, as etcd's history shows it (its end revision is the delete).
+        hold: HoldRef,
+        /// The worker's `granted` entry of the hold.
+        grant: EntryIndex,
+        /// The worker.
+        worker: u32,
+        /// The worker's `lost` entry with reason `not_held`, if any: it found out only
+        /// afterwards, when its own release was refused.
+        found_out: Option<EntryIndex>,
+    },
     /// (i) A worker was not told its hold was lost in time: while the hold was open, the
     /// worker recorded `late` after its session's expiry plus the slack (and after any
     /// pause of it across the expiry).
@@ -403,6 +420,7 @@ pub enum ViolationKind {
     ForceAnswerFalse,
     ForcedHoldNotTold,
     ReleaseLeftHeld,
+    HoldEndedUntold,
     LossSignalLate,
     WriteAfterLoss,
 }
@@ -441,6 +459,7 @@ impl Violation {
             Violation::ForceAnswerFalse { .. } => ViolationKind::ForceAnswerFalse,
             Violation::ForcedHoldNotTold { .. } => ViolationKind::ForcedHoldNotTold,
             Violation::ReleaseLeftHeld { .. } => ViolationKind::ReleaseLeftHeld,
+            Violation::HoldEndedUntold { .. } => ViolationKind::HoldEndedUntold,
             Violation::LossSignalLate { .. } => ViolationKind::LossSignalLate,
             Violation::WriteAfterLoss { .. } => ViolationKind::WriteAfterLoss,
         }
@@ -544,6 +563,12 @@ impl Violation {
                 later,
                 ..
             } => vec![*release, *hold, *later],
+            Violation::HoldEndedUntold {
+                hold,
+                grant,
+                found_out,
+                ..
+            } => [hold.entry, *grant].into_iter().chain(*found_out).collect(),
             Violation::LossSignalLate { grant, late, .. } => vec![*grant, *late],
             Violation::WriteAfterLoss { lost, write, .. } => vec![*lost, *write],
         }

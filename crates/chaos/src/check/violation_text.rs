@@ -179,6 +179,18 @@ impl fmt::Display for Violation {
                 LockDisplay(lock),
                 if *unknown { "outcome-unknown" } else { "acknowledged" }
             ),
+            Violation::HoldEndedUntold { lock, hold, grant, worker, found_out } => {
+                write!(
+                    f,
+                    "{}: worker {worker}'s hold ({grant}), the {hold}, was deleted as released, but the \
+                     worker neither released it nor was told it was lost",
+                    LockDisplay(lock)
+                )?;
+                match found_out {
+                    Some(e) => write!(f, ": it found out only from its own release refused ({e})"),
+                    None => Ok(()),
+                }
+            }
             Violation::LossSignalLate { lock, worker, grant, expiry_ns, deadline_ns, late } => write!(
                 f,
                 "{}: worker {worker}'s hold ({grant}) was not reported lost by {deadline_ns} ns (its \

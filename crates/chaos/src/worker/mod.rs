@@ -17,7 +17,10 @@
 //! the worker goes on with the session), the answer to the first attempt, or the first
 //! attempt. After `pause-next-write` it stops itself (SIGSTOP) right after recording its
 //! next write with a token, before sending it, until the nemesis continues it. It stops
-//! after the cycle under way once its stdin closes.
+//! after the cycle under way once its stdin closes. With the run's session races on
+//! ([`WorkerConfig::races`]), some cycles send their acquire again after its connection
+//! was reset while the service still worked on it, and some have a second task acquire
+//! the same lock on the same session (`races.rs`).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -28,7 +31,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::rt::TokioExecutor;
-use palisade_api::{Mode, TieredSessionId};
+use palisade_api::TieredSessionId;
 use palisade_client::{Client, ClientSession, HoldLoss, ProblemKind, RemoteHold};
 use palisade_fence::{FencingToken, FencingTokenLayer};
 use palisade_testkit::{Loss, LossyProxy};
@@ -40,11 +43,13 @@ use tower::ServiceBuilder;
 
 use crate::clock::RunClock;
 use crate::error::ChaosError;
-use crate::history::{write_entry, Entry, Event, LockName, LossReason};
+use crate::history::{write_entry, Entry, Event, LockName, LossReason, RaceKind};
 use crate::resource::key_name;
 
+mod races;
 mod writes;
 
+use races::{Acquired, Races};
 use writes::{write_http, write_pg};
 
 /// The namespace the workers lock in.
@@ -90,6 +95,10 @@ pub struct WorkerConfig {
     pub keys: u32,
     /// Session TTL, milliseconds.
     pub ttl_ms: u64,
+    /// Whether the worker runs races on its session: an acquire whose connection is
+    /// reset is sent again, and two tasks acquire one lock at once (see `races.rs`).
+    #[serde(default)]
+    pub races: bool,
 }
 
 /// Records entries on stdout.
@@ -193,6 +202,7 @@ pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
     let mut rng = StdRng::seed_from_u64(
         config.seed ^ (u64::from(config.id) + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15),
     );
+    let mut racing = config.races.then(|| Races::new(config.seed, config.id));
     let identity = format!("spiffe://chaos/workers/w{}", config.id);
     // Each replica through a loopback proxy of this process, which loses releases while
     // the nemesis says so.
@@ -258,18 +268,25 @@ pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
             key: key.clone(),
         };
         rec.record(Event::AcquireInvoked { lock: lock.clone() });
-        let acquired = tokio::time::timeout(
-            ACQUIRE_WAIT + WRITE_TIMEOUT,
-            s.acquire(NAMESPACE, CLASS, &key, Mode::Exclusive, ACQUIRE_WAIT),
-        )
-        .await;
+        let race = racing.as_mut().and_then(Races::pick);
+        let mut second =
+            (race == Some(RaceKind::SharedSession)).then(|| races::spawn_second(&rec, &s, &lock));
+        let acquired = if race == Some(RaceKind::ResetRetry) {
+            races::acquire_reset(&rec, &s, &proxies[proxy], &lock).await
+        } else {
+            races::acquire(&s, &lock, ACQUIRE_WAIT).await
+        };
         let hold = match acquired {
-            Ok(Ok(hold)) => hold,
-            Ok(Err(e)) => {
+            Acquired::Answered(Ok(hold)) => hold,
+            Acquired::Answered(Err(e)) => {
                 rec.record(Event::AcquireFailed {
                     lock,
                     error: e.to_string(),
                 });
+                if races::join(&mut second).await {
+                    abandon(&rec, &mut session, &current).await;
+                    continue;
+                }
                 if e.is_session_lost() {
                     session = None;
                 } else if e.problem() == Some(ProblemKind::WrongTier) {
@@ -281,11 +298,9 @@ pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
                 tokio::time::sleep(Duration::from_millis(rng.gen_range(50..250))).await;
                 continue;
             }
-            Err(_) => {
-                rec.record(Event::AcquireFailed {
-                    lock,
-                    error: "no answer in time".into(),
-                });
+            Acquired::GiveUp(error) => {
+                rec.record(Event::AcquireFailed { lock, error });
+                races::join(&mut second).await;
                 abandon(&rec, &mut session, &current).await;
                 continue;
             }
@@ -296,6 +311,9 @@ pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
                 error: "granted without a fencing token".into(),
             });
             let _ = hold.release().await;
+            if races::join(&mut second).await {
+                abandon(&rec, &mut session, &current).await;
+            }
             continue;
         };
         let (lease, tier) = session_of(&s);
@@ -388,6 +406,9 @@ pub async fn run_worker(config: WorkerConfig) -> Result<(), ChaosError> {
             mode,
         )
         .await;
+        if races::join(&mut second).await {
+            abandon(&rec, &mut session, &current).await;
+        }
         tokio::time::sleep(Duration::from_millis(rng.gen_range(0..100))).await;
     }
     if let Some(s) = session {

@@ -5,6 +5,7 @@ mod inject;
 mod inject_edges;
 mod inject_loss;
 mod inject_tiers;
+mod inject_untold;
 mod model;
 mod props;
 mod reader;

@@ -146,6 +146,19 @@ impl Sim {
         self.rev
     }
 
+    /// Sets etcd's revision before any hold was granted: the next write is `rev + 1`.
+    pub(crate) fn set_rev(&mut self, rev: i64) {
+        assert!(self.holds.is_empty(), "only before any hold");
+        self.rev = rev;
+    }
+
+    /// A write to etcd that is no hold's grant or end (a waiter key put, say): one
+    /// revision. Returns it.
+    pub(crate) fn other_write(&mut self) -> i64 {
+        self.rev += 1;
+        self.rev
+    }
+
     fn open_holders<'a>(&'a self, lock: &'a LockName) -> impl Iterator<Item = &'a HoldRecord> + 'a {
         self.holds
             .iter()
@@ -220,6 +233,25 @@ impl Sim {
         };
         *s = session;
         self.holds[hold.record].session = Some(session);
+        hold
+    }
+
+    /// [`Sim::acquire_in`] for an acquire whose `acquire_invoked` was recorded earlier
+    /// (one of two racing on a session): grants without recording another.
+    pub(crate) fn grant_in(
+        &mut self,
+        worker: u32,
+        lock: &LockName,
+        exclusive: bool,
+        session: i64,
+    ) -> Hold {
+        let hold = self.acquire_in(worker, lock, exclusive, session);
+        let invoked = self.entries.len() - 2;
+        assert!(matches!(
+            self.entries[invoked].event,
+            Event::AcquireInvoked { .. }
+        ));
+        self.entries.remove(invoked);
         hold
     }
 

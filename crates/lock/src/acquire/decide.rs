@@ -6,15 +6,16 @@
 use std::collections::{HashMap, HashSet};
 
 use etcd_client::{
-    Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+    Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 use palisade_fence::{FencingToken, Revision};
 use tokio::time::Instant;
 
+use super::own::OwnHold;
 use super::Attempt;
 use crate::error::{Error, ErrorKind, Result};
 use crate::handover::{oldest_waiter_op, Successor};
-use palisade_api::keys::HoldValue;
+use palisade_api::keys::LockKeys;
 use palisade_api::Mode;
 
 /// One key of the lock's queue, holds or grant records, read without its value.
@@ -43,6 +44,37 @@ pub(super) struct View {
     pub(super) holds: Vec<Entry>,
     grants: Vec<Entry>,
     epoch_mod_rev: i64,
+    /// `q/` and `h/` keys no live session owns (see `crate::stray`): in none of the
+    /// lists above, and deleted before the view is decided on.
+    strays: Vec<crate::stray::Stray>,
+}
+
+/// Splits the `q/` and `h/` entries of a view into the live ones and the strays, by
+/// `LockKeys::is_live_entry`.
+fn split_live(
+    k: &LockKeys,
+    queue: Vec<Entry>,
+    holds: Vec<Entry>,
+) -> (Vec<Entry>, Vec<Entry>, Vec<crate::stray::Stray>) {
+    let mut strays = Vec::new();
+    let mut live = |entries: Vec<Entry>| -> Vec<Entry> {
+        entries
+            .into_iter()
+            .filter_map(|e| {
+                if k.is_live_entry(&e.key, e.lease) {
+                    return Some(e);
+                }
+                strays.push(crate::stray::Stray {
+                    key: e.key,
+                    mod_rev: e.mod_rev,
+                    lease: e.lease,
+                });
+                None
+            })
+            .collect()
+    };
+    let (queue, holds) = (live(queue), live(holds));
+    (queue, holds, strays)
 }
 
 /// Which grant records a grant Txn allows in the ranges that conflict with it.
@@ -65,16 +97,6 @@ pub(super) enum Woken {
     /// The predecessor's release handed the lock over: this attempt's hold key was
     /// put at this revision.
     HandedOver(i64),
-}
-
-/// Who wrote a hold key of this session that a view found.
-enum OwnHold {
-    /// This attempt: its grant committed, the answer was lost.
-    Ours,
-    /// An earlier acquire of the session whose release did not get through.
-    Earlier,
-    /// The key is gone or was written again since the view: read anew.
-    Changed,
 }
 
 pub(super) enum Step {
@@ -137,12 +159,14 @@ impl Attempt {
                 .unwrap_or_else(|| Err(Error::new(ErrorKind::Etcd)))
         };
         let (queue, holds, grants, epoch) = (next()?, next()?, next()?, next()?);
+        let (queue, holds, strays) = split_live(k, queue, holds);
         Ok(View {
             revision: resp.header().map(|h| h.revision()).unwrap_or(0),
             queue,
             holds,
             grants,
             epoch_mod_rev: epoch.first().map(|e| e.mod_rev).unwrap_or(0),
+            strays,
         })
     }
 
@@ -168,69 +192,109 @@ impl Attempt {
             }
             return Err(self.locker.epoch.advanced_elsewhere());
         }
-        let lease = self.session.lease();
-        let k = &self.keys;
-        let (my_hold, my_waiter) = (
-            k.hold(self.mode, lease).into_bytes(),
-            k.waiter(self.mode, lease).into_bytes(),
-        );
-        if let Some(h) = view
-            .holds
-            .iter()
-            .find(|h| h.key == my_hold && h.lease == lease.get())
-        {
-            match self.own_hold_attempt(h.create_rev).await? {
-                OwnHold::Ours => {
-                    // This attempt's grant committed but its answer was lost (a retried
-                    // Txn): adopt.
-                    let rev = Revision::from_i64(h.create_rev)
-                        .map_err(|e| Error::with_source(ErrorKind::Etcd, e))?;
-                    let _ = self
-                        .txn(Txn::new().and_then([TxnOp::delete(my_waiter, None)]))
-                        .await;
-                    return self.finish(rev).await.map(Step::Granted);
-                }
-                OwnHold::Changed => return Ok(Step::Next(self.read().await?)),
-                OwnHold::Earlier => {}
-            }
-        }
-        if let Some(stale) = view.holds.iter().find(|h| h.lease == lease.get()) {
-            // A hold of this session left by an earlier acquire whose release did not get
-            // through (its `Hold` is gone, so the caller already let it go): finish that
-            // release, so it neither blocks us nor gets its token handed out again.
-            let txn = Txn::new()
-                .when([Compare::create_revision(
-                    stale.key.clone(),
-                    CompareOp::Equal,
-                    stale.create_rev,
-                )])
-                .and_then([
-                    TxnOp::delete(stale.key.clone(), None),
-                    TxnOp::delete(k.grant_for_hold(&stale.key), None),
-                ]);
-            if self.txn(txn).await?.succeeded() {
-                self.replaced_earlier
-                    .store(true, std::sync::atomic::Ordering::SeqCst);
-            }
+        if !view.strays.is_empty() {
+            // Keys no live session owns never end by themselves and would fail the
+            // grant's range compares: delete them, then decide on the lock as it is.
+            let some = &view.strays[..view.strays.len().min(crate::stray::PER_TXN)];
+            self.txn(crate::stray::delete_txn(some, "acquire")).await?;
             return Ok(Step::Next(self.read().await?));
         }
+        let lease = self.session.lease();
+        let k = &self.keys;
+        let my_waiter = k.waiter(self.mode, lease).into_bytes();
+        // The session's own keys on the lock first: at most one acquire of a session
+        // holds or waits for a lock at a time (see `AcquireAttempt`).
+        if let Some(h) = view.holds.iter().find(|h| h.lease == lease.get()) {
+            return match self.own_hold(h).await? {
+                OwnHold::Ours { rewrite } => {
+                    // This attempt's grant committed but its answer was lost (a retried
+                    // Txn, or a retry of the acquire): adopt.
+                    let rev = Revision::from_i64(h.create_rev)
+                        .map_err(|e| Error::with_source(ErrorKind::Etcd, e))?;
+                    if !self.adopt(h, rewrite).await? {
+                        return Ok(Step::Next(self.read().await?));
+                    }
+                    self.finish(rev).await.map(Step::Granted)
+                }
+                OwnHold::Changed => Ok(Step::Next(self.read().await?)),
+                OwnHold::Replaced => {
+                    // The hold the caller named in `replaces`: its holder let it go, and
+                    // its release may not have got through. Finish that release, so it
+                    // neither blocks us nor gets its token handed out again.
+                    let txn = Txn::new()
+                        .when([Compare::create_revision(
+                            h.key.clone(),
+                            CompareOp::Equal,
+                            h.create_rev,
+                        )])
+                        .and_then([
+                            TxnOp::delete(h.key.clone(), None),
+                            TxnOp::delete(k.grant_for_hold(&h.key), None),
+                        ]);
+                    if self.txn(txn).await?.succeeded() {
+                        self.replaced_earlier
+                            .store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    Ok(Step::Next(self.read().await?))
+                }
+                OwnHold::Other { mode, attempt } => Err(Error::new(ErrorKind::AlreadyHeld {
+                    mode,
+                    grant_rev: Revision::from_i64(h.create_rev)
+                        .map_err(|e| Error::with_source(ErrorKind::Etcd, e))?,
+                    attempt,
+                })),
+            };
+        }
+        if let Some(w) = view
+            .queue
+            .iter()
+            .find(|w| w.lease == lease.get() && w.key != my_waiter)
+        {
+            // The session waits for the lock in the other mode: another attempt's, or
+            // one of this handle's dropped ones, whose cleanup deletes it shortly.
+            let attempt = self.attempt_of(&w.key).await?;
+            if !self.abandoned.contains(&attempt) {
+                return Err(Error::new(ErrorKind::AcquireInFlight {
+                    attempt,
+                    taken_over: false,
+                }));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            return Ok(Step::Next(self.read().await?));
+        }
+        let put_rev = self
+            .waiter_put_rev
+            .load(std::sync::atomic::Ordering::SeqCst);
         let Some(mine) = view
             .queue
             .iter()
             .find(|w| w.key == my_waiter)
-            .map(|w| w.create_rev)
+            .map(|w| (w.create_rev, w.mod_rev))
         else {
             // Our waiter key is gone (lease expired, or deleted by someone): enqueue again
             // at the back; a dead lease makes the put fail with SessionLost. Guarded by the
             // cancel marker like the first Txn, so a late copy cannot outlive a cleanup.
-            let put = TxnOp::put(
-                my_waiter,
-                self.meta.clone(),
-                Some(PutOptions::new().with_lease(self.lease())),
-            );
-            self.guarded_txn(Txn::new().and_then([put])).await?;
+            // If a key appeared since the view (a retry of this attempt, or another
+            // attempt), the put reads it instead, and it is decided on as in the first Txn.
+            let (resp, inner) = self
+                .guarded_txn(Txn::new().and_then([self.enqueue_op()]))
+                .await?;
+            let header_rev = resp.header().map_or(0, |h| h.revision());
+            self.enqueued(header_rev, inner.op_responses().into_iter().next())
+                .await?;
             return Ok(Step::Next(self.read().await?));
         };
+        if mine.1 != put_rev {
+            // Written since by another request: a retry of this attempt took its place
+            // over (only a retry of the attempt writes a waiter key that exists). The
+            // retry owns the key now; this request's cleanup compares its own value and
+            // so leaves it alone.
+            return Err(Error::new(ErrorKind::AcquireInFlight {
+                attempt: self.id,
+                taken_over: true,
+            }));
+        }
+        let mine = mine.0;
         let x_prefix = |p: String| move |e: &&Entry| e.key.starts_with(p.as_bytes());
         let is_x_waiter = x_prefix(k.queue_of(Mode::Exclusive));
         let is_x_hold = x_prefix(k.holds_of(Mode::Exclusive));
@@ -338,6 +402,13 @@ impl Attempt {
         };
         let mut when = vec![
             Compare::create_revision(my_waiter.clone(), CompareOp::Equal, mine),
+            // Still this request's: not taken over by a retry of the attempt.
+            Compare::mod_revision(
+                my_waiter.clone(),
+                CompareOp::Equal,
+                self.waiter_put_rev
+                    .load(std::sync::atomic::Ordering::SeqCst),
+            ),
             self.epoch_compare(),
         ];
         for (start, end) in ranges('g', relevant_modes) {
@@ -434,37 +505,5 @@ impl Attempt {
         let resp = self.txn(Txn::new().and_then(ops.into())).await?;
         self.locker.epoch.check(resp.header(), hw, false)?;
         Ok(resp)
-    }
-
-    /// Reads this session's hold key of the lock, which a view listed (keys only) as
-    /// created at `create_rev`, and tells whether this attempt wrote it (its `attempt`
-    /// in the stored meta; a grant whose answer was lost) or an earlier acquire of the
-    /// session did.
-    /// The same read finds the oldest waiter, whom the hold hands over to if it is
-    /// ours (a hand-over whose put this waiter did not see before it woke comes this way).
-    async fn own_hold_attempt(&self, create_rev: i64) -> Result<OwnHold> {
-        let hold = self.keys.hold(self.mode, self.session.lease());
-        let resp = self
-            .read_txn([TxnOp::get(hold, None), oldest_waiter_op(&self.keys)])
-            .await?;
-        let mut gets = resp.op_responses().into_iter().map(|r| match r {
-            TxnOpResponse::Get(g) => Ok(g.kvs().first().cloned()),
-            _ => Err(Error::new(ErrorKind::Etcd)),
-        });
-        let (kv, oldest) = (
-            gets.next().transpose()?.flatten(),
-            gets.next().transpose()?.flatten(),
-        );
-        let Some(kv) = kv.filter(|kv| kv.create_revision() == create_rev) else {
-            return Ok(OwnHold::Changed);
-        };
-        let attempt = HoldValue::parse(kv.value()).map(|v| v.attempt);
-        if attempt != Some(self.id) {
-            return Ok(OwnHold::Earlier);
-        }
-        if self.mode == Mode::Exclusive {
-            self.set_successor(oldest.as_ref());
-        }
-        Ok(OwnHold::Ours)
     }
 }

@@ -52,24 +52,45 @@ impl Drop for Attempt {
         if self.disarmed {
             return;
         }
-        let (locker, keys, mode, session, meta, owns_busy) = (
+        let (locker, keys, mode, session, meta, owns_busy, id) = (
             self.locker.clone(),
             self.keys.clone(),
             self.mode,
             self.session.clone(),
             std::mem::take(&mut self.meta),
             self.owns_busy,
+            self.id,
         );
         let extra = self.guard_cleanup();
         let marker = self.marker();
+        // A request named by its client may be sent again (its connection was reset):
+        // its keys wait a while for the retry to take them over (a put with its own
+        // value, which this cleanup's compares then leave alone), so the retry keeps
+        // its place in the queue.
+        let grace = if self.named {
+            super::RETRY_GRACE
+        } else {
+            std::time::Duration::ZERO
+        };
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
+                // Marked before the lock is free to acquire again, so that the next
+                // acquire knows these keys for a dropped one's.
+                session.set_abandoned(keys.base(), id, true);
                 if owns_busy {
                     session.unmark_busy(keys.base());
                 }
                 let running = locker.cleanups.start();
                 rt.spawn(async move {
                     let _running = running;
+                    let _abandoned = Abandoned {
+                        session: &session,
+                        base: keys.base(),
+                        id,
+                    };
+                    if !grace.is_zero() {
+                        locker.cleanups.grace(grace).await;
+                    }
                     let mut backoff = retry::Backoff::new();
                     while let Err(CallError::Unavailable(_) | CallError::Cut) = cleanup(
                         &locker,
@@ -98,6 +119,20 @@ impl Drop for Attempt {
                 }
             }
         }
+    }
+}
+
+/// Ends an acquire's [`Session::set_abandoned`] mark when its cleanup ends (done, or
+/// given up with the session).
+struct Abandoned<'a> {
+    session: &'a Session,
+    base: &'a str,
+    id: u64,
+}
+
+impl Drop for Abandoned<'_> {
+    fn drop(&mut self) {
+        self.session.set_abandoned(self.base, self.id, false);
     }
 }
 

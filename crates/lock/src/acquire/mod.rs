@@ -9,9 +9,15 @@
 //! - Uncontended exclusive acquire, one Txn: if `h/`, `q/` and `g/` are empty (etcd
 //!   compares a create revision over an empty range as 0) and the epoch key is unchanged,
 //!   put `h/x/<lease>` (on the lease), and `g/x/<lease>` for a class with a lock-delay
-//!   (the grant record: see [`needs_grant_record`]); else put the waiter key and read
-//!   queue, holds and grant records in the same Txn. Shared: the same with `h/x/`,
-//!   `q/x/`, `g/x/`, and no leftover `h/s/<lease>` of its own.
+//!   (the grant record: see [`needs_grant_record`]); else put the waiter key (only if
+//!   the session has none there: else read it) and read queue, holds and grant records
+//!   in the same Txn. Shared: the same with `h/x/`, `q/x/`, `g/x/`, and no
+//!   `h/s/<lease>` or `q/s/<lease>` of its own.
+//! - One acquire per session and lock: keys of the session's own on the lock are
+//!   decided on first, by the `attempt` and `request` in their value (see
+//!   [`AcquireAttempt`]): its own attempt's are adopted (a hold) or taken over in place
+//!   (a waiter key); the hold named in `replaces` is ended; any other is refused, and a
+//!   hold answered to its caller is never ended by another acquire.
 //! - A waiter decides on queue, holds and grant records read at one revision. Exclusive:
 //!   it waits for the waiter just ahead of it, else for one holder. Shared: for the
 //!   exclusive waiter just ahead of it, else for one exclusive holder. For a waiter ahead
@@ -32,8 +38,11 @@
 //!   Woken, it sends its grant Txn at once (allowing no grant record at all); a grant
 //!   Txn that fails reads the lock in its else branch, and the waiter decides again.
 //!   These reads are keys only (which keys exist, and their revisions); a hold of the
-//!   waiter's own session is read with its value, to tell a grant whose answer was lost
-//!   (adopted) from an earlier acquire's leftover (released). Every read and Txn answer
+//!   waiter's own session is read with its value, to tell its own attempt's grant (a
+//!   grant whose answer was lost, adopted) from the hold named in `replaces` (ended) and
+//!   from another acquire's (refused). The grant Txn also compares the waiter key's mod
+//!   revision with this request's own write of it: a key taken over by a retry of the
+//!   attempt is the retry's to grant. Every read and Txn answer
 //!   is checked against the epoch (see [`crate::epoch`]), and the wait's watch messages raise
 //!   the locker's high water, so a waiter that sat in a watch still knows how far etcd
 //!   had moved.
@@ -78,7 +87,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse};
@@ -94,15 +103,18 @@ use crate::retry;
 use crate::session::Session;
 use palisade_api::keys::{HoldValue, LockKeys};
 use palisade_api::HolderMeta;
-use palisade_api::InvalidInput;
+use palisade_api::{AttemptId, InvalidInput};
 use palisade_api::{LockClass, Mode, QuorumPolicy};
 
 mod decide;
 mod guard;
+mod own;
 mod wait;
 
 use guard::cleanup;
 pub(crate) use guard::TxnGuard;
+pub use own::AcquireAttempt;
+use own::{request_id, RETRY_GRACE};
 
 use decide::Step;
 
@@ -114,12 +126,28 @@ const RACES_BEFORE_BACKOFF: u32 = 3;
 /// `Attempt::call_deadline`).
 const CALL_TIMEOUTS: u32 = 3;
 
-/// Numbers acquire attempts.
-static ATTEMPTS: AtomicU64 = AtomicU64::new(1);
-
 /// Everything one acquire needs, and the cleanup if it does not end in a hold.
 struct Attempt {
+    /// The attempt's id ([`AcquireAttempt::id`], or a random one): a key of the
+    /// session's with this id in its value is this acquire's, written by this request
+    /// or an earlier one of the same attempt.
     id: u64,
+    /// This request's id, random: tells this request's writes from those of another
+    /// request of the same attempt (see [`HoldValue::request`]).
+    request: u64,
+    /// The grant revision of an earlier hold of the session on the lock that this
+    /// acquire ends ([`AcquireAttempt::replaces`]).
+    replaces: Option<Revision>,
+    /// The attempts of this session handle on the lock that were dropped or let go of
+    /// before this one began, and whose keys may still be there (see
+    /// `Session::abandoned`): keys of theirs are no live acquire's.
+    abandoned: Vec<u64>,
+    /// Whether the attempt's id was given by the caller, who may send it again: a
+    /// dropped request's cleanup then waits [`RETRY_GRACE`] first.
+    named: bool,
+    /// The mod revision of this request's last write of its waiter key (0: none yet).
+    /// A waiter key with another mod revision was taken over by a retry of the attempt.
+    waiter_put_rev: AtomicI64,
     /// The epoch this attempt grants under: its number goes into the meta and the
     /// token, its `config/epoch` mod revision into every grant Txn's compares.
     epoch: Epoch,
@@ -168,6 +196,7 @@ pub(crate) async fn acquire(
     mode: Mode,
     deadline: Instant,
     holder_meta: Option<&HolderMeta>,
+    named: AcquireAttempt,
     guard: Option<Arc<TxnGuard>>,
 ) -> Result<Hold> {
     if session.loss().is_some() {
@@ -178,19 +207,27 @@ pub(crate) async fn acquire(
         return Err(Error::invalid(InvalidInput::AlreadyAcquiring));
     }
     let epoch = locker.epoch.snapshot();
-    let id = ATTEMPTS.fetch_add(1, Ordering::Relaxed);
+    let id = named.id.unwrap_or_else(AttemptId::random).get();
+    let request = request_id();
     let meta = serde_json::to_vec(&HoldValue {
         spiffe_id: Cow::Borrowed(session.spiffe_id().as_str()),
         class: Cow::Borrowed(&class.id),
         mode,
         epoch: epoch.record.epoch.get(),
         attempt: id,
+        request,
         holder_meta: holder_meta.map(Cow::Borrowed),
         grant_record: needs_grant_record(&class),
     })
     .map_err(|e| Error::with_source(ErrorKind::CorruptRecord, e))?;
+    let abandoned = session.abandoned(keys.base());
     let mut attempt = Attempt {
         id,
+        request,
+        replaces: named.replaces,
+        named: named.id.is_some(),
+        abandoned,
+        waiter_put_rev: AtomicI64::new(0),
         epoch: epoch.record.epoch,
         epoch_mod_rev: epoch.etcd_mod_rev,
         locker,
@@ -286,6 +323,7 @@ impl Attempt {
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .take(),
             replaced_earlier: self.replaced_earlier.load(Ordering::SeqCst),
+            attempt: self.id,
             done: false,
         }
     }
@@ -381,7 +419,7 @@ impl Attempt {
     fn marker(&self) -> Option<String> {
         self.unsettled
             .load(Ordering::SeqCst)
-            .then(|| self.keys.cancel_marker(self.session.lease(), self.id))
+            .then(|| self.keys.cancel_marker(self.session.lease(), self.request))
     }
 
     /// Sends `inner` wrapped in `if create_revision(cancel marker) == 0`, and returns
@@ -408,7 +446,7 @@ impl Attempt {
         // nothing more in it.
         let fence = self.locker.keys.ns_fence(&self.name.ns);
         let build = || {
-            let marker = self.keys.cancel_marker(self.session.lease(), self.id);
+            let marker = self.keys.cancel_marker(self.session.lease(), self.request);
             let mut when = vec![
                 Compare::create_revision(marker, CompareOp::Equal, 0),
                 Compare::create_revision(fence.as_str(), CompareOp::Equal, 0),
@@ -508,26 +546,23 @@ impl Attempt {
         let conflicting: &[Mode] = match self.mode {
             Mode::Exclusive => &[Mode::Exclusive, Mode::Shared],
             Mode::Shared => {
-                when.push(Compare::create_revision(
-                    k.hold(Mode::Shared, self.session.lease()),
-                    CompareOp::Equal,
-                    0,
-                ));
+                // No shared hold or waiter of this session's (the exclusive ranges
+                // below cover its exclusive ones): its keys are decided on in the loop.
+                let lease = self.session.lease();
+                when.extend([
+                    Compare::create_revision(k.hold(Mode::Shared, lease), CompareOp::Equal, 0),
+                    Compare::create_revision(k.waiter(Mode::Shared, lease), CompareOp::Equal, 0),
+                ]);
                 &[Mode::Exclusive]
             }
         };
         for &m in conflicting {
             when.extend([empty('h', m), empty('q', m), empty('g', m)]);
         }
-        let enqueue = TxnOp::put(
-            k.waiter(self.mode, self.session.lease()),
-            self.meta.clone(),
-            Some(PutOptions::new().with_lease(self.lease())),
-        );
         // Not granted: the same Txn enqueues and reads the lock (its queue with our
         // waiter key in it, holds, grant records, epoch key) at its own revision, so
         // the waiter loop starts without a separate read.
-        let mut or_else = vec![enqueue];
+        let mut or_else = vec![self.enqueue_op()];
         or_else.extend(self.view_ops());
         Txn::new()
             .when(when)
@@ -544,7 +579,13 @@ impl Attempt {
             return self.mint(&resp, hw, true).await;
         }
         self.locker.epoch.check(resp.header(), hw, false)?;
-        let mut view = self.parse_view(&resp, inner.op_responses().into_iter().skip(1))?;
+        let mut ops = inner.op_responses().into_iter();
+        let header_rev = resp.header().map_or(0, |h| h.revision());
+        let mut view = if self.enqueued(header_rev, ops.next()).await? {
+            self.read().await?
+        } else {
+            self.parse_view(&resp, ops)?
+        };
         let mut first_seen: HashMap<(Vec<u8>, i64), Instant> = HashMap::new();
         // Grant Txns that failed in a row on a state read just before. Each failure
         // returns the state that made it fail and the loop decides again on it at once;

@@ -10,7 +10,8 @@
 //!    `namespace-moving`), before writing anything; so do its class edits, so that
 //!    none is lost between the copy (step 4) and the switch.
 //! 3. **Drain.** Wait until the old tier has no hold and no waiter key in the namespace
-//!    (read at one revision after the fence), up to the drain deadline. Waiters queued
+//!    on the lease it names (read at one revision after the fence), up to the drain
+//!    deadline. Waiters queued
 //!    before the fence may still be granted while it drains; a grant needs the waiter's
 //!    key, so once none is left nothing more is granted there. Past the deadline the
 //!    rehome is rolled back ([`ErrorKind::DrainTimeout`]): holds are not force-released
@@ -24,7 +25,12 @@
 //! 6. **Switch** (the commit point): one Txn on the home tier, comparing the rehome
 //!    record's revision, writes the namespace record naming the new tier and the
 //!    record's phase `switched`.
-//! 7. **Lift the new tier's fence**, then delete the rehome record.
+//! 7. **Clean the new tier, then lift its fence**, then delete the rehome record. The
+//!    clean deletes the namespace's keys there that no live session owns (holds,
+//!    waiters and cancel markers not on the lease they name, quota slots on no lease:
+//!    what `etcdctl make-mirror`, which copies keys without their leases, leaves), logs
+//!    each at WARN and answers them in [`RehomeOutcome::removed`]. Left there, they
+//!    would be stray keys that acquires meet (see `crate::stray`).
 //!
 //! Crash safety. Before the switch the namespace lives on the old tier; after it, on
 //! the new one. The old tier is fenced before anything of the new tier is prepared, and
@@ -47,6 +53,7 @@ use crate::config_store::decode;
 use crate::error::{Error, ErrorKind, Result};
 use crate::locker::Locker;
 use crate::retry;
+use crate::stray::ForeignKey;
 use palisade_api::keys::LockEntry;
 use palisade_api::{
     validate_name, EpochReason, EpochRecord, InvalidInput, RehomePhase, RehomeRecord,
@@ -70,6 +77,9 @@ pub struct RehomeOutcome {
     pub to: String,
     /// The epoch record `to` serves it under.
     pub epoch: EpochRecord,
+    /// The namespace's keys on `to` that no live session owned, deleted before its fence
+    /// was lifted (step 7), with the lease each was on (0: none).
+    pub removed: Vec<ForeignKey>,
 }
 
 pub(super) async fn run(
@@ -101,6 +111,7 @@ pub(super) async fn run(
                     from,
                     to: to.to_owned(),
                     epoch: tiers.locker(to)?.epoch().0,
+                    removed: Vec::new(),
                 });
             }
             let record = RehomeRecord {
@@ -133,7 +144,17 @@ pub(super) async fn run(
         }
         RehomePhase::Switched => (record, mod_rev),
     };
-    // Step 7: the namespace lives on `to` since the switch; lift its fence there.
+    // Step 7: the namespace lives on `to` since the switch; clean it there (while
+    // fenced, so no grant meets a stray key) and lift its fence.
+    let removed = target.remove_strays(ns).await?;
+    if !removed.is_empty() {
+        tracing::warn!(
+            ns,
+            to,
+            removed = removed.len(),
+            "rehome: deleted keys of the namespace on the new tier that no live session owned"
+        );
+    }
     txn(
         target,
         Txn::new().and_then([TxnOp::delete(target.keys().ns_fence(ns), None)]),
@@ -155,6 +176,7 @@ pub(super) async fn run(
         from: record.from,
         to: record.to,
         epoch: target.epoch().0,
+        removed,
     })
 }
 
@@ -250,10 +272,12 @@ async fn wait_drained(from: &Locker, ns: &str, deadline: Instant) -> Result<()> 
     loop {
         let resp = call_get(from, &prefix).await?;
         let (mut holds, mut waiters) = (0, 0);
+        // Only keys on the lease they name are holds and waiters (a lease-less copy
+        // never ends, and no grant needs it).
         for kv in resp.kvs() {
             match from.keys().parse_lock_entry(kv.key()).map(|e| e.entry) {
-                Some(LockEntry::Hold(..)) => holds += 1,
-                Some(LockEntry::Waiter(..)) => waiters += 1,
+                Some(LockEntry::Hold(_, l)) if l.get() == kv.lease() => holds += 1,
+                Some(LockEntry::Waiter(_, l)) if l.get() == kv.lease() => waiters += 1,
                 _ => {}
             }
         }

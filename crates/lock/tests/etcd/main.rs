@@ -12,6 +12,7 @@ mod epoch_store;
 mod epochs;
 mod grant_records;
 mod lease_loss;
+mod leaseless;
 mod lock_delay;
 #[cfg(feature = "postgres")]
 mod postgres_epoch_store;

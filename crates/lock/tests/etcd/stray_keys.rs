@@ -1,6 +1,6 @@
 //! Keys under the lock prefix that no lock of this locker wrote, and lock keys that are
 //! prefixes of each other: they never block a grant, and those in the shape of a lock's
-//! key are reported.
+//! key are reported (and, on no lease, deleted by the next acquire).
 
 use std::time::Duration;
 
@@ -105,17 +105,31 @@ async fn etcd_stray_keys_in_reserved_sub_prefixes_never_block_and_in_shape_ones_
     let state = f.locker.lock_state(&name).await.unwrap();
     assert!(state.foreign_keys.is_empty(), "{state:?}");
 
-    // Inside the shape: it blocks (acquires treat it as a waiter), and lock_state says why.
+    // Inside the shape but on no lease: lock_state lists it, with its lease (none), as no
+    // waiter; the next acquire deletes it and is granted at once.
     let inside = format!("{b}q/x/0000000000000001");
     c.clone().put(inside.as_str(), "junk", None).await.unwrap();
     let state = f.locker.lock_state(&name).await.unwrap();
-    assert_eq!(state.foreign_keys, vec![inside.clone()], "{state:?}");
+    assert_eq!(
+        state.foreign_keys,
+        vec![palisade_lock::ForeignKey {
+            key: inside.clone(),
+            lease: palisade_lock::LeaseId::new(0)
+        }],
+        "{state:?}"
+    );
     assert!(state.holders.is_empty() && state.waiters.is_empty());
-    c.clone().delete(inside.as_str(), None).await.unwrap();
     let h = f
         .locker
         .acquire(&s, &name, Mode::Exclusive, within(Duration::from_secs(2)))
         .await
         .unwrap();
+    assert!(c
+        .clone()
+        .get(inside.as_str(), None)
+        .await
+        .unwrap()
+        .kvs()
+        .is_empty());
     h.release().await.unwrap();
 }

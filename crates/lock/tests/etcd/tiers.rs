@@ -471,3 +471,115 @@ async fn etcd_a_class_edit_is_refused_while_a_rehome_fences_the_namespace() {
         Duration::from_secs(20)
     );
 }
+
+/// Mirrors `prefix` of cluster `from` into `to` with `etcdctl make-mirror` (which copies
+/// keys without their leases) until `to` has `count` keys under it, then stops it.
+async fn make_mirror(from: &EtcdCluster, to: &EtcdCluster, prefix: &str, count: usize) {
+    let etcdctl = palisade_testkit::EtcdBinaries::get().etcdctl();
+    let mut mirror = tokio::process::Command::new(etcdctl)
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={}", from.endpoints().join(",")))
+        .args(["make-mirror", "--prefix", prefix])
+        .arg(to.endpoint(0))
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let client = etcd_client::Client::connect(to.endpoints(), None)
+        .await
+        .unwrap();
+    let deadline = within(Duration::from_secs(10));
+    while keys_under(&client, prefix).await.len() < count {
+        assert!(
+            Instant::now() < deadline,
+            "make-mirror did not copy {prefix}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    mirror.kill().await.unwrap();
+}
+
+#[tokio::test]
+async fn etcd_a_tier_filled_by_make_mirror_is_cleaned_by_the_rehome_and_grants_within_quota() {
+    let t = two_tiers().await;
+    let (la, lb) = (tier(&t, "a"), tier(&t, "b"));
+    let quota = 4;
+    let owner = palisade_lock::SpiffeId::new("spiffe://test/owner").unwrap();
+    // Three holds of the namespace on tier a, three of its four slots taken.
+    let record = la
+        .open_detached_session(owner.clone(), Duration::from_secs(30))
+        .await
+        .unwrap();
+    let mut holds = Vec::new();
+    for k in ["k0", "k1", "k2"] {
+        holds.push(
+            la.acquire_in_quota(&record, &moving(k), Mode::Exclusive, secs(5), None, quota)
+                .await
+                .unwrap(),
+        );
+    }
+    // The operator mirrors the namespace's keys into tier b's cluster.
+    let locks = format!("{ROOT}locks/{MOVING}/");
+    let slots = format!("{ROOT}quota/{MOVING}/");
+    make_mirror(&t.a, &t.b, &locks, 3).await;
+    make_mirror(&t.a, &t.b, &slots, 3).await;
+    let copies = lb
+        .client()
+        .clone()
+        .get(
+            format!("{ROOT}"),
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    let copied: Vec<String> = copies
+        .kvs()
+        .iter()
+        .filter(|kv| {
+            kv.key_str().unwrap().starts_with(&locks) || kv.key_str().unwrap().starts_with(&slots)
+        })
+        .inspect(|kv| assert_eq!(kv.lease(), 0, "make-mirror drops leases"))
+        .map(|kv| kv.key_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(copied.len(), 6, "{copied:?}");
+    for h in holds {
+        h.release().await.unwrap();
+    }
+    la.revoke_session(record.lease).await.unwrap();
+
+    let done = t
+        .tiers
+        .rehome(MOVING, "b", Duration::from_secs(10))
+        .await
+        .unwrap();
+    let mut removed: Vec<String> = done.removed.iter().map(|k| k.key.clone()).collect();
+    removed.sort();
+    let mut expected = copied.clone();
+    expected.sort();
+    assert_eq!(removed, expected, "the rehome names what it deleted");
+    assert!(done.removed.iter().all(|k| k.lease.get() == 0));
+    assert!(keys_under(lb.client(), &locks).await.is_empty());
+    assert!(keys_under(lb.client(), &slots).await.is_empty());
+
+    // On tier b: all four slots, the three locks the copies named among them, each
+    // within a normal wait, in the new epoch.
+    let on_b = lb
+        .open_detached_session(owner, Duration::from_secs(30))
+        .await
+        .unwrap();
+    for k in ["k0", "k1", "k2", "k3"] {
+        let h = lb
+            .acquire_in_quota(
+                &on_b,
+                &moving(k),
+                Mode::Exclusive,
+                within(Duration::from_secs(2)),
+                None,
+                quota,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{k} not granted on the mirrored tier: {e:?}"));
+        assert_eq!(token(&h).epoch(), done.epoch.epoch);
+        h.forget();
+    }
+}

@@ -306,5 +306,10 @@ pub(super) async fn rehome(
         from: done.from,
         to: done.to,
         epoch: done.epoch,
+        removed_keys: done
+            .removed
+            .into_iter()
+            .map(super::locks::foreign_view)
+            .collect(),
     }))
 }

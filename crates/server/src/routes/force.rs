@@ -32,8 +32,9 @@ fn db_problem(e: &ForceDbError) -> Problem {
 }
 
 /// The `reason` of a [`ForceRequestBody`]: text of 1 to
-/// [`MAX_REASON_LEN`](palisade_api::MAX_REASON_LEN) bytes, not blank, no control
-/// character ([`palisade_api::validate_text`]).
+/// [`MAX_REASON_LEN`](palisade_api::MAX_REASON_LEN) bytes, not blank, no control or
+/// bidirectional formatting character, the ones lock keys refuse
+/// ([`palisade_api::validate_text`]).
 pub(super) fn check_reason(reason: &str) -> ApiResult<()> {
     Ok(palisade_api::validate_text(
         "reason",

@@ -17,15 +17,20 @@ use crate::openapi::{AcquireProblems, ReleaseProblems, StatusProblems};
 use crate::problem::Problem;
 use palisade_api::routes;
 use palisade_api::wire::{
-    AcquireBody, HoldView, HolderView, ReleaseBody, StatusQuery, StatusView, WaiterView,
+    AcquireBody, ForeignKeyView, HoldView, HolderView, ReleaseBody, StatusQuery, StatusView,
+    WaiterView,
 };
 use palisade_api::HolderMeta;
 use palisade_api::ProblemKind;
 use palisade_lock::LockName;
 
-/// Acquires a lock; long-polls until granted or `wait_ms` passes. A session that already
-/// holds the lock gets a new hold with a higher token (a retry after a lost answer): the
-/// earlier hold ends, with its quota slot.
+/// Acquires a lock; long-polls until granted or `wait_ms` passes. Sent again with the
+/// same `attempt` (after a reset connection or a lost answer), it gets the hold that
+/// attempt was granted, or takes over its place in the queue. A session that holds or
+/// waits for the lock under another attempt is refused (409 `already-held`,
+/// `acquire-in-flight`), unless the acquire names the held hold in `replaces` (its
+/// holder let it go and its release's outcome is unknown): that hold then ends, with
+/// its quota slot.
 #[utoipa::path(post, path = routes::ACQUIRE, tag = "locks",
     request_body = AcquireBody,
     responses((status = 200, description = "granted", body = HoldView), AcquireProblems))]
@@ -64,6 +69,10 @@ pub(super) async fn acquire(
     state.rates.check(&namespace.id, namespace.op_rate_quota)?;
     let started = std::time::Instant::now();
     let deadline = Instant::now() + wait;
+    let attempt = palisade_lock::AcquireAttempt {
+        id: body.attempt,
+        replaces: body.replaces,
+    };
     // The namespace's quota slot is taken in the acquire's first Txn, which also checks
     // that the session's record is the one read (or cached) above.
     let acquiring = async {
@@ -72,12 +81,13 @@ pub(super) async fn acquire(
         loop {
             let hold = on
                 .locker
-                .acquire_in_quota(
+                .acquire_attempt_in_quota(
                     &record,
                     &name,
                     body.mode,
                     deadline,
                     holder_meta.as_ref(),
+                    attempt,
                     namespace.held_lease_quota,
                 )
                 .await;
@@ -182,8 +192,17 @@ pub(super) async fn release(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// The holders (with tokens), the waiters in order and the class of one lock. A key
-/// outside the class's key prefix is 400 `invalid-input`, as for an acquire.
+/// A key no live session owns, as the wire lists it.
+pub(super) fn foreign_view(k: palisade_lock::ForeignKey) -> ForeignKeyView {
+    ForeignKeyView {
+        key: k.key,
+        lease: k.lease.to_string(),
+    }
+}
+
+/// The holders (with tokens), the waiters in order and the class of one lock, and the
+/// keys under it that no live session owns (`foreign_keys`). A key outside the class's
+/// key prefix is 400 `invalid-input`, as for an acquire.
 #[utoipa::path(get, path = routes::STATUS, tag = "locks",
     params(StatusQuery),
     responses((status = 200, description = "the lock", body = StatusView), StatusProblems))]
@@ -238,5 +257,6 @@ pub(super) async fn status(
                 holder_meta: w.holder_meta,
             })
             .collect(),
+        foreign_keys: lock.foreign_keys.into_iter().map(foreign_view).collect(),
     }))
 }

@@ -31,7 +31,10 @@
 //! fronts several etcd clusters (see `palisade_lock::Tiers`). A session is opened on
 //! one tier: the one `tier` names, else the tier of `tier_of` or `namespace` if given
 //! (each given must agree, else 409 `wrong-tier`), else the home tier; its id is
-//! `<tier>.<lease hex>` off the home tier. `tier_of` only routes the session, while
+//! `<tier>.<lease hex>` off the home tier. A `tier` other than the home tier is
+//! authorized as `tier_of` is: a service admin, or a caller granted some namespace on
+//! that tier (else 403). The per-identity session limit counts every tier's sessions.
+//! `tier_of` only routes the session, while
 //! `namespace` also takes a slot of that namespace's `held_lease_quota` for the session
 //! itself; the CLI's `lock acquire` and `lock run` send `tier_of`, so a user who names
 //! only the lock gets a session where its namespace lives. An acquire of a namespace that
@@ -68,7 +71,8 @@
 //! TTLs, bad names or keys, bodies over the limit: 413) is refused with a 4xx before
 //! anything is written to etcd. Free text (a force release's `reason` and request id, a
 //! namespace's `tenant_id` and `cluster_tier`) keeps the rule of
-//! [`palisade_api::validate_text`]: a NUL or other control character, blank, or over the
+//! [`palisade_api::validate_text`]: a NUL or other control character, a bidirectional
+//! formatting character (as in keys), blank, or over the
 //! field's bound is 400 `invalid-input` naming the field and the cause, before etcd or
 //! the force release database sees it.
 //!

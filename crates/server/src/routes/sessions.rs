@@ -32,6 +32,7 @@ pub(super) async fn open_session(
     if let Some(t) = &body.tier {
         palisade_api::validate_name(t)?;
         state.tiers.locker(t)?;
+        check_tier_use(&state, &caller, t).await?;
     }
     // `tier_of` only routes; `namespace` also takes a quota slot below.
     let routed = match &body.tier_of {
@@ -55,9 +56,7 @@ pub(super) async fn open_session(
     }
     let tier = tier.unwrap_or_else(|| state.tiers.home_name().to_owned());
     let locker = state.tiers.locker(&tier)?.clone();
-    let record = locker
-        .open_detached_session_limited(caller.0, ttl, Some(state.max_sessions_per_identity))
-        .await?;
+    let record = open_limited(&state, &caller, &tier, ttl).await?;
     if let (Some(ns), Some(quota)) = (&body.namespace, quota) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         match locker
@@ -85,6 +84,75 @@ pub(super) async fn open_session(
             tier,
         }),
     ))
+}
+
+/// Whether `caller` may open a session on `tier` by naming it, as it may by naming a
+/// namespace (`tier_of`): the home tier is everyone's (a session opened without a tier
+/// lands there); another tier only for a service admin, or for a caller the
+/// authorization config lets use a namespace that lives on it. 403 otherwise.
+async fn check_tier_use(state: &AppState, caller: &Caller, tier: &str) -> ApiResult<()> {
+    if tier == state.tiers.home_name() {
+        return Ok(());
+    }
+    let authz = state.authz.current();
+    if authz.is_admin(&caller.0) {
+        return Ok(());
+    }
+    for rules in &authz.namespace {
+        if !authz.may_use_namespace(&rules.id, &caller.0) {
+            continue;
+        }
+        if let Some((on, _)) = state.tiers.namespace(&rules.id).await? {
+            if on == tier {
+                return Ok(());
+            }
+        }
+    }
+    Err(forbidden(
+        caller,
+        &format!("open a session on tier {tier}"),
+        "the authorization config grants it no namespace on that tier",
+    ))
+}
+
+/// Opens a detached session of `caller` on `tier`, within the per-identity session limit,
+/// which holds across every tier: the identity's sessions on the other tiers, counted
+/// first, take their share of it, and this tier's count and take are one atomic step on
+/// its cluster. (Two opens on two tiers at the same moment can each miss the other's:
+/// no Txn spans two etcd clusters.) 429 `quota-exceeded` past the limit.
+async fn open_limited(
+    state: &AppState,
+    caller: &Caller,
+    tier: &str,
+    ttl: Duration,
+) -> ApiResult<palisade_lock::SessionRecord> {
+    let limit = state.max_sessions_per_identity;
+    let mut elsewhere = 0u32;
+    for (_, other) in state.tiers.iter().filter(|(name, _)| *name != tier) {
+        elsewhere = elsewhere.saturating_add(other.open_sessions_of(&caller.0).await?);
+    }
+    let over = || {
+        Problem::new(
+            ProblemKind::QuotaExceeded,
+            format!(
+                "this identity already has {limit} open sessions (across every tier), the \
+                 service's limit per identity"
+            ),
+        )
+    };
+    let left = limit.saturating_sub(elsewhere);
+    if left == 0 {
+        return Err(over());
+    }
+    let locker = state.tiers.locker(tier)?;
+    match locker
+        .open_detached_session_limited(caller.0.clone(), ttl, Some(left))
+        .await
+    {
+        Ok(record) => Ok(record),
+        Err(e) if matches!(e.kind(), palisade_lock::ErrorKind::SessionLimit { .. }) => Err(over()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The tier namespace `ns` lives on and its `held_lease_quota`, if `caller` may use it
