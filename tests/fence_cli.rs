@@ -1,10 +1,15 @@
 //! `palisade fence show` and `palisade fence reset`, run as a user runs them, on a real
-//! database.
+//! database (and a real etcd for `--lock`).
 
 use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
 
-use palisade_fence::{migrate, Epoch, FencingToken, Revision};
-use palisade_testkit::TestDb;
+use palisade_fence::{migrate, Epoch, FencingToken, PostgresStore, Raise, Revision};
+use palisade_lock::{
+    FileEpochStore, LockClass, LockName, Locker, LockerOptions, Mode, Namespace, Session, SpiffeId,
+};
+use palisade_testkit::{EtcdCluster, TestDb};
 
 fn palisade(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
@@ -74,8 +79,7 @@ async fn fence_show_reads_a_poisoned_mark_and_reset_lowers_it_with_an_audited_re
             reason,
             "--audit-database",
             &conn,
-            "--actor",
-            "ops-alice",
+            "--lock-unknown",
         ])
     };
     let (code, _, err) = reset(" ", &to);
@@ -102,7 +106,10 @@ async fn fence_show_reads_a_poisoned_mark_and_reset_lowers_it_with_an_audited_re
     let (code, out, err) = reset("epoch-1 token from the example", &to);
     assert_eq!(code, 0, "{err}");
     assert!(
-        out.starts_with(&format!("orders/1: mark reset from {poison} to {to}\n")),
+        out.starts_with(&format!(
+            "orders/1: mark reset from {poison} to {to} \
+             (lock unknown: not checked against a lock's grants)\n"
+        )),
         "{out}"
     );
 
@@ -126,7 +133,7 @@ async fn fence_show_reads_a_poisoned_mark_and_reset_lowers_it_with_an_audited_re
             poison.get() as i64,
             e0(120).get() as i64,
             "epoch-1 token from the example".to_owned(),
-            "ops-alice".to_owned()
+            "postgres".to_owned()
         )
     );
     let (code, out, err) = palisade(&["fence", "--database", &conn, "show", "orders/1"]);
@@ -142,33 +149,107 @@ async fn fence_show_reads_a_poisoned_mark_and_reset_lowers_it_with_an_audited_re
         "{out}"
     );
 
-    // Without --actor, $USER or $LOGNAME, the audit trail names the database role.
-    let lower = e0(100).to_string();
-    let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
-        .args([
+    let lock: (Option<String>, Option<i64>) = client
+        .query_one("SELECT lock_key, lock_floor FROM fence_reset", &[])
+        .await
+        .map(|r| (r.get(0), r.get(1)))
+        .unwrap();
+    assert_eq!(
+        lock,
+        (None, None),
+        "recorded as a reset with the lock unknown"
+    );
+    assert!(
+        out.contains(&format!(
+            "by postgres: {poison} -> {to} (epoch-1 token from the example) [lock unknown]"
+        )),
+        "{out}"
+    );
+}
+
+/// The actor is the role the resource's database authenticated: neither a flag (there is
+/// no --actor) nor $USER; the audit trail and fence_reset_log agree.
+#[tokio::test]
+async fn fence_reset_records_the_database_role_as_the_actor() {
+    let db = TestDb::create().await;
+    let mut client = db.connect().await;
+    migrate(&mut client).await.unwrap();
+    palisade_audit::migrate_client(&mut client).await.unwrap();
+    let poison = poison(&client).await;
+    let role = format!("{}_resetter", db.name());
+    client
+        .batch_execute(&format!(
+            "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN; \
+             GRANT USAGE ON SCHEMA palisade_fence TO {role}; \
+             GRANT EXECUTE ON FUNCTION palisade_fence.fence_reset(text, bigint, text, text, bigint) TO {role};"
+        ))
+        .await
+        .unwrap();
+    let conn = db.connection_string();
+    let as_role = format!("{conn} user={role}");
+    let to = e0(120).to_string();
+    let reset = |extra: &[&str]| {
+        let mut args = vec![
             "fence",
             "--database",
-            &conn,
+            &as_role,
             "reset",
             "orders/1",
             "--to",
-            &lower,
-        ])
-        .args(["--reason", "lower again", "--audit-database", &conn])
-        .env_remove("USER")
-        .env_remove("LOGNAME")
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{out:?}");
-    let actor: String = client
-        .query_one(
-            "SELECT actor FROM fence_reset WHERE reason = 'lower again'",
-            &[],
+            &to,
+            "--reason",
+            "epoch-1 token",
+            "--audit-database",
+            &conn,
+            "--lock-unknown",
+        ];
+        args.extend_from_slice(extra);
+        let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
+            .args(&args)
+            .env("USER", "ops-alice")
+            .env("LOGNAME", "ops-alice")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
         )
+    };
+    let (code, _, err) = reset(&["--actor", "ops-alice"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--actor"), "{err}");
+    let (code, out, err) = reset(&[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.trim_end().ends_with(&format!(" by {role}")), "{out}");
+    let audit: String = client
+        .query_one("SELECT actor FROM fence_reset", &[])
         .await
         .unwrap()
         .get(0);
-    assert_eq!(actor, "postgres");
+    let log: String = client
+        .query_one("SELECT reset_by FROM palisade_fence.fence_reset_log", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        (audit.as_str(), log.as_str()),
+        (role.as_str(), role.as_str())
+    );
+    let mark: i64 = client
+        .query_one("SELECT token FROM palisade_fence.fence_high_water", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(mark, e0(120).get() as i64);
+    assert!(poison > e0(120));
+    client
+        .batch_execute(&format!(
+            "REVOKE ALL ON FUNCTION palisade_fence.fence_reset(text, bigint, text, text, bigint) FROM {role}; \
+             REVOKE ALL ON SCHEMA palisade_fence FROM {role}; DROP ROLE {role};"
+        ))
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -238,6 +319,7 @@ async fn fence_reset_refuses_an_audit_database_without_a_trail_and_show_escapes_
         "why",
         "--audit-database",
         &conn,
+        "--lock-unknown",
     ]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--audit-database has no audit trail"), "{err}");
@@ -267,8 +349,205 @@ async fn fence_reset_refuses_an_audit_database_without_a_trail_and_show_escapes_
     assert_eq!(out.lines().count(), 4, "{out}");
     assert!(
         out.ends_with(&format!(
-            "by postgres: {poison} -> {to} (line1\\nline2\\u{{1b}}[31mRED)\n"
+            "by postgres: {poison} -> {to} (line1\\nline2\\u{{1b}}[31mRED) [lock unknown]\n"
         )),
         "{out}"
     );
+}
+
+/// A locker on a fresh etcd with class `c` of namespace `ns`, and one session of its own.
+async fn locker(cluster: &EtcdCluster, dir: &tempfile::TempDir) -> (Locker, Session) {
+    let options = LockerOptions::new(cluster.endpoints());
+    let locker = Locker::connect(options, FileEpochStore::new(dir.path().join("epoch.json")))
+        .await
+        .unwrap();
+    let config = locker.config();
+    config
+        .put_namespace(&Namespace::new("ns", "tenant"))
+        .await
+        .unwrap();
+    config
+        .put_class(&LockClass::new("ns", "c", ""))
+        .await
+        .unwrap();
+    let session = locker
+        .open_session(
+            SpiffeId::new("spiffe://test/worker").unwrap(),
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+    (locker, session)
+}
+
+/// The probe's case: holder A is succeeded by B, a mistaken token poisons the mark, and a
+/// reset to A's token (or to 0) while B holds would admit A again: refused, naming B's
+/// grant. The reset to B's token goes through, A stays refused, B writes. Once B has
+/// released, even B's token is refused: the lock can grant nothing below its revision.
+/// Both records name the lock, its floor and the database role.
+#[tokio::test]
+async fn fence_reset_with_etcd_refuses_a_mark_below_the_locks_newest_grant() {
+    let cluster = EtcdCluster::start(1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (locker, session) = locker(&cluster, &dir).await;
+    let name = LockName::new("ns", "c", "orders/1");
+    let deadline = || tokio::time::Instant::now() + Duration::from_secs(10);
+    let a = locker
+        .acquire(&session, &name, Mode::Exclusive, deadline())
+        .await
+        .unwrap();
+    let ta = a.token().unwrap();
+    a.release().await.unwrap();
+    let b = locker
+        .acquire(&session, &name, Mode::Exclusive, deadline())
+        .await
+        .unwrap();
+    let tb = b.token().unwrap();
+    assert!(tb > ta);
+
+    let db = TestDb::create().await;
+    let mut client = db.connect().await;
+    migrate(&mut client).await.unwrap();
+    palisade_audit::migrate_client(&mut client).await.unwrap();
+    let store = PostgresStore::new(Arc::new(db.connect().await));
+    assert_eq!(
+        store.raise_async("orders/1", ta).await.unwrap(),
+        Raise::Admitted
+    );
+    assert_eq!(
+        store.raise_async("orders/1", tb).await.unwrap(),
+        Raise::Admitted
+    );
+    let poison = poison(&client).await;
+    let conn = db.connection_string();
+    let endpoint = cluster.endpoints()[0].clone();
+    let reset = |to: FencingToken, guard: &[&str]| {
+        let to = to.to_string();
+        let mut args = vec![
+            "fence",
+            "--database",
+            &conn,
+            "reset",
+            "orders/1",
+            "--to",
+            &to,
+            "--reason",
+            "poisoned by a test token",
+            "--audit-database",
+            &conn,
+        ];
+        args.extend_from_slice(guard);
+        palisade(&args)
+    };
+    let with_lock = ["--lock", "ns/c/orders/1", "--etcd", endpoint.as_str()];
+
+    for to in [ta, FencingToken::MIN] {
+        let (code, _, err) = reset(to, &with_lock);
+        assert_eq!(code, 2, "{err}");
+        assert!(
+            err.contains(&format!(
+                "--to {to} is below {tb}, the newest grant of lock ns/c/orders/1 (1 holding; etcd revision"
+            )),
+            "{err}"
+        );
+    }
+    // Neither the lock nor --lock-unknown: refused before anything is read.
+    let (code, _, err) = reset(tb, &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--lock <NAMESPACE/CLASS/KEY>") && err.contains("--lock-unknown"),
+        "{err}"
+    );
+    let (code, _, err) = reset(tb, &["--lock", "ns/c", "--etcd", &endpoint]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("NAMESPACE/CLASS/KEY"), "{err}");
+    // The actor is no longer the caller's word.
+    let (code, _, err) = reset(tb, &["--lock-unknown", "--actor", "ops-alice"]);
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(store.mark("orders/1").await.unwrap().unwrap().token, poison);
+
+    let (code, out, err) = reset(tb, &with_lock);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with(&format!(
+            "orders/1: mark reset from {poison} to {tb} (checked against lock ns/c/orders/1: not below {tb})\n"
+        )),
+        "{out}"
+    );
+    assert!(out.trim_end().ends_with(" by postgres"), "{out}");
+    let fresh = PostgresStore::new(Arc::new(db.connect().await));
+    assert_eq!(
+        fresh.raise_async("orders/1", ta).await.unwrap(),
+        Raise::Stale { highest: tb },
+        "the stale holder stays refused"
+    );
+    assert_eq!(
+        fresh.raise_async("orders/1", tb).await.unwrap(),
+        Raise::Admitted
+    );
+
+    // With no holder the floor is the next grant's lowest token: even B's is refused.
+    b.release().await.unwrap();
+    client
+        .execute(
+            "SELECT palisade_fence.fence_raise('orders/1', $1)",
+            &[&(poison.get() as i64)],
+        )
+        .await
+        .unwrap();
+    let (code, _, err) = reset(tb, &with_lock);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains(
+            "the lowest token lock ns/c/orders/1 can grant next (no holder; etcd revision"
+        ),
+        "{err}"
+    );
+
+    // Without a known lock: allowed, and recorded as such.
+    let (code, out, err) = reset(tb, &["--lock-unknown"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("(lock unknown: not checked against a lock's grants)"),
+        "{out}"
+    );
+
+    let audit: Vec<(i64, String, Option<String>, Option<i64>)> = client
+        .query(
+            "SELECT new_token, actor, lock_key, lock_floor FROM fence_reset ORDER BY at",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    let tb64 = tb.get() as i64;
+    assert_eq!(
+        audit,
+        [
+            (
+                tb64,
+                "postgres".to_owned(),
+                Some("ns/c/orders/1".to_owned()),
+                Some(tb64)
+            ),
+            (tb64, "postgres".to_owned(), None, None),
+        ]
+    );
+    let (code, out, err) = palisade(&["fence", "--database", &conn, "show", "orders/1"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(&format!(
+            "-> {tb} (poisoned by a test token) [lock unknown]"
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!(
+            "-> {tb} (poisoned by a test token) [lock ns/c/orders/1, floor {tb}]"
+        )),
+        "{out}"
+    );
+    drop(session);
 }

@@ -3,15 +3,21 @@
 //!
 //! `show` reads `fence_high_water` and the resource's last resets (`fence_reset_log`).
 //! `reset` calls `fence_reset` (it only lowers, to a token you name, needs a reason, and
-//! logs itself in the resource's database) and then records the reset in the audit
-//! trail, which must exist already. Exit codes: 2 for a refused reset (a reason that is
-//! empty, blank, over 1024 bytes or holds a control character; a token not below the mark;
-//! an audit database without an audit trail),
-//! 3 when the resource has no mark.
+//! logs itself in the resource's database with the database role that ran it) and then
+//! records the reset in the audit trail, which must exist already, with that role as the
+//! actor. It never lowers a mark below the newest grant of the lock that guards the
+//! resource: with `--lock NS/CLASS/KEY` it reads the lock from etcd (`--etcd`) at one
+//! revision, and the floor is the newest holder's token or, with no holder,
+//! `epoch · 2^48 + that revision` (above every grant made so far); `--lock-unknown` skips
+//! the check and both records say so. Exit codes: 2 for a refused reset (a reason that is
+//! empty, blank, over 1024 bytes or holds a control character; a token not below the
+//! mark, or below the lock's floor; a malformed lock name; an audit database without an
+//! audit trail), 3 when the resource has no mark.
 
-use palisade_fence::postgres::{read_resets, MarkReset};
-use palisade_fence::{read_mark, reset_mark, FenceErrorKind, FencingToken};
+use palisade_fence::postgres::{read_resets, reset_mark_guarded, MarkReset, ResetGuard};
+use palisade_fence::{read_mark, Epoch, FenceErrorKind, FencingToken, Revision};
 
+use super::etcd::{self, EtcdTarget, EtcdTlsArgs};
 use super::exit::{CliError, Exit, Result};
 
 /// `palisade fence`.
@@ -25,6 +31,9 @@ pub(crate) struct FenceArgs {
     cmd: FenceCommand,
 }
 
+// Parsed once per process and matched at once: the size of the larger variant costs
+// nothing that boxing would save.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, clap::Subcommand)]
 enum FenceCommand {
     /// Print RESOURCE's mark (token, epoch, revision, last change) and its last resets.
@@ -36,12 +45,15 @@ enum FenceCommand {
         resets: i64,
     },
     /// Lower RESOURCE's mark to --to, for --reason; recorded in the resource's database
-    /// and in the audit trail. Name the token of the lock's current (or last) hold: every
-    /// older holder stays refused.
+    /// and in the audit trail, with the database role that ran it as the actor. --to may
+    /// not be below the newest grant of the lock that guards RESOURCE (--lock, read from
+    /// --etcd): a lower mark would admit that lock's earlier holders again. Without a
+    /// known lock, say so with --lock-unknown.
     Reset {
         /// The resource key.
         resource: String,
-        /// The new mark: a decimal token below the current mark.
+        /// The new mark: a decimal token below the current mark, and at or above the
+        /// lock's newest grant.
         #[arg(long)]
         to: String,
         /// Why (kept in both records): 1 to 1024 bytes, not blank, no control character.
@@ -50,11 +62,34 @@ enum FenceCommand {
         /// The audit database, where the reset is recorded.
         #[arg(long, env = "PALISADE_AUDIT_DATABASE")]
         audit_database: String,
-        /// Who resets (kept in the audit trail); defaults to $USER, else $LOGNAME, else
-        /// the database role that ran the reset.
-        #[arg(long)]
-        actor: Option<String>,
+        #[command(flatten)]
+        guard: GuardArgs,
+        /// etcd client endpoint of the cluster serving the lock's namespace (its tier), for
+        /// --lock (`http://host:port`, or `https://host:port` with --etcd-ca); repeat for
+        /// several members. Read only.
+        #[arg(long = "etcd")]
+        etcd: Vec<String>,
+        #[command(flatten)]
+        etcd_tls: EtcdTlsArgs,
+        /// The root prefix of the lock key space (with --lock).
+        #[arg(long, default_value = "/palisade/")]
+        root: String,
     },
+}
+
+/// How a reset learns how low it may go: the lock that guards the resource, or the
+/// operator's word that none is known.
+#[derive(Debug, clap::Args)]
+#[group(required = true, multiple = false)]
+struct GuardArgs {
+    /// The lock that guards RESOURCE, NAMESPACE/CLASS/KEY: its newest grant, read from
+    /// --etcd, is the lowest --to allowed.
+    #[arg(long, value_name = "NAMESPACE/CLASS/KEY", requires = "etcd")]
+    lock: Option<String>,
+    /// No lock is known to guard RESOURCE: reset without that check, recorded as such in
+    /// both records. Every holder of a token at or above --to is admitted again.
+    #[arg(long)]
+    lock_unknown: bool,
 }
 
 pub(crate) fn run(args: FenceArgs) -> Result<String> {
@@ -98,13 +133,36 @@ pub(crate) fn run(args: FenceArgs) -> Result<String> {
                 to,
                 reason,
                 audit_database,
-                actor,
+                guard,
+                etcd: endpoints,
+                etcd_tls,
+                root,
             } => {
                 let to: FencingToken = to
                     .parse()
                     .map_err(|e| CliError::bad_input(format!("--to {to:?}: {e}")))?;
                 palisade_api::validate_text("--reason", &reason, palisade_api::MAX_REASON_LEN)
                     .map_err(|e| CliError::bad_input(e.to_string()))?;
+                // The lock's floor, before anything changes: a --to below the newest grant
+                // would admit that lock's earlier holders again.
+                let guard = match guard.lock {
+                    Some(spec) => {
+                        let lock = parse_lock(&spec)?;
+                        let target = etcd::home(&endpoints, &etcd_tls)?;
+                        let floor = lock_floor(&target, &root, &lock).await?;
+                        if to < floor.token {
+                            return Err(CliError::bad_input(format!(
+                                "--to {to} is below {}, {}; a lower mark would admit the \
+                                 lock's earlier holders again",
+                                floor.token,
+                                floor.describe(&spec)
+                            ))
+                            .into());
+                        }
+                        ResetGuard::lock(spec, floor.token)
+                    }
+                    None => ResetGuard::LockUnknown,
+                };
                 // Reach the audit trail before changing anything, so a reset is not left
                 // unrecorded for want of a connection.
                 let pool = palisade_audit::pool(&audit_database, 1)?;
@@ -124,37 +182,47 @@ pub(crate) fn run(args: FenceArgs) -> Result<String> {
                     .into());
                 }
                 palisade_audit::migrate_client(&mut audit).await?;
-                let old = reset_mark(&client, &resource, to, &reason)
+                let old = reset_mark_guarded(&client, &resource, to, &reason, &guard)
                     .await
                     .map_err(|e| match e.kind() {
                         FenceErrorKind::BadReset => CliError::bad_input(e.to_string()),
                         FenceErrorKind::NoMark => CliError::new(Exit::NotFound, e.to_string()),
                         _ => db_failure(&format!("resetting the mark of {resource}"), &e),
                     })?;
-                let from_env = |name| std::env::var(name).ok().filter(|v| !v.is_empty());
-                let actor = match actor.or_else(|| from_env("USER")).or_else(|| from_env("LOGNAME")) {
-                    Some(actor) => actor,
-                    // The role that ran the reset, as fence_reset_log records it.
-                    None => client
-                        .query_one("SELECT current_user::text", &[])
-                        .await
-                        .map_or_else(|_| "unknown".to_owned(), |row| row.get(0)),
+                let unrecorded = |e: &dyn std::error::Error| {
+                    CliError::new(
+                        Exit::Failure,
+                        format!(
+                            "{resource}: mark reset from {old} to {to} (logged in fence_reset_log), \
+                             but not recorded in the audit trail: {}",
+                            super::exit::with_causes(e)
+                        ),
+                    )
                 };
-                let record = palisade_audit::FenceReset::new(&resource, old, to, &reason, actor);
+                // The actor is the role fence_reset logged: the connection's session_user,
+                // which the database authenticated (no name the caller types).
+                let actor: String = client
+                    .query_one("SELECT session_user::text", &[])
+                    .await
+                    .map_err(|e| unrecorded(&e))?
+                    .get(0);
+                let mut record = palisade_audit::FenceReset::new(&resource, old, to, &reason, actor);
+                if let ResetGuard::Lock { name, floor } = &guard {
+                    record = record.with_lock(name.clone(), *floor);
+                }
                 palisade_audit::insert_fence_reset(&**audit, &record)
                     .await
-                    .map_err(|e| {
-                        CliError::new(
-                            Exit::Failure,
-                            format!(
-                                "{resource}: mark reset from {old} to {to} (logged in fence_reset_log), \
-                                 but not recorded in the audit trail: {e}"
-                            ),
-                        )
-                    })?;
+                    .map_err(|e| unrecorded(&e))?;
+                let checked = match &guard {
+                    ResetGuard::Lock { name, floor } => {
+                        format!("checked against lock {name}: not below {floor}")
+                    }
+                    _ => "lock unknown: not checked against a lock's grants".to_owned(),
+                };
                 Ok(format!(
-                    "{resource}: mark reset from {old} to {to}\nrecorded in the audit trail as {}",
-                    record.id
+                    "{resource}: mark reset from {old} to {to} ({checked})\n\
+                     recorded in the audit trail as {} by {}",
+                    record.id, record.actor
                 ))
             }
         }
@@ -184,17 +252,178 @@ async fn show(client: &tokio_postgres::Client, resource: &str, resets: i64) -> R
         reason,
         reset_by,
         reset_at,
+        lock,
         ..
     } in log
     {
+        let lock = match lock {
+            Some((name, floor)) => format!("lock {}, floor {floor}", one_line(&name)),
+            None => "lock unknown".to_owned(),
+        };
         out.push_str(&format!(
-            "\nreset {} by {}: {old} -> {new} ({})",
+            "\nreset {} by {}: {old} -> {new} ({}) [{lock}]",
             humantime::format_rfc3339_seconds(reset_at),
             one_line(&reset_by),
             one_line(&reason),
         ));
     }
     Ok(out)
+}
+
+/// The lowest mark a reset may set for a resource guarded by a lock, read from etcd at
+/// one revision.
+#[derive(Debug)]
+struct Floor {
+    /// The newest current holder's token; with no holder, `epoch · 2^48 + revision`,
+    /// which no earlier grant's token reaches (every grant's revision is at most the
+    /// revision read, its epoch at most the current one).
+    token: FencingToken,
+    /// How many hold the lock now.
+    holders: usize,
+    /// The etcd revision read at.
+    revision: i64,
+}
+
+impl Floor {
+    /// What the floor is, for a refusal: whose token, read at which revision.
+    fn describe(&self, lock: &str) -> String {
+        if self.holders == 0 {
+            format!(
+                "the lowest token lock {lock} can grant next (no holder; etcd revision {})",
+                self.revision
+            )
+        } else {
+            format!(
+                "the newest grant of lock {lock} ({} holding; etcd revision {})",
+                self.holders, self.revision
+            )
+        }
+    }
+}
+
+/// `NAMESPACE/CLASS/KEY`, each part checked by the service's rules.
+fn parse_lock(spec: &str) -> Result<(String, String, String)> {
+    let mut parts = spec.splitn(3, '/');
+    let (Some(ns), Some(class), Some(key)) = (parts.next(), parts.next(), parts.next()) else {
+        return Err(CliError::bad_input(format!(
+            "--lock {spec:?}: name the lock as NAMESPACE/CLASS/KEY"
+        ))
+        .into());
+    };
+    let bad = |e: &dyn std::fmt::Display| CliError::bad_input(format!("--lock {spec:?}: {e}"));
+    palisade_api::validate_name(ns).map_err(|e| bad(&e))?;
+    palisade_api::validate_name(class).map_err(|e| bad(&e))?;
+    palisade_api::validate_key(key).map_err(|e| bad(&e))?;
+    Ok((ns.to_owned(), class.to_owned(), key.to_owned()))
+}
+
+/// How long each etcd call of `fence reset --lock` may take.
+const ETCD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Reads `lock`'s holds and the epoch record in one Txn (one revision).
+async fn lock_floor(
+    target: &EtcdTarget,
+    root: &str,
+    (ns, class, key): &(String, String, String),
+) -> Result<Floor> {
+    let unreachable = |e: &dyn std::error::Error| {
+        CliError::new(
+            Exit::Failure,
+            format!("etcd {}: {}", target.joined(), super::exit::with_causes(e)),
+        )
+    };
+    let mut options = etcd_client::ConnectOptions::new()
+        .with_connect_timeout(ETCD_TIMEOUT)
+        .with_timeout(ETCD_TIMEOUT);
+    if let Some(tls) = &target.tls {
+        options = tls.apply(options);
+    }
+    let mut client = etcd_client::Client::connect(&target.endpoints, Some(options))
+        .await
+        .map_err(|e| unreachable(&e))?;
+    let keys = palisade_api::keys::RootKeys::new(root);
+    let lock = keys.lock(ns, class, key);
+    let txn = etcd_client::Txn::new().and_then([
+        etcd_client::TxnOp::get(
+            lock.holds(),
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        ),
+        etcd_client::TxnOp::get(keys.epoch(), None),
+    ]);
+    let resp = tokio::time::timeout(ETCD_TIMEOUT, client.txn(txn))
+        .await
+        .map_err(|_| {
+            CliError::new(
+                Exit::Failure,
+                format!(
+                    "etcd {}: no answer within {ETCD_TIMEOUT:?}",
+                    target.joined()
+                ),
+            )
+        })?
+        .map_err(|e| unreachable(&e))?;
+    let revision = resp
+        .header()
+        .map_or(0, etcd_client::ResponseHeader::revision);
+    let mut ranges = resp.op_responses().into_iter().map(|r| match r {
+        etcd_client::TxnOpResponse::Get(g) => g.kvs().to_vec(),
+        _ => Vec::new(),
+    });
+    let (holds, epoch) = (
+        ranges.next().unwrap_or_default(),
+        ranges.next().unwrap_or_default(),
+    );
+    let corrupt = |what: String| CliError::new(Exit::Failure, what);
+    let mut newest: Option<FencingToken> = None;
+    let mut holders = 0;
+    for kv in holds
+        .iter()
+        .filter(|kv| lock.in_lease_ranges(kv.key()) && lock.is_lease_key(kv.key()))
+    {
+        let value = palisade_api::keys::HoldValue::parse(kv.value()).ok_or_else(|| {
+            corrupt(format!(
+                "the hold {} does not parse: cannot tell the lock's newest grant",
+                String::from_utf8_lossy(kv.key())
+            ))
+        })?;
+        let token = Epoch::new(value.epoch)
+            .ok()
+            .zip(Revision::from_i64(kv.create_revision()).ok())
+            .and_then(|(e, r)| FencingToken::from_parts(e, r).ok())
+            .ok_or_else(|| {
+                corrupt(format!(
+                    "the hold {} has no valid token",
+                    String::from_utf8_lossy(kv.key())
+                ))
+            })?;
+        holders += 1;
+        newest = newest.max(Some(token));
+    }
+    let token = match newest {
+        Some(token) => token,
+        None => {
+            // No holder: the next grant's token is above epoch · 2^48 + this revision.
+            let epoch = match epoch.first() {
+                Some(kv) => {
+                    serde_json::from_slice::<palisade_api::EpochRecord>(kv.value())
+                        .map_err(|e| {
+                            corrupt(format!("the epoch record in etcd does not parse: {e}"))
+                        })?
+                        .epoch
+                }
+                None => Epoch::new(0).map_err(|e| corrupt(e.to_string()))?,
+            };
+            Revision::from_i64(revision)
+                .ok()
+                .and_then(|r| FencingToken::from_parts(epoch, r).ok())
+                .ok_or_else(|| corrupt(format!("etcd revision {revision} makes no token")))?
+        }
+    };
+    Ok(Floor {
+        token,
+        holders,
+        revision,
+    })
 }
 
 /// `text` with its control characters escaped (`\n`, `\u{1b}`), so a stored reason or

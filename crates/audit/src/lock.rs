@@ -235,8 +235,13 @@ pub struct FenceReset {
     pub new: FencingToken,
     /// Why, in the operator's words.
     pub reason: String,
-    /// Who (the operator's name or SPIFFE ID).
+    /// Who: the identity the resource's database verified (`palisade fence reset` records
+    /// the `session_user` that `fence_reset` logged), never a name the caller typed.
     pub actor: String,
+    /// The lock that guards the resource (`NAMESPACE/CLASS/KEY`) and the reset's floor (the
+    /// lowest mark it could set, read from the lock service); `None` when the lock was
+    /// unknown to the resetter (`--lock-unknown`), which the dashboard shows as such.
+    pub lock: Option<(String, FencingToken)>,
 }
 
 impl FenceReset {
@@ -256,6 +261,14 @@ impl FenceReset {
             new,
             reason: reason.into(),
             actor: actor.into(),
+            lock: None,
         }
+    }
+
+    /// The same reset, checked against `lock` with floor `floor`.
+    #[must_use]
+    pub fn with_lock(mut self, lock: impl Into<String>, floor: FencingToken) -> Self {
+        self.lock = Some((lock.into(), floor));
+        self
     }
 }

@@ -54,6 +54,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "overview_rollups",
         include_str!("../migrations/0010_overview_rollups.sql"),
     ),
+    (
+        11,
+        "fence_reset_lock",
+        include_str!("../migrations/0011_fence_reset_lock.sql"),
+    ),
 ];
 
 /// The advisory lock key that serializes migrations across processes ("paud").

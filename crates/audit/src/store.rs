@@ -170,8 +170,9 @@ pub async fn insert_fence_reset<C: GenericClient>(
 ) -> Result<bool, AuditError> {
     let n = client
         .execute(
-            "INSERT INTO fence_reset (id, at, resource, old_token, new_token, reason, actor) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) DO NOTHING",
+            "INSERT INTO fence_reset (id, at, resource, old_token, new_token, reason, actor, \
+             lock_key, lock_floor) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (id) DO NOTHING",
             &[
                 &r.id,
                 &r.at,
@@ -180,6 +181,8 @@ pub async fn insert_fence_reset<C: GenericClient>(
                 &(r.new.get() as i64),
                 &r.reason,
                 &r.actor,
+                &r.lock.as_ref().map(|(k, _)| k.as_str()),
+                &r.lock.as_ref().map(|(_, f)| f.get() as i64),
             ],
         )
         .await?;

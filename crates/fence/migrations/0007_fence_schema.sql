@@ -45,7 +45,7 @@ DECLARE
         'fence_raise_many(text[], bigint[])',
         'fence_decide(text, bigint)',
         'fence_decide_many(text[], bigint[])',
-        'fence_reset(text, bigint, text)'
+        'fence_reset(text, bigint, text, text, bigint)'
     ];
     raisers text[] := ARRAY[
         'fence_raise(text, bigint)',
@@ -54,6 +54,9 @@ DECLARE
         'fence_decide(text, bigint)',
         'fence_decide_many(text[], bigint[])'
     ];
+    -- Signatures of earlier versions of this file, replaced below (their EXECUTE grants
+    -- carried over to the current signature).
+    retired text[] := ARRAY['fence_reset(text, bigint, text)'];
     names text[] := ARRAY['fence_raise', 'fence_raise_or_abort', 'fence_raise_many',
                           'fence_decide', 'fence_decide_many', 'fence_reset'];
     writers oid[] := '{}';
@@ -102,7 +105,7 @@ IF ns IS NOT NULL THEN
             FROM pg_catalog.pg_proc p
             WHERE p.pronamespace OPERATOR(pg_catalog.=) ns
               AND NOT (pg_catalog.format('%s(%s)', p.proname, pg_catalog.oidvectortypes(p.proargtypes))
-                       OPERATOR(pg_catalog.=) ANY (expected))
+                       OPERATOR(pg_catalog.=) ANY (expected OPERATOR(pg_catalog.||) retired))
     LOOP
         RAISE EXCEPTION 'function % was not created by the fence migrations', r.fn
             USING ERRCODE = 'PF002', HINT = 'drop it, then run the migrations again';
@@ -182,6 +185,10 @@ CREATE TABLE IF NOT EXISTS palisade_fence.fence_reset_log (
     reset_by  text        NOT NULL,
     reset_at  timestamptz NOT NULL DEFAULT now()
 );
+-- The lock that guards the resource, as the resetter named it, and the token of its newest
+-- grant then (the lowest the reset could set); both NULL for a reset with the lock unknown.
+ALTER TABLE palisade_fence.fence_reset_log ADD COLUMN IF NOT EXISTS lock_key text;
+ALTER TABLE palisade_fence.fence_reset_log ADD COLUMN IF NOT EXISTS lock_floor bigint;
 -- Written by fence_reset only, which names the role itself (session_user: a default of
 -- current_user would name the owner, whose rights the function runs with).
 ALTER TABLE palisade_fence.fence_reset_log ALTER COLUMN reset_by DROP DEFAULT;
@@ -394,15 +401,19 @@ BEGIN
 END
 $body$;
 
--- fence_reset(resource, to_token, reason) lowers the resource's mark to to_token and
--- returns the mark it replaced. It takes the resource's advisory lock exclusive (so it
--- waits for every fenced transaction in flight), refuses (22023) an empty reason, a
--- negative token or a to_token not below the mark, refuses (P0002) a resource with no
--- mark, raises 22004 for a NULL argument, and logs resource, old and new mark, reason,
--- session_user (the role that logged in; SET ROLE does not change it) and time in
--- fence_reset_log, in its own transaction. It never deletes the row: no mark would admit
--- any token.
-CREATE OR REPLACE FUNCTION palisade_fence.fence_reset(p_resource text, p_to bigint, p_reason text) RETURNS bigint
+-- fence_reset(resource, to_token, reason, lock_key, lock_floor) lowers the resource's mark
+-- to to_token and returns the mark it replaced. It takes the resource's advisory lock
+-- exclusive (so it waits for every fenced transaction in flight), refuses (22023) an empty
+-- reason, a negative token, a to_token not below the mark, a lock_key without its
+-- lock_floor (or the reverse), and a to_token below lock_floor (the newest grant of the
+-- lock that guards the resource: a lower mark would admit that lock's earlier holders
+-- again); refuses (P0002) a resource with no mark; raises 22004 for a NULL resource,
+-- token or reason. It logs resource, old and new mark, reason, lock_key and lock_floor
+-- (both NULL: the lock was unknown to the resetter), session_user (the role that logged
+-- in; SET ROLE does not change it) and time in fence_reset_log, in its own transaction. It
+-- never deletes the row: no mark would admit any token.
+CREATE OR REPLACE FUNCTION palisade_fence.fence_reset(p_resource text, p_to bigint, p_reason text,
+    p_lock_key text DEFAULT NULL, p_lock_floor bigint DEFAULT NULL) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $body$
 DECLARE
     old bigint;
@@ -419,6 +430,14 @@ BEGIN
         RAISE EXCEPTION 'fence_reset of %: token % is negative', p_resource, p_to
             USING ERRCODE = '22023';
     END IF;
+    IF (p_lock_key IS NULL) OPERATOR(pg_catalog.<>) (p_lock_floor IS NULL) THEN
+        RAISE EXCEPTION 'fence_reset of %: a lock key and the token of its newest grant go together', p_resource
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_to OPERATOR(pg_catalog.<) p_lock_floor THEN
+        RAISE EXCEPTION 'fence_reset of %: % is below %, the newest grant of lock %; a lower mark would admit its earlier holders again', p_resource, p_to, p_lock_floor, p_lock_key
+            USING ERRCODE = '22023';
+    END IF;
     PERFORM pg_catalog.pg_advisory_xact_lock(1885432937, pg_catalog.hashtext(p_resource));
     SELECT h.token INTO old FROM palisade_fence.fence_high_water h
         WHERE h.resource OPERATOR(pg_catalog.=) p_resource FOR UPDATE;
@@ -432,8 +451,8 @@ BEGIN
     END IF;
     UPDATE palisade_fence.fence_high_water h SET token = p_to, updated_at = pg_catalog.now()
         WHERE h.resource OPERATOR(pg_catalog.=) p_resource;
-    INSERT INTO palisade_fence.fence_reset_log (resource, old_token, new_token, reason, reset_by)
-        VALUES (p_resource, old, p_to, p_reason, session_user);
+    INSERT INTO palisade_fence.fence_reset_log (resource, old_token, new_token, reason, reset_by, lock_key, lock_floor)
+        VALUES (p_resource, old, p_to, p_reason, session_user, p_lock_key, p_lock_floor);
     RETURN old;
 END
 $body$;
@@ -441,6 +460,27 @@ $body$;
 FOREACH f IN ARRAY expected LOOP
     EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION palisade_fence.%s FROM PUBLIC', f);
 END LOOP;
+
+-- The 3-argument fence_reset of the previous version: a call to it would lower a mark
+-- unchecked against any lock, so it is dropped; the roles that could run it may run the
+-- current one (a 3-argument call reaches it, as a reset with the lock unknown).
+IF pg_catalog.to_regprocedure('palisade_fence.fence_reset(text, bigint, text)') IS NOT NULL THEN
+    FOR r IN
+        SELECT DISTINCT a.grantee
+            FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+            WHERE p.oid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure('palisade_fence.fence_reset(text, bigint, text)')
+              AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE'
+              AND a.grantee OPERATOR(pg_catalog.<>) me
+              AND a.grantee OPERATOR(pg_catalog.<>) 0
+    LOOP
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION palisade_fence.fence_reset(text, bigint, text, text, bigint) TO %I',
+            pg_catalog.pg_get_userbyid(r.grantee));
+        RAISE NOTICE 'palisade_fence: role % could run fence_reset(text, bigint, text): granted it EXECUTE on fence_reset(text, bigint, text, text, bigint)',
+            pg_catalog.pg_get_userbyid(r.grantee);
+    END LOOP;
+    DROP FUNCTION palisade_fence.fence_reset(text, bigint, text);
+    RAISE NOTICE 'palisade_fence: dropped function palisade_fence.fence_reset(text, bigint, text) (replaced by fence_reset(text, bigint, text, text, bigint))';
+END IF;
 
 IF pg_catalog.cardinality(writers) OPERATOR(pg_catalog.>) 0 THEN
     FOR r IN SELECT pg_catalog.pg_get_userbyid(w) AS role FROM pg_catalog.unnest(writers) w LOOP

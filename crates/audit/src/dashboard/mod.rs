@@ -10,7 +10,7 @@
 //! | `/unprotected/chart.svg` | the hourly chart alone |
 //! | `/refused` | the writes the fence layer refused (428, 400, 409, 503), with the refused token and, when stale, the resource's mark |
 //! | `/locks?key=K` | a lock's timeline: `K` is `ns/class/key` or the key alone; grants, releases, expiries, forces with the time each was recorded, the etcd cluster and the namespace's tier, and the audit gaps of the lock's clusters where they cut the history (all gaps when the lock has no event); the field offers the most recently granted locks |
-//! | `/force-releases` | forced releases with reason, requester and approver |
+//! | `/force-releases` | forced releases with reason, requester and approver; mark resets with the lock they were checked against (or "lock unknown") and the database role |
 //! | `/metrics` | Prometheus gauges: `palisade_audit_gaps`, and with etcd `palisade_audit_tailer_behind_revisions` (the newest lock-key change etcd holds minus the tailer's position) |
 //! | `/api/overview`, `/api/unprotected`, `/api/unprotected/hourly`, `/api/refused`, `/api/locks?key=K`, `/api/force-releases` | the same as JSON |
 //!

@@ -502,6 +502,7 @@ pub(super) async fn force_releases(
     let window = params.window()?;
     let client = pool.get().await?;
     let rows = query::force_releases(&**client, &window, query::PAGE_MAX).await?;
+    let resets = query::fence_resets(&**client, &window, query::PAGE_MAX).await?;
     let body = html! {
         @if rows.is_empty() {
             p.muted.empty { "No forced releases." }
@@ -524,6 +525,32 @@ pub(super) async fn force_releases(
                         td { (f.reason) }
                         td { @if f.class_was_fenced { "yes" } @else { "no (advisory)" } }
                         td.mono { (f.request_id) }
+                    }
+                } }
+            }
+        }
+        h2 #resets { "Mark resets" }
+        p.muted { "High-water marks lowered with palisade fence reset. The actor is the database role that ran it." }
+        @if resets.is_empty() {
+            p.muted.empty { "No mark resets." }
+        } @else {
+            table.resets {
+                thead { tr {
+                    th { "At (UTC)" } th { "Resource" } th { "From" } th { "To" }
+                    th { "Checked against" } th { "Actor" } th { "Reason" }
+                } }
+                tbody { @for r in &resets {
+                    tr {
+                        td.mono.nowrap { (rfc3339(r.at)) }
+                        td.mono { (r.resource) }
+                        td.mono { (r.old) }
+                        td.mono { (r.new) }
+                        @match &r.lock {
+                            Some((lock, floor)) => td.mono { "lock " (lock) ", floor " (floor) },
+                            None => td.unknown { "lock unknown" },
+                        }
+                        td.mono { (r.actor) }
+                        td { (r.reason) }
                     }
                 } }
             }

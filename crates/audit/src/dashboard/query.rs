@@ -8,7 +8,9 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{GenericClient, Row};
 use uuid::Uuid;
 
-use crate::{AuditError, ClusterId, Finding, ForceRelease, Labels, Outcome, WriteRecord};
+use crate::{
+    AuditError, ClusterId, FenceReset, Finding, ForceRelease, Labels, Outcome, WriteRecord,
+};
 
 /// Rows per page by default, and at most.
 pub(crate) const PAGE: usize = 50;
@@ -529,6 +531,43 @@ pub(crate) fn hour_floor(t: SystemTime) -> SystemTime {
         .map(|d| d.as_secs())
         .unwrap_or(0);
     UNIX_EPOCH + Duration::from_secs(secs - secs % 3600)
+}
+
+/// The mark resets in `window` (its `from` and `to`), newest first (at most `limit`).
+pub(crate) async fn fence_resets<C: GenericClient>(
+    client: &C,
+    window: &Filter,
+    limit: usize,
+) -> Result<Vec<FenceReset>, AuditError> {
+    let rows = client
+        .query(
+            "SELECT id, at, resource, old_token, new_token, reason, actor, lock_key, lock_floor \
+             FROM fence_reset WHERE ($2::timestamptz IS NULL OR at >= $2) \
+             AND ($3::timestamptz IS NULL OR at < $3) ORDER BY at DESC, id LIMIT $1",
+            &[&(limit as i64), &window.from, &window.to],
+        )
+        .await?;
+    let token = |t: i64| FencingToken::try_from(t).unwrap_or(FencingToken::MIN);
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let mut f = FenceReset::new(
+                r.get::<_, String>(2),
+                token(r.get(3)),
+                token(r.get(4)),
+                r.get::<_, String>(5),
+                r.get::<_, String>(6),
+            );
+            f.id = r.get(0);
+            f.at = r.get(1);
+            if let (Some(lock), Some(floor)) =
+                (r.get::<_, Option<String>>(7), r.get::<_, Option<i64>>(8))
+            {
+                f = f.with_lock(lock, token(floor));
+            }
+            f
+        })
+        .collect())
 }
 
 /// The forced releases in `window` (its `from` and `to`), newest first (at most `limit`).

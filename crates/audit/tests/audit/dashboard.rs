@@ -7,8 +7,8 @@ use axum::Router;
 use deadpool_postgres::Pool;
 use http::StatusCode;
 use palisade_audit::{
-    insert_force_release, insert_lock_events, insert_writes, ClusterId, Finding, ForceRelease,
-    Labels, LockEvent, LockEventKind, Outcome, WriteRecord,
+    insert_fence_reset, insert_force_release, insert_lock_events, insert_writes, ClusterId,
+    FenceReset, Finding, ForceRelease, Labels, LockEvent, LockEventKind, Outcome, WriteRecord,
 };
 use palisade_fence::{FencingToken, Revision};
 use serde_json::Value;
@@ -679,6 +679,67 @@ async fn lock_timeline_and_force_releases_show_tokens_and_both_people() {
             && page.contains("no (advisory)")
             && page.contains("href=\"/locks?key=%2Fpalisade%2Fshop%2Forders%2F42\"")
     );
+}
+
+/// The forced releases page lists mark resets, newest first: the lock each was checked
+/// against with its floor, or "lock unknown", the database role, the reason (escaped).
+#[tokio::test]
+async fn the_force_releases_page_lists_mark_resets_with_their_lock_or_lock_unknown() {
+    let (_db, pool) = migrated_db().await;
+    let app = palisade_audit::dashboard::router(pool.clone());
+    let page = get(&app, "/force-releases").await.body;
+    assert!(page.contains("No mark resets."), "{page}");
+
+    let client = pool.get().await.unwrap();
+    let now = SystemTime::now();
+    let mut unknown = FenceReset::new("orders/7", tok(900), tok(50), EVIL, "ops_resetter");
+    unknown.at = now - Duration::from_secs(60);
+    let mut guarded = FenceReset::new(
+        "orders/1",
+        tok(800),
+        tok(120),
+        "poisoned by an example token",
+        "billing_admin",
+    )
+    .with_lock("shop/orders/1", tok(120));
+    guarded.at = now;
+    for r in [&unknown, &guarded] {
+        assert!(insert_fence_reset(&**client, r).await.unwrap());
+    }
+
+    let page = get(&app, "/force-releases").await.body;
+    assert!(!page.contains("No mark resets."), "{page}");
+    let table = &page[page
+        .find("<table class=\"resets\"")
+        .expect("a resets table")..];
+    let rows: Vec<&str> = table.split("<tr>").skip(2).collect();
+    assert_eq!(rows.len(), 2, "{table}");
+    let (t120, t800, t900, t50) = (tok(120), tok(800), tok(900), tok(50));
+    for needle in [
+        "orders/1".to_owned(),
+        t800.to_string(),
+        format!("lock shop/orders/1, floor {t120}"),
+        "billing_admin".to_owned(),
+        "poisoned by an example token".to_owned(),
+    ] {
+        assert!(
+            rows[0].contains(&needle),
+            "newest first, {needle}: {}",
+            rows[0]
+        );
+    }
+    for needle in [
+        "orders/7".to_owned(),
+        t900.to_string(),
+        t50.to_string(),
+        "lock unknown".to_owned(),
+        "ops_resetter".to_owned(),
+        "&lt;script&gt;".to_owned(),
+    ] {
+        assert!(rows[1].contains(&needle), "{needle}: {}", rows[1]);
+    }
+    assert!(!rows[1].contains("floor"), "{}", rows[1]);
+    assert!(!page.contains(EVIL), "the reason is escaped");
 }
 
 #[tokio::test]

@@ -10,8 +10,9 @@ use crate::FencingToken;
 
 const READ: &str =
     "SELECT token, updated_at FROM palisade_fence.fence_high_water WHERE resource = $1";
-const RESET: &str = "SELECT palisade_fence.fence_reset($1, $2, $3)";
-const RESETS: &str = "SELECT old_token, new_token, reason, reset_by, reset_at \
+const RESET: &str = "SELECT palisade_fence.fence_reset($1, $2, $3, $4, $5)";
+const RESETS: &str =
+    "SELECT old_token, new_token, reason, reset_by, reset_at, lock_key, lock_floor \
      FROM palisade_fence.fence_reset_log WHERE resource = $1 ORDER BY id DESC LIMIT $2";
 
 /// A resource's high-water mark as `fence_high_water` holds it.
@@ -34,10 +35,45 @@ pub struct MarkReset {
     pub new: FencingToken,
     /// Why, as given.
     pub reason: String,
-    /// The database role that ran it.
+    /// The database role that ran it (`session_user`, the role that logged in), as
+    /// `fence_reset` itself recorded it.
     pub reset_by: String,
     /// When.
     pub reset_at: SystemTime,
+    /// The lock that guards the resource, as the resetter named it, and the reset's floor
+    /// (the lowest mark it could set: the lock's newest grant); `None` for a reset made
+    /// with the lock unknown ([`ResetGuard::LockUnknown`]).
+    pub lock: Option<(String, FencingToken)>,
+}
+
+/// What a reset was checked against, recorded with it in `fence_reset_log` (and by
+/// `palisade fence reset` in the audit trail).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ResetGuard {
+    /// The lock that guards the resource (`NAMESPACE/CLASS/KEY`) and the reset's floor,
+    /// read from the lock service: its newest holder's token, or with no holder the lowest
+    /// token it can grant next. `fence_reset` refuses a new mark below `floor`: it would
+    /// admit the lock's earlier holders again.
+    Lock {
+        /// The lock's name.
+        name: String,
+        /// The lowest mark the reset may set.
+        floor: FencingToken,
+    },
+    /// No lock is known to guard the resource: nothing bounds the new mark from below but
+    /// the caller's care, and the log says so (its lock columns are `NULL`).
+    LockUnknown,
+}
+
+impl ResetGuard {
+    /// [`ResetGuard::Lock`].
+    pub fn lock(name: impl Into<String>, floor: FencingToken) -> Self {
+        ResetGuard::Lock {
+            name: name.into(),
+            floor,
+        }
+    }
 }
 
 /// Reads `resource`'s mark; `None` when it has none (no token was ever admitted).
@@ -86,6 +122,10 @@ pub async fn read_resets<C: GenericClient + Sync>(
                 reason: row.try_get(2)?,
                 reset_by: row.try_get(3)?,
                 reset_at: row.try_get(4)?,
+                lock: match (row.try_get::<_, Option<String>>(5)?, row.try_get(6)?) {
+                    (Some(name), Some(floor)) => Some((name, floor)),
+                    _ => None,
+                },
             })
         })
         .collect()
@@ -99,12 +139,15 @@ pub async fn read_resets<C: GenericClient + Sync>(
 /// cannot quietly re-admit a stale writer:
 ///
 /// - it only lowers, to a token you name: never to "no mark", which would admit any
-///   token. Name the token of the lock's current (or last) hold: every older holder
-///   keeps being refused, because each grant's token is above every earlier one;
+///   token. With the lock that guards the resource known, use [`reset_mark_guarded`]
+///   with [`ResetGuard::Lock`]: a `to` below that lock's newest grant is refused, so every
+///   older holder keeps being refused (each grant's token is above every earlier one).
+///   This function is [`reset_mark_guarded`] with [`ResetGuard::LockUnknown`]: unchecked,
+///   and logged so;
 /// - it takes the resource's lock exclusive, as a raise does, so it waits for the fenced
 ///   transactions in flight and every later writer sees the new mark;
 /// - it needs a non-empty reason and writes a row to `fence_reset_log` (old and new
-///   mark, reason, database role, time) in the same transaction: no reset without its
+///   mark, reason, the lock and its floor, database role, time) in the same transaction: no reset without its
 ///   record. `palisade fence reset` also records it in the audit trail.
 ///
 /// A [`PostgresStore`](crate::PostgresStore) with a reject cache in another process keeps
@@ -123,6 +166,28 @@ pub async fn reset_mark<C: GenericClient + Sync>(
     to: FencingToken,
     reason: &str,
 ) -> Result<FencingToken, FenceError> {
+    reset_mark_guarded(client, resource, to, reason, &ResetGuard::LockUnknown).await
+}
+
+/// [`reset_mark`], checked against the lock that guards the resource: refused unless `to`
+/// is at or above `guard`'s floor, and logged with the lock and its floor
+/// ([`ResetGuard::LockUnknown`]: unchecked, logged as such).
+///
+/// # Errors
+///
+/// As [`reset_mark`]; [`FenceErrorKind::BadReset`](super::FenceErrorKind::BadReset) also
+/// for `to` below the floor (SQLSTATE `22023`).
+pub async fn reset_mark_guarded<C: GenericClient + Sync>(
+    client: &C,
+    resource: &str,
+    to: FencingToken,
+    reason: &str,
+    guard: &ResetGuard,
+) -> Result<FencingToken, FenceError> {
+    let (lock, floor) = match guard {
+        ResetGuard::Lock { name, floor } => (Some(name.as_str()), Some(*floor)),
+        ResetGuard::LockUnknown => (None, None),
+    };
     let row = client
         .query_typed_one(
             RESET,
@@ -130,6 +195,8 @@ pub async fn reset_mark<C: GenericClient + Sync>(
                 (&resource, Type::TEXT),
                 (&to, Type::INT8),
                 (&reason, Type::TEXT),
+                (&lock, Type::TEXT),
+                (&floor, Type::INT8),
             ],
         )
         .await?;

@@ -74,6 +74,128 @@ async fn migrate_brings_a_database_of_the_first_migration_up_to_date() {
     assert_eq!(mark(&client, "r").await, Some(tok(12)));
 }
 
+/// A database of the schema's first version, whose `fence_reset(text, bigint, text)` took
+/// no lock: `migrate` drops it (a call to it lowered a mark unchecked) and grants the
+/// current one to every role that could run it; a lock's floor is then enforced.
+#[tokio::test]
+async fn migrate_replaces_the_three_argument_reset_and_keeps_its_resetters() {
+    let db = TestDb::create().await;
+    let mut client = db.connect().await;
+    migrate(&mut client).await.unwrap();
+    let role = format!("{}_old_resetter", db.name());
+    // The first version's signature, as that version left it: owned by the fence's owner,
+    // granted to a resetter.
+    client
+        .batch_execute(&format!(
+            "DROP ROLE IF EXISTS {role}; CREATE ROLE {role}; \
+             CREATE FUNCTION palisade_fence.fence_reset(p_resource text, p_to bigint, p_reason text) \
+             RETURNS bigint LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp \
+             AS 'SELECT 0::bigint'; \
+             GRANT EXECUTE ON FUNCTION palisade_fence.fence_reset(text, bigint, text) TO {role};"
+        ))
+        .await
+        .unwrap();
+    migrate(&mut client).await.unwrap();
+    let resets: Vec<String> = client
+        .query(
+            "SELECT p.oid::regprocedure::text FROM pg_proc p \
+             WHERE p.pronamespace = 'palisade_fence'::regnamespace AND p.proname = 'fence_reset'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        resets,
+        ["palisade_fence.fence_reset(text,bigint,text,text,bigint)"]
+    );
+    let may: bool = client
+        .query_one(
+            "SELECT has_function_privilege($1, \
+             'palisade_fence.fence_reset(text, bigint, text, text, bigint)', 'EXECUTE')",
+            &[&role],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(may, "the resetter keeps its right to reset");
+
+    client
+        .execute("SELECT palisade_fence.fence_raise('r', $1)", &[&tok(90)])
+        .await
+        .unwrap();
+    let below = client
+        .query_one(
+            "SELECT palisade_fence.fence_reset('r', $1, 'poisoned', 'ns/c/k', $2)",
+            &[&tok(40), &tok(50)],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        below.code(),
+        Some(&SqlState::INVALID_PARAMETER_VALUE),
+        "{below:?}"
+    );
+    assert_eq!(
+        mark(&client, "r").await,
+        Some(tok(90)),
+        "refused: unchanged"
+    );
+    let half = client
+        .query_one(
+            "SELECT palisade_fence.fence_reset('r', $1, 'poisoned', 'ns/c/k', NULL)",
+            &[&tok(50)],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        half.code(),
+        Some(&SqlState::INVALID_PARAMETER_VALUE),
+        "{half:?}"
+    );
+    client
+        .query_one(
+            "SELECT palisade_fence.fence_reset('r', $1, 'poisoned', 'ns/c/k', $1)",
+            &[&tok(50)],
+        )
+        .await
+        .unwrap();
+    client
+        .query_one(
+            "SELECT palisade_fence.fence_reset('r', $1, 'unknown')",
+            &[&tok(20)],
+        )
+        .await
+        .unwrap();
+    let log: Vec<(i64, Option<String>, Option<i64>)> = client
+        .query(
+            "SELECT new_token, lock_key, lock_floor FROM palisade_fence.fence_reset_log ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    let t = |r| tok(r).get() as i64;
+    assert_eq!(
+        log,
+        [
+            (t(50), Some("ns/c/k".to_owned()), Some(t(50))),
+            (t(20), None, None)
+        ]
+    );
+    client
+        .batch_execute(&format!(
+            "REVOKE ALL ON FUNCTION palisade_fence.fence_reset(text, bigint, text, text, bigint) FROM {role}; \
+             DROP ROLE {role};"
+        ))
+        .await
+        .unwrap();
+}
+
 /// The fence's objects left in `schema`: `kind name` rows, sorted.
 async fn fence_objects(client: &tokio_postgres::Client, schema: &str) -> Vec<String> {
     client
@@ -132,7 +254,7 @@ async fn migrate_moves_a_database_of_migrations_0001_to_0006_into_the_fence_sche
             "function fence_raise(text, bigint)",
             "function fence_raise_many(text[], bigint[])",
             "function fence_raise_or_abort(text, bigint)",
-            "function fence_reset(text, bigint, text)",
+            "function fence_reset(text, bigint, text, text, bigint)",
             "table fence_high_water",
             "table fence_reset_log",
         ]
@@ -184,7 +306,7 @@ async fn migrate_moves_a_database_of_migrations_0001_to_0006_into_the_fence_sche
                     has_table_privilege($1, 'palisade_fence.fence_high_water', 'INSERT'), \
                     has_function_privilege($1, 'palisade_fence.fence_raise_or_abort(text, bigint)', 'EXECUTE'), \
                     has_function_privilege($1, 'palisade_fence.fence_decide_many(text[], bigint[])', 'EXECUTE'), \
-                    has_function_privilege($1, 'palisade_fence.fence_reset(text, bigint, text)', 'EXECUTE')",
+                    has_function_privilege($1, 'palisade_fence.fence_reset(text, bigint, text, text, bigint)', 'EXECUTE')",
             &[&writer],
         )
         .await
