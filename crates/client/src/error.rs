@@ -270,6 +270,19 @@ impl fmt::Display for ClientError {
     }
 }
 
+impl ClientError {
+    /// A transport failure to connect: the request never left this process, so it
+    /// cannot have been acted on.
+    pub(crate) fn is_connect_failure(&self) -> bool {
+        self.kind == ClientErrorKind::Transport
+            && self
+                .source
+                .as_deref()
+                .and_then(|e| e.downcast_ref::<hyper_util::client::legacy::Error>())
+                .is_some_and(hyper_util::client::legacy::Error::is_connect)
+    }
+}
+
 impl std::error::Error for ClientError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         self.source

@@ -547,7 +547,8 @@ const LOST_ANSWER_GRACE: Duration = Duration::from_secs(5);
 /// doubling up to 1 s), with the time left of the wait (0 once it is over: try once),
 /// until [`LOST_ANSWER_GRACE`] after the wait's end: the retry gets the hold the
 /// attempt was granted, or takes over its place in the queue (the service's rule for a
-/// retried attempt), never a second hold.
+/// retried attempt), never a second hold. A failure to connect sent nothing and is
+/// returned as it is.
 async fn acquire(http: &Http, mut body: AcquireBody) -> Result<HoldView, ClientError> {
     body.attempt.get_or_insert_with(AttemptId::random);
     let deadline = Instant::now() + Duration::from_millis(body.wait_ms);
@@ -561,8 +562,11 @@ async fn acquire(http: &Http, mut body: AcquireBody) -> Result<HoldView, ClientE
         })
         .await;
         match result {
+            // A failure to connect sent nothing: said as it is (with the 503 it follows).
             Err(e)
-                if e.kind() == &ClientErrorKind::Transport && Instant::now() + pause < give_up =>
+                if e.kind() == &ClientErrorKind::Transport
+                    && !e.is_connect_failure()
+                    && Instant::now() + pause < give_up =>
             {
                 tracing::debug!(error = %e, attempt = ?body.attempt, "acquire's answer lost; sending the attempt again");
                 tokio::time::sleep(pause).await;

@@ -151,7 +151,7 @@ async fn overview_counters_are_back_filled_and_kept_with_the_rows() {
         .unwrap();
     assert_eq!(
         palisade_audit::migrate_client(&mut client).await.unwrap(),
-        [10]
+        [10, 11]
     );
     assert_eq!(all_disagreements(&client).await, [0, 0, 0]);
     // Four unprotected writes over two days, one refused, nothing else.
