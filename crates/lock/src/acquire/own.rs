@@ -33,7 +33,7 @@ pub(crate) const RETRY_GRACE: std::time::Duration = std::time::Duration::from_se
 ///   then ends with [`ErrorKind::AcquireInFlight`] (`taken_over`) and deletes nothing
 ///   of the keys it no longer owns (every cleanup delete compares the whole value).
 ///   A request of a named attempt that is dropped (its client's connection reset)
-///   leaves its keys for [`RETRY_GRACE`] (2 s) before its cleanup deletes them, so
+///   leaves its keys for a retry grace (2 s) before its cleanup deletes them, so
 ///   that the retry finds its place; a waiter that reaches the head of the queue
 ///   meanwhile holds the lock up for at most that long.
 /// - the hold named by [`replaces`](AcquireAttempt::replaces): a hold whose holder let
