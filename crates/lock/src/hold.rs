@@ -280,20 +280,37 @@ pub(crate) async fn release_lease_txn(
             CompareOp::Equal,
             rev.as_i64(),
         ));
-        when.push(Compare::lease(hold, CompareOp::Equal, lease.get()));
+        when.push(Compare::lease(hold.clone(), CompareOp::Equal, lease.get()));
         when.extend(extras.when.iter().cloned());
-        Txn::new().when(when).and_then(ops)
+        // Not released: whether the hold is still there (an extra compare failed) or
+        // gone, read in the same Txn.
+        let read = TxnOp::get(hold, Some(etcd_client::GetOptions::new().with_keys_only()));
+        Txn::new().when(when).and_then(ops).or_else([read])
     };
     let deadline = Instant::now() + locker.request_timeout.max(Duration::from_millis(500)) * 3;
+    let sends = std::sync::atomic::AtomicUsize::new(0);
     let resp = retry::call("release.txn", deadline, locker.request_timeout, || {
+        sends.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let (mut c, txn) = (locker.kv.clone(), build());
         async move { c.txn(txn).await }
     })
     .await
     .map_err(|e| e.into_error(ErrorKind::QuorumLost))?;
     if resp.succeeded() {
-        Ok(())
-    } else {
-        Err(Error::new(ErrorKind::NotHeld))
+        return Ok(());
     }
+    // A copy sent before this one got no answer and may have committed this very
+    // release: a grant that is gone then counts as released (as a client counts a
+    // retried release), never as "not held" to the holder that released it.
+    let gone = match resp.op_responses().into_iter().next() {
+        Some(etcd_client::TxnOpResponse::Get(g)) => !g
+            .kvs()
+            .iter()
+            .any(|kv| kv.create_revision() == rev.as_i64()),
+        _ => false,
+    };
+    if gone && sends.load(std::sync::atomic::Ordering::SeqCst) > 1 {
+        return Ok(());
+    }
+    Err(Error::new(ErrorKind::NotHeld))
 }
