@@ -146,7 +146,7 @@ pub(super) async fn request_force_release(
 /// deleting each target at most once.
 #[utoipa::path(post, path = routes::APPROVE_FORCE_RELEASE, tag = "force release",
     params(("id" = String, Path, description = "the request id (1 to 64 bytes, no control character)",
-        max_length = 64, pattern = r"^[^\u0000-\u001f\u007f-\u009f]*[^\u0000-\u0020\u007f-\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff][^\u0000-\u001f\u007f-\u009f]*$")),
+        max_length = 64, pattern = r"^[^\u0000-\u001f\u007f-\u009f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]*[^\u0000-\u0020\u007f-\u00a0\u061c\u1680\u2000-\u200a\u200e\u200f\u2028\u2029\u202a-\u202f\u205f\u2066-\u2069\u3000\ufeff][^\u0000-\u001f\u007f-\u009f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]*$")),
     responses((status = 200, description = "approved and executed (`released`: the holds deleted)",
         body = ApproveView), ApproveForceProblems))]
 pub(super) async fn approve_force_release(
