@@ -17,7 +17,7 @@ use crate::clock::RunClock;
 use crate::error::ChaosError;
 use crate::etcd_history;
 use crate::etcd_history::RevisionSpace;
-use crate::history::{self, Entry, Event, LockName};
+use crate::history::{self, Entry, Event, LockName, WriteOutcome};
 use crate::interrupt::{self, Ended, Interrupts};
 use crate::layout::Layout;
 use crate::marks::{self, Marked, SpaceCell};
@@ -89,8 +89,9 @@ pub(crate) struct Run {
 /// The workers that hold a lock right now, as their entries tell, with the lock and
 /// token (so the nemesis can pause a holder, whose next write then carries a token that
 /// may have gone stale, or force-release its hold).
-/// Also the highest token granted so far for each lock, so the nemesis can tell when a
-/// paused holder's lock has gone to another worker.
+/// Also the highest token granted so far for each lock, each worker's last write with a
+/// token and the highest token committed on each resource, so the nemesis can tell when a
+/// paused holder's lock has gone to another worker and its write has gone stale.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Holding(Arc<Mutex<HoldingState>>);
 
@@ -98,6 +99,11 @@ pub(crate) struct Holding(Arc<Mutex<HoldingState>>);
 struct HoldingState {
     holders: BTreeMap<u32, (LockName, u64)>,
     highest: BTreeMap<LockName, u64>,
+    /// Per worker: when (`at_ns`) it recorded its last write with a token, the resource
+    /// and the token.
+    writes: BTreeMap<u32, (u64, String, u64)>,
+    /// Per resource: the highest token a committed write carried.
+    committed: BTreeMap<String, u64>,
 }
 
 impl Holding {
@@ -120,6 +126,23 @@ impl Holding {
             {
                 s.holders.remove(&entry.worker);
             }
+            Event::WriteInvoked {
+                resource,
+                token: Some(token),
+                ..
+            } => {
+                s.writes
+                    .insert(entry.worker, (entry.at_ns, resource.clone(), *token));
+            }
+            Event::WriteCompleted {
+                resource,
+                token: Some(token),
+                outcome: WriteOutcome::Committed { .. },
+                ..
+            } => {
+                let highest = s.committed.entry(resource.clone()).or_default();
+                *highest = (*highest).max(*token);
+            }
             _ => {}
         }
     }
@@ -128,6 +151,22 @@ impl Holding {
     pub(crate) fn granted_above(&self, lock: &LockName, token: u64) -> bool {
         let s = self.0.lock().unwrap_or_else(|e| e.into_inner());
         s.highest.get(lock).is_some_and(|t| *t > token)
+    }
+
+    /// The resource and token of the last write with a token that `worker` recorded at
+    /// or after `since_ns`.
+    pub(crate) fn write_since(&self, worker: u32, since_ns: u64) -> Option<(String, u64)> {
+        let s = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        s.writes
+            .get(&worker)
+            .filter(|(at, _, _)| *at >= since_ns)
+            .map(|(_, resource, token)| (resource.clone(), *token))
+    }
+
+    /// Whether a write carrying a token above `token` has committed on `resource`.
+    pub(crate) fn committed_above(&self, resource: &str, token: u64) -> bool {
+        let s = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        s.committed.get(resource).is_some_and(|t| *t > token)
     }
 
     /// Worker number `pick % holders` among the holders, if any, with its lock and token.

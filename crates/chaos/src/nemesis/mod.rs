@@ -6,7 +6,7 @@
 //! | kill etcd leader | SIGKILL the member that leads | start it again (same data) |
 //! | pause etcd member | SIGSTOP member `pick % 3` | SIGCONT |
 //! | kill service replica | SIGKILL replica `pick % 2` | start it again (same port) |
-//! | pause worker | a worker that holds a lock (`pick % holders`; any worker when none does) stops itself right after recording its next write with a token, before sending it (SIGSTOP from here if it writes nothing within 4.5 s), for the TTL plus `hold` | SIGCONT |
+//! | pause worker | a worker that holds a lock (`pick % holders`, up to three tries; any worker when none does) stops itself right after recording its next write with a token, before sending it (SIGSTOP from here on the last try if it writes nothing while armed), for the TTL plus `hold`, and until a write with a higher token has committed on that resource | SIGCONT |
 //! | restart Postgres | immediate (crash) or fast stop | start (crash recovery) |
 //! | force release | twice: an admin requests a force release of a lock a worker holds (`pick % holders`; by its grant revision or every holder at request time), and a second admin approves it through the other replica, at once, then `pick % 1500` ms later | after `hold` |
 //! | lose release answers | worker `pick % workers` is told to have its loopback proxy lose its releases (all of one release's attempts for 1 s, then the answer to one's first attempt, then one's first attempt, in turn) for the TTL plus `hold` | told to stop |
@@ -14,9 +14,6 @@
 //! | network faults, clock jumps | see `net.rs` | |
 //! | restore etcd | replicas and the leader's followers paused; history read to its end from the leader; every member restored in place from a snapshot taken before the gap, with a new cluster id | replicas resumed; epoch advanced through replica 0, and through each other replica that still refuses grants |
 
-use std::time::Duration;
-
-use nix::sys::signal::Signal;
 use palisade_testkit::StopMode;
 
 use crate::error::ChaosError;
@@ -24,18 +21,13 @@ use crate::history::{Event, FaultKind, Phase};
 use crate::procs;
 use crate::runner::{Run, TTL};
 use crate::schedule::PlannedFault;
-use crate::worker::{LOSE_RELEASES_OFF, LOSE_RELEASES_ON, PAUSE_ARMED_FOR, PAUSE_NEXT_WRITE};
+use crate::worker::{LOSE_RELEASES_OFF, LOSE_RELEASES_ON};
 
 mod force;
 mod net;
+mod pause;
 mod rehome;
 mod restore;
-
-/// How long a paused holder is kept stopped past its pause for its lock to be granted to
-/// another worker.
-const LOCK_MOVED_WAIT: Duration = Duration::from_secs(6);
-/// Time for the next holder's first write, once its grant is seen.
-const NEXT_HOLDER_WRITES: Duration = Duration::from_millis(500);
 
 impl Run {
     fn fault(&self, kind: FaultKind, phase: Phase, detail: String) {
@@ -115,58 +107,7 @@ impl Run {
                     format!("lock-service replica {i} started again"),
                 );
             }
-            FaultKind::PauseWorker => {
-                let Some(workers) = self.workers.as_ref() else {
-                    return Ok(());
-                };
-                // A worker that holds a lock, when one does.
-                let held = self.holding.pick(f.pick);
-                let i = held
-                    .as_ref()
-                    .map_or(f.pick as usize % workers.count(), |(w, _, _)| *w as usize);
-                let Some(pid) = workers.pid(i) else {
-                    return Ok(());
-                };
-                let pause = TTL + f.hold;
-                // The worker stops itself between recording a write and sending it; one
-                // that writes nothing in time is stopped from here (its arming has run
-                // out by the time it is continued).
-                self.tell(i, PAUSE_NEXT_WRITE).await;
-                let how = if procs::wait_stopped(pid, PAUSE_ARMED_FOR - Duration::from_millis(500))
-                    .await
-                {
-                    "stopped itself before sending a write"
-                } else {
-                    procs::signal(pid, Signal::SIGSTOP);
-                    "stopped (SIGSTOP)"
-                };
-                self.fault_on(
-                    kind,
-                    Phase::Start,
-                    format!("worker {i} {how} for {} ms", pause.as_millis()),
-                    i,
-                );
-                tokio::time::sleep(pause).await;
-                // Its write is stale once another worker holds its lock and has written:
-                // it is continued after that (or after LOCK_MOVED_WAIT), so the run sees a
-                // stale write refused rather than one admitted because nobody wrote since.
-                if let Some((_, lock, token)) = &held {
-                    let until = tokio::time::Instant::now() + LOCK_MOVED_WAIT;
-                    while !self.holding.granted_above(lock, *token)
-                        && tokio::time::Instant::now() < until
-                    {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                    tokio::time::sleep(NEXT_HOLDER_WRITES).await;
-                }
-                procs::signal(pid, Signal::SIGCONT);
-                self.fault_on(
-                    kind,
-                    Phase::End,
-                    format!("worker {i} continued (SIGCONT)"),
-                    i,
-                );
-            }
+            FaultKind::PauseWorker => self.pause_worker(f).await?,
             FaultKind::RestartPostgres => {
                 let (mode, how) = if f.crash {
                     (StopMode::Immediate, "crashed")
