@@ -299,6 +299,12 @@ impl fmt::Debug for SinkObserver {
 }
 
 impl SinkObserver {
+    /// Events dropped so far because the queue was full or the sink had stopped (the
+    /// [`SinkStats::dropped`] of its sink).
+    pub fn dropped(&self) -> u64 {
+        self.shared.counters.dropped.load(Ordering::Relaxed)
+    }
+
     fn drop_one(&self) {
         let c = &self.shared.counters;
         c.dropped.fetch_add(1, Ordering::Relaxed);

@@ -1,11 +1,12 @@
-//! One accepted connection: the TLS handshake under its bound, then HTTP/1.1 under the
-//! head bound, until the client closes, a bound passes, the table evicts it or the
+//! One accepted connection: the TLS handshake under its bound, then HTTP/1.1 (and HTTP/2
+//! when the limits say so) under the head bound, until the client closes, a bound passes, the table evicts it or the
 //! listener stops.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use rustls::pki_types::CertificateDer;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -14,7 +15,7 @@ use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 use crate::io::WriteStall;
-use crate::service::ConnService;
+use crate::service::{BoxError, ConnService};
 use crate::table::Slot;
 use crate::ConnLimits;
 
@@ -107,29 +108,60 @@ pub(crate) async fn serve_connection<M, S, B>(
         body_stall: limits.body_stall_timeout,
         probes_only: probes_only.then(|| Arc::clone(&shared.probe_paths)),
     };
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout)
-        .keep_alive(!probes_only);
-    let io = WriteStall::new(io, limits.body_stall_timeout);
-    let conn = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
+    let io = TokioIo::new(WriteStall::new(io, limits.body_stall_timeout));
+    let service = TowerToHyperService::new(service);
+    // Upgrades (a 101 answer, e.g. WebSocket) are the service's to take: a service that
+    // never answers 101 never sees one.
+    let result = if limits.http2 {
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_timeout)
+            .keep_alive(!probes_only);
+        builder.http2().timer(TokioTimer::new());
+        let conn = builder.serve_connection_with_upgrades(io, service);
+        drive(conn, |c| c.graceful_shutdown(), &slot, &mut stop, addr).await
+    } else {
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_timeout)
+            .keep_alive(!probes_only);
+        let conn = builder.serve_connection(io, service).with_upgrades();
+        drive(conn, |c| c.graceful_shutdown(), &slot, &mut stop, addr)
+            .await
+            .map_err(BoxError::from)
+    };
+    if let Err(e) = result {
+        tracing::debug!(peer = %addr, error = %e, "connection ended with an error");
+    }
+}
+
+/// Runs `conn` until it ends; when the table evicts it or the listener stops, shuts it
+/// down gracefully (what is in flight is answered, an idle connection closes at once).
+async fn drive<C, E>(
+    conn: C,
+    shutdown: impl FnOnce(std::pin::Pin<&mut C>),
+    slot: &Slot,
+    stop: &mut watch::Receiver<bool>,
+    addr: SocketAddr,
+) -> Result<(), E>
+where
+    C: std::future::Future<Output = Result<(), E>>,
+{
     tokio::pin!(conn);
-    let result = tokio::select! {
+    tokio::select! {
         r = conn.as_mut() => r,
         () = async {
             tokio::select! {
                 () = slot.evicted() => tracing::debug!(peer = %addr, "idle connection closed to make room"),
-                () = stopped(&mut stop) => {}
+                () = stopped(stop) => {}
             }
         } => {
-            // Answer what is in flight, then close; an idle connection closes at once.
-            conn.as_mut().graceful_shutdown();
+            shutdown(conn.as_mut());
             conn.await
         }
-    };
-    if let Err(e) = result {
-        tracing::debug!(peer = %addr, error = %e, "connection ended with an error");
     }
 }
 

@@ -16,8 +16,10 @@
 //! - **Shutdown is graceful**: no new connection, idle ones close, requests in flight
 //!   are answered.
 //!
-//! HTTP/1.1 only (hyper's server with a tokio timer); the service is any tower service
-//! over axum's [`Body`](axum::body::Body), built per connection from its [`Peer`].
+//! HTTP/1.1 (hyper's server with a tokio timer), and HTTP/2 next to it with
+//! [`ConnLimits::with_http2`]; a service may take a connection's upgrade (answer 101 and
+//! `hyper::upgrade::on` the request). The service is any tower service over axum's
+//! [`Body`](axum::body::Body), built per connection from its [`Peer`].
 //!
 //! # Examples
 //!

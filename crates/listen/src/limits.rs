@@ -44,6 +44,7 @@ pub struct ConnLimits {
     pub(crate) max_connections: usize,
     pub(crate) probe_reserve: usize,
     pub(crate) probe_paths: Vec<String>,
+    pub(crate) http2: bool,
 }
 
 impl Default for ConnLimits {
@@ -67,7 +68,21 @@ impl ConnLimits {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             probe_reserve: DEFAULT_PROBE_RESERVE,
             probe_paths: Vec::new(),
+            http2: false,
         }
+    }
+
+    /// Also serves HTTP/2 (prior knowledge on plain TCP, ALPN `h2` over TLS when the
+    /// server config offers it), next to HTTP/1.1. The header bound applies to HTTP/1.1
+    /// heads; an HTTP/2 connection's streams are bounded by the body stall bound.
+    pub fn with_http2(mut self) -> Self {
+        self.http2 = true;
+        self
+    }
+
+    /// Whether HTTP/2 is served ([`with_http2`](Self::with_http2)).
+    pub fn http2(&self) -> bool {
+        self.http2
     }
 
     /// How long a TLS handshake may take, from the connection's accept. Plain HTTP has
