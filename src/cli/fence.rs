@@ -24,9 +24,9 @@ use super::exit::{CliError, Exit, Result};
 #[derive(Debug, clap::Args)]
 pub(crate) struct FenceArgs {
     /// The resource's database (where `fence_high_water` is): a libpq connection string,
-    /// key/value or URL form.
+    /// key/value or URL form. Needed by `show` and `reset`; for `proxy`, its store.
     #[arg(long, env = "PALISADE_FENCE_DATABASE")]
-    database: String,
+    database: Option<String>,
     #[command(subcommand)]
     cmd: FenceCommand,
 }
@@ -36,6 +36,17 @@ pub(crate) struct FenceArgs {
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, clap::Subcommand)]
 enum FenceCommand {
+    /// A fencing reverse proxy in front of an HTTP service: writes on fenced routes
+    /// need a current Fencing-Token; see docs/proxy.md.
+    Proxy(super::proxy::ProxyArgs),
+    #[command(flatten)]
+    Marks(MarkCommand),
+}
+
+/// The commands on the resource's database.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, clap::Subcommand)]
+enum MarkCommand {
     /// Print RESOURCE's mark (token, epoch, revision, last change) and its last resets.
     Show {
         /// The resource key, as the fence layer or the SQL helper names it.
@@ -93,16 +104,29 @@ struct GuardArgs {
 }
 
 pub(crate) fn run(args: FenceArgs) -> Result<String> {
+    match args.cmd {
+        FenceCommand::Proxy(proxy) => super::proxy::run(proxy, args.database),
+        FenceCommand::Marks(cmd) => run_marks(cmd, args.database),
+    }
+}
+
+fn run_marks(cmd: MarkCommand, database: Option<String>) -> Result<String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let resource = match &args.cmd {
-        FenceCommand::Show { resource, .. } | FenceCommand::Reset { resource, .. } => resource,
+    let resource = match &cmd {
+        MarkCommand::Show { resource, .. } | MarkCommand::Reset { resource, .. } => resource,
+    };
+    let Some(database) = &database else {
+        return Err(CliError::bad_input(
+            "--database (or PALISADE_FENCE_DATABASE) is needed: the resource's database",
+        )
+        .into());
     };
     if resource.is_empty() {
         return Err(CliError::bad_input("RESOURCE is empty: name the resource key").into());
     }
-    let config: tokio_postgres::Config = args.database.parse().map_err(|e| {
+    let config: tokio_postgres::Config = database.parse().map_err(|e| {
         CliError::bad_input(format!(
             "--database is not a connection string: {}",
             super::exit::with_causes(&e)
@@ -126,9 +150,9 @@ pub(crate) fn run(args: FenceArgs) -> Result<String> {
                 )
             })?;
         tokio::spawn(connection);
-        match args.cmd {
-            FenceCommand::Show { resource, resets } => show(&client, &resource, resets).await,
-            FenceCommand::Reset {
+        match cmd {
+            MarkCommand::Show { resource, resets } => show(&client, &resource, resets).await,
+            MarkCommand::Reset {
                 resource,
                 to,
                 reason,

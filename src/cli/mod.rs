@@ -14,6 +14,7 @@ pub(crate) mod force;
 pub(crate) mod listen;
 pub(crate) mod lock;
 pub(crate) mod output;
+pub(crate) mod proxy;
 pub(crate) mod run;
 pub(crate) mod serve;
 pub(crate) mod session;

@@ -144,7 +144,7 @@ fn failed(what: String) -> impl FnOnce(&dyn std::error::Error) -> CliError {
 }
 
 /// Resolves on SIGTERM or SIGINT, naming it.
-async fn stop_signal() -> &'static str {
+pub(crate) async fn stop_signal() -> &'static str {
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),

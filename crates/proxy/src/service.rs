@@ -1,0 +1,160 @@
+//! The proxy's request path: normalize the path, pick the route, refuse what the route
+//! does not allow (an upgrade where writes are checked), then the route's service: the
+//! forwarder behind the fence's own [`Fence`] for checked routes, the forwarder alone
+//! for open ones. There is no second implementation of the check.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use axum::body::Body;
+use http::{Request, Response, Uri};
+use palisade_fence::{Enforcement, Fence, FenceLayer, HighWaterStore, Rejection, WriteEvent};
+use tower::{Layer, Service, ServiceExt};
+
+use crate::forward::{upgrade_of, Forwarder};
+use crate::metrics::{verdict, ProxyMetrics};
+use crate::problem::ProxyProblem;
+use crate::route::{normalize, Policy, Route, RouteTable};
+
+/// Where refused and unprotected writes are reported (the audit sink's observer).
+pub(crate) type Reporter = Arc<dyn Fn(WriteEvent) + Send + Sync>;
+
+/// One route's service.
+#[derive(Clone)]
+enum RouteService {
+    Open(Forwarder),
+    Checked(Fence<Forwarder>),
+}
+
+/// What one config serves: its routes and their services; replaced whole on reload.
+pub(crate) struct Routing {
+    table: RouteTable,
+    services: Vec<RouteService>,
+}
+
+impl Routing {
+    /// The services of `table`'s routes over `forwarder`, checking against `store`.
+    pub(crate) fn new(
+        table: RouteTable,
+        forwarder: &Forwarder,
+        store: &Arc<dyn HighWaterStore>,
+        metrics: &ProxyMetrics,
+        report: Option<&Reporter>,
+    ) -> Routing {
+        let services = table
+            .routes()
+            .iter()
+            .map(|route| route_service(route, forwarder, store, metrics, report))
+            .collect();
+        Routing { table, services }
+    }
+}
+
+fn route_service(
+    route: &Route,
+    forwarder: &Forwarder,
+    store: &Arc<dyn HighWaterStore>,
+    metrics: &ProxyMetrics,
+    report: Option<&Reporter>,
+) -> RouteService {
+    let enforcement = match route.policy {
+        Policy::Open => return RouteService::Open(forwarder.clone()),
+        Policy::Fenced => Enforcement::Fenced,
+        Policy::Advisory => Enforcement::Advisory,
+    };
+    let label = route.label().to_owned();
+    let counting = metrics.clone();
+    let report = report.cloned();
+    let resource_route = route.clone();
+    let layer = FenceLayer::new(Arc::clone(store))
+        .with_methods(route.methods.clone())
+        // The proxy has put the normalized path in the URI by now.
+        .with_resource(move |_, uri, _| resource_route.resource_of(uri.path()))
+        .with_enforcement(move |_| enforcement)
+        .with_fenced_events()
+        .with_observer(move |event: WriteEvent| {
+            counting.count(&label, verdict(event.outcome, event.enforcement));
+            if event.unprotected || event.rejected {
+                if let Some(report) = &report {
+                    report(event);
+                }
+            }
+        });
+    RouteService::Checked(layer.layer(forwarder.clone()))
+}
+
+/// The proxy's tower service; clones share the routing, which a reload swaps.
+#[derive(Clone)]
+pub(crate) struct ProxyService {
+    pub(crate) routing: Arc<ArcSwap<Routing>>,
+    pub(crate) metrics: ProxyMetrics,
+}
+
+impl Service<Request<Body>> for ProxyService {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, mut req: Request<Body>) -> Self::Future {
+        let routing = self.routing.load_full();
+        let metrics = self.metrics.clone();
+        Box::pin(async move {
+            let started = Instant::now();
+            let path = match normalize(req.uri().path()) {
+                Ok(p) => p.into_owned(),
+                Err(e) => {
+                    metrics.count("default", ProxyProblem::BadPath.label());
+                    return Ok(ProxyProblem::BadPath.response(e.to_string(), None));
+                }
+            };
+            if path != req.uri().path() {
+                let mut target = path.clone();
+                if let Some(q) = req.uri().query() {
+                    target.push('?');
+                    target.push_str(q);
+                }
+                let mut parts = req.uri().clone().into_parts();
+                parts.path_and_query = target.parse().ok();
+                if let Ok(uri) = Uri::from_parts(parts) {
+                    *req.uri_mut() = uri;
+                }
+            }
+            let i = routing.table.find(&path);
+            let route = &routing.table.routes()[i];
+            let label = route.label();
+            if route.policy != Policy::Open && upgrade_of(req.headers(), req.version()).is_some() {
+                metrics.count(label, ProxyProblem::UpgradeRefused.label());
+                return Ok(ProxyProblem::UpgradeRefused.response(
+                    format!(
+                        "{path} is on a {} route ({label}): an upgraded connection would carry writes the fence cannot check; only open routes pass upgrades",
+                        route.policy
+                    ),
+                    None,
+                ));
+            }
+            let checked = route.checks(req.method());
+            let response = match routing.services[i].clone() {
+                RouteService::Open(f) => f.oneshot(req).await,
+                RouteService::Checked(f) => f.oneshot(req).await,
+            };
+            let Ok(response) = response;
+            metrics.observe_duration(label, started.elapsed().as_secs_f64());
+            if let Some(problem) = response.extensions().get::<ProxyProblem>() {
+                metrics.upstream_failed(label, problem.label());
+            }
+            if !checked && response.extensions().get::<Rejection>().is_none() {
+                metrics.count(label, "unchecked");
+            }
+            Ok(response)
+        })
+    }
+}
