@@ -4,8 +4,8 @@
 # What it changes on the system: Debian packages (protobuf-compiler, etcd-server,
 # etcd-client, postgresql-client, chromium, postgresql, prometheus (for promtool),
 # iproute2, iptables, faketime (the chaos harness's network hosts and clock jumps),
-# python3-venv when missing; the system etcd and prometheus services are stopped and
-# disabled), cargo-nextest in cargo's bin directory,
+# pgbouncer, python3-psycopg, nginx-light (the proxy bench), python3-venv when missing;
+# the system etcd, prometheus, pgbouncer and nginx services are stopped and disabled), cargo-nextest in cargo's bin directory,
 # PostgreSQL's pg_hba.conf (trust on loopback) when no server answers on 5432, and
 # schemathesis from PyPI in a virtual environment under
 # ${XDG_CACHE_HOME:-$HOME/.cache}/palisade-venv (not the system's Python).
@@ -50,6 +50,9 @@ palisade_install_deps() {
     [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || missing+=(faketime)
     # The connection tests start palisade under an open-file limit (prlimit).
     command -v prlimit >/dev/null || missing+=(util-linux)
+    # The fencing proxy's bench compares it with nginx (Debian's nginx-light), which the
+    # bench starts on a free port with its own config; its smoke test runs in the tests.
+    [ -x /usr/sbin/nginx ] || missing+=(nginx-light)
     if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
     # The etcd-server package starts a system etcd on the default ports; tests and the demo
     # run their own members on free ports, so a system one is only in the way.
@@ -59,6 +62,12 @@ palisade_install_deps() {
     # Likewise the Prometheus server the prometheus package starts (only promtool is used).
     if command -v systemctl >/dev/null && systemctl is-active --quiet prometheus 2>/dev/null; then
         as_root systemctl disable --now prometheus >/dev/null 2>&1 || true
+    fi
+    # Likewise the system nginx the nginx packages start on port 80.
+    if command -v systemctl >/dev/null && systemctl is-active --quiet nginx 2>/dev/null; then
+        as_root systemctl disable --now nginx >/dev/null 2>&1 || true
+    elif [ -s /run/nginx.pid ] && [ -x /usr/sbin/nginx ]; then
+        as_root /usr/sbin/nginx -s quit >/dev/null 2>&1 || true
     fi
     # Likewise the system PgBouncer the pgbouncer package starts on port 6432.
     if command -v systemctl >/dev/null && systemctl is-active --quiet pgbouncer 2>/dev/null; then

@@ -156,7 +156,7 @@ pub(crate) async fn run(args: &HttpArgs) -> Result<Table> {
 }
 
 /// One keep-alive connection to `addr` that writes `paths` in turn with `token`.
-async fn connection(addr: SocketAddr, paths: Vec<String>, token: String) -> Result<Op> {
+pub(crate) async fn connection(addr: SocketAddr, paths: Vec<String>, token: String) -> Result<Op> {
     let stream = tokio::net::TcpStream::connect(addr).await?;
     stream.set_nodelay(true)?;
     let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;

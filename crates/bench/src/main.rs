@@ -15,6 +15,7 @@ mod http;
 mod lock;
 mod memory;
 mod pg;
+mod proxy;
 mod report;
 mod service;
 
@@ -82,6 +83,17 @@ enum Command {
         /// Connections in the pooled PostgresStore's pool.
         #[arg(long, default_value_t = 4)]
         pg_pool: usize,
+        #[command(flatten)]
+        timing: Timing,
+    },
+    /// The fencing proxy (MemoryStore, PostgresStore) vs nginx vs the upstream direct.
+    FenceProxy {
+        /// Keep-alive HTTP/1.1 connections (one worker each).
+        #[arg(long, default_value_t = 64)]
+        connections: usize,
+        /// Resources each connection writes in turn.
+        #[arg(long, default_value_t = 16)]
+        resources: usize,
         #[command(flatten)]
         timing: Timing,
     },
@@ -198,6 +210,13 @@ async fn run(command: Command) -> error::Result<()> {
             };
             http::run(&args).await?.print();
         }
+        Command::FenceProxy {
+            connections,
+            resources,
+            timing,
+        } => proxy::run(connections, resources, timing.secs(), timing.rounds)
+            .await?
+            .print(),
         Command::Service { clients, timing } => {
             for table in service::run(&clients, timing.secs(), timing.rounds).await? {
                 table.print();

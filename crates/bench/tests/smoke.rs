@@ -108,6 +108,40 @@ fn pg_bench_prints_every_variant_at_every_client_count_and_writes_per_token() {
 }
 
 #[test]
+fn fence_proxy_bench_prints_the_upstream_nginx_and_both_stores() {
+    let tables = bench(&[
+        "fence-proxy",
+        "--connections",
+        "2",
+        "--resources",
+        "2",
+        "--secs",
+        "0.1",
+        "--rounds",
+        "2",
+    ]);
+    let rows = &tables[0].1;
+    let names: Vec<&str> = rows.iter().map(|r| r[0].as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "upstream, direct",
+            "nginx proxy_pass",
+            "palisade fence proxy + MemoryStore",
+            "palisade fence proxy + PostgresStore"
+        ]
+    );
+    for r in rows {
+        // Every variant's writes were answered 200 (a refusal fails the bench).
+        assert!(num(&r[1]) > 0.0, "no requests answered 200: {r:?}");
+    }
+    assert_eq!(
+        (rows[1][4].as_str(), rows[1][5].as_str()),
+        ("1.00x", "1.00x")
+    );
+}
+
+#[test]
 fn fence_layer_bench_prints_bare_memory_and_postgres_pooled_single_and_prepared() {
     let tables = bench(&[
         "fence-layer",
