@@ -101,6 +101,11 @@ impl Forwarder {
         }
         add_forwarded(&mut parts.headers, peer, host.as_ref());
         parts.version = Version::HTTP_11;
+        let body_failed = Arc::new(std::sync::Mutex::new(None));
+        let body = Body::new(Watched {
+            body,
+            failed: Arc::clone(&body_failed),
+        });
         let request = Request::from_parts(parts, body);
         let sent = tokio::time::timeout(self.upstream.timeout, self.client.request(request)).await;
         let mut response = match sent {
@@ -115,6 +120,12 @@ impl Forwarder {
                 )
             }
             Ok(Err(e)) => {
+                if let Some(cause) = body_failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                    // The client's body failed (it stalled or broke off): the client's
+                    // failure, not the upstream's.
+                    return ProxyProblem::BodyFailed
+                        .response(format!("the request body could not be read: {cause}"), None);
+                }
                 let what = if e.is_connect() {
                     "cannot be reached"
                 } else {
@@ -156,6 +167,41 @@ impl Forwarder {
         let (mut parts, body) = response.into_parts();
         strip_hop_by_hop(&mut parts.headers);
         Response::from_parts(parts, Body::new(body))
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A request body that records why it failed, so that the proxy can tell a client's
+    /// body from an upstream's failure.
+    struct Watched {
+        #[pin]
+        body: Body,
+        failed: Arc<std::sync::Mutex<Option<String>>>,
+    }
+}
+
+impl http_body::Body for Watched {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, axum::Error>>> {
+        let this = self.project();
+        let polled = this.body.poll_frame(cx);
+        if let Poll::Ready(Some(Err(e))) = &polled {
+            *this.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(chain(e));
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 

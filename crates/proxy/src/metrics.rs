@@ -3,7 +3,7 @@
 //! | metric | labels | counts |
 //! |---|---|---|
 //! | `palisade_proxy_requests_total` | `route`, `verdict` | requests, by what the proxy decided |
-//! | `palisade_proxy_upstream_failures_total` | `route`, `error` | requests the upstream failed: `upstream_unavailable` (502), `upstream_timeout` (504) |
+//! | `palisade_proxy_forward_failures_total` | `route`, `error` | requests that failed on the way: `upstream_unavailable` (502), `upstream_timeout` (504), `body_failed` (400: the client's body stalled or broke off) |
 //! | `palisade_proxy_request_duration_seconds` | `route` | time to the response head (histogram) |
 //! | `palisade_proxy_audit_dropped_events` | | refused and unprotected writes the audit queue had no room for, since the start (gauge) |
 //!
@@ -15,7 +15,7 @@
 //! `unprotected_store_unavailable` (advisory routes, let through); `unchecked` (open
 //! routes, and methods a route does not check); `refused_upgrade`, `refused_bad_path`
 //! (the proxy's own refusals, before the fence). A request's verdict is counted once;
-//! an upstream failure after it is counted in the failures.
+//! a failure on the way after it is counted in the failures.
 
 use palisade_fence::{Enforcement, WriteOutcome};
 use prometheus::{
@@ -56,8 +56,8 @@ impl ProxyMetrics {
         .expect("valid metric");
         let failures = IntCounterVec::new(
             Opts::new(
-                "palisade_proxy_upstream_failures_total",
-                "Requests the upstream failed, by route pattern and error",
+                "palisade_proxy_forward_failures_total",
+                "Requests that failed on the way to or from the upstream, by route pattern and error",
             ),
             &["route", "error"],
         )
@@ -104,7 +104,7 @@ impl ProxyMetrics {
         self.requests.with_label_values(&[route, verdict]).inc();
     }
 
-    pub(crate) fn upstream_failed(&self, route: &str, error: &str) {
+    pub(crate) fn forward_failed(&self, route: &str, error: &str) {
         self.failures.with_label_values(&[route, error]).inc();
     }
 

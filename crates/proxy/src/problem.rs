@@ -15,8 +15,11 @@ pub enum ProxyProblem {
     UpstreamTimeout,
     /// A protocol upgrade (WebSocket) on a route that is not open: 403.
     UpgradeRefused,
-    /// A request target that is not an absolute path, or climbs above `/`: 400.
+    /// A request target that is not an absolute path, climbs above `/`, or holds what
+    /// upstreams route in different ways: 400.
     BadPath,
+    /// The client's request body stalled or broke off while it was forwarded: 400.
+    BodyFailed,
 }
 
 impl ProxyProblem {
@@ -26,7 +29,7 @@ impl ProxyProblem {
             ProxyProblem::UpstreamUnavailable => StatusCode::BAD_GATEWAY,
             ProxyProblem::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             ProxyProblem::UpgradeRefused => StatusCode::FORBIDDEN,
-            ProxyProblem::BadPath => StatusCode::BAD_REQUEST,
+            ProxyProblem::BadPath | ProxyProblem::BodyFailed => StatusCode::BAD_REQUEST,
         }
     }
 
@@ -37,6 +40,7 @@ impl ProxyProblem {
             ProxyProblem::UpstreamTimeout => "urn:palisade:problem:upstream-timeout",
             ProxyProblem::UpgradeRefused => "urn:palisade:problem:upgrade-refused",
             ProxyProblem::BadPath => "urn:palisade:problem:bad-path",
+            ProxyProblem::BodyFailed => "urn:palisade:problem:body-failed",
         }
     }
 
@@ -47,6 +51,7 @@ impl ProxyProblem {
             ProxyProblem::UpstreamTimeout => "upstream_timeout",
             ProxyProblem::UpgradeRefused => "refused_upgrade",
             ProxyProblem::BadPath => "refused_bad_path",
+            ProxyProblem::BodyFailed => "body_failed",
         }
     }
 
@@ -56,6 +61,7 @@ impl ProxyProblem {
             ProxyProblem::UpstreamTimeout => "Upstream timed out",
             ProxyProblem::UpgradeRefused => "Upgrade refused",
             ProxyProblem::BadPath => "Bad request path",
+            ProxyProblem::BodyFailed => "Request body failed",
         }
     }
 

@@ -11,7 +11,9 @@
 //! Requests are matched on the normalized path ([`normalize`]): `.` and `..` segments
 //! resolved (also percent-encoded ones) and empty segments dropped, as most upstreams
 //! and frameworks resolve them, so that no spelling of a fenced path reaches the
-//! upstream by another route. The normalized path is what the upstream receives.
+//! upstream by another route. The normalized path is what the upstream receives. What
+//! upstreams disagree on (encoded slashes and backslashes, backslashes, `;` path
+//! parameters, encoded NULs) is refused rather than guessed at.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -348,10 +350,18 @@ pub enum PathError {
     /// The path is not absolute (`*`, or an authority-form target).
     #[error("the request target is not an absolute path")]
     NotAbsolute,
+    /// The path holds what upstreams read in different ways: an encoded slash or
+    /// backslash (`%2F`, `%5C`), a backslash, a `;` (path parameters, which some
+    /// servers strip before routing) or an encoded NUL. Refused, so that the proxy and
+    /// the upstream never route one request to two places.
+    #[error("the path holds {0}, which upstreams route in different ways")]
+    Ambiguous(&'static str),
 }
 
 /// The normalized form of an absolute `path`: empty and `.` segments dropped, `..`
 /// segments resolved (each also when percent-encoded, `%2e`), a trailing slash kept.
+/// A path the upstream could route elsewhere than the proxy is refused
+/// ([`PathError::Ambiguous`]).
 /// `Cow::Borrowed` when the path is already normal.
 ///
 /// # Errors
@@ -361,6 +371,9 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
     let Some(rest) = path.strip_prefix('/') else {
         return Err(PathError::NotAbsolute);
     };
+    if let Some(what) = ambiguous(path) {
+        return Err(PathError::Ambiguous(what));
+    }
     let dotted = |s: &str| {
         let d = decode(s);
         d == "." || d == ".."
@@ -401,6 +414,28 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
         out.push('/');
     }
     Ok(Cow::Owned(out))
+}
+
+/// What in `path` upstreams disagree on, if anything.
+fn ambiguous(path: &str) -> Option<&'static str> {
+    if path.contains('\\') {
+        return Some("a backslash");
+    }
+    if path.contains(';') {
+        return Some("a `;` (path parameters)");
+    }
+    let bytes = path.as_bytes();
+    for (i, b) in bytes.iter().enumerate() {
+        if *b == b'%' && i + 2 < bytes.len() {
+            match &path[i + 1..i + 3] {
+                "2f" | "2F" => return Some("an encoded slash (%2F)"),
+                "5c" | "5C" => return Some("an encoded backslash (%5C)"),
+                "00" => return Some("an encoded NUL (%00)"),
+                _ => {}
+            }
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -500,6 +535,22 @@ mod tests {
         assert_eq!(normalize("/../etc"), Err(PathError::AboveRoot));
         assert_eq!(normalize("/%2e%2e/etc"), Err(PathError::AboveRoot));
         assert_eq!(normalize("*"), Err(PathError::NotAbsolute));
+        for (raw, what) in [
+            ("/orders%2F1", "slash"),
+            ("/orders%2f1", "slash"),
+            ("/orders\\1", "a backslash"),
+            ("/orders%5c1", "backslash"),
+            ("/orders;jsessionid=1/1", "`;`"),
+            ("/orders/1%00", "NUL"),
+        ] {
+            let e = normalize(raw).unwrap_err();
+            assert!(matches!(e, PathError::Ambiguous(_)), "{raw}");
+            assert!(e.to_string().contains(what), "{raw}: {e}");
+        }
+        assert!(
+            normalize("/orders/%2").is_ok(),
+            "a short escape is just text"
+        );
     }
 
     #[test]

@@ -149,7 +149,7 @@ impl Service<Request<Body>> for ProxyService {
             let Ok(response) = response;
             metrics.observe_duration(label, started.elapsed().as_secs_f64());
             if let Some(problem) = response.extensions().get::<ProxyProblem>() {
-                metrics.upstream_failed(label, problem.label());
+                metrics.forward_failed(label, problem.label());
             }
             if !checked && response.extensions().get::<Rejection>().is_none() {
                 metrics.count(label, "unchecked");

@@ -266,3 +266,24 @@ async fn h2_clients_get_the_same_verdicts() {
     assert_eq!(r.status, 409, "{}", r.body);
     assert_eq!(rows(&db).await, vec![("9".into(), Some("20".into()))]);
 }
+
+#[tokio::test]
+async fn a_body_that_stalls_is_the_clients_failure_not_the_upstreams() {
+    let db = TestDb::create().await;
+    let up = Upstream::start(&db).await;
+    let proxy = start(config(
+        &format!("[timeouts]\nbody_stall_ms = 300\n{ORDERS}"),
+        &up.url(),
+    ))
+    .await;
+    let mut tcp = TcpStream::connect(proxy.addr).await.unwrap();
+    tcp.write_all(b"PUT /orders/1 HTTP/1.1\r\nHost: x\r\nFencing-Token: 5\r\nContent-Length: 100\r\n\r\nonly ten b")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut got)).await;
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    assert!(text.contains("urn:palisade:problem:body-failed"), "{text}");
+    assert!(rows(&db).await.is_empty());
+}

@@ -1,7 +1,7 @@
 //! Verdicts as the fence layer gives them, through the proxy, to a Python upstream.
 
 use http::Method;
-use palisade_testkit::TestDb;
+use palisade_testkit::{PgBouncer, TestDb};
 
 use crate::common::{admin, config, rows, send, start, Upstream, ORDERS};
 
@@ -88,9 +88,11 @@ async fn another_spelling_of_a_fenced_path_is_still_fenced() {
         assert_eq!(r.status, 409, "{path}: {}", r.body);
         assert_eq!(r.json()["resource"], "orders/7", "{path}");
     }
-    let above = send(proxy.addr, Method::PUT, "/../orders/7", Some("60"), "x").await;
-    assert_eq!(above.status, 400, "{}", above.body);
-    assert_eq!(above.json()["type"], "urn:palisade:problem:bad-path");
+    for path in ["/../orders/7", "/orders%2F7", "/orders;v=1/7", "/orders\\7"] {
+        let r = send(proxy.addr, Method::PUT, path, Some("60"), "x").await;
+        assert_eq!(r.status, 400, "{path}: {}", r.body);
+        assert_eq!(r.json()["type"], "urn:palisade:problem:bad-path", "{path}");
+    }
     // What reaches the upstream is the normalized path, so it routes as the proxy did.
     let r = send(proxy.addr, Method::PUT, "/x/../orders/7", Some("70"), "ok").await;
     assert_eq!(r.status, 200, "{}", r.body);
@@ -99,18 +101,23 @@ async fn another_spelling_of_a_fenced_path_is_still_fenced() {
 }
 
 #[tokio::test]
-async fn two_replicas_on_one_postgres_give_the_same_verdicts() {
+async fn two_replicas_on_one_postgres_one_behind_pgbouncer_give_the_same_verdicts() {
     let marks = TestDb::create().await;
     let mut owner = marks.connect().await;
     palisade_fence::migrate(&mut owner).await.unwrap();
     let db = TestDb::create().await;
     let up = Upstream::start(&db).await;
-    let store = format!(
-        "[store]\nkind = \"postgres\"\ndatabase = \"{}\"\n{ORDERS}",
-        marks.connection_string()
-    );
-    let a = start(config(&store, &up.url())).await;
-    let b = start(config(&store, &up.url())).await;
+    // Replica a connects to PostgreSQL, replica b through PgBouncer in transaction mode.
+    let bouncer = PgBouncer::start().await.unwrap();
+    let store = |database: String| {
+        format!("[store]\nkind = \"postgres\"\ndatabase = \"{database}\"\n{ORDERS}")
+    };
+    let a = start(config(&store(marks.connection_string()), &up.url())).await;
+    let b = start(config(
+        &store(bouncer.connection_string(marks.name())),
+        &up.url(),
+    ))
+    .await;
 
     assert_eq!(
         send(a.addr, Method::PUT, "/orders/1", Some("300"), "a")
