@@ -338,6 +338,7 @@ async fn proxy_streams_a_gibibyte_upload_in_bounded_memory() {
     assert_eq!(doc["bytes"], PIECE * PIECES);
     assert_eq!(doc["sha256"], sha);
     let peak = peak_kib(p.proc.pid());
+    eprintln!("peak resident memory: {peak} KiB (before the upload: {before} KiB)");
     assert!(
         peak < 96 * 1024,
         "the proxy's peak resident memory was {peak} KiB (before the upload: {before} KiB)"

@@ -61,7 +61,7 @@ async fn nginx(
 ) -> Result<(Nginx, SocketAddr)> {
     let port = free_port()?;
     let conf = format!(
-        "worker_processes 1;\nerror_log {dir}/error.log;\npid {dir}/nginx.pid;\nevents {{ worker_connections 4096; }}\nhttp {{\n  access_log off;\n  client_body_temp_path {dir}/body;\n  proxy_temp_path {dir}/proxy;\n  upstream up {{ server {upstream}; keepalive {connections}; }}\n  server {{\n    listen 127.0.0.1:{port};\n    location / {{ proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection \"\"; }}\n  }}\n}}\n",
+        "worker_processes 1;\nerror_log {dir}/error.log;\npid {dir}/nginx.pid;\nevents {{ worker_connections 4096; }}\nhttp {{\n  access_log off;\n  client_body_temp_path {dir}/body;\n  proxy_temp_path {dir}/proxy;\n  upstream up {{ server {upstream}; keepalive {connections}; keepalive_requests 1000000; }}\n  server {{\n    listen 127.0.0.1:{port};\n    keepalive_requests 1000000;\n    location / {{ proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection \"\"; }}\n  }}\n}}\n",
         dir = dir.display(),
     );
     let path = dir.join("nginx.conf");
@@ -97,6 +97,35 @@ async fn nginx(
     Err(BenchError::Unexpected("nginx did not listen within 5 s"))
 }
 
+/// A runtime shut down in the background when dropped, also on an early return (a
+/// runtime dropped inside another's async context panics).
+struct Background(Option<tokio::runtime::Runtime>);
+
+impl Background {
+    /// One worker thread named `name` (profilers tell the runtimes apart by it).
+    fn one_thread(name: &str) -> Result<Background> {
+        Ok(Background(Some(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name(name)
+                .enable_all()
+                .build()?,
+        )))
+    }
+
+    fn handle(&self) -> &tokio::runtime::Handle {
+        self.0.as_ref().expect("a runtime until dropped").handle()
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
 /// Starts everything, runs the comparison, returns its table.
 pub(crate) async fn run(
     connections: usize,
@@ -109,14 +138,11 @@ pub(crate) async fn run(
     migrate(&mut setup).await?;
     let dir = tempfile::tempdir()?;
 
-    let upstream_rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()?;
+    let upstream_rt = Background::one_thread("bench-upstream")?;
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     listener.set_nonblocking(true)?;
     let upstream = listener.local_addr()?;
-    upstream_rt.spawn(async move {
+    upstream_rt.handle().spawn(async move {
         let app = Router::new().route("/r/{id}", put(|| async { "ok" }));
         if let Ok(listener) = tokio::net::TcpListener::from_std(listener) {
             let _ = axum::serve(listener, app).await;
@@ -124,10 +150,7 @@ pub(crate) async fn run(
     });
     let (_nginx, nginx_addr) = nginx(dir.path(), upstream, connections).await?;
 
-    let proxy_rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()?;
+    let proxy_rt = Background::one_thread("bench-proxy")?;
     let route =
         "[default]\npolicy = \"open\"\n[[route]]\npath = \"/r/{id}\"\npolicy = \"fenced\"\n";
     let memory = format!("listen = \"127.0.0.1:0\"\nupstream = \"http://{upstream}\"\n{route}");
@@ -140,12 +163,13 @@ pub(crate) async fn run(
         let config = ProxyConfig::parse("bench", &text)
             .map_err(|_| BenchError::Unexpected("the bench's proxy config did not parse"))?;
         let proxy = proxy_rt
+            .handle()
             .spawn(Proxy::bind(config))
             .await
             .map_err(|_| BenchError::Unexpected("binding the proxy panicked"))?
             .map_err(|_| BenchError::Unexpected("the proxy did not bind"))?;
         proxies.push(proxy.local_addr());
-        proxy_rt.spawn(proxy.run(std::future::pending()));
+        proxy_rt.handle().spawn(proxy.run(std::future::pending()));
     }
 
     let token = FencingToken::from_u64(1 << 48)
@@ -183,7 +207,5 @@ pub(crate) async fn run(
             TARGETS[v].to_owned(),
         ]);
     }
-    proxy_rt.shutdown_background();
-    upstream_rt.shutdown_background();
     Ok(table)
 }

@@ -22,14 +22,15 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 
 use crate::problem::ProxyProblem;
 
-/// The upstream and the client that reaches it; clones share the connection pool.
+/// The upstream and the client that reaches it; clones share the connection pool (a
+/// clone is one reference count).
 #[derive(Clone)]
 pub(crate) struct Forwarder {
-    client: Client<HttpConnector, Body>,
     upstream: Arc<Upstream>,
 }
 
 struct Upstream {
+    client: Client<HttpConnector, Body>,
     /// `http://host:port`, for problem documents.
     base: String,
     authority: http::uri::Authority,
@@ -51,8 +52,8 @@ impl Forwarder {
             .cloned()
             .expect("a checked upstream has an authority");
         Forwarder {
-            client,
             upstream: Arc::new(Upstream {
+                client,
                 base: format!("http://{authority}"),
                 authority,
                 timeout,
@@ -60,7 +61,7 @@ impl Forwarder {
         }
     }
 
-    async fn forward(self, mut req: Request<Body>) -> Response<Body> {
+    pub(crate) async fn forward(self, mut req: Request<Body>) -> Response<Body> {
         let upgrade = upgrade_of(req.headers(), req.version());
         let client_side = upgrade.is_some().then(|| hyper::upgrade::on(&mut req));
         let peer = req
@@ -107,7 +108,9 @@ impl Forwarder {
             failed: Arc::clone(&body_failed),
         });
         let request = Request::from_parts(parts, body);
-        let sent = tokio::time::timeout(self.upstream.timeout, self.client.request(request)).await;
+        let sent =
+            tokio::time::timeout(self.upstream.timeout, self.upstream.client.request(request))
+                .await;
         let mut response = match sent {
             Err(_) => {
                 return ProxyProblem::UpstreamTimeout.response(
@@ -238,21 +241,28 @@ pub(crate) fn upgrade_of(headers: &HeaderMap, version: Version) -> Option<Header
 
 /// The hop-by-hop fields of RFC 9110 §7.6.1 (and the ones RFC 2616 and common proxies
 /// add), which apply to one connection and are not forwarded.
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "transfer-encoding",
-    "upgrade",
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
 ];
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
 /// Removes the hop-by-hop fields and every field `Connection` names; keeps `TE:
 /// trailers` (the one `TE` value that asks the next hop for trailers end to end) and
-/// `Trailer`, which announces the trailers.
+/// `Trailer`, which announces the trailers. One pass over the names when none is there
+/// (the usual case).
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    if !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -269,7 +279,7 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for name in named {
         headers.remove(name);
     }
-    for name in HOP_BY_HOP {
+    for name in &HOP_BY_HOP {
         headers.remove(name);
     }
     if trailers {
@@ -282,17 +292,17 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
 fn add_forwarded(headers: &mut HeaderMap, peer: Option<SocketAddr>, host: Option<&HeaderValue>) {
     let ip = peer.map(|p| p.ip());
     if let Some(ip) = ip {
-        let xff = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+        let xff = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
             Some(earlier) if !earlier.trim().is_empty() => format!("{earlier}, {ip}"),
             _ => ip.to_string(),
         };
         if let Ok(v) = HeaderValue::from_str(&xff) {
-            headers.insert("x-forwarded-for", v);
+            headers.insert(X_FORWARDED_FOR, v);
         }
     }
-    headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
     if let Some(h) = host {
-        headers.insert("x-forwarded-host", h.clone());
+        headers.insert(X_FORWARDED_HOST, h.clone());
     }
     let mut element = String::new();
     if let Some(ip) = ip {

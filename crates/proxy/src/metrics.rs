@@ -19,7 +19,8 @@
 
 use palisade_fence::{Enforcement, WriteOutcome};
 use prometheus::{
-    HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
 };
 
 /// The proxy's counters; clones share them.
@@ -100,16 +101,22 @@ impl ProxyMetrics {
         }
     }
 
+    /// The hot series of route `label`, resolved once (a labelled lookup hashes the
+    /// labels on every call).
+    pub(crate) fn route(&self, label: &str) -> RouteCounters {
+        RouteCounters {
+            admitted: self.requests.with_label_values(&[label, "admitted"]),
+            unchecked: self.requests.with_label_values(&[label, "unchecked"]),
+            duration: self.duration.with_label_values(&[label]),
+        }
+    }
+
     pub(crate) fn count(&self, route: &str, verdict: &str) {
         self.requests.with_label_values(&[route, verdict]).inc();
     }
 
     pub(crate) fn forward_failed(&self, route: &str, error: &str) {
         self.failures.with_label_values(&[route, error]).inc();
-    }
-
-    pub(crate) fn observe_duration(&self, route: &str, seconds: f64) {
-        self.duration.with_label_values(&[route]).observe(seconds);
     }
 
     /// The requests counted for `route` and `verdict` so far.
@@ -128,6 +135,14 @@ impl ProxyMetrics {
             .encode_to_string(&self.registry.gather())
             .unwrap_or_default()
     }
+}
+
+/// One route's series that most requests touch.
+#[derive(Clone, Debug)]
+pub(crate) struct RouteCounters {
+    pub(crate) admitted: IntCounter,
+    pub(crate) unchecked: IntCounter,
+    pub(crate) duration: Histogram,
 }
 
 /// The `verdict` label of a checked write.

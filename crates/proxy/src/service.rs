@@ -13,28 +13,61 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 use axum::body::Body;
 use http::{Request, Response, Uri};
-use palisade_fence::{Enforcement, Fence, FenceLayer, HighWaterStore, Rejection, WriteEvent};
+use palisade_fence::{
+    Enforcement, Fence, FenceLayer, HighWaterStore, VerifiedToken, WriteEvent, WriteOutcome,
+};
 use tower::{Layer, Service, ServiceExt};
 
 use crate::forward::{upgrade_of, Forwarder};
-use crate::metrics::{verdict, ProxyMetrics};
+use crate::metrics::{verdict, ProxyMetrics, RouteCounters};
 use crate::problem::ProxyProblem;
 use crate::route::{normalize, Policy, Route, RouteTable};
 
 /// Where refused and unprotected writes are reported (the audit sink's observer).
 pub(crate) type Reporter = Arc<dyn Fn(WriteEvent) + Send + Sync>;
 
+/// A route's forwarder: counts what reaches it (admitted by the fence, or not checked),
+/// then forwards. Refusals never reach it; the fence's observer counts them.
+#[derive(Clone)]
+struct RouteForwarder {
+    forwarder: Forwarder,
+    route: Arc<Route>,
+    counters: RouteCounters,
+}
+
+impl Service<Request<Body>> for RouteForwarder {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        if req.extensions().get::<VerifiedToken>().is_some() {
+            self.counters.admitted.inc();
+        } else if !self.route.checks(req.method()) {
+            self.counters.unchecked.inc();
+        }
+        let forwarder = self.forwarder.clone();
+        Box::pin(async move { Ok(forwarder.forward(req).await) })
+    }
+}
+
 /// One route's service.
 #[derive(Clone)]
 enum RouteService {
-    Open(Forwarder),
-    Checked(Fence<Forwarder>),
+    Open(RouteForwarder),
+    Checked(Fence<RouteForwarder>),
 }
 
-/// What one config serves: its routes and their services; replaced whole on reload.
+/// What one config serves: its routes, their services and series; replaced whole on
+/// reload.
 pub(crate) struct Routing {
     table: RouteTable,
     services: Vec<RouteService>,
+    counters: Vec<RouteCounters>,
 }
 
 impl Routing {
@@ -46,24 +79,41 @@ impl Routing {
         metrics: &ProxyMetrics,
         report: Option<&Reporter>,
     ) -> Routing {
+        let counters: Vec<RouteCounters> = table
+            .routes()
+            .iter()
+            .map(|route| metrics.route(route.label()))
+            .collect();
         let services = table
             .routes()
             .iter()
-            .map(|route| route_service(route, forwarder, store, metrics, report))
+            .zip(&counters)
+            .map(|(route, c)| {
+                let forward = RouteForwarder {
+                    forwarder: forwarder.clone(),
+                    route: Arc::new(route.clone()),
+                    counters: c.clone(),
+                };
+                route_service(route, forward, store, metrics, report)
+            })
             .collect();
-        Routing { table, services }
+        Routing {
+            table,
+            services,
+            counters,
+        }
     }
 }
 
 fn route_service(
     route: &Route,
-    forwarder: &Forwarder,
+    forward: RouteForwarder,
     store: &Arc<dyn HighWaterStore>,
     metrics: &ProxyMetrics,
     report: Option<&Reporter>,
 ) -> RouteService {
     let enforcement = match route.policy {
-        Policy::Open => return RouteService::Open(forwarder.clone()),
+        Policy::Open => return RouteService::Open(forward),
         Policy::Fenced => Enforcement::Fenced,
         Policy::Advisory => Enforcement::Advisory,
     };
@@ -76,16 +126,20 @@ fn route_service(
         // The proxy has put the normalized path in the URI by now.
         .with_resource(move |_, uri, _| resource_route.resource_of(uri.path()))
         .with_enforcement(move |_| enforcement)
-        .with_fenced_events()
+        // Refusals, and every advisory write; admitted writes are counted where they
+        // arrive (RouteForwarder), without an event each.
+        .with_refused_events()
         .with_observer(move |event: WriteEvent| {
-            counting.count(&label, verdict(event.outcome, event.enforcement));
+            if event.outcome != WriteOutcome::Admitted {
+                counting.count(&label, verdict(event.outcome, event.enforcement));
+            }
             if event.unprotected || event.rejected {
                 if let Some(report) = &report {
                     report(event);
                 }
             }
         });
-    RouteService::Checked(layer.layer(forwarder.clone()))
+    RouteService::Checked(layer.layer(forward))
 }
 
 /// The proxy's tower service; clones share the routing, which a reload swaps.
@@ -141,18 +195,16 @@ impl Service<Request<Body>> for ProxyService {
                     None,
                 ));
             }
-            let checked = route.checks(req.method());
             let response = match routing.services[i].clone() {
                 RouteService::Open(f) => f.oneshot(req).await,
                 RouteService::Checked(f) => f.oneshot(req).await,
             };
             let Ok(response) = response;
-            metrics.observe_duration(label, started.elapsed().as_secs_f64());
+            routing.counters[i]
+                .duration
+                .observe(started.elapsed().as_secs_f64());
             if let Some(problem) = response.extensions().get::<ProxyProblem>() {
                 metrics.forward_failed(label, problem.label());
-            }
-            if !checked && response.extensions().get::<Rejection>().is_none() {
-                metrics.count(label, "unchecked");
             }
             Ok(response)
         })

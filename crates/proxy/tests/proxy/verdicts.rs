@@ -268,11 +268,19 @@ async fn metrics_count_by_route_pattern_never_by_raw_path() {
         !text.contains("/orders/1\""),
         "no raw path is a label: {text}"
     );
-    let series = text
+    let series: Vec<&str> = text
         .lines()
         .filter(|l| l.starts_with("palisade_proxy_requests_total{"))
-        .count();
-    assert_eq!(series, 5, "{text}");
+        .collect();
+    for line in &series {
+        let route = line.split('"').nth(1).unwrap();
+        assert!(
+            ["/orders/{id}", "/legacy/{id}", "default"].contains(&route),
+            "a route label is a configured pattern: {line}"
+        );
+    }
+    let counted = series.iter().filter(|l| !l.ends_with(" 0")).count();
+    assert_eq!(counted, 5, "{text}");
     assert_eq!(admin(proxy.admin.unwrap(), "/livez").await.0, 200);
     let (ready, body) = admin(proxy.admin.unwrap(), "/readyz").await;
     assert_eq!((ready, body.as_str()), (200, "ready: memory store\n"));
