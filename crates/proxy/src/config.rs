@@ -90,7 +90,8 @@ pub struct Timeouts {
     /// A request body that delivers nothing, or a response the client reads nothing of.
     /// Default 30 s.
     pub body_stall: Duration,
-    /// The upstream's response head; past it, 504. Default 30 s.
+    /// The upstream's response head, counted while the request body is not arriving;
+    /// past it, 504. Default 30 s.
     pub upstream: Duration,
     /// On SIGTERM, how long requests in flight may take. Default 30 s.
     pub drain: Duration,

@@ -8,6 +8,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -103,14 +104,24 @@ impl Forwarder {
         add_forwarded(&mut parts.headers, peer, host.as_ref());
         parts.version = Version::HTTP_11;
         let body_failed = Arc::new(std::sync::Mutex::new(None));
+        let streaming = Arc::new(AtomicU8::new(NOT_POLLED));
         let body = Body::new(Watched {
             body,
             failed: Arc::clone(&body_failed),
+            streaming: Arc::clone(&streaming),
         });
         let request = Request::from_parts(parts, body);
-        let sent =
-            tokio::time::timeout(self.upstream.timeout, self.upstream.client.request(request))
-                .await;
+        let sent = self.upstream.client.request(request);
+        tokio::pin!(sent);
+        // The upstream's time does not run while the client's body is still arriving: a
+        // long upload, or a stalled one, is the client's (the listener's body stall bound
+        // ends it), not the upstream's.
+        let sent = loop {
+            match tokio::time::timeout(self.upstream.timeout, &mut sent).await {
+                Err(_) if streaming.load(Ordering::Acquire) == STREAMING => {}
+                done => break done,
+            }
+        };
         let mut response = match sent {
             Err(_) => {
                 return ProxyProblem::UpstreamTimeout.response(
@@ -173,6 +184,11 @@ impl Forwarder {
     }
 }
 
+/// Where a request body is: not read yet, arriving, or done (ended or failed).
+const NOT_POLLED: u8 = 0;
+const STREAMING: u8 = 1;
+const ENDED: u8 = 2;
+
 pin_project_lite::pin_project! {
     /// A request body that records why it failed, so that the proxy can tell a client's
     /// body from an upstream's failure.
@@ -180,6 +196,7 @@ pin_project_lite::pin_project! {
         #[pin]
         body: Body,
         failed: Arc<std::sync::Mutex<Option<String>>>,
+        streaming: Arc<AtomicU8>,
     }
 }
 
@@ -193,9 +210,15 @@ impl http_body::Body for Watched {
     ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, axum::Error>>> {
         let this = self.project();
         let polled = this.body.poll_frame(cx);
-        if let Poll::Ready(Some(Err(e))) = &polled {
-            *this.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(chain(e));
-        }
+        let state = match &polled {
+            Poll::Ready(Some(Err(e))) => {
+                *this.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(chain(e));
+                ENDED
+            }
+            Poll::Ready(None) => ENDED,
+            _ => STREAMING,
+        };
+        this.streaming.store(state, Ordering::Release);
         polled
     }
 
@@ -251,6 +274,12 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::TRANSFER_ENCODING,
     header::UPGRADE,
 ];
+/// Never removed for being named in `Connection`.
+const KEPT: [HeaderName; 3] = [
+    HeaderName::from_static("fencing-token"),
+    header::HOST,
+    header::CONTENT_LENGTH,
+];
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
@@ -263,12 +292,15 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
         return;
     }
+    // A client cannot strip these by naming them in `Connection`: the token is what the
+    // upstream checks again, the others frame and route the request.
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .filter(|n| !KEPT.contains(n))
         .collect();
     let trailers = headers
         .get_all(header::TE)

@@ -13,8 +13,9 @@
 //! `refused_store_unavailable` (fenced routes, the layer's refusals);
 //! `unprotected_missing_token`, `unprotected_malformed_token`, `unprotected_stale`,
 //! `unprotected_store_unavailable` (advisory routes, let through); `unchecked` (open
-//! routes, and methods a route does not check); `refused_upgrade`, `refused_bad_path`
-//! (the proxy's own refusals, before the fence). A request's verdict is counted once;
+//! routes, and methods a route does not check); `refused_upgrade`, `refused_bad_path`,
+//! `refused_method`, `refused_method_override` (the proxy's own refusals, before the
+//! fence). A request's verdict is counted once;
 //! a failure on the way after it is counted in the failures.
 
 use palisade_fence::{Enforcement, WriteOutcome};

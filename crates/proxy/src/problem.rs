@@ -20,6 +20,12 @@ pub enum ProxyProblem {
     BadPath,
     /// The client's request body stalled or broke off while it was forwarded: 400.
     BodyFailed,
+    /// A method a fenced route neither checks nor knows to be safe (a lower-case `put`,
+    /// WebDAV's `MOVE`): 405.
+    MethodNotChecked,
+    /// A method-override header (`X-HTTP-Method-Override`, `X-HTTP-Method`,
+    /// `X-Method-Override`) on a fenced route, which frameworks obey after the check: 400.
+    MethodOverride,
 }
 
 impl ProxyProblem {
@@ -29,7 +35,10 @@ impl ProxyProblem {
             ProxyProblem::UpstreamUnavailable => StatusCode::BAD_GATEWAY,
             ProxyProblem::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             ProxyProblem::UpgradeRefused => StatusCode::FORBIDDEN,
-            ProxyProblem::BadPath | ProxyProblem::BodyFailed => StatusCode::BAD_REQUEST,
+            ProxyProblem::BadPath | ProxyProblem::BodyFailed | ProxyProblem::MethodOverride => {
+                StatusCode::BAD_REQUEST
+            }
+            ProxyProblem::MethodNotChecked => StatusCode::METHOD_NOT_ALLOWED,
         }
     }
 
@@ -41,10 +50,23 @@ impl ProxyProblem {
             ProxyProblem::UpgradeRefused => "urn:palisade:problem:upgrade-refused",
             ProxyProblem::BadPath => "urn:palisade:problem:bad-path",
             ProxyProblem::BodyFailed => "urn:palisade:problem:body-failed",
+            ProxyProblem::MethodNotChecked => "urn:palisade:problem:method-not-checked",
+            ProxyProblem::MethodOverride => "urn:palisade:problem:method-override",
         }
     }
 
-    /// The metrics' `verdict` label.
+    /// Whether it is a failure on the way (counted in the forward failures), rather than
+    /// a refusal before the route's service.
+    pub(crate) fn on_the_way(self) -> bool {
+        matches!(
+            self,
+            ProxyProblem::UpstreamUnavailable
+                | ProxyProblem::UpstreamTimeout
+                | ProxyProblem::BodyFailed
+        )
+    }
+
+    /// The metrics' label.
     pub fn label(self) -> &'static str {
         match self {
             ProxyProblem::UpstreamUnavailable => "upstream_unavailable",
@@ -52,6 +74,8 @@ impl ProxyProblem {
             ProxyProblem::UpgradeRefused => "refused_upgrade",
             ProxyProblem::BadPath => "refused_bad_path",
             ProxyProblem::BodyFailed => "body_failed",
+            ProxyProblem::MethodNotChecked => "refused_method",
+            ProxyProblem::MethodOverride => "refused_method_override",
         }
     }
 
@@ -62,6 +86,8 @@ impl ProxyProblem {
             ProxyProblem::UpgradeRefused => "Upgrade refused",
             ProxyProblem::BadPath => "Bad request path",
             ProxyProblem::BodyFailed => "Request body failed",
+            ProxyProblem::MethodNotChecked => "Method not checked",
+            ProxyProblem::MethodOverride => "Method override refused",
         }
     }
 

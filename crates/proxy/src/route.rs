@@ -60,6 +60,9 @@ impl fmt::Display for Policy {
     }
 }
 
+/// The methods that never write (RFC 9110 §9.2.1), which pass a fenced route unchecked.
+pub const SAFE_METHODS: [Method; 4] = [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE];
+
 /// The methods a route checks when its config names none: the write methods.
 pub const DEFAULT_METHODS: [Method; 4] = [Method::POST, Method::PUT, Method::PATCH, Method::DELETE];
 
@@ -133,7 +136,11 @@ impl PathPattern {
                 return Err(PatternError(format!(
                     "`{part}` in `{text}`: a parameter is a whole segment, `{{name}}`"
                 )));
-            } else if part.is_empty() || *part == "." || *part == ".." {
+            } else if let Some(what) = ambiguous(part) {
+                return Err(PatternError(format!(
+                    "`{part}` in `{text}` holds {what}: requests holding it are refused, so the route could never match"
+                )));
+            } else if part.is_empty() || matches!(decode(part).as_ref(), "." | "..") {
                 return Err(PatternError(format!(
                     "`{text}` has an empty, `.` or `..` segment; requests are matched on normalized paths"
                 )));
@@ -280,17 +287,34 @@ impl Route {
     }
 
     /// The resource key of a request to the normalized `path`, if the route matches it.
+    ///
+    /// Without a template the key is the decoded path without a trailing slash
+    /// (`/orders/1/` is `/orders/1`, as most upstreams route it), `/` for the root.
     pub fn resource_of(&self, path: &str) -> Option<String> {
+        let path_key = || {
+            let trimmed = path.trim_end_matches('/');
+            decode(if trimmed.is_empty() { "/" } else { trimmed }).into_owned()
+        };
         match &self.pattern {
-            None => Some(decode(path).into_owned()),
+            None => Some(path_key()),
             Some(pattern) => {
                 let values = pattern.matches(path)?;
                 Some(match &self.resource {
                     Some(template) => template.render(&values),
-                    None => decode(path).into_owned(),
+                    None => path_key(),
                 })
             }
         }
+    }
+
+    /// Whether `method` is refused on this route: on a fenced route, a method that is
+    /// neither checked (in `methods`) nor safe (`GET`, `HEAD`, `OPTIONS`, `TRACE`).
+    /// A lower-case `put` or a WebDAV `MOVE` would otherwise reach an upstream that
+    /// treats it as a write, unchecked.
+    pub fn refuses(&self, method: &Method) -> bool {
+        self.policy == Policy::Fenced
+            && !self.methods.contains(method)
+            && !SAFE_METHODS.contains(method)
     }
 
     /// Whether the route matches the normalized `path`.
@@ -424,13 +448,14 @@ fn ambiguous(path: &str) -> Option<&'static str> {
     if path.contains(';') {
         return Some("a `;` (path parameters)");
     }
+    // Bytes, not `str` slices: a `%` may be followed by a multi-byte character.
     let bytes = path.as_bytes();
     for (i, b) in bytes.iter().enumerate() {
         if *b == b'%' && i + 2 < bytes.len() {
-            match &path[i + 1..i + 3] {
-                "2f" | "2F" => return Some("an encoded slash (%2F)"),
-                "5c" | "5C" => return Some("an encoded backslash (%5C)"),
-                "00" => return Some("an encoded NUL (%00)"),
+            match &bytes[i + 1..i + 3] {
+                b"2f" | b"2F" => return Some("an encoded slash (%2F)"),
+                b"5c" | b"5C" => return Some("an encoded backslash (%5C)"),
+                b"00" => return Some("an encoded NUL (%00)"),
                 _ => {}
             }
         }
@@ -473,12 +498,36 @@ mod tests {
     }
 
     #[test]
-    fn without_a_template_the_resource_is_the_decoded_path() {
+    fn without_a_template_the_resource_is_the_decoded_path_without_a_trailing_slash() {
         let r = route("/orders/{id}", None);
         assert_eq!(
             r.resource_of("/orders/%34%32").as_deref(),
             Some("/orders/42")
         );
+        assert_eq!(r.resource_of("/orders/42/").as_deref(), Some("/orders/42"));
+        let all = RouteTable::new(Vec::new(), Policy::Fenced);
+        assert_eq!(all.routes()[0].resource_of("/").as_deref(), Some("/"));
+        assert_eq!(all.routes()[0].resource_of("/a/").as_deref(), Some("/a"));
+    }
+
+    #[test]
+    fn a_fenced_route_refuses_methods_it_neither_checks_nor_knows_safe() {
+        let mut r = route("/orders/{id}", None);
+        r.methods = vec![Method::PUT];
+        for m in ["POST", "DELETE", "MOVE", "put"] {
+            assert!(r.refuses(&Method::from_bytes(m.as_bytes()).unwrap()), "{m}");
+        }
+        for m in [Method::PUT, Method::GET, Method::HEAD, Method::OPTIONS] {
+            assert!(!r.refuses(&m), "{m}");
+        }
+        r.policy = Policy::Advisory;
+        assert!(!r.refuses(&Method::POST));
+    }
+
+    #[test]
+    fn the_path_checks_take_any_bytes() {
+        assert!(normalize("/%\u{20ac}").is_ok());
+        assert!(normalize("/a%").is_ok());
     }
 
     #[test]
@@ -491,6 +540,9 @@ mod tests {
             ("/{*rest}/x", "must be the last"),
             ("/a//b", "empty"),
             ("/a/../b", "`..`"),
+            ("/a%2Fb/{id}", "could never match"),
+            ("/%2e%2e/x", "`..`"),
+            ("/a;b", "could never match"),
         ] {
             let e = PathPattern::parse(pattern).unwrap_err().to_string();
             assert!(e.contains(needle), "{pattern}: {e}");

@@ -83,10 +83,10 @@ impl Reloader {
     ///
     /// [`ReloadError`] when a field that needs a restart differs (`listen`, `admin`,
     /// `store`, `audit`, `http2`, `max_connections`, `timeouts.header_ms`,
-    /// `timeouts.body_stall_ms`); nothing changes then.
+    /// `timeouts.body_stall_ms`, `timeouts.drain_ms`); nothing changes then.
     pub fn reload(&self, config: ProxyConfig) -> Result<(), ReloadError> {
         let running = self.shared.running.load();
-        let fixed: [(&'static str, bool); 8] = [
+        let fixed: [(&'static str, bool); 9] = [
             ("listen", running.listen != config.listen),
             ("admin", running.admin != config.admin),
             ("store", running.store != config.store),
@@ -103,6 +103,10 @@ impl Reloader {
             (
                 "timeouts.body_stall_ms",
                 running.timeouts.body_stall != config.timeouts.body_stall,
+            ),
+            (
+                "timeouts.drain_ms",
+                running.timeouts.drain != config.timeouts.drain,
             ),
         ];
         if let Some((field, _)) = fixed.iter().find(|(_, differs)| *differs) {

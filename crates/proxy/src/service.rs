@@ -23,6 +23,13 @@ use crate::metrics::{verdict, ProxyMetrics, RouteCounters};
 use crate::problem::ProxyProblem;
 use crate::route::{normalize, Policy, Route, RouteTable};
 
+/// The method-override headers frameworks obey (Rails, Symfony, Express, ASP.NET).
+const METHOD_OVERRIDES: [&str; 3] = [
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+];
+
 /// Where refused and unprotected writes are reported (the audit sink's observer).
 pub(crate) type Reporter = Arc<dyn Fn(WriteEvent) + Send + Sync>;
 
@@ -178,22 +185,60 @@ impl Service<Request<Body>> for ProxyService {
                 }
                 let mut parts = req.uri().clone().into_parts();
                 parts.path_and_query = target.parse().ok();
-                if let Ok(uri) = Uri::from_parts(parts) {
-                    *req.uri_mut() = uri;
-                }
+                let Ok(uri) = Uri::from_parts(parts) else {
+                    // Never on with the raw path: it could map to no resource.
+                    metrics.count("default", ProxyProblem::BadPath.label());
+                    return Ok(ProxyProblem::BadPath
+                        .response("the normalized path is not a request target".into(), None));
+                };
+                *req.uri_mut() = uri;
             }
             let i = routing.table.find(&path);
             let route = &routing.table.routes()[i];
             let label = route.label();
-            if route.policy != Policy::Open && upgrade_of(req.headers(), req.version()).is_some() {
-                metrics.count(label, ProxyProblem::UpgradeRefused.label());
-                return Ok(ProxyProblem::UpgradeRefused.response(
-                    format!(
+            if let Some(protocol) = upgrade_of(req.headers(), req.version()) {
+                let refused = if route.policy != Policy::Open {
+                    Some(format!(
                         "{path} is on a {} route ({label}): an upgraded connection would carry writes the fence cannot check; only open routes pass upgrades",
                         route.policy
+                    ))
+                } else if !protocol.as_bytes().eq_ignore_ascii_case(b"websocket") {
+                    // h2c and the like would tunnel requests past every route.
+                    Some(format!(
+                        "only websocket upgrades pass, not {:?}: another protocol would carry requests past the fence",
+                        String::from_utf8_lossy(protocol.as_bytes())
+                    ))
+                } else {
+                    None
+                };
+                if let Some(detail) = refused {
+                    metrics.count(label, ProxyProblem::UpgradeRefused.label());
+                    return Ok(ProxyProblem::UpgradeRefused.response(detail, None));
+                }
+            }
+            if route.refuses(req.method()) {
+                metrics.count(label, ProxyProblem::MethodNotChecked.label());
+                return Ok(ProxyProblem::MethodNotChecked.response(
+                    format!(
+                        "{} is neither checked on the fenced route {label} nor a safe method: list it in the route's methods",
+                        req.method()
                     ),
                     None,
                 ));
+            }
+            if route.policy == Policy::Fenced {
+                if let Some(name) = METHOD_OVERRIDES
+                    .iter()
+                    .find(|h| req.headers().contains_key(**h))
+                {
+                    metrics.count(label, ProxyProblem::MethodOverride.label());
+                    return Ok(ProxyProblem::MethodOverride.response(
+                        format!(
+                            "{name} is refused on the fenced route {label}: frameworks obey it after the fence checked the method"
+                        ),
+                        None,
+                    ));
+                }
             }
             let response = match routing.services[i].clone() {
                 RouteService::Open(f) => f.oneshot(req).await,
@@ -204,7 +249,9 @@ impl Service<Request<Body>> for ProxyService {
                 .duration
                 .observe(started.elapsed().as_secs_f64());
             if let Some(problem) = response.extensions().get::<ProxyProblem>() {
-                metrics.forward_failed(label, problem.label());
+                if problem.on_the_way() {
+                    metrics.forward_failed(label, problem.label());
+                }
             }
             Ok(response)
         })

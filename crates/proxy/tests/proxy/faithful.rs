@@ -22,7 +22,7 @@ async fn headers_are_forwarded_and_hop_by_hop_fields_are_not() {
     let proxy = start(config(ORDERS, &up.url())).await;
     let req = Request::get(format!("http://{}/headers", proxy.addr))
         .header("host", "orders.example")
-        .header("connection", "x-hop")
+        .header("connection", "x-hop, fencing-token")
         .header("x-hop", "secret")
         .header("proxy-authorization", "Basic Zm9vOmJhcg==")
         .header("x-forwarded-for", "10.1.2.3")
@@ -35,7 +35,10 @@ async fn headers_are_forwarded_and_hop_by_hop_fields_are_not() {
     let seen = r.json();
     assert_eq!(seen["host"], "orders.example");
     assert_eq!(seen["x-app"], "kept");
-    assert_eq!(seen["fencing-token"], "77");
+    assert_eq!(
+        seen["fencing-token"], "77",
+        "naming it in Connection does not strip it"
+    );
     assert_eq!(seen["x-forwarded-for"], "10.1.2.3, 127.0.0.1");
     assert_eq!(seen["x-forwarded-proto"], "http");
     assert_eq!(seen["x-forwarded-host"], "orders.example");
@@ -198,6 +201,14 @@ async fn a_websocket_passes_on_an_open_route_and_is_refused_on_a_fenced_one() {
     assert!(head.contains("application/problem+json"), "{head}");
 
     let open = start(config(ORDERS, &up.url())).await;
+    // Only websocket: h2c would tunnel requests past every route.
+    let mut h2c = TcpStream::connect(open.addr).await.unwrap();
+    h2c.write_all(b"GET /headers HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = [0u8; 12];
+    h2c.read_exact(&mut got).await.unwrap();
+    assert_eq!(&got, b"HTTP/1.1 403");
     let (mut tcp, head) = upgrade(open.addr, "/ws").await;
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     assert!(
@@ -271,8 +282,10 @@ async fn h2_clients_get_the_same_verdicts() {
 async fn a_body_that_stalls_is_the_clients_failure_not_the_upstreams() {
     let db = TestDb::create().await;
     let up = Upstream::start(&db).await;
+    // The upstream's time does not run while the body arrives: a stall is the
+    // client's (400), not the upstream's (504), though upstream_ms is shorter.
     let proxy = start(config(
-        &format!("[timeouts]\nbody_stall_ms = 300\n{ORDERS}"),
+        &format!("[timeouts]\nbody_stall_ms = 300\nupstream_ms = 100\n{ORDERS}"),
         &up.url(),
     ))
     .await;
@@ -286,4 +299,28 @@ async fn a_body_that_stalls_is_the_clients_failure_not_the_upstreams() {
     assert!(text.starts_with("HTTP/1.1 400"), "{text}");
     assert!(text.contains("urn:palisade:problem:body-failed"), "{text}");
     assert!(rows(&db).await.is_empty());
+}
+
+#[tokio::test]
+async fn a_percent_before_a_multibyte_character_gets_an_answer() {
+    let db = TestDb::create().await;
+    let up = Upstream::start(&db).await;
+    let proxy = start(config(ORDERS, &up.url())).await;
+    let mut tcp = TcpStream::connect(proxy.addr).await.unwrap();
+    tcp.write_all("PUT /%\u{20ac} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n".as_bytes())
+        .await
+        .unwrap();
+    let mut got = [0u8; 9];
+    tokio::time::timeout(Duration::from_secs(10), tcp.read_exact(&mut got))
+        .await
+        .unwrap()
+        .expect("an answer, not a dropped connection");
+    assert_eq!(&got, b"HTTP/1.1 ");
+    // And the proxy still serves.
+    assert_eq!(
+        send(proxy.addr, Method::GET, "/headers", None, "")
+            .await
+            .status,
+        200
+    );
 }

@@ -341,3 +341,44 @@ async fn a_reload_swaps_routes_and_refuses_what_needs_a_restart() {
         "the refused reload changed nothing"
     );
 }
+
+#[tokio::test]
+async fn methods_a_fenced_route_does_not_check_are_refused_not_passed() {
+    let db = TestDb::create().await;
+    let up = Upstream::start(&db).await;
+    let text = "[[route]]\npath = \"/orders/{id}\"\nmethods = [\"PUT\"]\nresource = \"orders/{id}\"\npolicy = \"fenced\"\n";
+    let proxy = start(config(text, &up.url())).await;
+    for method in ["put", "MOVE", "POST"] {
+        let m = Method::from_bytes(method.as_bytes()).unwrap();
+        let r = send(proxy.addr, m, "/orders/1", None, "x").await;
+        assert_eq!(r.status, 405, "{method}: {}", r.body);
+        assert_eq!(r.json()["type"], "urn:palisade:problem:method-not-checked");
+    }
+    // A method override would be obeyed by the framework after the check.
+    let req = http::Request::get(format!("http://{}/orders/1", proxy.addr))
+        .header("x-http-method-override", "PUT")
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let r = crate::common::read(crate::common::client().request(req).await.unwrap()).await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.json()["type"], "urn:palisade:problem:method-override");
+    assert!(rows(&db).await.is_empty());
+    assert_eq!(proxy.metrics.requests("/orders/{id}", "refused_method"), 3);
+}
+
+#[tokio::test]
+async fn a_trailing_slash_names_the_same_resource() {
+    let db = TestDb::create().await;
+    let up = Upstream::start(&db).await;
+    // The one-command shape: every path fenced, the resource the decoded path.
+    let proxy = start(config("", &up.url())).await;
+    assert_eq!(
+        send(proxy.addr, Method::PUT, "/orders/1", Some("7"), "a")
+            .await
+            .status,
+        200
+    );
+    let r = send(proxy.addr, Method::PUT, "/orders/1/", Some("5"), "stale").await;
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert_eq!(r.json()["resource"], "/orders/1");
+}
