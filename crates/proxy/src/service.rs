@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use axum::body::Body;
-use http::{Request, Response, Uri};
+use http::{HeaderName, Request, Response, Uri};
 use palisade_fence::{
     Enforcement, Fence, FenceLayer, HighWaterStore, VerifiedToken, WriteEvent, WriteOutcome,
 };
@@ -24,10 +24,10 @@ use crate::problem::ProxyProblem;
 use crate::route::{normalize, Policy, Route, RouteTable};
 
 /// The method-override headers frameworks obey (Rails, Symfony, Express, ASP.NET).
-const METHOD_OVERRIDES: [&str; 3] = [
-    "x-http-method-override",
-    "x-http-method",
-    "x-method-override",
+const METHOD_OVERRIDES: [HeaderName; 3] = [
+    HeaderName::from_static("x-http-method-override"),
+    HeaderName::from_static("x-http-method"),
+    HeaderName::from_static("x-method-override"),
 ];
 
 /// Where refused and unprotected writes are reported (the audit sink's observer).
@@ -229,7 +229,7 @@ impl Service<Request<Body>> for ProxyService {
             if route.policy == Policy::Fenced {
                 if let Some(name) = METHOD_OVERRIDES
                     .iter()
-                    .find(|h| req.headers().contains_key(**h))
+                    .find(|h| req.headers().contains_key(*h))
                 {
                     metrics.count(label, ProxyProblem::MethodOverride.label());
                     return Ok(ProxyProblem::MethodOverride.response(
