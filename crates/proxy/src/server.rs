@@ -15,7 +15,6 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::config::{ProxyConfig, StoreConfig};
-use crate::forward::Forwarder;
 use crate::metrics::ProxyMetrics;
 use crate::service::{ProxyService, Reporter, Routing};
 
@@ -113,14 +112,8 @@ impl Reloader {
             return Err(ReloadError { field });
         }
         let shared = &self.shared;
-        let forwarder = Forwarder::new(
-            &config.upstream,
-            config.timeouts.connect,
-            config.timeouts.upstream,
-        );
-        let routing = Routing::new(
-            config.routes.clone(),
-            &forwarder,
+        let routing = Routing::of(
+            &config,
             &shared.store,
             &shared.metrics,
             shared.report.as_ref(),
@@ -182,18 +175,7 @@ impl Proxy {
             Arc::new(move |event| observer.observe(event)) as Reporter
         });
         let metrics = ProxyMetrics::new();
-        let forwarder = Forwarder::new(
-            &config.upstream,
-            config.timeouts.connect,
-            config.timeouts.upstream,
-        );
-        let routing = Routing::new(
-            config.routes.clone(),
-            &forwarder,
-            &store,
-            &metrics,
-            report.as_ref(),
-        );
+        let routing = Routing::of(&config, &store, &metrics, report.as_ref());
         let listener = bind(config.listen, "listen").await?;
         let admin = match config.admin {
             Some(addr) => Some(bind(addr, "admin").await?),

@@ -18,6 +18,7 @@ use palisade_fence::{
 };
 use tower::{Layer, Service, ServiceExt};
 
+use crate::config::ProxyConfig;
 use crate::forward::{upgrade_of, Forwarder};
 use crate::metrics::{verdict, ProxyMetrics, RouteCounters};
 use crate::problem::ProxyProblem;
@@ -78,8 +79,24 @@ pub(crate) struct Routing {
 }
 
 impl Routing {
+    /// The services of `config`'s routes, forwarding to its upstream within its
+    /// timeouts and checking against `store`.
+    pub(crate) fn of(
+        config: &ProxyConfig,
+        store: &Arc<dyn HighWaterStore>,
+        metrics: &ProxyMetrics,
+        report: Option<&Reporter>,
+    ) -> Routing {
+        let forwarder = Forwarder::new(
+            &config.upstream,
+            config.timeouts.connect,
+            config.timeouts.upstream,
+        );
+        Routing::new(config.routes.clone(), &forwarder, store, metrics, report)
+    }
+
     /// The services of `table`'s routes over `forwarder`, checking against `store`.
-    pub(crate) fn new(
+    fn new(
         table: RouteTable,
         forwarder: &Forwarder,
         store: &Arc<dyn HighWaterStore>,
