@@ -6,8 +6,10 @@
 # iproute2, iptables, faketime (the chaos harness's network hosts and clock jumps),
 # pgbouncer, python3-psycopg, nginx-light (the proxy bench), python3-venv when missing;
 # the system etcd, prometheus, pgbouncer and nginx services are stopped and disabled), cargo-nextest in cargo's bin directory,
-# PostgreSQL's pg_hba.conf (trust on loopback) when no server answers on 5432, and
-# schemathesis from PyPI in a virtual environment under
+# PostgreSQL's pg_hba.conf (trust on loopback) when no server answers on 5432,
+# redis-server and mariadb-server (started, and MariaDB's root@localhost also allowed an
+# empty password over TCP) when nothing answers on 6379 and 3306, and schemathesis, redis
+# and PyMySQL from PyPI, pinned, in a virtual environment under
 # ${XDG_CACHE_HOME:-$HOME/.cache}/palisade-venv (not the system's Python).
 
 step() { printf '\n==> %s\n' "$*"; }
@@ -79,26 +81,75 @@ palisade_install_deps() {
     fi
 }
 
-# The schemathesis version the OpenAPI fuzz test runs (crates/server/tests/schemathesis.rs).
+# The Python packages the tests run, pinned, in a virtual environment outside the clone:
+# schemathesis (the OpenAPI fuzz test, crates/server/tests/schemathesis.rs), redis and
+# PyMySQL (the Redis and MariaDB fence examples, run from Python).
 PALISADE_SCHEMATHESIS_VERSION=4.32.5
+PALISADE_VENV_PACKAGES=("schemathesis==$PALISADE_SCHEMATHESIS_VERSION" "redis==5.2.1" "PyMySQL==1.1.1")
 
-# Installs schemathesis from PyPI into a Python virtual environment outside the clone,
-# ${XDG_CACHE_HOME:-$HOME/.cache}/palisade-venv (python3-venv from apt if `python3 -m venv`
-# is missing), and exports PALISADE_SCHEMATHESIS, the path of its command. Nothing is
-# installed into the system's Python.
+# Installs PALISADE_VENV_PACKAGES from PyPI into a Python virtual environment outside the
+# clone, ${XDG_CACHE_HOME:-$HOME/.cache}/palisade-venv (python3-venv from apt if
+# `python3 -m venv` is missing), and exports PALISADE_SCHEMATHESIS (its schemathesis
+# command) and PALISADE_PYTHON (its interpreter). Nothing is installed into the system's
+# Python.
 palisade_install_schemathesis() {
     local venv="${XDG_CACHE_HOME:-$HOME/.cache}/palisade-venv"
-    local want="$PALISADE_SCHEMATHESIS_VERSION"
     export PALISADE_SCHEMATHESIS="$venv/bin/schemathesis"
-    if [ -x "$venv/bin/python" ] &&
-        [ "$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("schemathesis"))' 2>/dev/null)" = "$want" ]; then
+    export PALISADE_PYTHON="$venv/bin/python"
+    if [ -x "$venv/bin/python" ] && "$venv/bin/python" - "${PALISADE_VENV_PACKAGES[@]}" <<'PY' 2>/dev/null
+import importlib.metadata as m, sys
+sys.exit(any(m.version(p.split("==")[0]) != p.split("==")[1] for p in sys.argv[1:]))
+PY
+    then
         return 0
     fi
     command -v python3 >/dev/null || apt_install python3
     python3 -c 'import venv, ensurepip' 2>/dev/null || apt_install python3-venv
-    step "installing schemathesis $want into $venv"
+    step "installing ${PALISADE_VENV_PACKAGES[*]} into $venv"
     python3 -m venv "$venv"
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check "schemathesis==$want"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check "${PALISADE_VENV_PACKAGES[@]}"
+}
+
+# Makes sure Redis answers on 127.0.0.1:6379: installs and starts Debian's redis-server
+# when nothing does. The Redis fence's tests use a key prefix of their own there; those
+# that restart a server start a private redis-server on a free port.
+palisade_ensure_redis() {
+    command -v redis-server >/dev/null || apt_install redis-server
+    if redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null | grep -q PONG; then return 0; fi
+    step "starting redis-server on 127.0.0.1:6379"
+    if command -v systemctl >/dev/null && systemctl start redis-server 2>/dev/null; then :; else
+        as_root redis-server --bind 127.0.0.1 --port 6379 --daemonize yes --save '' --appendonly no >/dev/null
+    fi
+    for _ in $(seq 1 30); do
+        redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null | grep -q PONG && return 0
+        sleep 1
+    done
+    echo "Redis did not come up on 127.0.0.1:6379" >&2
+    return 1
+}
+
+# Makes sure MariaDB answers on 127.0.0.1:3306 as root with an empty password: installs
+# and starts Debian's mariadb-server when nothing answers, and then lets root@localhost log
+# in over TCP with an empty password as well as by its Unix socket (Debian's default is the
+# socket only). The MariaDB fence's tests create a database of their own for every run.
+palisade_ensure_mariadb() {
+    command -v mariadb >/dev/null || apt_install mariadb-client
+    if mariadb -h 127.0.0.1 -P 3306 -u root -e 'SELECT 1' >/dev/null 2>&1; then return 0; fi
+    command -v mariadbd >/dev/null || [ -x /usr/sbin/mariadbd ] || apt_install mariadb-server
+    step "starting MariaDB on 127.0.0.1:3306"
+    if command -v systemctl >/dev/null && systemctl start mariadb 2>/dev/null; then :; else
+        as_root install -d -o mysql -g mysql /run/mysqld
+        as_root sh -c '/usr/bin/mariadbd-safe --bind-address=127.0.0.1 >/dev/null 2>&1 &'
+    fi
+    for _ in $(seq 1 30); do
+        mariadb-admin -u root ping >/dev/null 2>&1 && break
+        sleep 1
+    done
+    step "letting root@localhost log in over TCP with an empty password (MariaDB, for the tests)"
+    as_root mariadb -u root -e "ALTER USER root@localhost IDENTIFIED VIA unix_socket OR mysql_native_password USING PASSWORD('')"
+    mariadb -h 127.0.0.1 -P 3306 -u root -e 'SELECT 1' >/dev/null && return 0
+    echo "MariaDB did not come up on 127.0.0.1:3306 for root" >&2
+    return 1
 }
 
 # Makes sure PostgreSQL answers on 127.0.0.1:5432 with trust authentication for loopback.

@@ -38,13 +38,20 @@
 //! | `tower` | yes | [`FenceLayer`], [`FencingTokenLayer`] (tower, http) |
 //! | `metrics` | no | [`FenceMetrics`]: the layer's counters in Prometheus text format (prometheus; implies `tower`) |
 //! | `postgres` | no | [`PostgresStore`], the conditional-write helper, `ToSql`/`FromSql` for tokens (tokio-postgres, moka) |
+//! | `redis` | no | [`RedisStore`], the fence as a Redis Function library and the fenced writes ([`redis`]; redis-rs) |
+//! | `mysql` | no | [`MysqlStore`], the fence's SQL API on MySQL/MariaDB (InnoDB) and the conditional-write helper ([`mysql`]; mysql_async) |
 
 #[cfg(feature = "tower")]
 pub mod client;
 #[cfg(feature = "tower")]
 pub mod fence;
+pub mod mark;
+#[cfg(feature = "mysql")]
+pub mod mysql;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(feature = "redis")]
+pub mod redis;
 pub mod store;
 mod token;
 
@@ -61,12 +68,17 @@ pub use fence::{
 #[cfg(feature = "postgres")]
 pub use postgres::{
     begin_fenced, fenced_execute, fenced_transaction, migrate, read_mark, reset_mark, FenceError,
-    FenceErrorKind, FencedStatement, FencedTransaction, FencedUpdate, Mark, PreparedFence,
+    FenceErrorKind, FencedStatement, FencedTransaction, FencedUpdate, PreparedFence,
     PreparedFencedUpdate, TxFuture, MIGRATION, SCHEMA,
 };
 #[cfg(feature = "memory")]
 pub use store::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use store::{BatchCounts, PostgresStore};
+pub use mark::{Mark, MarkReset, ResetGuard};
+#[cfg(feature = "mysql")]
+pub use store::MysqlStore;
+#[cfg(feature = "redis")]
+pub use store::RedisStore;
 pub use store::{HighWaterStore, Raise, RaiseFuture, StoreError};
 pub use token::{Epoch, FencingToken, ParseTokenError, Revision, TokenRangeError};

@@ -17,11 +17,13 @@
 //! message that names `scripts/test`, which installs and starts what is missing.
 
 mod etcd;
+mod mysql;
 mod pg_server;
 mod pgbouncer;
 mod placement;
 mod postgres;
 mod proxy;
+mod redis;
 
 pub use etcd::{
     BumpUnsupported, EtcdBinaries, EtcdCluster, EtcdTlsFiles, EtcdVersion, LocateError,

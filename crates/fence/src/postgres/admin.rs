@@ -1,11 +1,10 @@
 //! Reading a mark, and lowering one that a mistaken token poisoned.
 
-use std::time::SystemTime;
-
 use tokio_postgres::types::Type;
 use tokio_postgres::GenericClient;
 
 use super::FenceError;
+use crate::mark::{Mark, MarkReset, ResetGuard};
 use crate::FencingToken;
 
 const READ: &str =
@@ -14,67 +13,6 @@ const RESET: &str = "SELECT palisade_fence.fence_reset($1, $2, $3, $4, $5)";
 const RESETS: &str =
     "SELECT old_token, new_token, reason, reset_by, reset_at, lock_key, lock_floor \
      FROM palisade_fence.fence_reset_log WHERE resource = $1 ORDER BY id DESC LIMIT $2";
-
-/// A resource's high-water mark as `fence_high_water` holds it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Mark {
-    /// The highest token admitted (or the token a reset set).
-    pub token: FencingToken,
-    /// When the mark was last raised or reset.
-    pub updated_at: SystemTime,
-}
-
-/// One row of `fence_reset_log`: a mark lowered by [`reset_mark`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct MarkReset {
-    /// The mark before.
-    pub old: FencingToken,
-    /// The mark after.
-    pub new: FencingToken,
-    /// Why, as given.
-    pub reason: String,
-    /// The database role that ran it (`session_user`, the role that logged in), as
-    /// `fence_reset` itself recorded it.
-    pub reset_by: String,
-    /// When.
-    pub reset_at: SystemTime,
-    /// The lock that guards the resource, as the resetter named it, and the reset's floor
-    /// (the lowest mark it could set: the lock's newest grant); `None` for a reset made
-    /// with the lock unknown ([`ResetGuard::LockUnknown`]).
-    pub lock: Option<(String, FencingToken)>,
-}
-
-/// What a reset was checked against, recorded with it in `fence_reset_log` (and by
-/// `palisade fence reset` in the audit trail).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ResetGuard {
-    /// The lock that guards the resource (`NAMESPACE/CLASS/KEY`) and the reset's floor,
-    /// read from the lock service: its newest holder's token, or with no holder the lowest
-    /// token it can grant next. `fence_reset` refuses a new mark below `floor`: it would
-    /// admit the lock's earlier holders again.
-    Lock {
-        /// The lock's name.
-        name: String,
-        /// The lowest mark the reset may set.
-        floor: FencingToken,
-    },
-    /// No lock is known to guard the resource: nothing bounds the new mark from below but
-    /// the caller's care, and the log says so (its lock columns are `NULL`).
-    LockUnknown,
-}
-
-impl ResetGuard {
-    /// [`ResetGuard::Lock`].
-    pub fn lock(name: impl Into<String>, floor: FencingToken) -> Self {
-        ResetGuard::Lock {
-            name: name.into(),
-            floor,
-        }
-    }
-}
 
 /// Reads `resource`'s mark; `None` when it has none (no token was ever admitted).
 ///

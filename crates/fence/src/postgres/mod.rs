@@ -141,9 +141,8 @@ mod update;
 use tokio_postgres::types::Type;
 use tokio_postgres::{GenericClient, Transaction};
 
-pub use admin::{
-    read_mark, read_resets, reset_mark, reset_mark_guarded, Mark, MarkReset, ResetGuard,
-};
+pub use crate::mark::{Mark, MarkReset, ResetGuard};
+pub use admin::{read_mark, read_resets, reset_mark, reset_mark_guarded};
 pub(crate) use error::{is_retryable, needs_session};
 pub use error::{FenceError, FenceErrorKind};
 pub use pipeline::{fenced_execute, FencedStatement, PreparedFence};

@@ -18,13 +18,21 @@ use crate::FencingToken;
 
 #[cfg(feature = "memory")]
 mod memory;
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "redis")]
+mod redis;
 
 #[cfg(feature = "memory")]
 pub use memory::MemoryStore;
+#[cfg(feature = "mysql")]
+pub use mysql::MysqlStore;
 #[cfg(feature = "postgres")]
 pub use postgres::{BatchCounts, PostgresStore};
+#[cfg(feature = "redis")]
+pub use redis::RedisStore;
 
 /// The future returned by [`HighWaterStore::raise`].
 pub type RaiseFuture = Pin<Box<dyn Future<Output = Result<Raise, StoreError>> + Send + 'static>>;

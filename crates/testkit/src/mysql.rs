@@ -1,0 +1,1 @@
+//! A fresh MySQL/MariaDB database for one test.
