@@ -1,11 +1,12 @@
-//! `palisade fence ...`: read a resource's high-water mark in its database, and lower one
-//! that a mistaken token poisoned.
+//! `palisade fence ...`: read a resource's high-water mark in its store (Postgres, Redis or
+//! MySQL/MariaDB; see [`super::mark_store`]), and lower one that a mistaken token
+//! poisoned.
 //!
-//! `show` reads `fence_high_water` and the resource's last resets (`fence_reset_log`).
-//! `reset` calls `fence_reset` (it only lowers, to a token you name, needs a reason, and
-//! logs itself in the resource's database with the database role that ran it) and then
-//! records the reset in the audit trail, which must exist already, with that role as the
-//! actor. It never lowers a mark below the newest grant of the lock that guards the
+//! `show` reads the mark and the resource's last resets from the store's reset log.
+//! `reset` calls the store's `fence_reset` (it only lowers, to a token you name, needs a
+//! reason, and logs itself in the store with the identity the store authenticated) and
+//! then records the reset in the audit trail, which must exist already, with that
+//! identity as the actor. It never lowers a mark below the newest grant of the lock that guards the
 //! resource: with `--lock NS/CLASS/KEY` it reads the lock from etcd (`--etcd`) at one
 //! revision, and the floor is the newest holder's token or, with no holder,
 //! `epoch · 2^48 + that revision` (above every grant made so far); `--lock-unknown` skips
@@ -14,11 +15,11 @@
 //! mark, or below the lock's floor; a malformed lock name; an audit database without an
 //! audit trail), 3 when the resource has no mark.
 
-use palisade_fence::postgres::{read_resets, reset_mark_guarded, MarkReset, ResetGuard};
-use palisade_fence::{read_mark, Epoch, FenceErrorKind, FencingToken, Revision};
+use palisade_fence::{Epoch, FencingToken, MarkReset, ResetGuard, Revision};
 
 use super::etcd::{self, EtcdTarget, EtcdTlsArgs};
 use super::exit::{CliError, Exit, Result};
+use super::mark_store::{MarkStore, StoreTarget};
 
 /// `palisade fence`.
 #[derive(Debug, clap::Args)]
@@ -27,6 +28,11 @@ pub(crate) struct FenceArgs {
     /// key/value or URL form. Needed by `show` and `reset`; for `proxy`, its store.
     #[arg(long, env = "PALISADE_FENCE_DATABASE")]
     database: Option<String>,
+    /// The resource's store, for `show` and `reset`, as a URL whose scheme names it:
+    /// `postgres://…` (as --database), `redis://…` (`rediss://` with TLS), or
+    /// `mysql://…` (MySQL or MariaDB).
+    #[arg(long, env = "PALISADE_FENCE_STORE", value_name = "URL", conflicts_with = "database")]
+    store: Option<String>,
     #[command(subcommand)]
     cmd: FenceCommand,
 }
@@ -106,52 +112,25 @@ struct GuardArgs {
 pub(crate) fn run(args: FenceArgs) -> Result<String> {
     match args.cmd {
         FenceCommand::Proxy(proxy) => super::proxy::run(proxy, args.database),
-        FenceCommand::Marks(cmd) => run_marks(cmd, args.database),
+        FenceCommand::Marks(cmd) => run_marks(cmd, args.database, args.store),
     }
 }
 
-fn run_marks(cmd: MarkCommand, database: Option<String>) -> Result<String> {
+fn run_marks(cmd: MarkCommand, database: Option<String>, store: Option<String>) -> Result<String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let resource = match &cmd {
         MarkCommand::Show { resource, .. } | MarkCommand::Reset { resource, .. } => resource,
     };
-    let Some(database) = &database else {
-        return Err(CliError::bad_input(
-            "--database (or PALISADE_FENCE_DATABASE) is needed: the resource's database",
-        )
-        .into());
-    };
+    let target = StoreTarget::parse(database.as_deref(), store.as_deref())?;
     if resource.is_empty() {
         return Err(CliError::bad_input("RESOURCE is empty: name the resource key").into());
     }
-    let config: tokio_postgres::Config = database.parse().map_err(|e| {
-        CliError::bad_input(format!(
-            "--database is not a connection string: {}",
-            super::exit::with_causes(&e)
-        ))
-    })?;
-    if config.get_hosts().is_empty() && config.get_hostaddrs().is_empty() {
-        return Err(CliError::bad_input(
-            "--database names no host: give one, as in host=127.0.0.1 user=postgres dbname=app",
-        )
-        .into());
-    }
     runtime.block_on(async move {
-        // The server's own message ("database \"x\" does not exist") is a cause.
-        let (client, connection) = config
-            .connect(tokio_postgres::NoTls)
-            .await
-            .map_err(|e| {
-                CliError::new(
-                    Exit::Failure,
-                    format!("resource database: {}", super::exit::with_causes(&e)),
-                )
-            })?;
-        tokio::spawn(connection);
+        let mut marks = MarkStore::open(target).await?;
         match cmd {
-            MarkCommand::Show { resource, resets } => show(&client, &resource, resets).await,
+            MarkCommand::Show { resource, resets } => show(&mut marks, &resource, resets).await,
             MarkCommand::Reset {
                 resource,
                 to,
@@ -206,37 +185,26 @@ fn run_marks(cmd: MarkCommand, database: Option<String>) -> Result<String> {
                     .into());
                 }
                 palisade_audit::migrate_client(&mut audit).await?;
-                let old = reset_mark_guarded(&client, &resource, to, &reason, &guard)
-                    .await
-                    .map_err(|e| match e.kind() {
-                        FenceErrorKind::BadReset => CliError::bad_input(e.to_string()),
-                        FenceErrorKind::NoMark => CliError::new(Exit::NotFound, e.to_string()),
-                        _ => db_failure(&format!("resetting the mark of {resource}"), &e),
-                    })?;
-                let unrecorded = |e: &dyn std::error::Error| {
+                let old = marks.reset(&resource, to, &reason, &guard).await?;
+                let unrecorded = |e: &dyn std::fmt::Display| {
                     CliError::new(
                         Exit::Failure,
                         format!(
-                            "{resource}: mark reset from {old} to {to} (logged in fence_reset_log), \
-                             but not recorded in the audit trail: {}",
-                            super::exit::with_causes(e)
+                            "{resource}: mark reset from {old} to {to} (logged in the store's \
+                             reset log), but not recorded in the audit trail: {e}"
                         ),
                     )
                 };
-                // The actor is the role fence_reset logged: the connection's session_user,
-                // which the database authenticated (no name the caller types).
-                let actor: String = client
-                    .query_one("SELECT session_user::text", &[])
-                    .await
-                    .map_err(|e| unrecorded(&e))?
-                    .get(0);
+                // The actor is who the store logged the reset as: the identity the store
+                // authenticated (no name the caller types).
+                let actor = marks.actor().await.map_err(|e| unrecorded(&e))?;
                 let mut record = palisade_audit::FenceReset::new(&resource, old, to, &reason, actor);
                 if let ResetGuard::Lock { name, floor } = &guard {
                     record = record.with_lock(name.clone(), *floor);
                 }
                 palisade_audit::insert_fence_reset(&**audit, &record)
                     .await
-                    .map_err(|e| unrecorded(&e))?;
+                    .map_err(|e| unrecorded(&super::exit::with_causes(&e)))?;
                 let checked = match &guard {
                     ResetGuard::Lock { name, floor } => {
                         format!("checked against lock {name}: not below {floor}")
@@ -253,11 +221,8 @@ fn run_marks(cmd: MarkCommand, database: Option<String>) -> Result<String> {
     })
 }
 
-async fn show(client: &tokio_postgres::Client, resource: &str, resets: i64) -> Result<String> {
-    let mark = read_mark(client, resource)
-        .await
-        .map_err(|e| db_failure(&format!("reading the mark of {resource}"), &e))?;
-    let Some(mark) = mark else {
+async fn show(marks: &mut MarkStore, resource: &str, resets: i64) -> Result<String> {
+    let Some(mark) = marks.mark(resource).await? else {
         return Err(CliError::new(Exit::NotFound, format!("{resource} has no mark")).into());
     };
     let mut out = format!(
@@ -267,9 +232,6 @@ async fn show(client: &tokio_postgres::Client, resource: &str, resets: i64) -> R
         mark.token.revision(),
         humantime::format_rfc3339_seconds(mark.updated_at)
     );
-    let log = read_resets(client, resource, resets)
-        .await
-        .map_err(|e| db_failure(&format!("reading the resets of {resource}"), &e))?;
     for MarkReset {
         old,
         new,
@@ -278,7 +240,7 @@ async fn show(client: &tokio_postgres::Client, resource: &str, resets: i64) -> R
         reset_at,
         lock,
         ..
-    } in log
+    } in marks.resets(resource, resets).await?
     {
         let lock = match lock {
             Some((name, floor)) => format!("lock {}, floor {floor}", one_line(&name)),
@@ -485,28 +447,4 @@ async fn has_audit_trail(client: &tokio_postgres::Client) -> Result<bool> {
             )
         })?;
     Ok(row.get(0))
-}
-
-/// A database failure with every cause (the server's own message included), and what to
-/// do when the database has no fence tables at all.
-fn db_failure(what: &str, e: &palisade_fence::FenceError) -> CliError {
-    let undefined = std::error::Error::source(e)
-        .and_then(|s| s.downcast_ref::<tokio_postgres::Error>())
-        .and_then(tokio_postgres::Error::code)
-        .is_some_and(|c| {
-            *c == tokio_postgres::error::SqlState::UNDEFINED_TABLE
-                || *c == tokio_postgres::error::SqlState::UNDEFINED_FUNCTION
-                || *c == tokio_postgres::error::SqlState::INVALID_SCHEMA_NAME
-        });
-    let mut text = match std::error::Error::source(e) {
-        Some(cause) => format!("{what}: {}", super::exit::with_causes(cause)),
-        None => format!("{what}: {e}"),
-    };
-    if undefined {
-        text.push_str(
-            " (this database has no fence tables: --database must name the resource's \
-             database, migrated by palisade_fence::migrate or the SQL in crates/fence/migrations)",
-        );
-    }
-    CliError::new(Exit::Failure, text)
 }

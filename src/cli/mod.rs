@@ -13,6 +13,7 @@ pub(crate) mod fence;
 pub(crate) mod force;
 pub(crate) mod listen;
 pub(crate) mod lock;
+pub(crate) mod mark_store;
 pub(crate) mod output;
 pub(crate) mod proxy;
 pub(crate) mod run;
