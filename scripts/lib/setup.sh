@@ -90,12 +90,12 @@ PALISADE_VENV_PACKAGES=("schemathesis==$PALISADE_SCHEMATHESIS_VERSION" "redis==5
 # Installs PALISADE_VENV_PACKAGES from PyPI into a Python virtual environment outside the
 # clone, ${XDG_CACHE_HOME:-$HOME/.cache}/palisade-venv (python3-venv from apt if
 # `python3 -m venv` is missing), and exports PALISADE_SCHEMATHESIS (its schemathesis
-# command) and PALISADE_PYTHON (its interpreter). Nothing is installed into the system's
+# command) and PALISADE_VENV_PYTHON (its interpreter). Nothing is installed into the system's
 # Python.
 palisade_install_schemathesis() {
     local venv="${XDG_CACHE_HOME:-$HOME/.cache}/palisade-venv"
     export PALISADE_SCHEMATHESIS="$venv/bin/schemathesis"
-    export PALISADE_PYTHON="$venv/bin/python"
+    export PALISADE_VENV_PYTHON="$venv/bin/python"
     if [ -x "$venv/bin/python" ] && "$venv/bin/python" - "${PALISADE_VENV_PACKAGES[@]}" <<'PY' 2>/dev/null
 import importlib.metadata as m, sys
 sys.exit(any(m.version(p.split("==")[0]) != p.split("==")[1] for p in sys.argv[1:]))

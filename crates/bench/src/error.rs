@@ -10,6 +10,12 @@ pub(crate) enum BenchError {
     /// A fenced write failed where the bench expects it to commit.
     #[error("fenced write")]
     Fence(#[from] palisade_fence::FenceError),
+    /// MySQL/MariaDB refused or dropped a request.
+    #[error("mysql")]
+    Mysql(#[from] mysql_async::Error),
+    /// A fenced write on MySQL/MariaDB failed where the bench expects it to commit.
+    #[error("fenced write on mysql")]
+    MysqlFence(#[from] palisade_fence::mysql::MysqlFenceError),
     /// etcd refused or dropped a request.
     #[error("etcd")]
     Etcd(#[from] etcd_client::Error),

@@ -14,8 +14,10 @@ mod etcd_ops;
 mod http;
 mod lock;
 mod memory;
+mod mysql;
 mod pg;
 mod proxy;
+mod redis;
 mod report;
 mod service;
 
@@ -94,6 +96,28 @@ enum Command {
         /// Resources each connection writes in turn.
         #[arg(long, default_value_t = 16)]
         resources: usize,
+        #[command(flatten)]
+        timing: Timing,
+    },
+    /// Redis: fenced_set (FCALL of the palisade_fence library) vs plain SET.
+    FenceRedis {
+        /// Client counts (one connection each).
+        #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+        clients: Vec<usize>,
+        /// Writes per variant for the server-time table (one client); 0 skips it.
+        #[arg(long, default_value_t = 20_000)]
+        cpu_writes: usize,
+        #[command(flatten)]
+        timing: Timing,
+    },
+    /// MariaDB: FencedUpdate (folded) vs plain UPDATE; fence_raise in a transaction vs without.
+    FenceMysql {
+        /// Client counts (one connection each).
+        #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+        clients: Vec<usize>,
+        /// Rows in the table (and fenced resources).
+        #[arg(long, default_value_t = 10_000)]
+        rows: i64,
         #[command(flatten)]
         timing: Timing,
     },
@@ -217,6 +241,28 @@ async fn run(command: Command) -> error::Result<()> {
         } => proxy::run(connections, resources, timing.secs(), timing.rounds)
             .await?
             .print(),
+        Command::FenceRedis {
+            clients,
+            cpu_writes,
+            timing,
+        } => {
+            for table in redis::run(&clients, timing.secs(), timing.rounds, cpu_writes).await? {
+                table.print();
+            }
+        }
+        Command::FenceMysql {
+            clients,
+            rows,
+            timing,
+        } => {
+            let args = mysql::MysqlArgs {
+                clients,
+                rows,
+                secs: timing.secs(),
+                rounds: timing.rounds,
+            };
+            mysql::run(&args).await?.print();
+        }
         Command::Service { clients, timing } => {
             for table in service::run(&clients, timing.secs(), timing.rounds).await? {
                 table.print();

@@ -329,3 +329,95 @@ fn service_bench_on_etcd_compares_mtls_with_the_core() {
     assert_eq!(rows[0][5], "-");
     num(&rows[1][5]);
 }
+
+#[test]
+fn fence_redis_bench_prints_plain_set_and_each_fenced_set_at_every_client_count() {
+    let tables = bench(&[
+        "fence-redis",
+        "--clients",
+        "1,2",
+        "--secs",
+        "0.1",
+        "--rounds",
+        "2",
+        "--cpu-writes",
+        "50",
+    ]);
+    assert_eq!(tables.len(), 2);
+    let rows = &tables[0].1;
+    let variants = [
+        "plain SET",
+        "fenced_set (FCALL), equal token",
+        "fenced_set (FCALL), new token each write",
+        "fenced_set (EVALSHA fallback), equal token",
+    ];
+    assert_eq!(rows.len(), 2 * variants.len());
+    for (i, r) in rows.iter().enumerate() {
+        assert_eq!(r[0], ["1", "2"][i / variants.len()], "{r:?}");
+        assert_eq!(r[1], variants[i % variants.len()], "{r:?}");
+        // Every fenced write was admitted (a refusal fails the bench).
+        assert!(num(&r[2]) > 0.0, "no writes: {r:?}");
+        assert!(num(&r[3]) <= num(&r[4]), "p50 above p99: {r:?}");
+        assert!(num(&r[5]) > 0.0, "{r:?}");
+    }
+    assert_eq!(rows[0][5], "1.00x", "plain SET is its own base");
+    assert_eq!(rows[1][6], ">= 0.8x");
+    // The server-time table: every variant, the command it sends, a time each.
+    let cpu = &tables[1].1;
+    let names: Vec<(&str, &str)> = cpu.iter().map(|r| (r[0].as_str(), r[1].as_str())).collect();
+    assert_eq!(
+        names,
+        [
+            (variants[0], "SET"),
+            (variants[1], "FCALL"),
+            (variants[2], "FCALL"),
+            (variants[3], "EVALSHA")
+        ]
+    );
+    for r in cpu {
+        assert!(num(&r[2]) > 0.0, "{r:?}");
+    }
+    assert_eq!(cpu[0][3], "1.00x");
+}
+
+#[test]
+fn fence_mysql_bench_prints_each_variant_against_its_base_at_every_client_count() {
+    let tables = bench(&[
+        "fence-mysql",
+        "--clients",
+        "1,2",
+        "--rows",
+        "20",
+        "--secs",
+        "0.1",
+        "--rounds",
+        "2",
+    ]);
+    assert_eq!(tables.len(), 1);
+    let rows = &tables[0].1;
+    let variants = [
+        ("plain UPDATE", "plain UPDATE"),
+        ("FencedUpdate (folded)", "plain UPDATE"),
+        (
+            "BEGIN + UPDATE + COMMIT (no check)",
+            "BEGIN + UPDATE + COMMIT (no check)",
+        ),
+        (
+            "BEGIN + fence_raise + UPDATE + COMMIT",
+            "BEGIN + UPDATE + COMMIT (no check)",
+        ),
+    ];
+    assert_eq!(rows.len(), 2 * variants.len());
+    for (i, r) in rows.iter().enumerate() {
+        assert_eq!(r[0], ["1", "2"][i / variants.len()], "{r:?}");
+        let (variant, base) = variants[i % variants.len()];
+        assert_eq!((r[1].as_str(), r[6].as_str()), (variant, base), "{r:?}");
+        assert!(num(&r[2]) > 0.0, "no writes: {r:?}");
+        assert!(num(&r[3]) <= num(&r[4]), "p50 above p99: {r:?}");
+        if variant == base {
+            assert_eq!(r[5], "1.00x", "a base is its own base");
+        } else {
+            assert!(num(&r[5]) > 0.0, "{r:?}");
+        }
+    }
+}

@@ -65,6 +65,7 @@ pub use fence::{
     RejectionKind, ResponseFuture, VerifiedToken, WriteEvent, WriteObserver, WriteOutcome,
     FENCING_TOKEN,
 };
+pub use mark::{Mark, MarkReset, ResetGuard};
 #[cfg(feature = "postgres")]
 pub use postgres::{
     begin_fenced, fenced_execute, fenced_transaction, migrate, read_mark, reset_mark, FenceError,
@@ -73,12 +74,11 @@ pub use postgres::{
 };
 #[cfg(feature = "memory")]
 pub use store::MemoryStore;
-#[cfg(feature = "postgres")]
-pub use store::{BatchCounts, PostgresStore};
-pub use mark::{Mark, MarkReset, ResetGuard};
 #[cfg(feature = "mysql")]
 pub use store::MysqlStore;
 #[cfg(feature = "redis")]
 pub use store::RedisStore;
+#[cfg(feature = "postgres")]
+pub use store::{BatchCounts, PostgresStore};
 pub use store::{HighWaterStore, Raise, RaiseFuture, StoreError};
 pub use token::{Epoch, FencingToken, ParseTokenError, Revision, TokenRangeError};

@@ -28,7 +28,9 @@ pub struct MarkReset {
     /// Why, as given.
     pub reason: String,
     /// Who ran it, as the store itself recorded it: the database role that logged in
-    /// (Postgres `session_user`, MariaDB `USER()`), or the client name for Redis.
+    /// (Postgres `session_user`, MariaDB `USER()`); for Redis, the connection's ACL user as
+    /// the resetting client read it (`ACL WHOAMI`: a Redis function cannot read it, see
+    /// `palisade_fence::redis::reset_mark_guarded`).
     pub reset_by: String,
     /// When.
     pub reset_at: SystemTime,

@@ -120,7 +120,12 @@ pub(crate) mod raises {
         let s = f.store().await;
         for (resource, low, mid, high) in [
             ("eq/small", tok(5), tok(6), tok(7)),
-            ("eq/big", big(1 << 40), big((1 << 40) + 1), big((1 << 40) + 2)),
+            (
+                "eq/big",
+                big(1 << 40),
+                big((1 << 40) + 1),
+                big((1 << 40) + 2),
+            ),
         ] {
             assert_eq!(s.raise(resource, mid).await.unwrap(), Raise::Admitted);
             assert_eq!(s.raise(resource, mid).await.unwrap(), Raise::Admitted);
@@ -259,7 +264,8 @@ pub(crate) mod durable {
         let s = f.store().await;
         assert_eq!(s.raise("reset/1", tok(50)).await.unwrap(), Raise::Admitted);
         assert_eq!(
-            f.reset("reset/1", tok(20), "poisoned by a test token").await,
+            f.reset("reset/1", tok(20), "poisoned by a test token")
+                .await,
             Ok(tok(50))
         );
         let store = f.store().await;
@@ -267,7 +273,10 @@ pub(crate) mod durable {
             store.raise("reset/1", tok(19)).await.unwrap(),
             Raise::Stale { highest: tok(20) }
         );
-        assert_eq!(store.raise("reset/1", tok(20)).await.unwrap(), Raise::Admitted);
+        assert_eq!(
+            store.raise("reset/1", tok(20)).await.unwrap(),
+            Raise::Admitted
+        );
         let log = f.resets("reset/1", 5).await;
         assert_eq!(log.len(), 1, "{log:?}");
         assert_eq!((log[0].old, log[0].new), (tok(50), tok(20)));
@@ -284,7 +293,10 @@ pub(crate) mod durable {
             refused(f.reset("reset/1", tok(20), "equal is not lower").await),
             Err(Refusal::BadReset)
         );
-        assert_eq!(refused(f.reset("reset/1", tok(10), "").await), Err(Refusal::BadReset));
+        assert_eq!(
+            refused(f.reset("reset/1", tok(10), "").await),
+            Err(Refusal::BadReset)
+        );
         assert_eq!(
             refused(f.reset("reset/none", tok(1), "nothing to lower").await),
             Err(Refusal::NoMark)
@@ -316,7 +328,14 @@ pub(crate) mod durable {
             )
             .layer(FenceLayer::new(store));
         let addr = serve(app).await;
-        let r = send(&client(), Method::PUT, addr, "/down/1", &[&tok(1).to_string()]).await;
+        let r = send(
+            &client(),
+            Method::PUT,
+            addr,
+            "/down/1",
+            &[&tok(1).to_string()],
+        )
+        .await;
         assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
         let body = String::from_utf8_lossy(&r.body);
         assert!(body.contains("store-unavailable"), "{body}");
@@ -379,3 +398,5 @@ mod fixtures;
 
 conformance!(memory: fixtures::Memory, raises);
 conformance!(postgres: fixtures::Postgres, durable);
+conformance!(redis: fixtures::Redis, durable);
+conformance!(mysql: fixtures::Mysql, durable);
