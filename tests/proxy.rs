@@ -245,7 +245,7 @@ fn proxy_a_bad_config_is_refused_at_start_naming_its_place() {
     let file = dir.path().join("proxy.toml");
     std::fs::write(
         &file,
-        "listen = \"127.0.0.1:0\"\nupstream = \"http://127.0.0.1:1\"\n\n[store]\nkind = \"redis\"\n",
+        "listen = \"127.0.0.1:0\"\nupstream = \"http://127.0.0.1:1\"\n\n[store]\nkind = \"zookeeper\"\n",
     )
     .unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
@@ -256,7 +256,7 @@ fn proxy_a_bad_config_is_refused_at_start_naming_its_place() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains(&format!(
-            "{}:5: store.kind: `redis` is not a store",
+            "{}:5: store.kind: `zookeeper` is not a store",
             file.display()
         )),
         "{stderr}"

@@ -29,10 +29,18 @@ pub(crate) struct FenceArgs {
     #[arg(long, env = "PALISADE_FENCE_DATABASE")]
     database: Option<String>,
     /// The resource's store, for `show` and `reset`, as a URL whose scheme names it:
-    /// `postgres://…` (as --database), `redis://…` (`rediss://` with TLS), or
+    /// `postgres://…` (as --database), `redis://…`, or
     /// `mysql://…` (MySQL or MariaDB).
-    #[arg(long, env = "PALISADE_FENCE_STORE", value_name = "URL", conflicts_with = "database")]
+    #[arg(
+        long,
+        env = "PALISADE_FENCE_STORE",
+        value_name = "URL",
+        conflicts_with = "database"
+    )]
     store: Option<String>,
+    /// The key prefix of the marks in a Redis store (as the store's writers use it).
+    #[arg(long, value_name = "PREFIX", default_value = palisade_fence::redis::KeyLayout::DEFAULT_PREFIX)]
+    redis_prefix: String,
     #[command(subcommand)]
     cmd: FenceCommand,
 }
@@ -112,18 +120,23 @@ struct GuardArgs {
 pub(crate) fn run(args: FenceArgs) -> Result<String> {
     match args.cmd {
         FenceCommand::Proxy(proxy) => super::proxy::run(proxy, args.database),
-        FenceCommand::Marks(cmd) => run_marks(cmd, args.database, args.store),
+        FenceCommand::Marks(cmd) => run_marks(cmd, args.database, args.store, args.redis_prefix),
     }
 }
 
-fn run_marks(cmd: MarkCommand, database: Option<String>, store: Option<String>) -> Result<String> {
+fn run_marks(
+    cmd: MarkCommand,
+    database: Option<String>,
+    store: Option<String>,
+    redis_prefix: String,
+) -> Result<String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let resource = match &cmd {
         MarkCommand::Show { resource, .. } | MarkCommand::Reset { resource, .. } => resource,
     };
-    let target = StoreTarget::parse(database.as_deref(), store.as_deref())?;
+    let target = StoreTarget::parse(database.as_deref(), store.as_deref(), redis_prefix)?;
     if resource.is_empty() {
         return Err(CliError::bad_input("RESOURCE is empty: name the resource key").into());
     }
@@ -198,7 +211,8 @@ fn run_marks(cmd: MarkCommand, database: Option<String>, store: Option<String>) 
                 // The actor is who the store logged the reset as: the identity the store
                 // authenticated (no name the caller types).
                 let actor = marks.actor().await.map_err(|e| unrecorded(&e))?;
-                let mut record = palisade_audit::FenceReset::new(&resource, old, to, &reason, actor);
+                let mut record =
+                    palisade_audit::FenceReset::new(&resource, old, to, &reason, actor);
                 if let ResetGuard::Lock { name, floor } = &guard {
                     record = record.with_lock(name.clone(), *floor);
                 }

@@ -6,8 +6,8 @@
 //! admin = "127.0.0.1:9464"             # optional: /livez, /readyz, /metrics
 //!
 //! [store]                              # where the high-water marks live
-//! kind = "postgres"                    # memory (default) | postgres
-//! database = "host=db user=fence dbname=orders"
+//! kind = "postgres"                    # memory (default) | postgres | redis | mysql
+//! database = "host=db user=fence dbname=orders"   # redis, mysql: url = "redis://…"
 //!
 //! [default]                            # every path no route matches
 //! policy = "open"                      # fenced (default) | advisory | open
@@ -35,6 +35,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::route::{PathPattern, Policy, ResourceTemplate, Route, RouteTable, DEFAULT_METHODS};
+use store::RawStore;
 
 /// A config that cannot be used: where and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -64,6 +65,21 @@ pub enum StoreConfig {
     Postgres {
         /// A libpq connection string.
         database: String,
+    },
+    /// In Redis ([`palisade_fence::RedisStore`], the `palisade_fence` function library):
+    /// shared by replicas; durable as the server is configured (docs/resources.md).
+    Redis {
+        /// `redis://[user:password@]host:port[/db]`.
+        url: String,
+        /// The key prefix of the marks ([`palisade_fence::redis::KeyLayout`]); `None`:
+        /// its default, `palisade:fence:`.
+        prefix: Option<String>,
+    },
+    /// In MySQL or MariaDB ([`palisade_fence::MysqlStore`], InnoDB): shared by replicas,
+    /// durable.
+    Mysql {
+        /// `mysql://user[:password]@host:port/database`.
+        url: String,
     },
 }
 
@@ -154,14 +170,6 @@ struct RawConfig {
     default: RawDefault,
     #[serde(default, rename = "route")]
     routes: Vec<RawRoute>,
-}
-
-#[derive(Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawStore {
-    kind: Option<Spanned<String>>,
-    capacity: Option<Spanned<u64>>,
-    database: Option<Spanned<String>>,
 }
 
 #[derive(Default, Deserialize)]
@@ -300,69 +308,7 @@ impl ProxyConfig {
             .transpose()?;
         let upstream = upstream(&raw.upstream.get_ref()[..])
             .map_err(|cause| at.err(&raw.upstream, "upstream", cause))?;
-        let store = match raw.store.kind.as_ref().map(|k| k.get_ref().as_str()) {
-            None | Some("memory") => {
-                if let Some(d) = &raw.store.database {
-                    return Err(at.err(
-                        d,
-                        "store.database",
-                        "a memory store has no database; set kind = \"postgres\"",
-                    ));
-                }
-                let capacity = raw
-                    .store
-                    .capacity
-                    .as_ref()
-                    .map_or(DEFAULT_CAPACITY, |c| *c.get_ref());
-                if capacity == 0 {
-                    let c = raw
-                        .store
-                        .capacity
-                        .as_ref()
-                        .expect("a capacity of 0 was given");
-                    return Err(at.err(c, "store.capacity", "must be at least 1"));
-                }
-                StoreConfig::Memory { capacity }
-            }
-            Some("postgres") => {
-                let kind = raw.store.kind.as_ref().expect("kind was given");
-                if let Some(c) = &raw.store.capacity {
-                    return Err(at.err(
-                        c,
-                        "store.capacity",
-                        "a postgres store keeps every mark; capacity is for kind = \"memory\"",
-                    ));
-                }
-                let Some(database) = &raw.store.database else {
-                    return Err(at.err(
-                        kind,
-                        "store.database",
-                        "kind = \"postgres\" needs database = \"<libpq connection string>\"",
-                    ));
-                };
-                database
-                    .get_ref()
-                    .parse::<tokio_postgres::Config>()
-                    .map_err(|e| {
-                        at.err(
-                            database,
-                            "store.database",
-                            format!("not a libpq connection string: {e}"),
-                        )
-                    })?;
-                StoreConfig::Postgres {
-                    database: database.get_ref().clone(),
-                }
-            }
-            Some(other) => {
-                let kind = raw.store.kind.as_ref().expect("kind was given");
-                return Err(at.err(
-                    kind,
-                    "store.kind",
-                    format!("`{other}` is not a store: memory or postgres"),
-                ));
-            }
-        };
+        let store = store::parse(&at, &raw.store)?;
         let mut timeouts = Timeouts::default();
         for (value, field, slot) in [
             (
@@ -596,5 +542,6 @@ fn upstream(text: &str) -> Result<Uri, String> {
     Ok(uri)
 }
 
+mod store;
 #[cfg(test)]
 mod tests;

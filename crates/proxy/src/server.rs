@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,7 +10,9 @@ use arc_swap::ArcSwap;
 use axum::routing::get;
 use http::StatusCode;
 use palisade_audit::AuditSink;
-use palisade_fence::{HighWaterStore, MemoryStore, PostgresStore, WriteObserver};
+use palisade_fence::{
+    HighWaterStore, MemoryStore, MysqlStore, PostgresStore, RedisStore, WriteObserver,
+};
 use palisade_listen::{ConnLimits, Transport};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -45,6 +48,12 @@ pub enum ProxyError {
         /// Why.
         source: palisade_audit::AuditError,
     },
+    /// `store.url` (or `store.prefix`) does not name a store the client can use.
+    #[error("store: {cause}")]
+    StoreUrl {
+        /// Why, with the client's own message.
+        cause: String,
+    },
 }
 
 /// Why a reload was refused; the running config keeps serving.
@@ -58,6 +67,8 @@ pub struct ReloadError {
 enum Readiness {
     Memory,
     Postgres(deadpool_postgres::Pool),
+    Redis(redis::aio::ConnectionManager),
+    Mysql(mysql_async::Pool),
 }
 
 /// Swaps the routes of a running proxy.
@@ -156,6 +167,41 @@ impl Proxy {
                     Arc::new(PostgresStore::from_pool(pool.clone())),
                     Readiness::Postgres(pool),
                 )
+            }
+            StoreConfig::Redis { url, prefix } => {
+                // Lazy: a Redis that is down at start makes /readyz say so, and raises
+                // fail closed (503) until it answers.
+                let client =
+                    redis::Client::open(url.as_str()).map_err(|e| ProxyError::StoreUrl {
+                        cause: e.to_string(),
+                    })?;
+                let config = redis::aio::ConnectionManagerConfig::new()
+                    .set_number_of_retries(RedisStore::RECONNECT_ATTEMPTS)
+                    .set_connection_timeout(Some(RedisStore::CONNECT_TIMEOUT))
+                    .set_response_timeout(Some(RedisStore::RESPONSE_TIMEOUT));
+                let conn = redis::aio::ConnectionManager::new_lazy_with_config(client, config)
+                    .map_err(|e| ProxyError::StoreUrl {
+                        cause: e.to_string(),
+                    })?;
+                let mut store = RedisStore::new(conn.clone());
+                if let Some(prefix) = prefix {
+                    let layout =
+                        palisade_fence::redis::KeyLayout::new(prefix.as_str()).map_err(|e| {
+                            ProxyError::StoreUrl {
+                                cause: e.to_string(),
+                            }
+                        })?;
+                    store = store.with_layout(layout);
+                }
+                (Arc::new(store), Readiness::Redis(conn))
+            }
+            StoreConfig::Mysql { url } => {
+                let store =
+                    MysqlStore::from_url(&mysql_url(url)).map_err(|e| ProxyError::StoreUrl {
+                        cause: e.to_string(),
+                    })?;
+                let pool = store.pool().clone();
+                (Arc::new(store), Readiness::Mysql(pool))
             }
         };
         let sink = match &config.audit {
@@ -334,33 +380,63 @@ fn admin_app(
         )
 }
 
+/// A store's readiness check: `Err` says why it does not answer.
+type Check<'a> = Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>>;
+
 /// 200 when the store answers, 503 naming why otherwise.
 async fn ready(readiness: &Readiness) -> (StatusCode, String) {
-    match readiness {
-        Readiness::Memory => (StatusCode::OK, "ready: memory store\n".into()),
-        Readiness::Postgres(pool) => {
-            let check = async {
+    let (kind, check): (&str, Check<'_>) = match readiness {
+        Readiness::Memory => return (StatusCode::OK, "ready: memory store\n".into()),
+        Readiness::Postgres(pool) => (
+            "postgres",
+            Box::pin(async {
                 let client = pool.get().await.map_err(|e| e.to_string())?;
                 client
                     .simple_query("SELECT 1")
                     .await
                     .map_err(|e| e.to_string())?;
-                Ok::<(), String>(())
-            };
-            match tokio::time::timeout(READY_TIMEOUT, check).await {
-                Ok(Ok(())) => (StatusCode::OK, "ready: postgres store answers\n".into()),
-                Ok(Err(e)) => (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("not ready: the postgres store does not answer: {e}\n"),
-                ),
-                Err(_) => (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!(
-                        "not ready: the postgres store did not answer within {} ms\n",
-                        READY_TIMEOUT.as_millis()
-                    ),
-                ),
-            }
-        }
+                Ok(())
+            }),
+        ),
+        Readiness::Redis(conn) => (
+            "redis",
+            Box::pin(async {
+                redis::cmd("PING")
+                    .query_async::<String>(&mut conn.clone())
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            }),
+        ),
+        Readiness::Mysql(pool) => (
+            "mysql",
+            Box::pin(async {
+                use mysql_async::prelude::Queryable;
+                let mut conn = pool.get_conn().await.map_err(|e| e.to_string())?;
+                conn.ping().await.map_err(|e| e.to_string())
+            }),
+        ),
+    };
+    match tokio::time::timeout(READY_TIMEOUT, check).await {
+        Ok(Ok(())) => (StatusCode::OK, format!("ready: {kind} store answers\n")),
+        Ok(Err(e)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: the {kind} store does not answer: {e}\n"),
+        ),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "not ready: the {kind} store did not answer within {} ms\n",
+                READY_TIMEOUT.as_millis()
+            ),
+        ),
+    }
+}
+
+/// mysql_async reads only the `mysql://` scheme; `mariadb://` names the same thing.
+fn mysql_url(url: &str) -> String {
+    match url.strip_prefix("mariadb://") {
+        Some(rest) => format!("mysql://{rest}"),
+        None => url.to_owned(),
     }
 }
