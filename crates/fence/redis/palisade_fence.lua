@@ -22,14 +22,16 @@
 -- Error replies (the first word is the code; every refusal writes nothing):
 --   FENCESTALE mark=<mark> token=<token> key=<mark key>   the token is below the mark
 --   FENCETOKEN ...     a token (or a reset's floor) is not a canonical decimal
---   FENCEARGS ...      wrong key or argument count, or a write aimed at the mark key
+--   FENCEARGS ...      wrong key or argument count, a first key not named as a mark, a write
+--                      aimed at any mark or reset log, or a fenced_call command that
+--                      reaches keys it does not name (FLUSHDB, SWAPDB, SELECT, ...)
 --   FENCERESET ...     a reset refused: no reason, not below the mark, below the floor
 --   FENCENOMARK ...    a reset of a resource with no mark
 --   FENCEMARK ...      the mark key holds something that is not a token
 
 -- Bumped whenever this file changes; `fence_version` reports it so a client can tell an
 -- older library (replace it) from a newer one (leave it).
-local VERSION = 1
+local VERSION = 2
 local MAX_TOKEN = '9223372036854775807'
 
 -- `s` cut to `max` bytes with every byte outside printable ASCII as '?': error replies
@@ -89,9 +91,26 @@ local function usage(name, shape, key)
     return refuse('FENCEARGS', name .. ' takes ' .. shape .. '; nothing was written', key or '')
 end
 
+-- Whether `k` is named as the fence names a mark: `<prefix>{<resource>}:mark`.
+local function mark_key(k)
+    return type(k) == 'string' and string.find(k, '{', 1, true) ~= nil
+        and string.sub(k, -6) == '}:mark'
+end
+
+-- Whether `k` is named as the fence names its own keys, a mark or a reset log, of any
+-- resource under any prefix. No write touches such a key but through these functions.
+local function fence_key(k)
+    return type(k) == 'string' and string.find(k, '{', 1, true) ~= nil
+        and (string.sub(k, -6) == '}:mark' or string.sub(k, -8) == '}:resets')
+end
+
 -- Checks `token` against the mark at `key`. Returns an error reply when the write must be
 -- refused; otherwise nil and whether the mark must rise (false for a token equal to it).
 local function check(key, token)
+    if not mark_key(key) then
+        return refuse('FENCEARGS', 'the first key must be a mark, <prefix>{<resource>}:mark;'
+            .. ' nothing was written', key)
+    end
     if not canonical(token) then
         return malformed('fencing token', token, key)
     end
@@ -122,15 +141,27 @@ local function set_mark(key, token)
     redis.call('HSET', key, 'token', token, 'updated_ms', now_ms())
 end
 
--- Refuses data keys equal to the mark key: a write there would destroy the mark.
+-- Refuses data keys named as the fence's own keys (any resource's mark or reset log): a
+-- write there could lower a mark or forge a reset.
 local function apart(name, keys)
     for i = 2, #keys do
-        if keys[i] == keys[1] then
-            return usage(name, 'data keys other than the mark key', keys[1])
+        if fence_key(keys[i]) then
+            return usage(name, 'data keys that are not a mark or a reset log ("'
+                .. printable(keys[i], 200) .. '" is)', keys[1])
         end
     end
     return nil
 end
+
+-- Commands a fenced_call may not run: they reach keys no argument names (every key of a
+-- database, another database) or change what runs (functions, scripts, the config).
+local DENIED = {
+    flushdb = true, flushall = true, swapdb = true, select = true, move = true, copy = true,
+    migrate = true, restore = true, ['restore-asking'] = true, ['function'] = true,
+    eval = true, evalsha = true, eval_ro = true, evalsha_ro = true, fcall = true,
+    fcall_ro = true, script = true, config = true, debug = true, shutdown = true,
+    acl = true, module = true,
+}
 
 local F = {}
 
@@ -255,10 +286,15 @@ function F.fenced_call(keys, args)
         end
         local cmd = {}
         for j = i + 1, i + n do
-            if args[j] == keys[1] then
-                return usage('fenced_call', 'commands that leave the mark key alone', keys[1])
+            if fence_key(args[j]) then
+                return usage('fenced_call', 'commands that leave marks and reset logs alone ("'
+                    .. printable(args[j], 200) .. '" is one)', keys[1])
             end
             cmd[#cmd + 1] = args[j]
+        end
+        if DENIED[string.lower(cmd[1])] then
+            return usage('fenced_call', 'commands that touch only the keys they name ('
+                .. printable(cmd[1], 40) .. ' is not one)', keys[1])
         end
         cmds[#cmds + 1] = cmd
         i = i + n + 1
@@ -286,6 +322,9 @@ function F.fence_mark(keys, args)
     if #keys ~= 1 or #args ~= 0 then
         return usage('fence_mark', '1 key (the mark) and no arguments', keys[1])
     end
+    if not mark_key(keys[1]) then
+        return usage('fence_mark', 'a mark key, <prefix>{<resource>}:mark', keys[1])
+    end
     local m = redis.call('HMGET', keys[1], 'token', 'updated_ms')
     if not m[1] then
         return nil
@@ -293,8 +332,9 @@ function F.fence_mark(keys, args)
     return { m[1], m[2] or '0' }
 end
 
--- fence_reset(KEYS: mark, reset log; ARGV: to, reason, reset_by, lock, floor) -> the mark
--- it replaced. Only lowers, to a named token; needs a reason; `lock` and `floor` are both
+-- fence_reset(KEYS: mark, its reset log; ARGV: to, reason, reset_by, lock, floor) -> the
+-- mark it replaced. The log is appended to before the mark is lowered, so a reset that
+-- cannot be logged (the log key holds another type) changes nothing. Only lowers, to a named token; needs a reason; `lock` and `floor` are both
 -- empty (the lock is unknown) or both given, and then `to` may not be below `floor` (the
 -- lock's newest grant: a lower mark would admit its earlier holders again). Appends
 -- old, new, reason, reset_by, lock and floor to the reset log in the same call.
@@ -304,6 +344,19 @@ function F.fence_reset(keys, args)
         return usage('fence_reset', '2 keys (mark, reset log) and 5 arguments (to, reason, reset_by, lock, floor)', keys[1])
     end
     local key, to, reason, by, lock, floor = keys[1], args[1], args[2], args[3], args[4], args[5]
+    if not mark_key(key) then
+        return usage('fence_reset', 'a mark key, <prefix>{<resource>}:mark', key)
+    end
+    -- The log is the mark's own: <prefix>{<resource>}:resets.
+    if keys[2] ~= string.sub(key, 1, -6) .. ':resets' then
+        return usage('fence_reset', 'the mark\'s own reset log, <prefix>{<resource>}:resets', key)
+    end
+    local kind = redis.call('TYPE', keys[2])
+    kind = type(kind) == 'table' and kind.ok or kind
+    if kind ~= 'none' and kind ~= 'stream' then
+        return refuse('FENCERESET', 'reset refused: the reset log holds a ' .. printable(kind, 20)
+            .. ', not a stream; nothing was changed', key)
+    end
     if not string.find(reason, '%S') then
         return refuse('FENCERESET', 'reset refused: a reason is required', key)
     end
@@ -334,12 +387,13 @@ function F.fence_reset(keys, args)
         return refuse('FENCERESET', 'reset refused: ' .. to .. ' is not below the mark ' .. old
             .. '; a reset only lowers a mark', key)
     end
-    set_mark(key, to)
     if by == '' then
         by = '(not reported)'
     end
+    -- The record first: a reset that cannot be logged changes nothing.
     redis.call('XADD', keys[2], '*', 'old', old, 'new', to, 'reason', reason, 'reset_by', by,
         'lock', lock, 'floor', floor)
+    set_mark(key, to)
     return old
 end
 

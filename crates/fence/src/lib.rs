@@ -17,7 +17,8 @@
 //! # The verifiers
 //!
 //! - [`HighWaterStore`]: an atomic compare-and-raise of a resource's mark;
-//!   [`MemoryStore`] for one process, [`PostgresStore`] shared by replicas.
+//!   [`MemoryStore`] for one process, [`PostgresStore`], `RedisStore` and `MysqlStore`
+//!   (features `redis`, `mysql`) shared by replicas.
 //! - [`FenceLayer`]: a tower layer that refuses stale writes to an HTTP service
 //!   (428/400/409 as `application/problem+json`), or only reports them (advisory mode).
 //!   [`FencingTokenLayer`] is its client side.
@@ -25,6 +26,8 @@
 //!   [`FencedUpdate`]: the token check and the
 //!   write in one Postgres transaction, the only form that also orders the writes
 //!   themselves (see [ordering](crate::fence#ordering-what-the-layer-guarantees-and-what-needs-the-postgres-helper)).
+//!   The same on MySQL/MariaDB, and the fenced writes on Redis: the `mysql` and `redis`
+//!   modules (features of the same names).
 //!
 //! Each concept has a public module with the full story ([`store`], [`fence`],
 //! [`client`], [`postgres`]); the main items are also re-exported here.

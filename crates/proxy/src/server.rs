@@ -398,22 +398,40 @@ async fn ready(readiness: &Readiness) -> (StatusCode, String) {
                 Ok(())
             }),
         ),
+        // The fence library answers as this build's own (loaded if missing), not only the
+        // server: a server without it refuses every fenced write.
         Readiness::Redis(conn) => (
             "redis",
             Box::pin(async {
-                redis::cmd("PING")
-                    .query_async::<String>(&mut conn.clone())
+                palisade_fence::redis::RedisFence::load(&mut conn.clone())
                     .await
                     .map(drop)
                     .map_err(|e| e.to_string())
             }),
         ),
+        // The database answers and holds the fence's raise procedure, which this account
+        // can see (it needs EXECUTE on it).
         Readiness::Mysql(pool) => (
             "mysql",
             Box::pin(async {
                 use mysql_async::prelude::Queryable;
                 let mut conn = pool.get_conn().await.map_err(|e| e.to_string())?;
-                conn.ping().await.map_err(|e| e.to_string())
+                let found: Option<i64> = conn
+                    .query_first(
+                        "SELECT COUNT(*) FROM information_schema.ROUTINES \
+                         WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME = 'fence_raise' \
+                         AND ROUTINE_TYPE = 'PROCEDURE'",
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?;
+                match found {
+                    Some(1) => Ok(()),
+                    _ => Err(
+                        "it has no fence_raise procedure this account may run (install \
+                              the fence with palisade_fence::mysql::migrate, and grant EXECUTE)"
+                            .to_owned(),
+                    ),
+                }
             }),
         ),
     };

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use redis::aio::ConnectionLike;
 use redis::{RedisError, Script, Value};
 
-use super::{eval_source, KeyLayout, RedisFenceError, LIBRARY, LIBRARY_VERSION};
+use super::{eval_source, KeyLayout, RedisFenceError, LIBRARY, LIBRARY_NAME, LIBRARY_VERSION};
 
 /// How a [`RedisFence`] calls the library's functions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -186,7 +186,26 @@ pub async fn load_library<C: ConnectionLike + Send>(
         .query_async(conn)
         .await;
     let outcome = match version {
-        Ok(Value::Int(v)) if v == LIBRARY_VERSION => return Ok(LibraryLoad::Current),
+        Ok(Value::Int(v)) if v == LIBRARY_VERSION => {
+            return match loaded_code(conn).await? {
+                // (`redis-cli FUNCTION LOAD "$(cat palisade_fence.lua)"` drops the file's
+                // last newline: trailing whitespace does not count.)
+                Some(code) if code.trim_ascii_end() == LIBRARY.trim_end().as_bytes() => {
+                    Ok(LibraryLoad::Current)
+                }
+                Some(_) => Err(RedisFenceError::library(
+                    "",
+                    format!(
+                        "the server's palisade_fence library says it is version {v}, this \
+                         client's, but its code is not this client's: something else was \
+                         loaded under the fence's name; load the fence's own with FUNCTION \
+                         LOAD REPLACE"
+                    ),
+                )),
+                // Listing needs `function|list`; without it the version is all there is.
+                None => Ok(LibraryLoad::Current),
+            };
+        }
         Ok(Value::Int(v)) if v > LIBRARY_VERSION => {
             return Err(RedisFenceError::library(
                 "",
@@ -212,6 +231,65 @@ pub async fn load_library<C: ConnectionLike + Send>(
         .await
         .map_err(|e| RedisFenceError::from_redis("", e))?;
     Ok(outcome)
+}
+
+/// The code of the loaded `palisade_fence` library (`FUNCTION LIST LIBRARYNAME
+/// palisade_fence WITHCODE`); `None` when the connection may not list functions (ACL).
+async fn loaded_code<C: ConnectionLike + Send>(
+    conn: &mut C,
+) -> Result<Option<Vec<u8>>, RedisFenceError> {
+    let listed: Result<Value, RedisError> = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .arg("LIBRARYNAME")
+        .arg(LIBRARY_NAME)
+        .arg("WITHCODE")
+        .query_async(conn)
+        .await;
+    let listed = match listed {
+        Ok(v) => v,
+        Err(e) if e.code() == Some("NOPERM") => return Ok(None),
+        Err(e) => return Err(RedisFenceError::from_redis("", e)),
+    };
+    // One entry per library whose name matches the pattern (the name has no glob
+    // character); each a map (RESP3) or a flat list of names and values (RESP2).
+    let Value::Array(libraries) = listed else {
+        return Ok(Some(Vec::new()));
+    };
+    for library in libraries {
+        let pairs: Vec<(Value, Value)> = match library {
+            Value::Map(pairs) => pairs,
+            Value::Array(flat) => {
+                let mut it = flat.into_iter();
+                let mut pairs = Vec::new();
+                while let (Some(k), Some(v)) = (it.next(), it.next()) {
+                    pairs.push((k, v));
+                }
+                pairs
+            }
+            _ => continue,
+        };
+        let field = |name: &str| {
+            pairs
+                .iter()
+                .find(|(k, _)| text_of(k) == Some(name))
+                .map(|(_, v)| v.clone())
+        };
+        if field("library_name").as_ref().and_then(text_of) == Some(LIBRARY_NAME) {
+            return Ok(Some(match field("library_code") {
+                Some(Value::BulkString(code)) => code,
+                _ => Vec::new(),
+            }));
+        }
+    }
+    Ok(Some(Vec::new()))
+}
+
+fn text_of(v: &Value) -> Option<&str> {
+    match v {
+        Value::BulkString(b) => std::str::from_utf8(b).ok(),
+        Value::SimpleString(s) => Some(s),
+        _ => None,
+    }
 }
 
 /// Whether FCALL found no such function: `ERR Function not found` (Redis gives this

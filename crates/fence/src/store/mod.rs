@@ -10,6 +10,7 @@
 //! | [`MemoryStore`] (feature `memory`) | one process | lost on restart | the resource's shard lock, plus an eviction floor |
 //! | [`PostgresStore`] (feature `postgres`) | all replicas sharing a database | durable | `fence_raise`: the resource's advisory lock, then `UPDATE … WHERE token <= $token` (or, for a resource's first, `INSERT … ON CONFLICT … DO UPDATE … WHERE`) only for a newer token; concurrent raises batched into one statement |
 //! | [`RedisStore`] (feature `redis`) | all replicas sharing a Redis | as Redis's persistence and replication keep it (see docs/resources.md) | `fence_raise` of the `palisade_fence` Redis Function library: read, compare and raise in one function call, which Redis runs alone |
+//! | [`MysqlStore`] (feature `mysql`) | all replicas sharing a MySQL/MariaDB database | durable (InnoDB), as its replication keeps it | `fence_raise`: an upsert of the resource's row, then a locking read of it; a lower token signals `45000` |
 
 use std::error::Error as StdError;
 use std::future::Future;

@@ -18,6 +18,7 @@ mod postgres_helper;
 mod privileges;
 mod redis_examples;
 mod redis_fence;
+mod redis_hostile;
 mod redis_reset;
 mod redis_store;
 mod reporting;

@@ -119,3 +119,23 @@ async fn readyz_says_when_the_mariadb_store_does_not_answer() {
     );
     down(&store, "mysql").await;
 }
+
+/// A MariaDB that answers but holds no fence (never migrated) is not ready: every fenced
+/// write would fail there.
+#[tokio::test]
+async fn readyz_says_when_the_mariadb_store_has_no_fence() {
+    let bare = TestMysqlDb::create().await;
+    let db = TestDb::create().await;
+    let up = Upstream::start(&db).await;
+    let text = format!(
+        "admin = \"127.0.0.1:0\"\n[store]\nkind = \"mysql\"\nurl = \"{}\"\n{ORDERS}",
+        bare.url()
+    );
+    let proxy = start(config(&text, &up.url())).await;
+    let (status, body) = admin(proxy.admin.unwrap(), "/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("no fence_raise procedure"), "{body}");
+    let r = send(proxy.addr, Method::PUT, "/orders/1", Some("5"), "x").await;
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert!(rows(&db).await.is_empty());
+}
