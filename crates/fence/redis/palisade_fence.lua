@@ -31,7 +31,7 @@
 
 -- Bumped whenever this file changes; `fence_version` reports it so a client can tell an
 -- older library (replace it) from a newer one (leave it).
-local VERSION = 2
+local VERSION = 3
 local MAX_TOKEN = '9223372036854775807'
 
 -- `s` cut to `max` bytes with every byte outside printable ASCII as '?': error replies
@@ -183,14 +183,14 @@ function F.fence_raise(keys, args)
 end
 
 -- The single-command writes run the write, then raise the mark: a write that Redis
--- refuses (WRONGTYPE, a bad option) aborts the call with nothing changed.
-
--- fenced_set(KEYS: mark, key; ARGV: token, value [, SET options...]) -> SET's reply.
-function F.fenced_set(keys, args)
-    if #keys ~= 2 or #args < 2 then
-        return usage('fenced_set', '2 keys (mark, key) and the token, the value and SET options', keys[1])
+-- refuses (WRONGTYPE, a bad option) aborts the call with nothing changed. `shape_ok` says
+-- whether the call has the function's shape (`shape` describes it); `write` runs the
+-- write and returns its reply.
+local function single(name, keys, args, shape_ok, shape, write)
+    if not shape_ok then
+        return usage(name, shape, keys[1])
     end
-    local err, newer = apart('fenced_set', keys)
+    local err, newer = apart(name, keys)
     if err then
         return err
     end
@@ -198,72 +198,40 @@ function F.fenced_set(keys, args)
     if err then
         return err
     end
-    local reply = redis.call('SET', keys[2], unpack(args, 2))
+    local reply = write()
     if newer then
         set_mark(keys[1], args[1])
     end
     return reply
+end
+
+-- fenced_set(KEYS: mark, key; ARGV: token, value [, SET options...]) -> SET's reply.
+function F.fenced_set(keys, args)
+    return single('fenced_set', keys, args, #keys == 2 and #args >= 2,
+        '2 keys (mark, key) and the token, the value and SET options',
+        function() return redis.call('SET', keys[2], unpack(args, 2)) end)
 end
 
 -- fenced_hset(KEYS: mark, key; ARGV: token, field, value [, field, value...]) -> HSET's
 -- reply (fields added).
 function F.fenced_hset(keys, args)
-    if #keys ~= 2 or #args < 3 or #args % 2 ~= 1 then
-        return usage('fenced_hset', '2 keys (mark, key) and the token then field/value pairs', keys[1])
-    end
-    local err, newer = apart('fenced_hset', keys)
-    if err then
-        return err
-    end
-    err, newer = check(keys[1], args[1])
-    if err then
-        return err
-    end
-    local reply = redis.call('HSET', keys[2], unpack(args, 2))
-    if newer then
-        set_mark(keys[1], args[1])
-    end
-    return reply
+    return single('fenced_hset', keys, args, #keys == 2 and #args >= 3 and #args % 2 == 1,
+        '2 keys (mark, key) and the token then field/value pairs',
+        function() return redis.call('HSET', keys[2], unpack(args, 2)) end)
 end
 
 -- fenced_del(KEYS: mark, key [, key...]; ARGV: token) -> DEL's reply (keys removed).
 function F.fenced_del(keys, args)
-    if #keys < 2 or #args ~= 1 then
-        return usage('fenced_del', 'the mark key and at least one key, and the token', keys[1])
-    end
-    local err, newer = apart('fenced_del', keys)
-    if err then
-        return err
-    end
-    err, newer = check(keys[1], args[1])
-    if err then
-        return err
-    end
-    local reply = redis.call('DEL', unpack(keys, 2))
-    if newer then
-        set_mark(keys[1], args[1])
-    end
-    return reply
+    return single('fenced_del', keys, args, #keys >= 2 and #args == 1,
+        'the mark key and at least one key, and the token',
+        function() return redis.call('DEL', unpack(keys, 2)) end)
 end
 
 -- fenced_incrby(KEYS: mark, key; ARGV: token, increment) -> INCRBY's reply (the value).
 function F.fenced_incrby(keys, args)
-    if #keys ~= 2 or #args ~= 2 then
-        return usage('fenced_incrby', '2 keys (mark, key) and the token and the increment', keys[1])
-    end
-    local err, newer = apart('fenced_incrby', keys)
-    if err then
-        return err
-    end
-    err, newer = check(keys[1], args[1])
-    if err then
-        return err
-    end
-    local reply = redis.call('INCRBY', keys[2], args[2])
-    if newer then
-        set_mark(keys[1], args[1])
-    end
-    return reply
+    return single('fenced_incrby', keys, args, #keys == 2 and #args == 2,
+        '2 keys (mark, key) and the token and the increment',
+        function() return redis.call('INCRBY', keys[2], args[2]) end)
 end
 
 -- fenced_call(KEYS: mark, every key the commands touch; ARGV: token, then each command as

@@ -93,7 +93,7 @@ pub const LIBRARY_NAME: &str = "palisade_fence";
 
 /// The version of [`LIBRARY`], as its function `fence_version` reports it. Raised with
 /// every change of the Lua source.
-pub const LIBRARY_VERSION: i64 = 2;
+pub const LIBRARY_VERSION: i64 = 3;
 
 /// The library as an `EVAL` script: [`LIBRARY`] without its first (`#!lua`) line. Run
 /// with the function's name as `ARGV[1]` and the function's arguments after it
