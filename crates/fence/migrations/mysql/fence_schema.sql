@@ -20,12 +20,20 @@
 -- resource and the values):
 --   45000  fence_raise: the token is below the mark. The message is
 --          'fence_raise: stale token <token>, mark <mark>, resource <resource>'.
---   22004  a NULL argument; 22003 fence_raise: a negative token.
+--   22004  a NULL argument; 22003 fence_raise: a negative token, or one that is not an
+--          integer in plain digits below 2^63 (1.5, '1e3', ' 7', 0x10).
 --   22023  fence_reset refused: no reason, a negative token, a token not below the mark,
 --          a token below the lock's floor, or a lock key without its floor.
 --   P0002  fence_reset: the resource has no mark.
+-- The procedures run in the caller's transaction when there is one, including the
+-- implicit transaction of autocommit=0 (which the CALL itself starts when it is the first
+-- statement): the caller commits it. Only with autocommit=1 outside a transaction does a
+-- procedure commit (or roll back) a transaction of its own.
 -- MariaDB does not abort a transaction on an error: after one, ROLLBACK (or close the
--- connection). A multi-statement batch and the mariadb client stop at the first error.
+-- connection); a COMMIT would commit what the transaction had done. A multi-statement
+-- batch and the mariadb client stop at the first error.
+-- A resource that is not printable ASCII is shown in messages in hex (0x...), cut to its
+-- first bytes; a printable one, cut to its first characters.
 --
 -- The mariadb client needs the DELIMITER lines; palisade_fence::mysql::migrate reads them
 -- too and sends one statement at a time.
@@ -54,18 +62,33 @@ DELIMITER //
 -- fence_raise(resource, token): admits a token at least the resource's mark, raising the
 -- mark to it, and signals 45000 for a lower one, writing nothing. The upsert locks the
 -- resource's row (exclusive) and reads its latest committed version at every isolation
--- level; the lock is held until the caller's transaction ends, so writers of one resource
--- take turns and commit in token order. It does no consistent (snapshot) read, so at
--- REPEATABLE READ the caller's snapshot starts at its first plain read after the call.
--- Called outside a transaction (autocommit), it is a transaction of its own.
-CREATE OR REPLACE PROCEDURE fence_raise(IN p_resource VARBINARY(3072), IN p_token BIGINT)
+-- level; the lock is held until the transaction it ran in ends, so writers of one
+-- resource that raise inside their transaction take turns and commit in token order. It
+-- does no consistent (snapshot) read, so at REPEATABLE READ the caller's snapshot starts
+-- at its first plain read after the call.
+-- Which transaction it runs in:
+--   - inside a transaction (START TRANSACTION/BEGIN, or any statement run earlier with
+--     autocommit=0): in it. The caller commits; after an error, the caller rolls back;
+--   - with autocommit=0 and CALL as the first statement: the CALL starts the session's
+--     implicit transaction and runs in it, as above: nothing is committed until the
+--     caller's COMMIT;
+--   - with autocommit=1 outside a transaction: a transaction of its own, committed
+--     before the CALL returns (rolled back on an error). The mark is raised, but no lock
+--     is held for the caller's later statements: that is a raise alone, not a fenced
+--     write.
+-- The token is taken as text and must be an integer written in plain digits, 0 to
+-- 9223372036854775807: an integer parameter (of a prepared statement or a literal) is
+-- that. 1.5, '1e3', ' 7', '+7', '007' and 0x10 are refused (22003) rather than rounded or
+-- converted: a token rounded up could be admitted above the one its holder was granted.
+CREATE OR REPLACE PROCEDURE fence_raise(IN p_resource VARBINARY(3072), IN p_token VARBINARY(64))
     MODIFIES SQL DATA
     SQL SECURITY DEFINER
     COMMENT 'palisade fence: raise a resource''s mark, or signal 45000 for a stale token'
 BEGIN
+    DECLARE v_token BIGINT DEFAULT NULL;
     DECLARE v_mark BIGINT DEFAULT NULL;
     DECLARE v_message VARCHAR(128);
-    DECLARE v_own BOOLEAN DEFAULT (@@in_transaction = 0);
+    DECLARE v_own BOOLEAN DEFAULT (@@autocommit = 1 AND @@in_transaction = 0);
     DECLARE EXIT HANDLER FOR SQLEXCEPTION
     BEGIN
         IF v_own THEN
@@ -77,23 +100,33 @@ BEGIN
         SIGNAL SQLSTATE '22004'
             SET MESSAGE_TEXT = 'fence_raise: the resource and the token must not be NULL';
     END IF;
-    IF p_token < 0 THEN
+    IF p_token REGEXP '^-[0-9]+$' THEN
         SIGNAL SQLSTATE '22003'
             SET MESSAGE_TEXT = 'fence_raise: a fencing token is never negative';
     END IF;
+    IF NOT p_token REGEXP '^(0|[1-9][0-9]{0,18})$'
+            OR (LENGTH(p_token) = 19 AND p_token > '9223372036854775807') THEN
+        SIGNAL SQLSTATE '22003'
+            SET MESSAGE_TEXT = 'fence_raise: a fencing token is an integer from 0 to 9223372036854775807, in plain digits';
+    END IF;
+    SET v_token = CAST(p_token AS SIGNED);
     IF v_own THEN
         START TRANSACTION;
     END IF;
     INSERT INTO fence_high_water (resource, token, updated_at)
-        VALUES (p_resource, p_token, UTC_TIMESTAMP(6))
+        VALUES (p_resource, v_token, UTC_TIMESTAMP(6))
         ON DUPLICATE KEY UPDATE
             updated_at = IF(token < VALUES(token), VALUES(updated_at), updated_at),
             token = GREATEST(token, VALUES(token));
     SELECT h.token INTO v_mark FROM fence_high_water h
         WHERE h.resource = p_resource FOR UPDATE;
-    IF v_mark > p_token THEN
-        SET v_message = CONCAT('fence_raise: stale token ', p_token,
-            ', mark ', v_mark, ', resource ', LEFT(CONVERT(p_resource USING utf8mb4), 40));
+    IF v_mark > v_token THEN
+        -- The resource as text when it is printable ASCII, else as hex (0x...): a
+        -- resource is bytes, and bytes that are not valid UTF-8 cannot be put in text.
+        SET v_message = CONCAT('fence_raise: stale token ', v_token, ', mark ', v_mark,
+            ', resource ', IF(p_resource REGEXP '^[ -~]*$',
+                CONVERT(LEFT(p_resource, 40) USING ascii),
+                CONCAT('0x', LEFT(HEX(p_resource), 40))));
         SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = v_message;
     END IF;
     IF v_own THEN
@@ -108,9 +141,12 @@ END //
 -- lock_floor (or the reverse) and a to_token below lock_floor (the newest grant of the
 -- lock that guards the resource: a lower mark would admit its earlier holders again), and
 -- refuses (P0002) a resource with no mark. It logs resource, both marks, reason, lock_key,
--- lock_floor, USER() and the time in fence_reset_log in the same transaction: its own when
--- called outside one, else the caller's. It never deletes the row: no mark would admit
--- any token.
+-- lock_floor, USER() and the time in fence_reset_log in the same transaction: with
+-- autocommit=1 outside a transaction, one of its own, committed before the CALL returns
+-- (rolled back on an error); else the caller's (an explicit one, or the implicit one of
+-- autocommit=0), which the caller commits, or rolls back after an error. It never
+-- deletes the row: no mark would admit any token. Its tokens are BIGINT parameters: the
+-- server converts a non-integer argument (1.5 becomes 2); pass integers.
 CREATE OR REPLACE PROCEDURE fence_reset(IN p_resource VARBINARY(3072), IN p_to BIGINT,
         IN p_reason TEXT, IN p_lock_key TEXT, IN p_lock_floor BIGINT)
     MODIFIES SQL DATA
@@ -119,7 +155,7 @@ CREATE OR REPLACE PROCEDURE fence_reset(IN p_resource VARBINARY(3072), IN p_to B
 BEGIN
     DECLARE v_old BIGINT DEFAULT NULL;
     DECLARE v_message VARCHAR(128);
-    DECLARE v_own BOOLEAN DEFAULT (@@in_transaction = 0);
+    DECLARE v_own BOOLEAN DEFAULT (@@autocommit = 1 AND @@in_transaction = 0);
     DECLARE EXIT HANDLER FOR SQLEXCEPTION
     BEGIN
         IF v_own THEN
@@ -133,23 +169,27 @@ BEGIN
     END IF;
     IF TRIM(p_reason) = '' THEN
         SET v_message = CONCAT('fence_reset of ',
-            LEFT(CONVERT(p_resource USING utf8mb4), 60), ': a reason is required');
+            IF(p_resource REGEXP '^[ -~]*$', CONVERT(LEFT(p_resource, 60) USING ascii),
+                CONCAT('0x', LEFT(HEX(p_resource), 60))), ': a reason is required');
         SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = v_message;
     END IF;
     IF p_to < 0 THEN
         SET v_message = CONCAT('fence_reset of ',
-            LEFT(CONVERT(p_resource USING utf8mb4), 60), ': token ', p_to, ' is negative');
+            IF(p_resource REGEXP '^[ -~]*$', CONVERT(LEFT(p_resource, 60) USING ascii),
+                CONCAT('0x', LEFT(HEX(p_resource), 60))), ': token ', p_to, ' is negative');
         SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = v_message;
     END IF;
     IF (p_lock_key IS NULL) <> (p_lock_floor IS NULL) THEN
         SET v_message = CONCAT('fence_reset of ',
-            LEFT(CONVERT(p_resource USING utf8mb4), 40),
+            IF(p_resource REGEXP '^[ -~]*$', CONVERT(LEFT(p_resource, 40) USING ascii),
+                CONCAT('0x', LEFT(HEX(p_resource), 40))),
             ': a lock key and its floor go together');
         SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = v_message;
     END IF;
     IF p_to < p_lock_floor THEN
         SET v_message = CONCAT('fence_reset of ',
-            LEFT(CONVERT(p_resource USING utf8mb4), 30), ': ', p_to,
+            IF(p_resource REGEXP '^[ -~]*$', CONVERT(LEFT(p_resource, 30) USING ascii),
+                CONCAT('0x', LEFT(HEX(p_resource), 30))), ': ', p_to,
             ' is below ', p_lock_floor, ', the floor of lock ', LEFT(p_lock_key, 20));
         SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = v_message;
     END IF;
@@ -160,12 +200,14 @@ BEGIN
         WHERE h.resource = p_resource FOR UPDATE;
     IF v_old IS NULL THEN
         SET v_message = CONCAT('fence_reset: ',
-            LEFT(CONVERT(p_resource USING utf8mb4), 80), ' has no mark');
+            IF(p_resource REGEXP '^[ -~]*$', CONVERT(LEFT(p_resource, 80) USING ascii),
+                CONCAT('0x', LEFT(HEX(p_resource), 80))), ' has no mark');
         SIGNAL SQLSTATE 'P0002' SET MESSAGE_TEXT = v_message;
     END IF;
     IF p_to >= v_old THEN
         SET v_message = CONCAT('fence_reset of ',
-            LEFT(CONVERT(p_resource USING utf8mb4), 30), ': ', p_to,
+            IF(p_resource REGEXP '^[ -~]*$', CONVERT(LEFT(p_resource, 30) USING ascii),
+                CONCAT('0x', LEFT(HEX(p_resource), 30))), ': ', p_to,
             ' is not below the mark ', v_old, '; a reset only lowers a mark');
         SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = v_message;
     END IF;

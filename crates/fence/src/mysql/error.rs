@@ -52,7 +52,9 @@ pub enum MysqlFenceErrorKind {
     /// committed before.
     Closed,
     /// A call the fence's SQL refused before touching a mark: a `NULL` argument (SQLSTATE
-    /// `22004`), or a negative token given to `fence_raise` (`22003`).
+    /// `22004`), or a token given to `fence_raise` that is negative or not an integer in
+    /// plain digits below 2^63 (`22003`: `1.5`, `'1e3'`, `' 7'`, `0x10` are refused, not
+    /// rounded or converted).
     BadArgument,
     /// Any other database error; see [`MysqlFenceError::code`] and
     /// [`MysqlFenceError::sql_state`] (for example `1305`, no such procedure: run
@@ -287,6 +289,23 @@ mod tests {
         assert_eq!(e.token().map(FencingToken::get), Some(5));
         assert_eq!(e.highest().map(FencingToken::get), Some(12));
         assert_eq!((e.code(), e.sql_state()), (Some(1644), Some("45000")));
+        // A resource shown in hex, or one that repeats the message's separators: the
+        // token and the mark are the numbers before the first ", resource ".
+        for message in [
+            "fence_raise: stale token 5, mark 12, resource 0xFF41FE",
+            "fence_raise: stale token 5, mark 12, resource x, mark 99, resource y",
+            "fence_raise: stale token 5, mark 12, resource ",
+        ] {
+            let e = server(1644, "45000", message);
+            assert_eq!(
+                (
+                    e.token().map(FencingToken::get),
+                    e.highest().map(FencingToken::get)
+                ),
+                (Some(5), Some(12)),
+                "{message}"
+            );
+        }
         // Another procedure's 45000, a mark that is no token, a server error with the text.
         for (code, state, msg) in [
             (1644, "45000", "stock too low"),

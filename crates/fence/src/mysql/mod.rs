@@ -62,6 +62,14 @@
 //! procedure `fence_reset` lowers a mark, with a reason, and logs it
 //! ([`reset_mark_guarded`]).
 //!
+//! **Which transaction `fence_raise` runs in.** Inside a transaction (`START TRANSACTION`,
+//! as the helpers here begin, or the implicit one of `autocommit=0`, which a `CALL` as the
+//! first statement starts), it runs in it and the lock is held until the caller commits
+//! or rolls back. Only with `autocommit=1` outside a transaction does it commit a
+//! transaction of its own, holding the lock for the `CALL` alone: a raise, not a fenced
+//! write. Its token must be an integer (an integer parameter, or plain digits); `1.5`,
+//! `'1e3'`, `' 7'` or `0x10` are refused (SQLSTATE `22003`) rather than rounded.
+//!
 //! **MariaDB does not abort a transaction on an error.** After the stale signal the
 //! transaction is still open, and a client that ignores the error and goes on to
 //! `COMMIT` commits its writes. Every helper here rolls back on any error; from SQL, run
@@ -228,8 +236,10 @@ pub(crate) fn sql_token(token: FencingToken) -> i64 {
     i64::try_from(token.get()).unwrap_or(i64::MAX)
 }
 
-/// The raise in the caller's transaction (or as a transaction of its own, in autocommit
-/// mode): `Ok` when admitted; a stale token is an error of kind `Stale`.
+/// The raise in the caller's transaction (an explicit one, or the implicit one of
+/// `autocommit=0`, which the caller ends), or as a transaction of its own with
+/// `autocommit=1` outside one: `Ok` when admitted; a stale token is an error of kind
+/// `Stale`.
 pub(crate) async fn raise<Q: Queryable>(
     conn: &mut Q,
     resource: &str,

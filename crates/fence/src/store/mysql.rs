@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use mysql_async::{Opts, Pool};
+use mysql_async::consts::StatusFlags;
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Opts, Pool};
 
 use super::{HighWaterStore, Raise, RaiseFuture, StoreError};
 use crate::mark::{Mark, MarkReset, ResetGuard};
@@ -19,8 +21,10 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// # How a raise is decided
 ///
-/// Each raise is one statement, `CALL fence_raise(resource, token)`, in autocommit mode:
-/// the procedure makes it a transaction of its own, in which the upsert locks the
+/// Each raise is one statement, `CALL fence_raise(resource, token)`, a transaction of its
+/// own: in autocommit mode the procedure makes it one; on a connection with
+/// `autocommit=0` the store ends the implicit transaction itself (`COMMIT` after an
+/// admit, `ROLLBACK` after an error, one more round trip). In it the upsert locks the
 /// resource's row exclusive and raises the mark only if the token is at least it; a
 /// lower token is refused with the mark (SQLSTATE `45000`), and nothing is written. The
 /// row lock makes it atomic per resource across every process that shares the database,
@@ -163,7 +167,7 @@ async fn raise(
 ) -> Result<Raise, StoreError> {
     let attempt = async {
         let mut conn = pool.get_conn().await?;
-        mysql::raise(&mut conn, &resource, token).await
+        raise_alone(&mut conn, &resource, token).await
     };
     match tokio::time::timeout(timeout, attempt).await {
         Err(_) => Err(StoreError::new(
@@ -178,5 +182,48 @@ async fn raise(
                 Err(StoreError::new(e, retryable))
             }
         },
+    }
+}
+
+/// The raise as a transaction of its own on any connection. With `autocommit=1` (the
+/// server's default) `fence_raise` commits it itself; on a connection with
+/// `autocommit=0` (the server's `autocommit` setting, or the pool's init statements) the
+/// call runs in the session's implicit transaction, which this ends: `COMMIT` after an
+/// admit (so the mark is raised and the row lock released at once), `ROLLBACK` after an
+/// error (MariaDB keeps the transaction open after one).
+async fn raise_alone(
+    conn: &mut Conn,
+    resource: &str,
+    token: FencingToken,
+) -> Result<(), MysqlFenceError> {
+    match mysql::raise(conn, resource, token).await {
+        Ok(()) => {
+            // The status of the CALL's last OK packet: still in a transaction?
+            let open = conn.last_ok_packet().is_none_or(|ok| {
+                ok.status_flags()
+                    .contains(StatusFlags::SERVER_STATUS_IN_TRANS)
+            });
+            if open {
+                conn.query_drop("COMMIT").await?;
+            }
+            Ok(())
+        }
+        Err(e) => {
+            // No OK packet for the failed call: roll back unless the session is known to
+            // be in autocommit mode (then the procedure rolled back its own transaction).
+            let autocommit = conn.last_ok_packet().is_some_and(|ok| {
+                ok.status_flags()
+                    .contains(StatusFlags::SERVER_STATUS_AUTOCOMMIT)
+                    && !ok
+                        .status_flags()
+                        .contains(StatusFlags::SERVER_STATUS_IN_TRANS)
+            });
+            if !autocommit && e.kind() != MysqlFenceErrorKind::Closed {
+                // The raise's error is the one to report; a failed rollback ends the
+                // transaction anyway (the connection is closed or reset by the pool).
+                let _ = conn.query_drop("ROLLBACK").await;
+            }
+            Err(e)
+        }
     }
 }

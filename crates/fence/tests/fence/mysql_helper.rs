@@ -504,3 +504,290 @@ async fn mysql_the_migration_runs_from_the_cli_too_and_names_and_bytes_are_exact
     );
     assert_eq!(read_mark(&mut conn, "x").await.unwrap(), None);
 }
+
+/// With `autocommit=0` (the default of Python's DB drivers, JDBC's
+/// `setAutoCommit(false)`) a `CALL fence_raise` that is the first statement starts the
+/// session's implicit transaction and runs in it: the row lock is held until the caller's
+/// `COMMIT`, so a newer writer waits for the older one and the writes commit in token
+/// order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_with_autocommit_off_the_raise_holds_the_lock_until_the_callers_commit() {
+    let (db, mut setup) = fresh_mysql().await;
+    setup
+        .query_drop(
+            "CREATE TABLE writes (id BIGINT AUTO_INCREMENT PRIMARY KEY, token BIGINT NOT NULL) \
+             ENGINE=InnoDB",
+        )
+        .await
+        .unwrap();
+    let mut older = db.connect().await;
+    older.query_drop("SET autocommit = 0").await.unwrap();
+    older
+        .exec_drop("CALL fence_raise(?, ?)", ("acr", 5_i64))
+        .await
+        .unwrap();
+    let in_tx: i64 = older
+        .query_first("SELECT @@in_transaction")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        in_tx, 1,
+        "the raise runs in the session's implicit transaction"
+    );
+
+    let mut newer = db.connect().await;
+    newer.query_drop("SET autocommit = 0").await.unwrap();
+    let newer = tokio::spawn(async move {
+        newer
+            .exec_drop("CALL fence_raise(?, ?)", ("acr", 6_i64))
+            .await
+            .unwrap();
+        newer
+            .exec_drop("INSERT INTO writes (token) VALUES (?)", (6_i64,))
+            .await
+            .unwrap();
+        newer.query_drop("COMMIT").await.unwrap();
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    assert!(
+        !newer.is_finished(),
+        "the newer writer waits for the older one's commit"
+    );
+    older
+        .exec_drop("INSERT INTO writes (token) VALUES (?)", (5_i64,))
+        .await
+        .unwrap();
+    older.query_drop("COMMIT").await.unwrap();
+    newer.await.unwrap();
+    let tokens: Vec<i64> = setup
+        .query("SELECT token FROM writes ORDER BY id")
+        .await
+        .unwrap();
+    assert_eq!(tokens, [5, 6], "the writes commit in token order");
+    assert_eq!(
+        read_mark(&mut setup, "acr").await.unwrap().unwrap().token,
+        raw(6)
+    );
+
+    // The stale writer, with autocommit off, waits too and is then refused.
+    let mut holder = db.connect().await;
+    holder.query_drop("SET autocommit = 0").await.unwrap();
+    holder
+        .exec_drop("CALL fence_raise(?, ?)", ("acr", 8_i64))
+        .await
+        .unwrap();
+    let mut stale = db.connect().await;
+    stale.query_drop("SET autocommit = 0").await.unwrap();
+    let stale = tokio::spawn(async move {
+        let e: MysqlFenceError = stale
+            .exec_drop("CALL fence_raise(?, ?)", ("acr", 7_i64))
+            .await
+            .unwrap_err()
+            .into();
+        stale.query_drop("ROLLBACK").await.unwrap();
+        e
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!stale.is_finished(), "the stale writer waits for the lock");
+    holder.query_drop("COMMIT").await.unwrap();
+    let e = stale.await.unwrap();
+    assert_eq!(
+        (e.kind(), e.highest()),
+        (MysqlFenceErrorKind::Stale, Some(raw(8)))
+    );
+}
+
+/// With `autocommit=0`, neither procedure commits: the caller's `ROLLBACK` undoes a raise
+/// and a reset (its log entry included).
+#[tokio::test]
+async fn mysql_with_autocommit_off_a_rollback_undoes_the_raise_and_the_reset() {
+    let (db, mut setup) = fresh_mysql().await;
+    let mut conn = db.connect().await;
+    conn.query_drop("SET autocommit = 0").await.unwrap();
+    conn.exec_drop("CALL fence_raise(?, ?)", ("r", 5_i64))
+        .await
+        .unwrap();
+    conn.query_drop("ROLLBACK").await.unwrap();
+    assert_eq!(read_mark(&mut setup, "r").await.unwrap(), None);
+
+    conn.exec_drop("CALL fence_raise(?, ?)", ("r", 9_i64))
+        .await
+        .unwrap();
+    conn.query_drop("COMMIT").await.unwrap();
+    assert_eq!(
+        read_mark(&mut setup, "r").await.unwrap().unwrap().token,
+        raw(9)
+    );
+    assert_eq!(
+        reset_mark(&mut conn, "r", raw(2), "try").await.unwrap(),
+        raw(9)
+    );
+    conn.query_drop("ROLLBACK").await.unwrap();
+    assert_eq!(
+        read_mark(&mut setup, "r").await.unwrap().unwrap().token,
+        raw(9)
+    );
+    assert!(read_resets(&mut setup, "r", 10).await.unwrap().is_empty());
+    // The stale signal leaves the implicit transaction open: the caller rolls back.
+    let e: MysqlFenceError = conn
+        .exec_drop("CALL fence_raise(?, ?)", ("r", 4_i64))
+        .await
+        .unwrap_err()
+        .into();
+    assert!(e.is_stale());
+    let in_tx: i64 = conn
+        .query_first("SELECT @@in_transaction")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(in_tx, 1);
+    conn.query_drop("ROLLBACK").await.unwrap();
+}
+
+/// A resource is bytes: one that is not valid UTF-8 is named in hex in the messages, and
+/// its stale signal is still the stale signal, with the right mark. A resource that
+/// looks like the message's own separators does not confuse the parse either.
+#[tokio::test]
+async fn mysql_a_resource_that_is_not_utf8_or_looks_like_the_message_is_still_refused_as_stale() {
+    let (_db, mut conn) = fresh_mysql().await;
+    let odd: Vec<u8> = vec![0xFF, 0x41, 0xFE];
+    conn.exec_drop("CALL fence_raise(?, ?)", (odd.clone(), 10_i64))
+        .await
+        .unwrap();
+    let e: MysqlFenceError = conn
+        .exec_drop("CALL fence_raise(?, ?)", (odd.clone(), 5_i64))
+        .await
+        .unwrap_err()
+        .into();
+    assert_eq!(e.kind(), MysqlFenceErrorKind::Stale, "{e:?}");
+    assert_eq!((e.token(), e.highest()), (Some(raw(5)), Some(raw(10))));
+    let source = std::error::Error::source(&e).unwrap().to_string();
+    assert!(source.contains("resource 0xFF41FE"), "{source}");
+
+    let long_odd: Vec<u8> = (0..3000).map(|i| (i % 251) as u8 | 0x80).collect();
+    let looks_like = "x, mark 99, resource y, mark 1".repeat(50);
+    for name in [long_odd, looks_like.into_bytes(), "é/1".as_bytes().to_vec()] {
+        conn.exec_drop("CALL fence_raise(?, ?)", (name.clone(), 20_i64))
+            .await
+            .unwrap();
+        let e: MysqlFenceError = conn
+            .exec_drop("CALL fence_raise(?, ?)", (name, 3_i64))
+            .await
+            .unwrap_err()
+            .into();
+        assert_eq!(e.kind(), MysqlFenceErrorKind::Stale, "{e:?}");
+        assert_eq!((e.token(), e.highest()), (Some(raw(3)), Some(raw(20))));
+    }
+
+    // fence_reset's refusals name such a resource safely too.
+    let e: MysqlFenceError = conn
+        .exec_drop(
+            "CALL fence_reset(?, ?, ?, NULL, NULL)",
+            (odd.clone(), 2_i64, " "),
+        )
+        .await
+        .unwrap_err()
+        .into();
+    assert_eq!(e.kind(), MysqlFenceErrorKind::BadReset, "{e:?}");
+    assert!(e.to_string().contains("0xFF41FE"), "{e}");
+    for (to, kind) in [
+        (-1_i64, MysqlFenceErrorKind::BadReset),
+        (11, MysqlFenceErrorKind::BadReset),
+    ] {
+        let e: MysqlFenceError = conn
+            .exec_drop(
+                "CALL fence_reset(?, ?, ?, NULL, NULL)",
+                (odd.clone(), to, "why"),
+            )
+            .await
+            .unwrap_err()
+            .into();
+        assert_eq!(e.kind(), kind, "{to}: {e:?}");
+    }
+    let e: MysqlFenceError = conn
+        .exec_drop(
+            "CALL fence_reset(?, ?, ?, ?, ?)",
+            (odd.clone(), 2_i64, "why", "lock", 5_i64),
+        )
+        .await
+        .unwrap_err()
+        .into();
+    assert_eq!(e.kind(), MysqlFenceErrorKind::BadReset, "{e:?}");
+    let e: MysqlFenceError = conn
+        .exec_drop(
+            "CALL fence_reset(?, ?, ?, NULL, NULL)",
+            (vec![0xFE_u8, 0x00], 2_i64, "why"),
+        )
+        .await
+        .unwrap_err()
+        .into();
+    assert_eq!(e.kind(), MysqlFenceErrorKind::NoMark, "{e:?}");
+}
+
+/// `fence_raise` takes only a token written as an integer: a fraction, an exponent,
+/// spaces, a sign, leading zeros or a binary string are refused (22003), not rounded or
+/// converted; integer parameters, literals and prepared statements are admitted.
+#[tokio::test]
+async fn mysql_fence_raise_refuses_a_token_that_is_not_an_integer() {
+    use mysql_async::Value;
+    let (_db, mut conn) = fresh_mysql().await;
+    for arg in [
+        "1.5",
+        "'1e3'",
+        "'  7'",
+        "'+7'",
+        "'007'",
+        "0x10",
+        "''",
+        "'9223372036854775808'",
+        "18446744073709551615",
+        "1.0",
+    ] {
+        let e: MysqlFenceError = conn
+            .query_drop(format!("CALL fence_raise('r', {arg})"))
+            .await
+            .unwrap_err()
+            .into();
+        assert_eq!(
+            (e.kind(), e.sql_state()),
+            (MysqlFenceErrorKind::BadArgument, Some("22003")),
+            "{arg}: {e:?}"
+        );
+    }
+    for arg in [
+        Value::Double(1.5),
+        Value::Bytes(b"1e3".to_vec()),
+        Value::Bytes(b" 7".to_vec()),
+    ] {
+        let e: MysqlFenceError = conn
+            .exec_drop("CALL fence_raise(?, ?)", (b"r".to_vec(), arg.clone()))
+            .await
+            .unwrap_err()
+            .into();
+        assert_eq!(e.kind(), MysqlFenceErrorKind::BadArgument, "{arg:?}: {e:?}");
+    }
+    assert_eq!(read_mark(&mut conn, "r").await.unwrap(), None);
+
+    conn.query_drop("CALL fence_raise('r', 0)").await.unwrap();
+    conn.query_drop("CALL fence_raise('r', 7)").await.unwrap();
+    conn.query_drop("CALL fence_raise('r', '8')").await.unwrap();
+    conn.exec_drop("CALL fence_raise(?, ?)", ("r", 9_i64))
+        .await
+        .unwrap();
+    conn.exec_drop("CALL fence_raise(?, ?)", ("r", 10_u64))
+        .await
+        .unwrap();
+    conn.exec_drop("CALL fence_raise(?, ?)", ("r", i64::MAX))
+        .await
+        .unwrap();
+    assert_eq!(
+        read_mark(&mut conn, "r").await.unwrap().unwrap().token,
+        FencingToken::MAX
+    );
+}
+
+/// A token as a plain integer, as the SQL above writes it.
+fn raw(n: i64) -> FencingToken {
+    FencingToken::try_from(n).unwrap()
+}

@@ -206,3 +206,45 @@ async fn mysql_store_losing_its_database_mid_run_answers_503() {
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
+
+/// On connections with `autocommit=0` (set by the pool's init statements here; the
+/// server's `autocommit` setting does the same) each raise is still a transaction of its
+/// own: the mark is committed at once and no row lock outlives the raise, admitted or
+/// refused.
+#[tokio::test]
+async fn mysql_store_on_connections_with_autocommit_off_commits_each_raise() {
+    use mysql_async::prelude::Queryable;
+    use mysql_async::{OptsBuilder, Pool};
+    use palisade_fence::mysql::read_mark;
+    let (db, mut conn) = fresh_mysql().await;
+    let opts = OptsBuilder::from_opts(db.opts()).init(vec!["SET autocommit = 0"]);
+    let store = MysqlStore::new(Pool::new(opts));
+    conn.query_drop("SET SESSION innodb_lock_wait_timeout = 2")
+        .await
+        .unwrap();
+    assert_eq!(
+        store.raise_async("s", tok(5)).await.unwrap(),
+        Raise::Admitted
+    );
+    assert_eq!(
+        read_mark(&mut conn, "s").await.unwrap().unwrap().token,
+        tok(5),
+        "committed"
+    );
+    assert_eq!(
+        store.raise_async("s", tok(4)).await.unwrap(),
+        Raise::Stale { highest: tok(5) }
+    );
+    // No lock is left behind: another session raises at once (no lock wait timeout).
+    conn.exec_drop("CALL fence_raise(?, ?)", ("s", tok(6).get()))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.raise_async("s", tok(7)).await.unwrap(),
+        Raise::Admitted
+    );
+    conn.exec_drop("CALL fence_raise(?, ?)", ("s", tok(8).get()))
+        .await
+        .unwrap();
+    store.pool().clone().disconnect().await.unwrap();
+}
